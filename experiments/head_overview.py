@@ -1,0 +1,89 @@
+"""Head overview: is each head's attention broad or focused, local or long-range?
+
+The first look at a model's heads, in the manner of Clark et al. 2019 ("What Does BERT Look
+At? An Analysis of BERT's Attention", section 3, which measures each head's attention
+entropy to separate broad from focused heads) and of Vig & Belinkov 2019 ("Analyzing the
+Structure of Attention in a Transformer Language Model", mean attention distance by layer).
+
+Metrics in ``head_scores.parquet`` (mean over prompts, with a 95% bootstrap interval):
+
+- ``entropy``: mean over queries of H(A[q, :]) = -sum_k A[q, k] log A[q, k], in nats.
+- ``normalized_entropy``: H divided by log(number of keys the query can see); 1 is uniform
+  attention, 0 is all weight on one token. Queries that see one key are left out.
+- ``mean_distance``: mean over queries of sum_k A[q, k] |q - k|, in tokens.
+- ``self``: mean over queries of A[q, q].
+
+The patterns are reduced as the forward pass runs; nothing is cached.
+
+Example:
+    workbench run head-overview --model smollm2 --set prompt_set=natural
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from workbench import reductions
+from workbench.experiment import experiment
+from workbench.models import Model
+from workbench.prompts import check_prompt_set, load_prompt_set
+from workbench.stats import summarize
+
+METRICS: dict[str, reductions.Reduction] = {
+    "entropy": reductions.entropy,
+    "normalized_entropy": reductions.normalized_entropy,
+    "mean_distance": reductions.mean_distance,
+    "self": reductions.self_attention,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    prompt_set: str = field(default="natural", metadata={"help": "prompt set to score on"})
+    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples for intervals"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+    max_batch_tokens: int = field(default=2048, metadata={"help": "tokens per forward batch"})
+
+    def __post_init__(self) -> None:
+        if self.n_boot < 1 or self.max_batch_tokens < 1:
+            raise ValueError("n_boot and max_batch_tokens must be positive")
+        check_prompt_set(self.prompt_set)
+
+
+@dataclass
+class Result:
+    head_scores: pd.DataFrame
+    per_prompt: pd.DataFrame
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"head_scores": self.head_scores, "per_prompt_scores": self.per_prompt}
+
+    def summary(self) -> list[str]:
+        ent = self.head_scores[self.head_scores.metric == "normalized_entropy"]
+        focused = ent.nsmallest(3, "score")
+        broad = ent.nlargest(3, "score")
+
+        def fmt(df: pd.DataFrame) -> str:
+            return ", ".join(f"L{r.layer}H{r.head} ({r.score:.2f})" for r in df.itertuples())
+
+        return [f"most focused heads (normalized entropy): {fmt(focused)}",
+                f"broadest heads (normalized entropy): {fmt(broad)}"]
+
+
+@experiment("head-overview", config=Config)
+def run(model: Model, cfg: Config) -> Result:
+    """Entropy, distance and self-attention of every head on a prompt set."""
+    prompts = load_prompt_set(cfg.prompt_set, model)
+    per_prompt = reductions.reduce_patterns(model, prompts, METRICS,
+                                            max_batch_tokens=cfg.max_batch_tokens)
+    return Result(summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed), per_prompt)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from workbench.cli import main
+
+    main(["run", "head-overview", *sys.argv[1:]])

@@ -1,0 +1,57 @@
+"""Bootstrap intervals over prompts, so every score says how sure it is."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+KEYS = ["layer", "head", "metric"]
+
+
+def bootstrap_mean_ci(values: np.ndarray, *, n_boot: int = 1000, alpha: float = 0.05,
+                      seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of the mean over axis 0 (the prompts).
+
+    Args:
+        values: ``[n_prompts, ...]``; NaNs (a prompt with nothing to score) are skipped.
+        n_boot: resamples.
+        alpha: 0.05 gives a 95% interval.
+        seed: the resampling is reproducible.
+
+    Returns:
+        ``(low, high)``, each shaped like ``values[0]``.
+    """
+    n = values.shape[0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns stay NaN
+        means = np.nanmean(values[idx], axis=1)
+        low, high = np.nanpercentile(means, [100 * alpha / 2, 100 * (1 - alpha / 2)], axis=0)
+    return low, high
+
+
+def summarize(per_prompt: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Mean over prompts with a 95% bootstrap interval, per (layer, head, metric).
+
+    Args:
+        per_prompt: long format with columns ``prompt, layer, head, metric, score``.
+
+    Returns:
+        ``layer, head, metric, score, ci_low, ci_high, n_prompts``.
+    """
+    wide = per_prompt.pivot_table(index="prompt", columns=KEYS, values="score", aggfunc="mean",
+                                  dropna=False)
+    values = wide.to_numpy(dtype=float)
+    low, high = bootstrap_mean_ci(values, n_boot=n_boot, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(values, axis=0)
+    out = wide.columns.to_frame(index=False)
+    out["score"] = mean
+    out["ci_low"] = low
+    out["ci_high"] = high
+    out["n_prompts"] = np.isfinite(values).sum(axis=0)
+    return out.sort_values(KEYS, ignore_index=True)
