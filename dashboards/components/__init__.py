@@ -1,0 +1,1 @@
+"""Figures, controls and data access shared by the dashboard pages."""

@@ -1,0 +1,38 @@
+"""Labelled controls with ids prefixed by their page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import dcc, html
+
+from workbench.runs import Run
+
+
+def labelled(label: str, control: Any, width: str | None = None) -> html.Div:
+    style = {"minWidth": width} if width else None
+    return html.Div([html.Label(label), control], className="wb-control", style=style)
+
+
+def run_label(run: Run) -> str:
+    started = run.meta.get("started_at", "")[:16].replace("T", " ")
+    return f"{run.experiment} · {run.model_name or '-'} · {started} · {run.id[-4:]}"
+
+
+def run_options(runs: list[Run]) -> list[dict[str, str]]:
+    return [{"label": run_label(r), "value": r.id} for r in runs]
+
+
+def run_dropdown(component_id: str, runs: list[Run], value: str | None) -> dcc.Dropdown:
+    if value is None and runs:
+        value = runs[0].id
+    return dcc.Dropdown(id=component_id, options=run_options(runs), value=value,
+                        clearable=False, placeholder="no runs yet")
+
+
+def prompt_options(tokens_by_prompt: list[list[str]], labels: list[str]) -> list[dict]:
+    opts = []
+    for i, (toks, label) in enumerate(zip(tokens_by_prompt, labels, strict=True)):
+        preview = "".join(toks[:12]).replace("\n", " ")
+        opts.append({"label": f"{i}: {label} ({len(toks)} tok) {preview}…", "value": i})
+    return opts

@@ -1,0 +1,80 @@
+"""Recording viewer: one head's attention pattern, labelled with tokens, and all heads at once."""
+
+from __future__ import annotations
+
+import math
+
+import dash
+from dash import Input, Output, State, callback, ctx, dcc, html, no_update
+
+from dashboards.components import data, figures
+from dashboards.components.controls import labelled, prompt_options, run_dropdown
+
+dash.register_page(__name__, path="/recording", name="Recording", order=1,
+                   experiments=["record"])
+
+EMPTY = ("No recordings yet. Make one with "
+         "`workbench record smollm2 --prompt-set natural`.")
+
+
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("record")
+    if not runs:
+        return html.Div([html.H2("Recording"), html.P(EMPTY, className="wb-note")])
+    return html.Div([
+        html.H2("Recording"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("recording-run", runs, run), "34em"),
+            labelled("prompt", dcc.Dropdown(id="recording-prompt", clearable=False), "28em"),
+            labelled("layer", dcc.Dropdown(id="recording-layer", clearable=False, value=0)),
+            labelled("head", dcc.Dropdown(id="recording-head", clearable=False, value=0)),
+        ]),
+        html.Div(className="wb-row", children=[
+            dcc.Graph(id="recording-pattern"),
+            dcc.Graph(id="recording-grid"),
+        ]),
+    ])
+
+
+@callback(Output("recording-prompt", "options"), Output("recording-prompt", "value"),
+          Output("recording-layer", "options"), Output("recording-head", "options"),
+          Input("recording-run", "value"))
+def choose_run(run_id: str):
+    rec = data.recording(run_id)
+    prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
+    return prompts, 0, list(range(rec.n_layers)), list(range(rec.n_heads))
+
+
+@callback(Output("recording-layer", "value"), Output("recording-head", "value"),
+          Input("recording-grid", "clickData"), Input("recording-run", "value"),
+          State("recording-layer", "value"), State("recording-head", "value"))
+def choose_head(click: dict | None, run_id: str, layer: int | None, head: int | None):
+    if ctx.triggered_id == "recording-grid" and click:
+        point = click["points"][0]  # grid coordinates are in units of heads and layers
+        return math.floor(point["y"]), math.floor(point["x"])
+    rec = data.recording(run_id)
+    layer = layer if layer is not None and layer < rec.n_layers else 0
+    head = head if head is not None and head < rec.n_heads else 0
+    return layer, head
+
+
+@callback(Output("recording-pattern", "figure"),
+          Input("recording-run", "value"), Input("recording-prompt", "value"),
+          Input("recording-layer", "value"), Input("recording-head", "value"))
+def draw_pattern(run_id: str, prompt: int | None, layer: int | None, head: int | None):
+    if prompt is None or layer is None or head is None:
+        return no_update
+    rec = data.recording(run_id)
+    if prompt >= len(rec) or layer >= rec.n_layers or head >= rec.n_heads:
+        return no_update
+    return figures.pattern_heatmap(rec.pattern(prompt, layer, head), rec.tokens(prompt),
+                                   f"layer {layer}, head {head} (L{layer}H{head})")
+
+
+@callback(Output("recording-grid", "figure"),
+          Input("recording-run", "value"), Input("recording-prompt", "value"))
+def draw_grid(run_id: str, prompt: int | None):
+    rec = data.recording(run_id)
+    if prompt is None or prompt >= len(rec):
+        return no_update
+    return figures.pattern_grid(rec, prompt)

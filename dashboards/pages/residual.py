@@ -1,0 +1,58 @@
+"""Residual stream: its norm by layer and position (the first token's outsized norm shows)."""
+
+from __future__ import annotations
+
+import dash
+import numpy as np
+from dash import Input, Output, callback, dcc, html, no_update
+
+from dashboards.components import data, figures
+from dashboards.components.controls import labelled, prompt_options, run_dropdown
+
+dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
+                   experiments=["record"])
+
+
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("record")
+    if not runs:
+        return html.Div([html.H2("Residual stream"), html.P(
+            "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`.",
+            className="wb-note")])
+    return html.Div([
+        html.H2("Residual stream"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("residual-run", runs, run), "34em"),
+            labelled("prompt", dcc.Dropdown(id="residual-prompt", clearable=False), "28em"),
+        ]),
+        html.P(id="residual-stats", className="wb-note"),
+        dcc.Graph(id="residual-heatmap"),
+        dcc.Graph(id="residual-lines"),
+    ])
+
+
+@callback(Output("residual-prompt", "options"), Output("residual-prompt", "value"),
+          Input("residual-run", "value"))
+def choose_run(run_id: str):
+    rec = data.recording(run_id)
+    return prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts]), 0
+
+
+@callback(Output("residual-heatmap", "figure"), Output("residual-lines", "figure"),
+          Output("residual-stats", "children"),
+          Input("residual-run", "value"), Input("residual-prompt", "value"))
+def draw(run_id: str, prompt: int | None):
+    rec = data.recording(run_id)
+    if prompt is None or prompt >= len(rec):
+        return no_update, no_update, no_update
+    norms = figures.resid_norms(rec, prompt)
+    first, rest = norms[:, 0], norms[:, 1:]
+    stats = "one token only"
+    if rest.shape[1]:
+        ratio = first / np.median(rest, axis=1)
+        peak = int(np.argmax(ratio))
+        stats = (f"largest ratio of position 0's norm to the median of the other positions: "
+                 f"{ratio[peak]:.1f}x at boundary {peak} (‖x₀‖ = {first[peak]:.1f}); "
+                 f"largest single activation at that boundary: "
+                 f"{np.abs(rec.resid(prompt, peak)).max():.1f}")
+    return (figures.norm_heatmap(norms, rec.tokens(prompt)), figures.norm_lines(norms), stats)
