@@ -1,0 +1,104 @@
+"""A dashboard served from a subprocess, and headless Chromium (Debian's) to drive it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-quic"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(runs_dir) -> tuple[subprocess.Popen, str]:
+    """Start ``workbench dashboard`` on a free port; return the process and its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "--quiet", "dashboard", "--runs", str(runs_dir),
+         "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"dashboard exited: {proc.stdout.read()}") from None
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("dashboard did not start within 60 s")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def choose(page, dropdown_id: str, option: str) -> None:
+    """Pick ``option`` in a Dash dropdown by clicking it open and clicking the option."""
+    page.click(f"#{dropdown_id}")
+    page.locator("[role=listbox] [role=option]").filter(
+        has=page.get_by_text(option, exact=True)).first.click()
+
+
+def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = 20) -> dict:
+    """The Plotly figure (data and layout) rendered in ``graph_id``, once its title matches."""
+    script = """([id, want]) => {
+        const el = document.querySelector(`#${id} .js-plotly-plot`);
+        if (!el || !el.data || !el.layout) return null;
+        const title = (el.layout.title && el.layout.title.text) || "";
+        if (!title.includes(want)) return null;
+        return {data: el.data, layout: el.layout};
+    }"""
+    handle = page.wait_for_function(script, arg=[graph_id, title_contains],
+                                    timeout=timeout * 1000)
+    return handle.json_value()
+
+
+def as_array(value):
+    """A figure array as the browser holds it: a list, or Plotly's typed-array encoding."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(value, dict) and "bdata" in value:
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = value.get("shape")
+        if shape:
+            dims = [int(d) for d in str(shape).split(",")] if isinstance(shape, str) else shape
+            array = array.reshape(dims)
+        return array.astype(float)
+    return np.array(value, dtype=float)

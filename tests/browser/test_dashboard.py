@@ -1,0 +1,91 @@
+"""The dashboard in a real headless browser: runs, the recording viewer, the residual page."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.browser.conftest import as_array, choose, figure, serve
+from workbench.experiment import run_experiment
+from workbench.prompts import Prompt
+from workbench.recording import Recording, record
+from workbench.runs import RunStore
+
+TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama):
+    runs = tmp_path_factory.mktemp("runs")
+    store = RunStore(runs)
+    with store.start("record", llama.info.to_dict(), {"source": "test"}) as run:
+        record(llama, [Prompt(text=t) for t in TEXTS], run.dir / "recording")
+    overview = run_experiment("head-overview", llama, {"n_boot": 50}, runs_dir=runs)
+    proc, url = serve(runs)
+    yield url, store.get(run.id), overview
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_recording_viewer_draws_the_selected_head(page, served):
+    url, run, _ = served
+    rec = Recording.open(run.path)
+    page.goto(f"{url}/recording?run={run.id}")
+    first = figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    choose(page, "recording-prompt", f"1: {rec.prompts[1].label} "
+           f"({len(rec.tokens(1))} tok) " + "".join(rec.tokens(1)[:12]) + "…")
+    choose(page, "recording-layer", "1")
+    choose(page, "recording-head", "2")
+    fig = figure(page, "recording-pattern", title_contains="layer 1, head 2")
+    heatmap = fig["data"][0]
+    assert heatmap["type"] == "heatmap"
+    np.testing.assert_allclose(as_array(heatmap["z"]), rec.pattern(1, 1, 2),
+                               atol=1e-6)
+    assert [label.split(": ", 1)[1].strip("'") for label in heatmap["x"]] == rec.tokens(1)
+    assert first["data"][0]["z"] != heatmap["z"]
+    # the heatmap really is painted: plotly renders it as an image inside the graph
+    assert page.locator("#recording-pattern .hm image").count() == 1
+
+
+def test_clicking_the_head_grid_opens_that_head(page, served):
+    url, run, _ = served
+    page.goto(f"{url}/recording?run={run.id}")
+    figure(page, "recording-grid", title_contains="all heads")
+    figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    page.wait_for_timeout(500)  # let the graph settle to its final size
+    box = page.locator("#recording-grid .nsewdrag").first.bounding_box()
+    # layers down (2), heads across (4): click the middle of layer 1, head 3
+    x, y = box["x"] + box["width"] * 3.5 / 4, box["y"] + box["height"] * 1.5 / 2
+    page.mouse.move(x, y)  # plotly reports the point under the pointer on click
+    page.mouse.click(x, y)
+    figure(page, "recording-pattern", title_contains="layer 1, head 3")
+
+
+def test_residual_page_shows_norms(page, served):
+    url, run, _ = served
+    rec = Recording.open(run.path)
+    page.goto(f"{url}/residual?run={run.id}")
+    fig = figure(page, "residual-heatmap", title_contains="residual-stream norm")
+    norms = as_array(fig["data"][0]["customdata"])
+    expected = np.stack([np.linalg.norm(rec.resid(0, b), axis=-1) for b in range(3)])
+    np.testing.assert_allclose(norms, expected, rtol=2e-3)
+    assert "position 0" in page.inner_text("#residual-stats")
+
+
+def test_runs_page_filters_and_opens_a_run(page, served):
+    url, run, overview = served
+    page.goto(url)
+    page.wait_for_selector("#runs-table td")
+    assert page.locator("#runs-table tbody tr").count() == 3  # header + 2 runs
+    choose(page, "runs-experiment", "head-overview")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#runs-table tbody tr').length === 2")
+    assert overview.id in page.inner_text("#runs-table")
+    page.locator("#runs-table input[type=radio]").first.check()
+    page.wait_for_selector("#runs-detail h3")
+    assert overview.id in page.inner_text("#runs-detail")
+    choose(page, "runs-experiment", "record")
+    page.locator("#runs-table input[type=radio]").first.check()
+    page.get_by_text("open in Recording").click()
+    page.wait_for_url(f"**/recording?run={run.id}")
+    figure(page, "recording-pattern", title_contains="layer 0, head 0")

@@ -1,0 +1,64 @@
+"""Session-wide fixtures: tiny random models (unit tests) and an isolated workbench home."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests import tiny
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory):
+    return tiny.tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer(tmp_path_factory):
+    return tiny.tiny_tokenizer(tmp_path_factory.mktemp("bert-tokenizer"), bert=True)
+
+
+@pytest.fixture(scope="session")
+def llama_hf(tokenizer):
+    return tiny.tiny_llama_hf(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def bert_hf(tokenizer):
+    return tiny.tiny_bert_hf(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def llama(llama_hf, tokenizer):
+    """A workbench Model over a tiny random grouped-query Llama."""
+    return tiny.wrap(llama_hf, tokenizer, "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def bert(bert_hf, bert_tokenizer):
+    """A workbench Model over a tiny random BERT."""
+    return tiny.wrap(bert_hf, bert_tokenizer, "tiny-bert", has_lm_head=False)
+
+
+@pytest.fixture(scope="session")
+def llama_folder(llama_hf, tokenizer, tmp_path_factory):
+    """The tiny Llama saved as a local Hugging Face folder (a valid MODEL argument)."""
+    return tiny.save_folder(llama_hf, tokenizer, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    """An empty run store, also set as WORKBENCH_RUNS_DIR."""
+    path = tmp_path / "runs"
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(path))
+    return path
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = str(item.fspath).split(os.sep)
+        if "integration" in parts:
+            item.add_marker(pytest.mark.integration)
+        if "browser" in parts:
+            item.add_marker(pytest.mark.browser)

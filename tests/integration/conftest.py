@@ -1,0 +1,17 @@
+"""The real bundled models, fetched on first use (``make test`` fetches them first)."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.models import load_model
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return load_model("minilm")

@@ -1,0 +1,73 @@
+"""The command line: one-line errors with exit status 2, and runs printed as the last line."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.cli import main
+from workbench.recording import Recording
+from workbench.runs import RunStore
+
+
+def cli(capsys, *args):
+    """Run the CLI; return (exit status, stdout lines, stderr)."""
+    try:
+        main(["--quiet", *args])
+        status = 0
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out.strip().splitlines(), err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "nope", "--model", "x"], "unknown experiment 'nope'; known experiments: "),
+    (["run", "head-overview", "--model", "{folder}", "--set", "bogus=1"],
+     "no config field 'bogus'; fields: prompt_set"),
+    (["run", "head-overview", "--model", "{folder}", "--set", "n_boot=many"],
+     "n_boot: expected int, got 'many'"),
+    (["run", "head-overview", "--model", "{folder}", "--set", "prompt_set=poems"],
+     "unknown prompt set 'poems'"),
+    (["record", "{folder}", "--text", "  "], "--text is empty"),
+    (["record", "{folder}", "--text", "the cat sat " * 200], "has a context of 512"),
+    (["record", "{folder}", "--file", "/no/such/file.txt"], "cannot read /no/such/file.txt"),
+    (["record", "no-such-model-name", "--text", "hi"],
+     "'no-such-model-name' is not a bundled model (minilm, smollm2)"),
+    (["fetch", "gpt5"], "unknown model 'gpt5'; known models: minilm, smollm2"),
+    (["show", "nothing-here"], "no run 'nothing-here'"),
+])
+def test_bad_input_is_one_clear_line(capsys, runs_dir, llama_folder, args, message):
+    args = [a.replace("{folder}", str(llama_folder)) for a in args]
+    status, _, err = cli(capsys, *args)
+    assert status == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not list(runs_dir.glob("*/run.json"))  # bad input creates no run
+
+
+def test_record_show_and_runs(capsys, runs_dir, llama_folder):
+    status, out, _ = cli(capsys, "record", str(llama_folder), "--text",
+                         "the cat sat\n\nbread is made from flour")
+    assert status == 0
+    rec = Recording.open(out[-1])
+    assert len(rec) == 2 and rec.tokens(1)[0] == "<bos>"
+    status, out, _ = cli(capsys, "show", out[-1].split("/")[-1])
+    assert status == 0 and any(line.startswith("status     complete") for line in out)
+    status, out, _ = cli(capsys, "runs")
+    assert "record" in out[2] and "complete" in out[2]
+
+
+def test_run_experiment_writes_head_scores(capsys, runs_dir, llama_folder):
+    status, out, _ = cli(capsys, "run", "head-overview", "--model", str(llama_folder),
+                         "--set", "n_boot=50")
+    assert status == 0
+    run = RunStore(runs_dir).get(out[-1])
+    scores = run.table("head_scores")
+    assert {"layer", "head", "metric", "score", "ci_low", "ci_high"} <= set(scores.columns)
+    assert len(scores) == 2 * 4 * 4  # layers x heads x metrics
+    assert run.config["n_boot"] == 50 and run.meta["model"]["n_kv_heads"] == 2
+
+
+def test_experiments_lists_fields(capsys):
+    status, out, _ = cli(capsys, "experiments")
+    assert status == 0 and any(line.startswith("head-overview") for line in out)
+    assert any("prompt_set" in line for line in out)

@@ -1,0 +1,72 @@
+"""Configs parse by field type; registries refuse duplicates and list known names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from workbench.config import apply_overrides, fields
+from workbench.errors import ConfigError, UnknownNameError
+from workbench.registry import Registry
+
+
+@dataclass(frozen=True)
+class Cfg:
+    n: int = 3
+    rate: float = 0.5
+    mode: Literal["zero", "mean"] = "zero"
+    layers: tuple[int, ...] = (1, 2)
+    limit: int | None = None
+    flag: bool = False
+    name: str = field(default="x", metadata={"help": "a name"})
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise ValueError("n must be >= 0")
+
+
+def test_overrides_parse_by_type():
+    cfg = apply_overrides(Cfg, ["n=4", "rate=1e-3", "mode=mean", "layers=3,4,5", "limit=none",
+                                "flag=true", "name=hello world"])
+    assert cfg == Cfg(4, 1e-3, "mean", (3, 4, 5), None, True, "hello world")
+    assert apply_overrides(Cfg, ["limit=9"]).limit == 9
+    assert apply_overrides(Cfg, {"n": 5, "mode": "mean"}) == Cfg(n=5, mode="mean")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("nope=1", "no config field 'nope'; fields: n, rate, mode, layers, limit, flag, name"),
+    ("n=abc", "n: expected int, got 'abc'"),
+    ("mode=median", "mode: expected one of 'zero' | 'mean', got 'median'"),
+    ("flag=maybe", "flag: expected a boolean"),
+    ("n", "--set expects key=value"),
+    ("n=-1", "n must be >= 0"),
+    ("limit=x", "limit: expected int | None"),
+])
+def test_bad_overrides_say_what_was_expected(override, message):
+    with pytest.raises(ConfigError, match=message.replace("|", r"\|")):
+        apply_overrides(Cfg, [override])
+
+
+def test_fields_describe_types_defaults_and_help():
+    info = {f.name: f for f in fields(Cfg)}
+    assert info["mode"].type == "'zero' | 'mean'"
+    assert info["limit"].type == "int | None"
+    assert info["layers"].default == (1, 2)
+    assert info["name"].help == "a name"
+
+
+def test_registry_refuses_duplicates_and_lists_known_names():
+    reg: Registry[int] = Registry("widget")
+    reg.register("b", 2)
+
+    @reg.decorator("a")
+    def one() -> int:
+        return 1
+
+    assert reg.names() == ["a", "b"] and "a" in reg and len(reg) == 2
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a", 3)
+    with pytest.raises(UnknownNameError, match="unknown widget 'c'; known widgets: a, b"):
+        reg.get("c")

