@@ -1,0 +1,46 @@
+# The two commands: `make demo` and `make test`. Both work from a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch, installed before anything else so that no dependency pulls a
+# multi-GB CUDA build. Elsewhere, e.g.: make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH  ?= torch==2.13.0
+HOST   ?= 127.0.0.1
+PORT   ?= 8050
+PYTEST_ARGS ?=
+
+.PHONY: setup fetch demo dashboard test unit lint bench clean
+
+$(BIN)/workbench: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/workbench
+
+fetch: setup
+	$(BIN)/workbench fetch
+
+demo: fetch
+	$(BIN)/workbench demo
+	$(BIN)/workbench dashboard --host $(HOST) --port $(PORT)
+
+dashboard: setup
+	$(BIN)/workbench dashboard --host $(HOST) --port $(PORT)
+
+test: fetch
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check workbench experiments dashboards tests benchmarks
+
+bench: fetch
+	$(BIN)/python benchmarks/recording.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
