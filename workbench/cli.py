@@ -99,12 +99,25 @@ def _prompts_from_args(args: argparse.Namespace, model: Any) -> tuple[list[Any],
     return prompts, f"prompt-set:{args.prompt_set}"
 
 
+def _heads_mask(args: argparse.Namespace, model: Any = None) -> Any:
+    if not getattr(args, "heads_mask", None):
+        return None
+    from workbench.interventions import HeadMask
+
+    mask = HeadMask.load(args.heads_mask)
+    if model is not None:
+        mask.check(model)
+    return mask
+
+
 def cmd_record(args: argparse.Namespace) -> None:
+    from workbench.interventions import applied
     from workbench.models import load_model
     from workbench.recording import record
     from workbench.runs import RunStore
 
     model = load_model(args.model, dtype=args.dtype)
+    mask = _heads_mask(args, model)
     prompts, source = _prompts_from_args(args, model)
     if args.limit:
         prompts = prompts[: args.limit]
@@ -113,7 +126,9 @@ def cmd_record(args: argparse.Namespace) -> None:
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
               "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype}
     store = RunStore(paths.runs_dir(args.out))
-    with store.start("record", model.info.to_dict(), config) as run:
+    interventions = {"heads_mask": mask.to_json()} if mask is not None else None
+    with store.start("record", model.info.to_dict(), config,
+                     extra={"interventions": interventions}) as run, applied(model, mask):
         rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,
                      max_batch_tokens=args.max_batch_tokens)
         n_tokens = sum(len(p.token_ids) for p in rec.prompts)
@@ -131,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from workbench.experiment import run_experiment
 
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
-                         dtype=args.dtype, reuse=args.reuse)
+                         dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
     for line in run.meta.get("summary", []):
         _out(line)
     _out(str(run.path))
@@ -229,6 +244,35 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _out(str(store.root))
 
 
+def cmd_reproduce(args: argparse.Namespace) -> None:
+    from workbench import claims as claims_mod
+    from workbench.runs import RunStore
+
+    selected = claims_mod.select(claims_mod.load_claims(), args.claims or [])
+    if args.list:
+        rows = [{"claim": c.id, "source": c.source, "models": ",".join(c.models),
+                 "experiment": c.experiment} for c in selected]
+        _out(_table(rows, ["claim", "source", "models", "experiment"]))
+        return
+    store = RunStore(paths.runs_dir(args.out))
+    config = {"claims": [c.id for c in selected], "model": args.model, "fresh": args.fresh}
+    with store.start("reproduce", None, config) as run:
+        table = claims_mod.reproduce(selected, model=args.model, runs_dir=args.out,
+                                     fresh=args.fresh)
+        run.save_table("claims", table)
+        counts = table.verdict.value_counts().to_dict()
+        run.set("summary", [", ".join(f"{v} {k}" for k, v in sorted(counts.items()))])
+    rows = table.assign(measured=table.measured.where(table.verdict != "skipped",
+                                                      table.reason)).to_dict("records")
+    for row in rows:
+        _out(f"{row['verdict'].upper():8s} {row['claim']}  [{row['model']}]")
+        _out(textwrap.indent(textwrap.fill(f"source: {row['source']}", 96), "         "))
+        _out(textwrap.indent(textwrap.fill(f"published: {row['published']}", 96), "         "))
+        _out(textwrap.indent(textwrap.fill(f"measured: {row['measured']}", 96), "         "))
+    _out(store.get(run.final).meta["summary"][0])
+    _out(str(run.final))
+
+
 def cmd_dashboard(args: argparse.Namespace) -> None:
     from dashboards.app import create_app
 
@@ -272,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="model parameter dtype (default float32)")
 
+    def mask_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
+                       "workbench.interventions) to every forward pass")
+
     add("models", cmd_models, "list the model zoo")
 
     p = add("fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
@@ -293,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
     p.add_argument("--max-batch-tokens", type=int, default=2048, metavar="N",
                    help="tokens per forward batch (default 2048)")
+    mask_option(p)
     dtype_option(p)
     out_option(p)
 
@@ -303,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config field (repeatable); see `workbench experiments`")
     p.add_argument("--reuse", action="store_true",
                    help="return a matching complete run instead of running again")
+    mask_option(p)
     dtype_option(p)
     out_option(p)
 
@@ -323,6 +373,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("demo", cmd_demo, "run every experiment's demo configuration on the bundled models")
     p.add_argument("--models", default="smollm2,minilm", help="comma-separated model names")
     p.add_argument("--fresh", action="store_true", help="do not reuse matching runs")
+    out_option(p)
+
+    p = add("reproduce", cmd_reproduce, "check published claims against measured results")
+    p.add_argument("claims", nargs="*", metavar="CLAIM_ID", help="claims to check (default: all)")
+    p.add_argument("--model", help="check every claim that applies to this model instead of "
+                   "each claim's default models")
+    p.add_argument("--fresh", action="store_true", help="run again instead of reusing runs")
+    p.add_argument("--list", action="store_true", help="list the claims without running")
     out_option(p)
 
     p = add("dashboard", cmd_dashboard, "serve the dashboard")

@@ -17,6 +17,7 @@ import importlib
 import logging
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ import pandas as pd
 from workbench import paths
 from workbench.config import apply_overrides
 from workbench.errors import WorkbenchError
+from workbench.interventions import HeadMask, applied
 from workbench.models import Dtype, Model, load_model
 from workbench.registry import Registry
 from workbench.runs import Run, RunStore
@@ -118,7 +120,7 @@ def all_experiments() -> list[Experiment]:
 def run_experiment(name: str, model: str | Model | None,
                    overrides: Iterable[str] | Mapping[str, Any] = (), *,
                    runs_dir: str | Path | None = None, dtype: Dtype = "float32",
-                   reuse: bool = False) -> Run:
+                   reuse: bool = False, heads_mask: HeadMask | None = None) -> Run:
     """Run a registered experiment and store it as a run.
 
     The config is checked before the model loads, so a bad override fails at once.
@@ -130,8 +132,9 @@ def run_experiment(name: str, model: str | Model | None,
         overrides: ``["key=value", ...]`` or a dict, applied to the experiment's Config.
         runs_dir: the run store (``--out``); default :func:`workbench.paths.runs_dir`.
         dtype: dtype to load the model in.
-        reuse: return an existing complete run with the same experiment, model, config
-            and workbench version instead of running again.
+        reuse: return an existing complete run with the same experiment, model, config,
+            head mask and workbench version instead of running again.
+        heads_mask: a :class:`~workbench.interventions.HeadMask` applied for the whole run.
 
     Returns:
         The finished run. If the experiment raises, the run is stored as failed (with the
@@ -145,12 +148,18 @@ def run_experiment(name: str, model: str | Model | None,
     store = RunStore(paths.runs_dir(runs_dir))
     loaded = load_model(model, dtype=dtype) if isinstance(model, str) else model
     info = loaded.info.to_dict() if loaded is not None else None
-    if reuse and (found := store.find_matching(name, info, cfg)) is not None:
+    if heads_mask is not None:
+        if loaded is None:
+            raise WorkbenchError(f"experiment '{name}' takes no model, so no head mask")
+        heads_mask.check(loaded)
+    interventions = {"heads_mask": heads_mask.to_json()} if heads_mask is not None else None
+    if reuse and (found := store.find_matching(name, info, cfg, interventions)) is not None:
         log.info("reusing run %s", found.id)
         return found
-    with store.start(name, info, cfg) as active:
+    with store.start(name, info, cfg, extra={"interventions": interventions}) as active:
         kwargs = {"workdir": active.dir} if exp.writes_files else {}
-        result = exp.run(loaded, cfg, **kwargs)
+        with applied(loaded, heads_mask) if loaded is not None else nullcontext():
+            result = exp.run(loaded, cfg, **kwargs)
         for table_name, df in result.tables().items():
             active.save_table(table_name, df)
         active.set("summary", result.summary())

@@ -262,10 +262,10 @@ class RunStore:
         runs = self.runs(experiment=experiment, model=model, status="complete")
         return runs[-1] if runs else None
 
-    def find_matching(self, experiment: str, model: dict[str, Any] | None,
-                      config: Any) -> Run | None:
-        """The newest complete run with the same experiment, model weights, config and
-        workbench version, for reuse instead of a recomputation."""
+    def find_matching(self, experiment: str, model: dict[str, Any] | None, config: Any,
+                      interventions: dict[str, Any] | None = None) -> Run | None:
+        """The newest complete run with the same experiment, model weights, config,
+        interventions and workbench version, for reuse instead of a recomputation."""
         cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
         cfg = json.loads(json.dumps(cfg, default=str))
         version = provenance.workbench_version()
@@ -275,7 +275,8 @@ class RunStore:
                 model["name"], model["checksum"]
             ):
                 continue
-            if run.config == cfg and run.meta.get("workbench_version") == version:
+            if (run.config == cfg and run.meta.get("workbench_version") == version
+                    and run.meta.get("interventions") == interventions):
                 return run
         return None
 

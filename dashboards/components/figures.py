@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from jaxtyping import Float
 
@@ -102,4 +103,37 @@ def norm_lines(norms: Float[np.ndarray, "boundary pos"]) -> go.Figure:
     fig.update_layout(title="first token vs the rest", height=380,
                       xaxis={"title": "layer boundary"}, yaxis={"title": "‖x‖", "type": "log"},
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
+                 zmin: float | None = None, zmax: float | None = None,
+                 colorscale: str = "Viridis") -> go.Figure:
+    """A layer x head heatmap of one metric from a long-format ``head_scores`` table.
+
+    Hover shows the score and, when the table has them, its 95% interval. Click data
+    carries ``x`` = head and ``y`` = layer.
+    """
+    df = scores[scores.metric == metric]
+    n_layers, n_heads = int(df.layer.max()) + 1, int(df.head.max()) + 1
+    grid = np.full((n_layers, n_heads), np.nan)
+    low = np.full_like(grid, np.nan)
+    high = np.full_like(grid, np.nan)
+    for row in df.itertuples():
+        grid[row.layer, row.head] = row.score
+        if "ci_low" in df.columns:
+            low[row.layer, row.head], high[row.layer, row.head] = row.ci_low, row.ci_high
+    hover = "L%{y}H%{x}<br>" + metric + " = %{z:.3f}"
+    if "ci_low" in df.columns:
+        hover += "<br>95% CI [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
+    fig = go.Figure(go.Heatmap(
+        z=grid, x=list(range(n_heads)), y=list(range(n_layers)),
+        customdata=np.stack([low, high], axis=-1), zmin=zmin, zmax=zmax,
+        colorscale=colorscale, hovertemplate=hover + "<extra></extra>",
+        colorbar={"title": metric},
+    ))
+    fig.update_layout(title=title or metric, height=min(900, 160 + 22 * n_layers),
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10},
+                      xaxis={"title": "head", "dtick": 1},
+                      yaxis={"title": "layer", "autorange": "reversed", "dtick": 1})
     return fig

@@ -1,0 +1,75 @@
+"""The claims registry: parsing, selection, checks, and verdicts from real runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench import claims
+from workbench.errors import UnknownNameError, WorkbenchError
+
+
+def claim(**over):
+    base = {"id": "c1", "paper": "Someone 2020", "where": "Table 1", "statement": "s",
+            "published": "p", "applies_to": "any", "models": ["m"],
+            "experiment": "head-overview", "config": {"n_boot": 20},
+            "check": {"name": "max_score_at_least", "metric": "self", "threshold": 0.0}}
+    return {**base, **over}
+
+
+def write(tmp_path, entries, name="a.json"):
+    folder = tmp_path / "claims"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(json.dumps(entries))
+    return folder
+
+
+def test_load_and_select(tmp_path):
+    folder = write(tmp_path, [claim(), claim(id="c2", applies_to=["gpt2"])])
+    loaded = claims.load_claims(folder)
+    assert [c.id for c in loaded] == ["c1", "c2"] and loaded[1].applies_to == ("gpt2",)
+    assert loaded[0].source == "Someone 2020, Table 1"
+    assert [c.id for c in claims.select(loaded, ["c2"])] == ["c2"]
+    with pytest.raises(UnknownNameError, match="known claims: c1, c2"):
+        claims.select(loaded, ["c3"])
+
+
+@pytest.mark.parametrize("entries, message", [
+    ([claim(), claim()], "appears twice"),
+    ([{"id": "x"}], "lacks paper"),
+])
+def test_malformed_claim_files(tmp_path, entries, message):
+    with pytest.raises(WorkbenchError, match=message):
+        claims.load_claims(write(tmp_path, entries))
+
+
+def test_applies():
+    c = claims._parse(claim(applies_to="causal"), "f")
+    assert c.applies("x", causal=True) is None
+    assert "causal language models" in c.applies("x", causal=False)
+    assert "bidirectional" in claims._parse(claim(applies_to="encoder"), "f").applies("x", True)
+
+
+def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):
+    folder = str(llama_folder)
+    entries = [
+        claim(id="passes", models=[folder]),
+        claim(id="fails", models=[folder],
+              check={"name": "max_score_at_least", "metric": "self", "threshold": 2.0}),
+        claim(id="encoder-only", models=[folder], applies_to="encoder"),
+        claim(id="offline", models=["no-such-org/model-x9"]),
+        claim(id="bad-check", models=[folder], check={"name": "no-such-check"}),
+    ]
+    loaded = claims.load_claims(write(tmp_path, entries))
+    with pytest.raises(UnknownNameError, match="unknown check 'no-such-check'"):
+        claims.reproduce(loaded, runs_dir=tmp_path / "runs")
+    table = claims.reproduce(loaded[:4], runs_dir=tmp_path / "runs")
+    verdicts = dict(zip(table.claim, table.verdict, strict=True))
+    assert verdicts == {"passes": "pass", "fails": "fail", "encoder-only": "skipped",
+                        "offline": "skipped"}
+    row = table.set_index("claim").loc["fails"]
+    assert "max self = " in row.measured and "(threshold 2.0)" in row.measured
+    assert "model unavailable" in table.set_index("claim").loc["offline"].reason
+    # the two head-overview claims with the same config share one run
+    assert table.run[table.run != ""].nunique() == 1

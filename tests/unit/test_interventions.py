@@ -1,0 +1,133 @@
+"""Head masks: invariants of the intervention, checked against weight surgery."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests import tiny
+from workbench.errors import WorkbenchError
+from workbench.interventions import HeadMask, applied, head_means
+from workbench.prompts import Prompt
+
+PROMPTS = [Prompt(text="the cat sat on the mat"), Prompt(text="bread is made from flour")]
+
+
+def logits(model, prompt=PROMPTS[0]):
+    ids = torch.tensor([model.encode(prompt)[0]])
+    with torch.inference_mode():
+        return model.bridge(ids)
+
+
+def final_resid(model, prompt=PROMPTS[0]):
+    """The encoder's last hidden state (its LM head is random, so compare this instead)."""
+    ids = torch.tensor([model.encode(prompt)[0]])
+    with torch.inference_mode():
+        _, cache = model.bridge.run_with_cache(ids, names_filter=lambda n: n.endswith(
+            f"blocks.{model.info.n_layers - 1}.hook_resid_post"))
+    return next(iter(cache.values()))
+
+
+@pytest.mark.parametrize("which", ["llama", "bert"])
+def test_all_ones_mask_changes_nothing_bit_for_bit(which, request):
+    model = request.getfixturevalue(which)
+    out = final_resid if which == "bert" else logits
+    before = out(model)
+    for ablation in ("zero", "mean"):
+        with applied(model, HeadMask.for_model(model, ablation=ablation)):
+            assert torch.equal(out(model), before)
+
+
+def _o_proj(model, layer):
+    block = model.bridge.original_model
+    if hasattr(block, "model"):  # Llama
+        return block.model.layers[layer].self_attn.o_proj
+    return block.bert.encoder.layer[layer].attention.output.dense
+
+
+@pytest.mark.parametrize("which, heads", [("llama", [(1, 2)]), ("llama", [(0, 0), (1, 3)]),
+                                          ("bert", [(0, 1)])])
+def test_masking_a_head_equals_removing_its_output_projection_slice(which, heads, request,
+                                                                     tokenizer, bert_tokenizer):
+    model = request.getfixturevalue(which)
+    out = final_resid if which == "bert" else logits
+    with applied(model, HeadMask.for_model(model).without(heads)):
+        masked = out(model)
+    surgery = tiny.wrap(request.getfixturevalue(f"{which}_hf"),
+                        bert_tokenizer if which == "bert" else tokenizer, "surgery")
+    d_head = model.info.d_head
+    with torch.no_grad():
+        for layer, head in heads:
+            _o_proj(surgery, layer).weight[:, head * d_head:(head + 1) * d_head] = 0
+    torch.testing.assert_close(masked, out(surgery), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(masked, out(model), atol=1e-4)
+
+
+def test_grouped_query_masks_query_heads_not_key_value_heads(llama):
+    # heads 0 and 1 share key-value head 0: masking one of them is not masking both
+    with applied(llama, HeadMask.for_model(llama).without([(1, 0)])):
+        one = logits(llama)
+    with applied(llama, HeadMask.for_model(llama).without([(1, 0), (1, 1)])):
+        both = logits(llama)
+    assert not torch.allclose(one, both, atol=1e-4)
+
+
+def test_masks_compose(llama):
+    a = HeadMask.for_model(llama).without([(0, 1)])
+    b = HeadMask.for_model(llama).without([(1, 2)])
+    b.values[0, 3] = 0.5
+    with applied(llama, a), applied(llama, b):
+        nested = logits(llama)
+    with applied(llama, a.compose(b)):
+        composed = logits(llama)
+    torch.testing.assert_close(nested, composed, atol=1e-6, rtol=1e-6)
+
+
+def test_head_means_are_means_over_real_tokens(llama):
+    means = head_means(llama, PROMPTS)
+    zs = []
+    for prompt in PROMPTS:  # unpadded, one prompt at a time
+        ids = torch.tensor([llama.encode(prompt)[0]])
+        with torch.inference_mode():
+            _, cache = llama.bridge.run_with_cache(ids, names_filter=lambda n: "hook_z" in n)
+        zs.append(torch.stack([cache[f"blocks.{layer}.attn.hook_z"][0] for layer in range(2)]))
+    ref = torch.cat(zs, dim=1).mean(1)  # [layer, head, d_head]
+    torch.testing.assert_close(means, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_mean_ablation_with_the_input_itself_as_reference_changes_nothing(llama):
+    one_token = Prompt(token_ids=(llama.info.bos_token_id,))
+    means = head_means(llama, [one_token])
+    mask = HeadMask.for_model(llama, ablation="mean").without([(0, 0), (1, 3)])
+    before = logits(llama, one_token)
+    with applied(llama, mask, means=means):
+        torch.testing.assert_close(logits(llama, one_token), before, atol=1e-5, rtol=1e-5)
+    with applied(llama, HeadMask.for_model(llama).without([(0, 0), (1, 3)])):
+        assert not torch.allclose(logits(llama, one_token), before, atol=1e-4)
+
+
+def test_gradient_flows_to_mask_values(llama):
+    values = torch.ones(2, 4, requires_grad=True)
+    mask = HeadMask(values)
+    ids = torch.tensor([llama.encode(PROMPTS[0])[0]])
+    with applied(llama, mask):
+        loss = llama.bridge(ids, return_type="loss")
+    loss.backward()
+    assert values.grad is not None and values.grad.abs().sum() > 0
+
+
+def test_save_load_and_shape_checks(llama, bert, tmp_path):
+    mask = HeadMask.for_model(llama, ablation="mean", note="test").without([(1, 1)])
+    loaded = HeadMask.load(mask.save(tmp_path / "m.json"))
+    assert torch.equal(loaded.values, mask.values) and loaded.ablation == "mean"
+    assert loaded.removed() == [(1, 1)] and loaded.model == "tiny-llama"
+    with pytest.raises(WorkbenchError, match="tiny-bert has 2 x 4"):
+        HeadMask.ones(3, 4, model="other").check(bert)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(WorkbenchError, match="not a head mask file"):
+        HeadMask.load(tmp_path / "bad.json")
+    with pytest.raises(WorkbenchError, match="unknown ablation"):
+        HeadMask.ones(2, 4, ablation="resample")
+    assert copy.deepcopy(mask).removed() == mask.removed()
