@@ -37,7 +37,7 @@ import pandas as pd
 from workbench import paths
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.registry import Registry
-from workbench.runs import Run
+from workbench.runs import Run, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,18 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
                        run=run.id)
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None = None,
+                  fresh: bool = False) -> Run:
+    """:func:`reproduce`, stored as a run of ``reproduce`` with its table ``claims``."""
+    config = {"claims": [c.id for c in claims], "model": model, "fresh": fresh}
+    with store.start("reproduce", None, config) as run:
+        table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh)
+        run.save_table("claims", table)
+        counts = table.verdict.value_counts().to_dict()
+        run.set("summary", [", ".join(f"{v} {k}" for k, v in sorted(counts.items()))])
+    return store.get(run.final)
 
 
 # ---- generic checks -----------------------------------------------------------------------

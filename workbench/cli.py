@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import paths, progress
-from workbench.errors import ModelCapabilityError, WorkbenchError
+from workbench.errors import WorkbenchError
 
 log = logging.getLogger("workbench")
 
@@ -213,35 +213,11 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from workbench.experiment import all_experiments, run_experiment
-    from workbench.models import load_model
-    from workbench.prompts import load_prompt_set
-    from workbench.recording import record
-    from workbench.runs import RunStore
+    from workbench.demo import run_demo
 
-    wanted = args.models.split(",")
-    store = RunStore(paths.runs_dir(args.out))
-    for name in wanted:
-        model = load_model(name)
-        prompts = load_prompt_set("sentence-pairs" if not model.info.causal else "natural")[:6]
-        config = {"source": "demo", "n_prompts": len(prompts), "store_dtype": "float16",
-                  "max_batch_tokens": 2048, "dtype": "float32"}
-        if args.fresh or not store.find_matching("record", model.info.to_dict(), config):
-            with store.start("record", model.info.to_dict(), config) as run:
-                record(model, prompts, run.dir / "recording")
-                run.set("summary", [f"recorded {len(prompts)} demo prompts"])
-        _out(f"record on {name}: done")
-        for exp in all_experiments():
-            if name not in exp.demo_models:
-                continue
-            try:
-                run = run_experiment(exp.name, model if exp.needs_model else None, exp.demo,
-                                     runs_dir=args.out, reuse=not args.fresh)
-            except ModelCapabilityError as exc:
-                _out(f"{exp.name} on {name}: skipped ({exc})")
-                continue
-            _out(f"{exp.name} on {name}: {run.status} -> {run.path}")
-    _out(str(store.root))
+    for line in run_demo(args.models.split(","), args.out, fresh=args.fresh):
+        _out(line)
+    _out(str(paths.runs_dir(args.out)))
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
@@ -255,22 +231,17 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         _out(_table(rows, ["claim", "source", "models", "experiment"]))
         return
     store = RunStore(paths.runs_dir(args.out))
-    config = {"claims": [c.id for c in selected], "model": args.model, "fresh": args.fresh}
-    with store.start("reproduce", None, config) as run:
-        table = claims_mod.reproduce(selected, model=args.model, runs_dir=args.out,
-                                     fresh=args.fresh)
-        run.save_table("claims", table)
-        counts = table.verdict.value_counts().to_dict()
-        run.set("summary", [", ".join(f"{v} {k}" for k, v in sorted(counts.items()))])
-    rows = table.assign(measured=table.measured.where(table.verdict != "skipped",
+    run = claims_mod.reproduce_run(store, selected, model=args.model, fresh=args.fresh)
+    table = run.table("claims")
+    rows = table.assign(measured=table.measured.where(table.verdict.isin(["pass", "fail"]),
                                                       table.reason)).to_dict("records")
     for row in rows:
         _out(f"{row['verdict'].upper():8s} {row['claim']}  [{row['model']}]")
         _out(textwrap.indent(textwrap.fill(f"source: {row['source']}", 96), "         "))
         _out(textwrap.indent(textwrap.fill(f"published: {row['published']}", 96), "         "))
         _out(textwrap.indent(textwrap.fill(f"measured: {row['measured']}", 96), "         "))
-    _out(store.get(run.final).meta["summary"][0])
-    _out(str(run.final))
+    _out(run.meta["summary"][0])
+    _out(str(run.path))
 
 
 def cmd_dashboard(args: argparse.Namespace) -> None:
