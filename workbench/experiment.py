@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import pandas as pd
 
@@ -35,6 +35,7 @@ from workbench.runs import Run, RunStore
 log = logging.getLogger(__name__)
 
 HEAD_SCORE_COLUMNS = ("layer", "head", "metric", "score")
+Requirement = Literal["any", "causal", "causal_lm"]
 
 
 class Result(Protocol):
@@ -64,6 +65,9 @@ class Experiment:
     demo: Mapping[str, Any] = field(default_factory=dict)
     """Config overrides used by ``workbench demo`` (a quick but meaningful setting)."""
     demo_models: tuple[str, ...] = ("smollm2", "minilm")
+    requires: Requirement = "any"
+    """``causal``: refuse bidirectional models; ``causal_lm``: also need a trained LM head.
+    Checked before a run is created, so a refusal leaves no failed run behind."""
 
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
@@ -71,7 +75,8 @@ EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
 def experiment(name: str, *, config: type, needs_model: bool = True, writes_files: bool = False,
                demo: Mapping[str, Any] | None = None,
-               demo_models: tuple[str, ...] = ("smollm2", "minilm")
+               demo_models: tuple[str, ...] = ("smollm2", "minilm"),
+               requires: Requirement = "any",
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``."""
 
@@ -83,7 +88,7 @@ def experiment(name: str, *, config: type, needs_model: bool = True, writes_file
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
             module=fn.__module__, needs_model=needs_model, writes_files=writes_files,
-            demo=dict(demo or {}), demo_models=demo_models,
+            demo=dict(demo or {}), demo_models=demo_models, requires=requires,
         ))
         return fn
 
@@ -147,6 +152,9 @@ def run_experiment(name: str, model: str | Model | None,
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))
     loaded = load_model(model, dtype=dtype) if isinstance(model, str) else model
+    if loaded is not None and exp.requires != "any":
+        loaded.require(causal=True, lm_head=exp.requires == "causal_lm",
+                       what=f"experiment '{name}'")
     info = loaded.info.to_dict() if loaded is not None else None
     if heads_mask is not None:
         if loaded is None:

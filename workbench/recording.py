@@ -76,23 +76,30 @@ def _storable(block: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
 class _Writer:
     """Hook functions that append each prompt's slice of a layer's tensors to disk."""
 
-    def __init__(self, root: Path, n_layers: int, store_dtype: StoreDtype) -> None:
+    def __init__(self, root: Path, n_layers: int, store_dtype: StoreDtype,
+                 include_resid: bool = True) -> None:
         self.store_dtype = store_dtype
-        self.files = {
-            **{("attn", layer): _BlockFile(root / "attn" / f"L{layer:03d}.bin")
-               for layer in range(n_layers)},
-            **{("resid", b): _BlockFile(root / "resid" / f"B{b:03d}.bin")
-               for b in range(n_layers + 1)},
-        }
+        self.files = {("attn", layer): _BlockFile(root / "attn" / f"L{layer:03d}.bin")
+                      for layer in range(n_layers)}
+        if include_resid:
+            self.files.update({("resid", b): _BlockFile(root / "resid" / f"B{b:03d}.bin")
+                               for b in range(n_layers + 1)})
         # (kind, layer) -> {prompt index: [offset, dtype]}
         self.blocks: dict[tuple[str, int], dict[int, list[Any]]] = {k: {} for k in self.files}
         self.batch: Batch | None = None
 
     def hook_fns(self, n_layers: int) -> list[tuple[str, Any]]:
         fns = [(hooks.pattern(layer), self._make_hook("attn", layer)) for layer in range(n_layers)]
-        fns += [(hooks.resid(b, n_layers), self._make_hook("resid", b))
-                for b in range(n_layers + 1)]
+        if ("resid", 0) in self.files:
+            fns += [(hooks.resid(b, n_layers), self._make_hook("resid", b))
+                    for b in range(n_layers + 1)]
         return fns
+
+    def last_hook(self, n_layers: int) -> str:
+        """The last hook point whose tensor is written; the forward pass stops there."""
+        if ("resid", 0) in self.files:
+            return hooks.resid(n_layers, n_layers)
+        return hooks.pattern(n_layers - 1)
 
     def _make_hook(self, kind: str, layer: int):
         def hook(tensor: torch.Tensor, hook: Any) -> None:
@@ -111,7 +118,8 @@ class _Writer:
 
 
 def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
-           store_dtype: StoreDtype = "float16", max_batch_tokens: int = 2048) -> Recording:
+           store_dtype: StoreDtype = "float16", max_batch_tokens: int = 2048,
+           include_resid: bool = True) -> Recording:
     """Run ``model`` on ``prompts`` and write a recording into folder ``out``.
 
     Args:
@@ -121,6 +129,7 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
         store_dtype: ``float16`` (default; falls back to float32 per block on overflow)
             or ``float32``.
         max_batch_tokens: prompts are right-padded into batches of at most this many tokens.
+        include_resid: also record the residual stream (patterns only when false).
 
     Returns:
         The recording, opened for reading.
@@ -134,7 +143,7 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     root.mkdir(parents=True, exist_ok=True)
     encoded = [model.encode(p) for p in prompts]
     n_layers = model.info.n_layers
-    writer = _Writer(root, n_layers, store_dtype)
+    writer = _Writer(root, n_layers, store_dtype, include_resid)
     pad_id = model.tokenizer.pad_token_id or 0
     batches = list(make_batches(encoded, pad_id=pad_id, max_tokens=max_batch_tokens))
     try:
@@ -142,7 +151,7 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
             for batch in progress.track(batches, desc="recording"):
                 writer.batch = batch
                 hooks.run_hooked(model.bridge, batch, writer.hook_fns(n_layers),
-                                 stop_after=hooks.resid(n_layers, n_layers))
+                                 stop_after=writer.last_hook(n_layers))
     finally:
         files = writer.close()
     index = {
@@ -241,8 +250,14 @@ class Recording:
         self._check(head, self.n_heads, "head")
         return np.array(block[head], dtype=np.float32)
 
+    @property
+    def has_resid(self) -> bool:
+        return "resid/0" in self._index["blocks"]
+
     def resid(self, prompt: int, layer: int) -> Float[np.ndarray, "pos d_model"]:
         """Residual stream ``[pos, d_model]`` at boundary ``layer`` (0 .. n_layers)."""
+        if not self.has_resid:
+            raise WorkbenchError(f"{self.root} recorded attention patterns only")
         self._check(layer, self.n_layers + 1, "layer boundary")
         n = len(self._prompt(prompt).token_ids)
         return np.array(self._block("resid", layer, prompt, (n, self.d_model)), dtype=np.float32)

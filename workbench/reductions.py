@@ -144,6 +144,35 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         ["prompt", "layer", "head", "metric"], ignore_index=True)
 
 
+def uniform_pattern(n: int, causal: bool) -> Float[Tensor, "1 1 query_pos key_pos"]:
+    """Attention spread evenly over the keys each query can see: the null pattern."""
+    visible = torch.ones(n, n).tril() if causal else torch.ones(n, n)
+    return (visible / visible.sum(-1, keepdim=True))[None, None]
+
+
+def null_scores(model: Model, prompts: Sequence[Prompt],
+                reductions: Mapping[str, Reduction]) -> pd.DataFrame:
+    """Each reduction applied to the uniform pattern of every prompt (no forward pass).
+
+    This is what a score would be for a head that attends evenly to everything it can
+    see, so a reader knows what "high" means for that score on those prompts.
+
+    Returns:
+        ``prompt, metric, score`` (the same for every head).
+    """
+    rows = []
+    for i, prompt in enumerate(prompts):
+        ids, _ = model.encode(prompt)
+        n = len(ids)
+        ctx = PatternContext(input_ids=torch.tensor([ids]), lengths=torch.tensor([n]),
+                             query_mask=torch.ones(1, n, dtype=torch.bool), layer=-1,
+                             causal=model.info.causal)
+        pattern = uniform_pattern(n, model.info.causal)
+        for metric, fn in reductions.items():
+            rows.append((i, metric, float(fn(pattern, ctx)[0, 0])))
+    return pd.DataFrame(rows, columns=["prompt", "metric", "score"])
+
+
 def _to_frame(batch_out: Mapping[tuple[int, str], Tensor], indices: list[int]) -> pd.DataFrame:
     frames = []
     for (layer, metric), scores in batch_out.items():

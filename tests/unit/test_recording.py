@@ -119,3 +119,11 @@ def test_bad_requests_are_clear_errors(llama, tmp_path):
         record(llama, [Prompt(text="the cat sat " * 200)], tmp_path / "long")
     with pytest.raises(WorkbenchError, match="no recording"):
         Recording.open(tmp_path)
+
+
+def test_patterns_only_recording(llama, tmp_path):
+    rec = record(llama, [Prompt(text="the cat")], tmp_path / "rec", include_resid=False)
+    assert not rec.has_resid and rec.pattern(0, 1).shape[0] == llama.info.n_heads
+    assert not (tmp_path / "rec" / "resid").exists()
+    with pytest.raises(WorkbenchError, match="attention patterns only"):
+        rec.resid(0, 0)
