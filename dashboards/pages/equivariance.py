@@ -1,0 +1,224 @@
+"""Equivariance: the permutation-equivariance verdicts, a head's pattern before and after a
+permutation, and the worked four-token attention example step by step."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import dash
+import numpy as np
+import pandas as pd
+import torch
+from dash import Input, Output, callback, dash_table, dcc, html, no_update
+
+from dashboards.components import data, figures
+from dashboards.components.controls import labelled, run_dropdown
+from workbench.attention import worked_example
+from workbench.runs import Run
+
+dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
+                   experiments=["permutation-equivariance"])
+
+EXPERIMENT = "permutation-equivariance"
+EMPTY = ("No permutation-equivariance runs yet. Make one with "
+         "`workbench run permutation-equivariance --model smollm2`.")
+VERDICT_COLUMNS = ["component", "condition", "shift", "n_cases", "max_rel_error",
+                   "min_rel_error", "tolerance", "expected", "verdict", "note"]
+DEFAULT_CONDITION = "no positions, no mask"
+
+
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs(EXPERIMENT)
+    body: list = [html.H2("Equivariance")]
+    if not runs:
+        body.append(html.P(EMPTY, className="wb-note"))
+    else:
+        body += [
+            html.Div(className="wb-controls", children=[
+                labelled("run", run_dropdown("equivariance-run", runs, run), "34em")]),
+            html.H3("Verdicts"),
+            html.P("Each row: the largest (for equivariant / unchanged) or smallest (for not "
+                   "equivariant / changes) of max|f(PX) - P f(X)| / max|f(X)| over prompts, "
+                   "seeds and layers, against the stated tolerance.", className="wb-note"),
+            dash_table.DataTable(
+                id="equivariance-verdicts", page_size=30, sort_action="native",
+                columns=[{"name": c, "id": c} for c in VERDICT_COLUMNS],
+                style_cell={"textAlign": "left", "fontSize": "0.8em", "whiteSpace": "normal",
+                            "maxWidth": "28em"},
+                style_data_conditional=[
+                    {"if": {"filter_query": '{verdict} = "fail"'}, "color": "#b91c1c"},
+                    {"if": {"filter_query": '{verdict} = "n/a"'}, "color": "#9ca3af"}]),
+            html.H3("A head before and after a permutation"),
+            _view_controls(),
+            html.P(id="equivariance-permutation", className="wb-note"),
+            html.P(id="equivariance-view-stats", className="wb-note"),
+            html.Div(className="wb-row", children=[
+                dcc.Graph(id="equivariance-before"), dcc.Graph(id="equivariance-after"),
+                dcc.Graph(id="equivariance-back")]),
+        ]
+    return html.Div([*body, html.H3("Worked example: “the cat was hungry”"),
+                     worked_example_section()])
+
+
+def _view_controls() -> html.Div:
+    def dropdown(name: str, width: str | None = None) -> html.Div:
+        return labelled(name, dcc.Dropdown(id=f"equivariance-{name.split()[-1]}",
+                                           clearable=False), width)
+
+    return html.Div(className="wb-controls", children=[
+        dropdown("condition", "24em"), dropdown("prompt", "26em"),
+        dropdown("permutation seed", "10em"), dropdown("layer"), dropdown("head")])
+
+
+@lru_cache(maxsize=16)
+def _read(path: str, name: str, sha: str) -> pd.DataFrame:
+    return Run.load(Path(path)).table(name)
+
+
+def table(run_id: str, name: str) -> pd.DataFrame:
+    """A run's table, read (and checksummed) once per process and file version."""
+    run = data.get_run(run_id)
+    return _read(str(run.path), name, run.meta["tables"][name]["sha256"])
+
+
+@callback(Output("equivariance-verdicts", "data"),
+          Output("equivariance-condition", "options"), Output("equivariance-condition", "value"),
+          Output("equivariance-prompt", "options"), Output("equivariance-prompt", "value"),
+          Output("equivariance-seed", "options"), Output("equivariance-seed", "value"),
+          Output("equivariance-layer", "options"), Output("equivariance-layer", "value"),
+          Output("equivariance-head", "options"), Output("equivariance-head", "value"),
+          Input("equivariance-run", "value"))
+def choose_run(run_id: str | None):
+    if run_id is None:
+        return (no_update,) * 11
+    verdicts = table(run_id, "verdicts")
+    shown = verdicts[VERDICT_COLUMNS].copy()
+    for col in ("max_rel_error", "min_rel_error", "tolerance"):
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
+    shown["shift"] = shown["shift"].map(lambda c: f"c = {c}" if c else "")
+    patterns = table(run_id, "patterns")
+    tokens = table(run_id, "tokens")
+    conditions = list(dict.fromkeys(patterns.condition))
+    prompts = sorted(patterns.prompt.unique().tolist())
+    prompt_opts = [{"label": f"{p}: {_preview(tokens[tokens.prompt == p].token.tolist())}",
+                    "value": p} for p in prompts]
+    seeds = sorted(s for s in patterns.seed.unique().tolist() if s >= 0)
+    layers = sorted(patterns.layer.unique().tolist())
+    heads = sorted(patterns["head"].unique().tolist())
+
+    def first(values: list, preferred=None):
+        return preferred if preferred in values else (values[0] if values else None)
+
+    return (shown.to_dict("records"), conditions, first(conditions, DEFAULT_CONDITION),
+            prompt_opts, first(prompts), [{"label": str(s), "value": s} for s in seeds],
+            first(seeds), layers, first(layers), heads, first(heads))
+
+
+def _preview(tokens: list[str], n: int = 12) -> str:
+    # byte-pair tokens carry their own spaces; word pieces do not
+    joiner = "" if any(t.startswith(" ") for t in tokens) else " "
+    return joiner.join(tokens[:n]).replace("\n", " ")[:60] + "…"
+
+
+def _matrix(patterns: pd.DataFrame, n: int) -> np.ndarray:
+    grid = np.full((n, n), np.nan)
+    grid[patterns["query"].to_numpy(), patterns["key"].to_numpy()] = patterns.weight.to_numpy()
+    return grid
+
+
+@callback(Output("equivariance-before", "figure"), Output("equivariance-after", "figure"),
+          Output("equivariance-back", "figure"), Output("equivariance-permutation", "children"),
+          Output("equivariance-view-stats", "children"),
+          Input("equivariance-run", "value"), Input("equivariance-condition", "value"),
+          Input("equivariance-prompt", "value"), Input("equivariance-seed", "value"),
+          Input("equivariance-layer", "value"), Input("equivariance-head", "value"))
+def draw(run_id, condition, prompt, seed, layer, head):
+    if None in (run_id, condition, prompt, seed, layer, head):
+        return (no_update,) * 5
+    patterns = table(run_id, "patterns")
+    pick = patterns[(patterns.condition == condition) & (patterns.prompt == prompt)
+                    & (patterns.layer == layer) & (patterns["head"] == head)]
+    original, permuted = pick[pick.input == "original"], pick[pick.seed == seed]
+    if original.empty or permuted.empty:
+        return (no_update,) * 5
+    tokens = table(run_id, "tokens")
+    toks = tokens[tokens.prompt == prompt].sort_values("position").token.tolist()
+    perms = table(run_id, "permutations")
+    perm = perms[(perms.prompt == prompt) & (perms.seed == seed) & (perms.kind == "full")]
+    perm = perm.sort_values("position").source.to_numpy()
+    before, after = _matrix(original, len(toks)), _matrix(permuted, len(toks))
+    inverse = np.argsort(perm)
+    back = after[inverse][:, inverse]  # A'[i, j] belongs to tokens perm[i], perm[j]
+    gap = float(np.nanmax(np.abs(back - before)))
+    where = f"L{layer}H{head}, {condition}"
+    figs = (figures.pattern_heatmap(before, toks, f"{where}: X (original order)"),
+            figures.pattern_heatmap(after, [toks[i] for i in perm],
+                                    f"{where}: PX (permuted order)"),
+            figures.pattern_heatmap(back, toks, f"{where}: PX permuted back"))
+    order = " ".join(f"{i}" for i in perm)
+    stats = (f"max |permuted back - original| = {gap:.2g}: "
+             + ("the pattern moved with its tokens (equivariant)." if gap < 1e-4 else
+                "the pattern did not just move with its tokens (not equivariant)."))
+    return (*figs, f"permutation (seed {seed}): position i of PX holds token perm[i] of X; "
+            f"perm = [{order}]", stats)
+
+
+# ---- the worked example ------------------------------------------------------------------
+
+def _table(title: str, values: torch.Tensor, rows: list[str], cols: list[str], key: str,
+           note: str = "") -> html.Div:
+    """One labelled matrix as an HTML table (4 decimals, integers shown as integers)."""
+    def cell(v: float) -> str:
+        return f"{v:.0f}" if float(v).is_integer() else f"{v:.4f}"
+
+    pad = {"padding": "0.1em 0.55em", "textAlign": "right"}
+    head = html.Tr([html.Th("")] + [html.Th(c, style=pad) for c in cols])
+    body = [html.Tr([html.Th(r, style=pad)] + [html.Td(cell(v), style=pad) for v in row])
+            for r, row in zip(rows, values.tolist(), strict=True)]
+    return html.Div(className="wb-matrix", children=[
+        html.Div(title, style={"fontWeight": 600}),
+        html.Table([html.Thead(head), html.Tbody(body)], id=f"equivariance-worked-{key}",
+                   style={"borderCollapse": "collapse", "fontFamily": "monospace",
+                          "fontSize": "0.85em"}),
+        html.Div(note, className="wb-note") if note else None,
+    ], style={"marginRight": "2em", "marginBottom": "1em"})
+
+
+def worked_example_section() -> html.Div:
+    """X, Q, K, V, scores, weights and output of the four-token example, computed with
+    :mod:`workbench.attention` (a few 4 x 4 products, so it is built at request time)."""
+    ex = worked_example()
+    toks = list(ex.tokens)
+    dims = ["d1", "d2", "d3", "d4"]
+    k3 = ["1", "2", "3"]
+    steps = [
+        ("1. inputs", [_table("X (one row per token)", ex.x, toks, dims, "x"),
+                       _table("W_Q", ex.w_q, dims, k3, "w_q"),
+                       _table("W_K", ex.w_k, dims, k3, "w_k"),
+                       _table("W_V", ex.w_v, dims, k3, "w_v")]),
+        ("2. projections", [_table("Q = X W_Q", ex.q, toks, k3, "q"),
+                            _table("K = X W_K", ex.k, toks, k3, "k"),
+                            _table("V = X W_V", ex.v, toks, k3, "v")]),
+        ("3. scores", [_table("S = Q Kᵀ (query rows, key columns)", ex.scores, toks, toks,
+                              "scores"),
+                       _table("S / √3", ex.scaled, toks, toks, "scaled")]),
+        ("4. weights and output", [
+            _table("A = softmax(S / √3), each row sums to 1", ex.weights, toks, toks,
+                   "weights"),
+            _table("O = A V", ex.output, toks, k3, "output")]),
+        ("5. with a causal mask", [
+            _table("A with a causal mask (0 above the diagonal)", ex.causal_weights, toks,
+                   toks, "causal-weights"),
+            _table("O with a causal mask", ex.causal_output, toks, k3, "causal-output",
+                   "the first row is V's first row: 'the' sees only itself")]),
+        ("6. shuffled input, no mask", [
+            _table(f"O of P X, rows ({', '.join(ex.shuffled_tokens)})", ex.shuffled_output,
+                   list(ex.shuffled_tokens), k3, "shuffled-output",
+                   "the rows of O, shuffled the same way: attention is permutation "
+                   "equivariant")]),
+    ]
+    return html.Div(id="equivariance-worked", children=[
+        html.Div([html.H4(title), html.Div(children=tables,
+                                           style={"display": "flex", "flexWrap": "wrap"})])
+        for title, tables in steps])
