@@ -207,13 +207,15 @@ def applied(model: Model, mask: HeadMask | None, *,
     """Apply ``mask`` to ``model`` for the duration of the block (``None``: no-op).
 
     For a ``mean`` mask the head means are computed on the mask's reference prompt set
-    unless ``means`` is given.
+    unless ``means`` is given; a ``zero`` mask ignores ``means``.
     """
     if mask is None:
         yield
         return
     mask.check(model)
-    if mask.ablation == "mean" and means is None:
+    if mask.ablation == "zero":
+        means = None
+    elif means is None:
         means = head_means(model, load_prompt_set(mask.reference, model))
     with model.bridge.hooks(fwd_hooks=mask_hooks(mask.values, means)):
         yield

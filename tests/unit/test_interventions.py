@@ -108,6 +108,18 @@ def test_mean_ablation_with_the_input_itself_as_reference_changes_nothing(llama)
         assert not torch.allclose(logits(llama, one_token), before, atol=1e-4)
 
 
+def test_zero_mask_ignores_means(llama):
+    means = head_means(llama, PROMPTS)
+    zero = HeadMask.for_model(llama).without([(0, 1)])
+    with applied(llama, zero):
+        plain = logits(llama)
+    with applied(llama, zero, means=means):
+        assert torch.equal(logits(llama), plain)
+    with applied(llama, HeadMask.for_model(llama, ablation="mean").without([(0, 1)]),
+                 means=means):
+        assert not torch.allclose(logits(llama), plain, atol=1e-4)
+
+
 def test_gradient_flows_to_mask_values(llama):
     values = torch.ones(2, 4, requires_grad=True)
     mask = HeadMask(values)
