@@ -134,7 +134,8 @@ def random_token_ids(model: Model, n: int, generator: torch.Generator) -> list[i
 @prompt_set("repeated-random")
 def repeated_random(model: Model, n_prompts: int = 8, seq_len: int = 32, repeats: int = 2,
                     seed: int = 0) -> list[Prompt]:
-    """Random token sequences repeated ``repeats`` times, after BOS for causal models.
+    """Random token sequences repeated ``repeats`` times, after BOS (causal models) or
+    framed as ``[CLS] ... [SEP]`` (encoders).
 
     The standard input for induction: from the second repeat on, every token's successor
     can be copied from its earlier occurrence.
@@ -144,7 +145,9 @@ def repeated_random(model: Model, n_prompts: int = 8, seq_len: int = 32, repeats
     for i in range(n_prompts):
         seq = random_token_ids(model, seq_len, gen)
         ids = seq * repeats
-        if model.info.bos_token_id is not None:
+        if not model.info.causal:
+            ids = model.tokenizer.build_inputs_with_special_tokens(ids)  # [CLS] ... [SEP]
+        elif model.info.bos_token_id is not None:
             ids = [model.info.bos_token_id, *ids]
         prompts.append(Prompt(token_ids=tuple(ids), label=f"repeated-random[{i}]"))
     return prompts

@@ -97,7 +97,8 @@ def self_attention(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
 
 def reduce_patterns(model: Model, prompts: Sequence[Prompt],
                     reductions: Mapping[str, Reduction], *,
-                    max_batch_tokens: int = 2048, desc: str = "scoring") -> pd.DataFrame:
+                    max_batch_tokens: int = 2048, desc: str = "scoring",
+                    layers: Sequence[int] | None = None) -> pd.DataFrame:
     """Apply pattern reductions to every head of every layer, on the fly.
 
     Args:
@@ -105,6 +106,7 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         prompts: the prompts (any lengths).
         reductions: ``{metric name: reduction}``.
         max_batch_tokens: batch size in tokens.
+        layers: only these layers (the pass stops after the deepest); default all.
 
     Returns:
         Long format, one row per (prompt, layer, head, metric): ``prompt, layer, head,
@@ -127,7 +129,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
 
         return hook
 
-    fwd_hooks = [(hooks.pattern(layer), make_hook(layer)) for layer in range(n_layers)]
+    layers = sorted(set(range(n_layers) if layers is None else layers))
+    fwd_hooks = [(hooks.pattern(layer), make_hook(layer)) for layer in layers]
     batches = list(make_batches(encoded, pad_id=pad_id, max_tokens=max_batch_tokens))
     with torch.inference_mode():
         for batch in progress.track(batches, desc=desc):
@@ -138,7 +141,7 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
             )
             batch_out.clear()
             hooks.run_hooked(model.bridge, batch, fwd_hooks,
-                             stop_after=hooks.pattern(n_layers - 1))
+                             stop_after=hooks.pattern(layers[-1]))
             frames.append(_to_frame(batch_out, batch.indices))
     return pd.concat(frames, ignore_index=True).sort_values(
         ["prompt", "layer", "head", "metric"], ignore_index=True)

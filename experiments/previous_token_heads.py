@@ -1,0 +1,122 @@
+"""Previous-token heads: which heads attend to the token before (or after) each position,
+and which attend to earlier copies of the current token?
+
+Previous-token heads are the first half of the induction circuit (Olsson et al. 2022, "In-
+context Learning and Induction Heads", section 2; Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits"): an induction head's keys are composed with a
+previous-token head's output (K-composition). Duplicate-token heads appear in Wang et al.
+2022 ("Interpretability in the Wild", the IOI circuit). GPT-2 small's previous-token heads
+4.11 and 2.2, and its duplicate-token heads 0.1, 0.10 and 3.0, are the classic reference.
+
+Scores (per layer and query head; definitions in :mod:`workbench.scores`):
+
+- ``previous_token``: mean over queries ``i >= 1`` of ``A[i, i-1]``, on natural text
+  (Olsson et al. 2022; TransformerLens ``head_detector`` 'mul' semantics, whose score is
+  the same sum divided by ``T`` instead of ``T - 1``).
+- ``next_token`` (bidirectional models only; a causal mask makes it 0): mean over queries
+  ``i <= T-2`` of ``A[i, i+1]``, on natural text.
+- ``duplicate_token``: on random token sequences repeated twice, the weight each query
+  puts on earlier occurrences of its own token, over queries that have one.
+
+Natural text is ``n_prompts`` windows of ``n_tokens`` tokens of the Python documentation's
+prose (:mod:`workbench.corpus`), or any named prompt set. Each score has a 95% bootstrap
+interval over prompts and a null baseline (``null``): its value for a head whose attention
+is uniform over the keys it can see, on the same prompts.
+
+The run also stores ``example/``, the attention patterns of one natural and one repeated
+prompt, which the dashboard's heads page shows.
+
+Example:
+    workbench run previous-token-heads --model smollm2
+    workbench run previous-token-heads --model minilm --set n_prompts=16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from workbench import scores
+from workbench.corpus import python_docs, token_chunks
+from workbench.experiment import experiment
+from workbench.heads import score_heads
+from workbench.models import Model
+from workbench.prompts import Prompt, check_prompt_set, load_prompt_set
+from workbench.recording import record
+
+
+@dataclass(frozen=True)
+class Config:
+    text: str = field(default="corpus", metadata={
+        "help": "natural text: 'corpus' (Python docs prose) or a prompt-set name"})
+    n_prompts: int = field(default=32, metadata={"help": "natural-text prompts (corpus)"})
+    n_tokens: int = field(default=128, metadata={"help": "tokens per corpus prompt"})
+    n_repeated: int = field(default=32, metadata={"help": "repeated random sequences"})
+    seq_len: int = field(default=40, metadata={"help": "length of each random sequence"})
+    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples"})
+    seed: int = field(default=0, metadata={"help": "seed for random tokens and bootstrap"})
+    max_batch_tokens: int = field(default=2048, metadata={"help": "tokens per forward batch"})
+
+    def __post_init__(self) -> None:
+        if min(self.n_prompts, self.n_tokens, self.n_repeated, self.seq_len, self.n_boot) < 2:
+            raise ValueError("n_prompts, n_tokens, n_repeated, seq_len and n_boot must be >= 2")
+        if self.text != "corpus":
+            check_prompt_set(self.text)
+
+
+def natural_prompts(model: Model, cfg: Config) -> list[Prompt]:
+    if cfg.text == "corpus":
+        return token_chunks(model, python_docs(), n_chunks=cfg.n_prompts,
+                            n_tokens=min(cfg.n_tokens, model.info.n_ctx), label="docs")
+    return load_prompt_set(cfg.text, model)
+
+
+@dataclass
+class Result:
+    head_scores: pd.DataFrame
+    causal: bool
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"head_scores": self.head_scores}
+
+    def summary(self) -> list[str]:
+        lines = []
+        for metric in self.head_scores.metric.unique():
+            df = self.head_scores[self.head_scores.metric == metric].nlargest(3, "score")
+            heads = ", ".join(f"L{r.layer}H{r.head} {r.score:.2f} [{r.ci_low:.2f}, "
+                              f"{r.ci_high:.2f}]" for r in df.itertuples())
+            lines.append(f"top {metric} heads: {heads} (uniform null {df.null.iloc[0]:.3f})")
+        if self.causal:
+            lines.append("next_token is not scored: a causal mask makes it 0 by construction")
+        return lines
+
+
+@experiment("previous-token-heads", config=Config, writes_files=True,
+            demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500})
+def run(model: Model, cfg: Config, *, workdir: Path | None = None) -> Result:
+    """Score previous-token, next-token (encoders) and duplicate-token heads."""
+    natural = natural_prompts(model, cfg)
+    positional = {"previous_token": scores.previous_token}
+    if not model.info.causal:
+        positional["next_token"] = scores.next_token
+    repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
+                               seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
+    common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
+    table = pd.concat([
+        score_heads(model, natural, positional, inputs="natural text", **common),
+        score_heads(model, repeated, {"duplicate_token": scores.duplicate_token},
+                    inputs="repeated random tokens", **common),
+    ], ignore_index=True)
+    if workdir is not None:
+        record(model, [natural[0], repeated[0]], workdir / "example", include_resid=False)
+    return Result(table, model.info.causal)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from workbench.cli import main
+
+    main(["run", "previous-token-heads", *sys.argv[1:]])

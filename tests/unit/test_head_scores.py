@@ -1,0 +1,165 @@
+"""Head scores on hand-built patterns with known answers, and against TransformerLens."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformer_lens.head_detector import detect_head
+
+from experiments.induction_heads import choose_ablation, random_same_layer, repeat_losses
+from workbench import scores
+from workbench.heads import copying_scores, top_heads
+from workbench.prompts import Prompt
+from workbench.reductions import PatternContext, null_scores, reduce_patterns, uniform_pattern
+
+BOS = 0
+A, B, C, D = 11, 12, 13, 14
+REPEATED = [BOS, A, B, C, D, A, B, C, D]  # positions 0..8
+
+
+def ctx_for(ids, lengths=None, causal=True):
+    ids = torch.tensor([ids]) if isinstance(ids[0], int) else torch.tensor(ids)
+    n = ids.shape[1]
+    lengths = torch.tensor(lengths or [n] * ids.shape[0])
+    mask = torch.arange(n)[None, :] < lengths[:, None]
+    return PatternContext(ids, lengths, mask, layer=0, causal=causal)
+
+
+def one_hot_pattern(targets, n):
+    """A [1, 1, n, n] pattern where query i puts all its weight on key targets[i]."""
+    pattern = torch.zeros(1, 1, n, n)
+    for i, k in enumerate(targets):
+        pattern[0, 0, i, k] = 1.0
+    return pattern
+
+
+def test_exact_induction_stripe_scores_one():
+    # query at position p in the second repeat attends to the token after its first copy
+    targets = [0, 0, 0, 0, 0, 2, 3, 4, 5]  # first-repeat queries attend to BOS (excluded)
+    pattern = one_hot_pattern(targets, 9)
+    ctx = ctx_for(REPEATED)
+    assert scores.induction(pattern, ctx).item() == pytest.approx(1.0)
+    # the unnormalised stripe divides the same total by all 9 queries
+    assert scores.induction_stripe_sum(pattern, ctx).item() == pytest.approx(4 / 9)
+
+
+def test_previous_token_pattern_scores_zero_on_induction_and_one_on_previous():
+    targets = [0, 0, 1, 2, 3, 4, 5, 6, 7]
+    pattern = one_hot_pattern(targets, 9)
+    ctx = ctx_for(REPEATED)
+    assert scores.induction(pattern, ctx).item() == pytest.approx(0.0)
+    assert scores.previous_token(pattern, ctx).item() == pytest.approx(1.0)
+    assert scores.duplicate_token(pattern, ctx).item() == pytest.approx(0.0)
+
+
+def test_bos_column_never_counts():
+    pattern = one_hot_pattern([0] * 9, 9)  # all weight on BOS
+    ctx = ctx_for(REPEATED)
+    assert scores.induction(pattern, ctx).item() == 0.0
+    assert scores.duplicate_token(pattern, ctx).item() == 0.0
+    assert not scores.induction_targets(ctx)[0, :, 0].any()
+    assert scores.first_token(pattern, ctx).item() == pytest.approx(1.0)
+
+
+def test_duplicate_and_next_token():
+    dup = one_hot_pattern([0, 1, 2, 3, 4, 1, 2, 3, 4], 9)
+    assert scores.duplicate_token(dup, ctx_for(REPEATED)).item() == pytest.approx(1.0)
+    # half the weight on the earlier copy: 0.5
+    half = 0.5 * dup + 0.5 * one_hot_pattern(list(range(9)), 9)
+    assert scores.duplicate_token(half, ctx_for(REPEATED)).item() == pytest.approx(0.5)
+    nxt = one_hot_pattern([1, 2, 3, 4, 5, 6, 7, 8, 8], 9)
+    assert scores.next_token(nxt, ctx_for(REPEATED, causal=False)).item() == pytest.approx(1.0)
+
+
+def test_only_queries_with_an_earlier_occurrence_count():
+    # second-repeat queries split their weight: 3/4 on the induction target, 1/4 on BOS
+    pattern = one_hot_pattern([0] * 9, 9)
+    for i, k in zip(range(5, 9), range(2, 6), strict=True):
+        pattern[0, 0, i] = 0
+        pattern[0, 0, i, k], pattern[0, 0, i, 0] = 0.75, 0.25
+    assert scores.induction(pattern, ctx_for(REPEATED)).item() == pytest.approx(0.75)
+
+
+def test_padding_is_ignored():
+    short = [BOS, A, B, A, B]
+    ids = [REPEATED, short + [99] * 4]
+    targets = [0, 0, 0, 0, 0, 2, 3, 4, 5]
+    pattern = torch.cat([one_hot_pattern(targets, 9), one_hot_pattern(targets, 9)])
+    pattern[1, 0, 3:5] = 0
+    pattern[1, 0, 3, 2], pattern[1, 0, 4, 3] = 1.0, 1.0  # induction targets of the short one
+    pattern[1, 0, 5:] = 1 / 9  # junk in the padded rows
+    out = scores.induction(pattern, ctx_for(ids, lengths=[9, 5]))
+    assert out[:, 0].tolist() == pytest.approx([1.0, 1.0])
+
+
+def test_null_scores_are_uniform_pattern_scores(llama):
+    prompt = Prompt(token_ids=tuple(REPEATED))
+    null = null_scores(llama, [prompt], {"previous_token": scores.previous_token,
+                                         "first_token": scores.first_token}).set_index("metric")
+    n = len(REPEATED)
+    assert null.score["previous_token"] == pytest.approx(np.mean([1 / (i + 1)
+                                                                   for i in range(1, n)]))
+    assert null.score["first_token"] == pytest.approx(np.mean([1 / (i + 1) for i in range(n)]))
+    assert uniform_pattern(4, causal=False).sum(-1).tolist() == [[[1.0] * 4]]
+
+
+def test_previous_token_and_induction_stripe_agree_with_transformer_lens(llama):
+    text = "the cat sat on the mat and the dog sat on the rug the cat sat on the mat"
+    ids = llama.bridge.to_tokens(text)[0]
+    n = len(ids)
+    ours = reduce_patterns(llama, [Prompt(token_ids=tuple(ids.tolist()))],
+                           {"previous_token": scores.previous_token,
+                            "stripe": scores.induction_stripe_sum})
+    ours = ours.pivot_table(index=["layer", "head"], columns="metric", values="score")
+    for name, metric, factor in (("previous_token_head", "previous_token", (n - 1) / n),
+                                 ("induction_head", "stripe", 1.0)):
+        tl = detect_head(llama.bridge, text, name, error_measure="mul")  # [layer, head]
+        mine = ours[metric].to_numpy().reshape(tl.shape) * factor
+        np.testing.assert_allclose(mine, tl.numpy(), atol=1e-5)
+
+
+def test_copying_score_matches_a_direct_computation_from_hf_weights(llama):
+    hf = llama.bridge.original_model
+    tokens = torch.tensor([20, 40, 60, 80])
+    got = copying_scores(llama, tokens)
+    n_rep = llama.info.n_heads // llama.info.n_kv_heads
+    d = llama.info.d_head
+    with torch.no_grad():
+        for layer in range(2):
+            attn = hf.model.layers[layer].self_attn
+            x = hf.model.layers[layer].input_layernorm(hf.model.embed_tokens.weight[tokens])
+            v = (x @ attn.v_proj.weight.T).view(len(tokens), -1, d)
+            for head in range(4):
+                o = v[:, head // n_rep] @ attn.o_proj.weight[:, head * d:(head + 1) * d].T
+                logits = hf.lm_head(hf.model.norm(o))
+                own = logits[torch.arange(len(tokens)), tokens]
+                z = (own - logits.mean(-1)) / logits.std(-1)
+                torch.testing.assert_close(got[:, layer, head], z, atol=1e-4, rtol=1e-4)
+
+
+def test_repeat_losses_index_the_right_tokens():
+    seq_len, repeats = 3, 2
+    # loss vector entry t is the loss on position t + 1; positions 1..3 repeat 1, 4..6 repeat 2
+    loss = torch.tensor([9.0, 1.0, 2.0, 9.0, 3.0, 5.0])
+    out = repeat_losses([loss], seq_len, repeats)
+    assert out.tolist() == [[1.5, 4.0]]  # each repeat's first token is left out
+
+
+def test_ablation_choices():
+    rows = [(0, h, "previous_token", s) for h, s in enumerate([0.9, 0.1, 0.2, 0.8])]
+    rows += [(1, h, "previous_token", s) for h, s in enumerate([0.95, 0.1, 0.1, 0.1])]
+    rows += [(1, 2, "induction", 0.9), (1, 0, "induction", 0.1)]
+    table = pd.DataFrame(rows, columns=["layer", "head", "metric", "score"])
+    tracked = top_heads(table, "induction", 1)
+    assert tracked == [(1, 2)]
+    chosen = choose_ablation(table, tracked, 2)
+    assert chosen == [(0, 0), (0, 3)]  # only layers below the induction head's layer
+    rng = random.Random(0)
+    for _ in range(20):
+        picked = random_same_layer(chosen, tracked, 4, rng)
+        assert [layer for layer, _ in picked] == [0, 0]
+        assert not set(picked) & set(chosen) and len(set(picked)) == 2
