@@ -21,8 +21,9 @@ output), and its verdict against a tolerance stated in advance: ``sublayer_toler
 (1e-5) for one attention sublayer and for head permutations, which are a few float32
 matmuls (float32's epsilon is 1.2e-7, and a permutation only reorders sums over keys), and
 ``model_tolerance`` (1e-3) for whole-model outputs, where 30 float32 layers compound that
-rounding and RoPE's float32 angles add more (next paragraph); position information changes
-these outputs by order 1e-1 to 1. Expectations are ``equivariant`` / ``unchanged`` (the
+rounding and RoPE's float32 angles add more (next paragraph). Both were fixed before any
+measurement; the ``min_rel_error`` column shows how far above them position information
+and masks move the outputs. Expectations are ``equivariant`` / ``unchanged`` (the
 error must be within the tolerance in every case) or ``not equivariant`` / ``changes``
 (beyond it in every case); a row passes when its expectation holds.
 
@@ -62,7 +63,9 @@ is called directly, so the same ``X`` enters every condition):
   above does not carry over to a stack, because after the first causal layer the state
   at an earlier position ``j`` depends on its own prefix ``{x_0 .. x_j}``, which a prefix
   permutation changes, and this is how a causal model with no position encoding can count
-  positions (Haviv et al. 2022); ``as trained, prefix permutation`` -> changes.
+  positions (Haviv et al. 2022). (This expectation was first written as "unchanged", by
+  carrying the one-layer argument over; the tiny two-layer test model contradicted it.)
+  ``as trained, prefix permutation`` -> changes.
 - ``position ids + c`` on a RoPE model -> unchanged for every shift ``c`` with
   ``c + T`` inside the context: RoPE's score between positions ``m`` and ``n`` depends
   only on ``m - n`` (Su et al. 2021, section 3.2.2, eq. 16). The model's real forward gets
@@ -520,8 +523,9 @@ def head_permutation_hooks(layer: int, q_perm: Tensor, kv_perm: Tensor
 
 # ---- measuring -----------------------------------------------------------------------------
 
-def relative_error(after: Tensor, before: Tensor, scale_of: Tensor,
-                   positions: slice = slice(None)) -> float:
+def relative_error(after: Float[Tensor, "*batch pos d"], before: Float[Tensor, "*batch pos d"],
+                   scale_of: Float[Tensor, "*batch pos d"], positions: slice = slice(None)
+                   ) -> float:
     """``max |after - before| / max |scale_of|`` over the positions (dim -2) selected."""
     diff = (after[..., positions, :].double() - before[..., positions, :].double()).abs().max()
     return float(diff / scale_of.double().abs().max().clamp_min(1e-30))
