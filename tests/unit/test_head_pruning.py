@@ -1,0 +1,390 @@
+"""Head pruning on tiny random models: gradients against the chain rule, ablation
+importance against a hand-made mask, pruning orders, weight removal against masking."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments import head_pruning as hp
+from workbench import hooks
+from workbench.experiment import run_experiment
+from workbench.importance import (
+    ablation_importance,
+    gradient_importance,
+    mask_gradients,
+    normalize_by_layer,
+)
+from workbench.interventions import HeadMask, applied, mask_hooks
+from workbench.losses import token_losses
+from workbench.prompts import Prompt
+from workbench.runs import RunStore
+
+TEXTS = ["the cat sat on the mat and the dog sat on the rug",
+         "a quick brown fox jumps over the lazy dog by the river",
+         "bread is made from flour water salt and yeast",
+         "the committee met on tuesday to discuss the budget"]
+PROMPTS = [Prompt(text=t) for t in TEXTS]
+SMALL = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
+         "repeat_prompts": 2, "repeat_len": 6, "probes": 2, "step_fraction": 0.25,
+         "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 1, "budgets": (0.25, 0.5)}
+
+
+def causal_objective(model, prompts=PROMPTS, ablation=PROMPTS[:2]):
+    return hp.CausalObjective(list(prompts), list(ablation), list(prompts), [], 4, True, 1024)
+
+
+def encoder_objective(model, prompts=PROMPTS, n_probes=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    probes = torch.randn(len(prompts), n_probes, model.info.d_model, generator=gen)
+    ref = hp.sentence_embeddings(model, prompts)
+    return hp.EncoderObjective(list(prompts), list(prompts[:2]), list(prompts), ref, ref,
+                               probes, 1024)
+
+
+# ---- gradient importance ---------------------------------------------------------------------
+
+def chain_rule_gradient(model, prompt, values):
+    """sum over positions of <dL/dz'_h, z_h>, with z_h captured before the mask and z' after
+    it, and L the prompt's mean next-token loss computed here from the logits."""
+    ids = torch.tensor([model.encode(prompt)[0]])
+    before, after = {}, {}
+
+    def keep(store, layer):
+        def hook(z, hook):
+            store[layer] = z.detach().clone()
+
+        return hook
+
+    def keep_grad(store, layer):
+        def hook(z, hook):  # a fresh tensor that the rest of the model reads
+            store[layer] = z.clone()
+            store[layer].retain_grad()
+            return store[layer]
+
+        return hook
+
+    n_layers = model.info.n_layers
+    first = [(hooks.z(layer), keep(before, layer)) for layer in range(n_layers)]
+    last = [(hooks.z(layer), keep_grad(after, layer)) for layer in range(n_layers)]
+    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=first), \
+            applied(model, HeadMask(values.clone())), model.bridge.hooks(fwd_hooks=last):
+        logits = model.bridge(ids)
+        loss = F.cross_entropy(logits[0, :-1], ids[0, 1:])
+        loss.backward()
+    return torch.stack([(after[layer].grad * before[layer]).sum((0, 1, 3))
+                        for layer in range(n_layers)]).detach()
+
+
+@pytest.mark.parametrize("values", [torch.ones(2, 4),
+                                    torch.tensor([[1.0, 0.0, 1.0, 0.5], [0.0, 1.0, 1.0, 1.0]])])
+def test_mask_gradient_is_the_chain_rule_form(llama, values):
+    objective = causal_objective(llama)
+    grads = mask_gradients(llama, PROMPTS[:2], objective.example_loss, values)
+    assert grads.shape == (2, 1, 2, 4)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        torch.testing.assert_close(grads[i, 0], chain_rule_gradient(llama, prompt, values),
+                                   atol=1e-5, rtol=1e-4)
+
+
+def test_per_example_gradients_do_not_depend_on_the_batch(llama):
+    objective = causal_objective(llama)
+    together = mask_gradients(llama, PROMPTS, objective.example_loss, torch.ones(2, 4))
+    alone = torch.cat([mask_gradients(llama, [p], objective.example_loss, torch.ones(2, 4))
+                       for p in PROMPTS])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_per_example_accumulation_differs_from_per_batch(llama):
+    objective = causal_objective(llama)
+    grads = mask_gradients(llama, PROMPTS, objective.example_loss, torch.ones(2, 4))
+    per_example = gradient_importance(grads, accumulate="example")
+    per_batch = gradient_importance(grads, accumulate="batch", batch_size=2)
+    by_hand_example = torch.stack([g.abs() for g in grads[:, 0]]).mean(0)
+    by_hand_batch = ((grads[0, 0] + grads[1, 0]).abs() / 2
+                     + (grads[2, 0] + grads[3, 0]).abs() / 2) / 2
+    torch.testing.assert_close(per_example, by_hand_example)
+    torch.testing.assert_close(per_batch, by_hand_batch)
+    # |mean| <= mean |.|, strictly wherever examples disagree in sign
+    assert (per_batch <= per_example + 1e-7).all()
+    assert not torch.allclose(per_example, per_batch, atol=1e-4)
+
+
+def test_encoder_probe_gradient_is_the_probed_jacobian(bert):
+    """d(g . u)/dxi from one backward pass per probe equals g . J, with J = du/dxi the full
+    Jacobian of the unit embedding computed independently (one column per head)."""
+    prompt = PROMPTS[1]
+    objective = encoder_objective(bert, [prompt], n_probes=3)
+    grads = mask_gradients(bert, [prompt], objective.example_loss, torch.ones(2, 4))[0]
+    ids = torch.tensor([bert.encode(prompt)[0]])
+    name = hooks.resid(2, 2)
+
+    def unit_embedding(flat):
+        seen = {}
+        fwd = [*mask_hooks(flat.reshape(2, 4)), (name, lambda r, hook: seen.update(r=r))]
+        with bert.bridge.hooks(fwd_hooks=fwd):
+            bert.bridge(ids)
+        return F.normalize(seen["r"][0].mean(0), dim=-1)
+
+    jac = torch.autograd.functional.jacobian(unit_embedding, torch.ones(8))  # [d_model, 8]
+    expected = (objective.probes[0] @ jac).reshape(3, 2, 4)
+    torch.testing.assert_close(grads, expected, atol=1e-5, rtol=1e-4)
+    # removing a head moves the unit embedding, so its Jacobian column is not zero
+    assert (jac.norm(dim=0) > 0).all()
+
+
+def test_normalize_by_layer():
+    imp = torch.tensor([[3.0, 4.0, 7.0], [0.0, 0.0, 0.0]])
+    keep = torch.tensor([[True, True, False], [True, True, True]])
+    out = normalize_by_layer(imp, keep)
+    torch.testing.assert_close(out[0, :2], torch.tensor([0.6, 0.8]))
+    assert torch.isnan(out[0, 2]) and (out[1] == 0).all()
+
+
+# ---- ablation importance ---------------------------------------------------------------------
+
+def test_ablation_importance_is_the_loss_change_of_a_hand_made_mask(llama):
+    objective = causal_objective(llama)
+    start = HeadMask.for_model(llama).without([(0, 3)])
+    diffs = ablation_importance(llama, start, objective.degradation)
+    assert diffs.shape == (2, 2, 4) and torch.isnan(diffs[:, 0, 3]).all()
+
+    def mean_losses(mask):
+        with applied(llama, mask):
+            return torch.stack([t.mean() for t in token_losses(llama, PROMPTS[:2])])
+
+    by_hand = mean_losses(start.without([(1, 2)])) - mean_losses(start)
+    torch.testing.assert_close(diffs[:, 1, 2], by_hand)
+
+
+def test_encoder_ablation_importance_is_one_minus_cosine(bert):
+    objective = encoder_objective(bert)
+    diffs = ablation_importance(bert, HeadMask.for_model(bert), objective.degradation)
+    with applied(bert, HeadMask.for_model(bert).without([(1, 1)])):
+        emb = hp.sentence_embeddings(bert, PROMPTS[:2])
+    ref = hp.sentence_embeddings(bert, PROMPTS[:2])
+    expected = 1 - (emb * ref).sum(-1) / (emb.norm(dim=-1) * ref.norm(dim=-1))
+    torch.testing.assert_close(diffs[:, 1, 1], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_sentence_embedding_is_the_mean_of_the_final_residual_stream(bert):
+    ids = torch.tensor([bert.encode(PROMPTS[0])[0]])
+    with torch.inference_mode():
+        _, cache = bert.bridge.run_with_cache(ids)
+    expected = cache[hooks.resid(2, 2)][0].mean(0)
+    torch.testing.assert_close(hp.sentence_embeddings(bert, PROMPTS[:1])[0], expected,
+                               atol=1e-6, rtol=1e-5)
+
+
+# ---- pruning orders --------------------------------------------------------------------------
+
+def test_schedule_removes_a_fixed_fraction_of_all_heads_per_step():
+    assert hp.schedule(270, 0.1, 1.0) == list(range(0, 271, 27))
+    assert hp.schedule(72, 0.1, 0.5) == [0, 7, 14, 22, 29, 36]
+    assert hp.schedule(8, 0.25, 0.75) == [0, 2, 4, 6]
+    assert hp.schedule(3, 0.1, 1.0) == [0, 1, 2, 3]  # never a step that removes nothing
+
+
+def test_importance_order_removes_the_least_important_and_re_estimates():
+    seen = []
+
+    def importance(mask):  # a head matters more the fewer heads its layer has left
+        seen.append(mask.clone())
+        left = mask.sum(1, keepdim=True)
+        return 10 - left + 0.01 * torch.arange(3)[None, :].float()
+
+    masks, removed = hp.pruning_path(torch.ones(2, 3), [0, 1, 2, 4],
+                                     hp.by_importance(importance))
+    # layer counts tie at first, so head (0, 0); then layer 0 has fewer left, so layer 1
+    assert removed[:2] == [(0, 0), (1, 0)]
+    assert len(seen) == 3 and all(torch.equal(a, b) for a, b in zip(seen, masks, strict=False))
+    assert [int((m == 0).sum()) for m in masks] == [0, 1, 2, 4]
+    assert len(set(removed)) == len(removed)
+    reverse = hp.pruning_path(torch.ones(2, 3), [0, 2],
+                              hp.by_importance(lambda m: torch.arange(6.0).reshape(2, 3),
+                                               reverse=True))[1]
+    assert reverse == [(1, 2), (1, 1)]
+
+
+def test_random_orders_are_reproducible_permutations():
+    a, b = hp.random_order(3, 4, seed=1), hp.random_order(3, 4, seed=2)
+    assert sorted(a) == [(layer, head) for layer in range(3) for head in range(4)]
+    assert a == hp.random_order(3, 4, seed=1) and a != b
+    masks, removed = hp.pruning_path(torch.ones(3, 4), [0, 5, 12], hp.in_order(a))
+    assert removed == a and (masks[-1] == 0).all()
+
+
+def test_a_chooser_that_removes_a_removed_head_is_refused():
+    with pytest.raises(Exception, match="distinct heads still in the model"):
+        hp.pruning_path(torch.ones(1, 3), [0, 1, 2], lambda mask, k: [(0, 0)])
+
+
+def test_order_table_and_budget_masks():
+    masks, removed = hp.pruning_path(torch.ones(2, 2), [0, 1, 3], hp.in_order(
+        [(1, 1), (0, 0), (1, 0), (0, 1)]))
+    po = hp.PrunedOrder("x", "", None, masks, removed)
+    table = hp.order_table([po], [0, 1, 3], 2, 2).set_index(["layer", "head"])
+    assert table.loc[(1, 1)].step == 1 and table.loc[(1, 0)].step == 2
+    assert table.loc[(1, 0)].fraction_pruned == 0.75
+    assert pd.isna(table.loc[(0, 1)].step) and table.loc[(0, 1)].survival == 3.5 / 4
+    assert table.survival.mean() == pytest.approx(0.5)
+    got = hp.budget_masks(po, [0, 1, 3], [0.25, 0.5, 1.0], 4)
+    assert [int((m == 0).sum()) for m in got.values()] == [1, 1, 3]
+
+
+def test_prunable_fraction_stops_at_the_first_step_beyond_tolerance():
+    curve = pd.DataFrame({"metric": "heldout_loss", "fraction_pruned": [0, .1, .2, .3, .4],
+                          "value": [2.0, 2.05, 2.3, 2.08, 3.0]})
+    assert hp.prunable_fraction(curve, "heldout_loss", 0.05) == pytest.approx(0.1)
+    sim = curve.assign(metric=hp.SIMILARITY, value=[1.0, 0.99, 0.97, 0.9, 0.8])
+    assert hp.prunable_fraction(sim, hp.SIMILARITY, 0.05) == pytest.approx(0.2)
+
+
+# ---- removing heads from the weights -----------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["llama", "bert"])
+def test_removing_heads_from_the_weights_equals_masking(which, request):
+    model = request.getfixturevalue(which)
+    # llama layer 0 keeps heads 0, 1 and 3: kv head 0 serves two of them, kv head 1 one
+    values = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    plain = hp.plain_copy(model)
+    removed = hp.remove_heads(hp.plain_copy(model), values)
+    assert sum(p.numel() for p in removed.parameters()) < sum(
+        p.numel() for p in plain.parameters())
+    prompts = PROMPTS[:2]
+    batch = next(hp.make_batches([model.encode(p) for p in prompts], pad_id=3, max_tokens=512))
+    with torch.inference_mode():
+        full = hp._hf_forward(plain, batch, model.info.causal)
+        cut = hp._hf_forward(removed, batch, model.info.causal)
+        with applied(model, HeadMask(values)):
+            masked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+                      if model.info.causal else hp._pooled(model, batch))
+        unmasked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+                    if model.info.causal else hp._pooled(model, batch))
+    real = batch.attention_mask.bool() if model.info.causal else slice(None)
+    torch.testing.assert_close(full[real], unmasked[real], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(cut[real], masked[real], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(cut[real], full[real], atol=1e-4)
+
+
+def test_even_grouped_query_layers_stay_grouped(llama):
+    values = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    removed = hp.remove_heads(hp.plain_copy(llama), values)
+    first, second = removed.model.layers[0].self_attn, removed.model.layers[1].self_attn
+    d_head = llama.info.d_head
+    assert first.k_proj.out_features == 2 * d_head and first.num_key_value_groups == 1
+    assert second.k_proj.out_features == d_head and second.num_key_value_groups == 2
+
+
+# ---- the experiment --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama_run(llama, tmp_path_factory):
+    return run_experiment("head-pruning", llama, SMALL,
+                          runs_dir=tmp_path_factory.mktemp("runs"))
+
+
+def test_run_tables_on_a_tiny_llama(llama, llama_run):
+    run = llama_run
+    scores = run.table("head_scores")
+    assert set(scores.metric) == {"importance_gradient", "importance_gradient_raw",
+                                  "importance_ablation"}
+    assert len(scores) == 3 * 8 and (scores.ci_low <= scores.score + 1e-9).all()
+    grad = scores[scores.metric == "importance_gradient"]
+    norms = grad.groupby("layer").score.apply(lambda s: float(np.sqrt((s ** 2).sum())))
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+    curve = run.table("pruning_curve")
+    assert set(curve.order) == {"gradient", "ablation", "reverse-gradient", "random"}
+    assert sorted(curve[curve.order == "random"].seed.unique()) == [1, 2, 3]
+    assert sorted(curve.n_pruned.unique()) == [0, 2, 4, 6]
+    # step 0 is the unpruned model: its held-out loss, computed independently
+    cfg = hp.Config(**SMALL)
+    objective = hp.make_objective(llama, cfg)
+    expected = np.mean([t.mean().item() for t in token_losses(llama, objective.heldout)])
+    start = curve[(curve.step == 0) & (curve.metric == "heldout_loss")]
+    np.testing.assert_allclose(start.value, expected, rtol=1e-5)
+    order = run.table("pruning_order")
+    per_order = order.groupby(["order", "seed"], dropna=False)
+    assert (per_order.position.count() == 6).all() and (per_order.size() == 8).all()
+
+
+def test_run_saves_masks_that_load_as_head_masks(llama_run):
+    masks = llama_run.table("masks")
+    for budget in (0.25, 0.5):
+        mask = HeadMask.load(llama_run.path / "masks" / f"gradient-{budget:.2f}.json")
+        table = masks[masks.budget == budget].sort_values(["layer", "head"])
+        assert mask.values.flatten().tolist() == table.keep.tolist()
+        assert len(mask.removed()) == round(budget * 8)
+    order = llama_run.table("pruning_order")
+    first = order[(order.order == "gradient") & (order.step == 1)]
+    half = HeadMask.load(llama_run.path / "masks" / "gradient-0.25.json")
+    assert sorted(half.removed()) == sorted(zip(first.layer, first["head"], strict=True))
+
+
+def test_claim_checks_read_the_curves(llama_run):
+    beats = hp.pruning_beats_random(llama_run, order="gradient", metric="heldout_loss",
+                                    fractions=[0.25])
+    curve = hp.curve_summary(llama_run.table("pruning_curve"), "heldout_loss")
+    row = curve[curve.fraction_pruned == 0.25].iloc[0]
+    assert beats.passed == bool(row.gradient < row.random_mean)
+    assert "25%:" in beats.measured
+    frac = hp.prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
+                                         tolerance=0.5, fraction=0.5)
+    assert frac.passed and frac.value == 0.75 and "all the run pruned" in frac.measured
+
+
+def test_encoder_run(bert, tmp_path):
+    run = run_experiment("head-pruning", bert, {**SMALL, "importance": ("gradient",),
+                                                "n_random": 1, "reverse": False},
+                         runs_dir=tmp_path)
+    curve = run.table("pruning_curve")
+    assert set(curve.metric) == {hp.SIMILARITY}
+    assert curve[curve.step == 0].value.tolist() == pytest.approx([1.0, 1.0])
+    speed = run.table("speedup")
+    assert len(speed) == 2 and (speed.max_abs_diff < 1e-4).all()
+
+
+def test_survival_join_finds_matching_runs_only(llama, tmp_path):
+    store = RunStore(tmp_path)
+    info = llama.info.to_dict()
+    heads = pd.DataFrame({"layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 1, 2, 3] * 2,
+                          "metric": "induction", "score": np.arange(8.0)})
+    for model, interventions in [(info, None), ({**info, "checksum": "other"}, None),
+                                 (info, {"heads_mask": {}})]:
+        with store.start("induction-heads", model, {}, extra={"interventions": interventions}
+                         ) as run:
+            run.save_table("head_scores", heads.assign(score=heads.score * (
+                1 if model is info and interventions is None else -1)))
+    kinds = hp.kind_scores(store, llama)
+    assert kinds.run.nunique() == 1 and (kinds.score >= 0).all()
+    order = pd.DataFrame({"order": "gradient", "layer": heads.layer, "head": heads["head"],
+                          "survival": (np.arange(8) + 0.5) / 8})
+    table = hp.survival_table(order, kinds, top_k=2)
+    row = table.iloc[0]
+    assert row.heads == "L1H3, L1H2" and row.spearman == pytest.approx(1.0)
+    assert row.top_mean_survival == pytest.approx((7.5 + 6.5) / 16) and row.z > 0
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"importance": ("gradient", "gradient")}, "distinct kinds"),
+    ({"ablation_tokens": 4096}, "at most fit_tokens"),
+    ({"max_fraction": 1.5}, "in \\(0, 1\\]"),
+    ({"budgets": (0.0,)}, "budgets"),
+    ({"eval_tokens": 16}, "at least chunk_tokens"),
+])
+def test_bad_configs_are_refused(override, message):
+    with pytest.raises(ValueError, match=message):
+        hp.Config(**override)
+
+
+def test_config_parses_from_the_command_line_form():
+    from workbench.config import apply_overrides
+
+    cfg = apply_overrides(hp.Config, ["importance=ablation,gradient", "budgets=0.2,0.4"])
+    assert cfg.importance == ("ablation", "gradient") and cfg.budgets == (0.2, 0.4)
+    assert json.loads(json.dumps(hp.DEMO, default=list))["importance"] == ["gradient"]
