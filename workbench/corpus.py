@@ -88,9 +88,5 @@ def token_chunks(model: Model, texts: Sequence[str], *, n_chunks: int, n_tokens:
     prompts = []
     for i in range(n_chunks):
         chunk = stream[i * body: (i + 1) * body]
-        if model.info.causal:
-            ids = chunk if bos is None else [bos, *chunk]
-        else:
-            ids = model.tokenizer.build_inputs_with_special_tokens(chunk)
-        prompts.append(Prompt(token_ids=tuple(ids), label=f"{label}[{i}]"))
+        prompts.append(Prompt(token_ids=tuple(model.frame(chunk)), label=f"{label}[{i}]"))
     return prompts

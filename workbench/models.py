@@ -2,9 +2,10 @@
 
 A model argument may be a bundled model (:data:`workbench.zoo.MODELS`), a Hugging Face hub
 id (needs a network the first time), a local Hugging Face folder, a local ``.gguf`` file, or
-a checkpoint the workbench trained (``<run-id>:<step>``). Every route ends in the same
-place: a :class:`Model` holding the bridge, the tokenizer and a :class:`ModelInfo` that says
-what the model is and what it may honestly be used for.
+a checkpoint the workbench trained (``<run-id>:<step>``, or ``<run-id>/L<n>:<step>`` for
+the n-layer model of a run that trained several; see :mod:`workbench.checkpoints`). Every
+route ends in the same place: a :class:`Model` holding the bridge, the tokenizer and a
+:class:`ModelInfo` that says what the model is and what it may honestly be used for.
 
 Examples:
     >>> from workbench.models import load_model
@@ -41,7 +42,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-_CHECKPOINT = re.compile(r"^(?P<run>[\w.\-]+):(?P<step>\d+)$")
+_CHECKPOINT = re.compile(r"^(?P<run>[\w.\-]+(?:/L\d+)?):(?P<step>\d+)$")
 _HUB_HOST = ("huggingface.co", 443)
 
 
@@ -121,6 +122,14 @@ class Model:
                 f"{self.info.name} has a context of {self.info.n_ctx}".replace("  ", " ")
             )
         return ids, type_ids
+
+    def frame(self, ids: list[int]) -> list[int]:
+        """Content token ids framed as the model expects: ``[BOS] ...`` for causal models,
+        ``[CLS] ... [SEP]`` for encoders."""
+        if self.info.causal:
+            bos = self.info.bos_token_id
+            return list(ids) if bos is None else [bos, *ids]
+        return [self.tokenizer.cls_token_id, *ids, self.tokenizer.sep_token_id]
 
     def str_tokens(self, ids: list[int] | Tensor) -> list[str]:
         """Readable token strings (``Ġ`` and ``▁`` word markers shown as spaces)."""

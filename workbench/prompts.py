@@ -144,11 +144,7 @@ def repeated_random(model: Model, n_prompts: int = 8, seq_len: int = 32, repeats
     prompts = []
     for i in range(n_prompts):
         seq = random_token_ids(model, seq_len, gen)
-        ids = seq * repeats
-        if not model.info.causal:
-            ids = model.tokenizer.build_inputs_with_special_tokens(ids)  # [CLS] ... [SEP]
-        elif model.info.bos_token_id is not None:
-            ids = [model.info.bos_token_id, *ids]
+        ids = model.frame(seq * repeats)
         prompts.append(Prompt(token_ids=tuple(ids), label=f"repeated-random[{i}]"))
     return prompts
 
