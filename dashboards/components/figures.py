@@ -115,7 +115,7 @@ def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
     carries ``x`` = head and ``y`` = layer.
     """
     df = scores[scores.metric == metric]
-    n_layers, n_heads = int(df.layer.max()) + 1, int(df.head.max()) + 1
+    n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
     grid = np.full((n_layers, n_heads), np.nan)
     low = np.full_like(grid, np.nan)
     high = np.full_like(grid, np.nan)
@@ -137,3 +137,11 @@ def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
                       xaxis={"title": "head", "dtick": 1},
                       yaxis={"title": "layer", "autorange": "reversed", "dtick": 1})
     return fig
+
+
+def pattern_from_rows(rows: pd.DataFrame, n_tokens: int) -> Float[np.ndarray, "query key"]:
+    """One head's pattern stored as long rows (``query, key, weight``; e.g. only the lower
+    triangle a causal query can see) as a full ``[query, key]`` matrix, zeros elsewhere."""
+    grid = np.zeros((n_tokens, n_tokens))
+    grid[rows["query"].to_numpy(), rows["key"].to_numpy()] = rows["weight"].to_numpy()
+    return grid

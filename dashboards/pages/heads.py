@@ -57,7 +57,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
 @callback(Output("heads-metric", "options"), Output("heads-metric", "value"),
           Input("heads-run", "value"), State("heads-metric", "value"))
 def choose_run(run_id: str, metric: str | None):
-    metrics = sorted(data.get_run(run_id).table("head_scores").metric.unique())
+    metrics = list(dict.fromkeys(data.get_run(run_id).table("head_scores").metric))
     return metrics, metric if metric in metrics else metrics[0]
 
 
@@ -121,14 +121,14 @@ def draw_example(selected: dict | None, run_id: str, metric: str | None):
         return no_update
     if not selected:
         best = picked.nlargest(1, "score").iloc[0]
-        selected = {"layer": int(best.layer), "head": int(best.head)}
+        selected = {"layer": int(best["layer"]), "head": int(best["head"])}
     try:
         rec = Recording.open(run.path / "example")
     except WorkbenchError:
         return {}
     p = example_prompt(rec, str(picked.inputs.iloc[0]))
     layer, head = selected["layer"], selected["head"]
-    score = picked[(picked.layer == layer) & (picked.head == head)].score
+    score = picked[(picked["layer"] == layer) & (picked["head"] == head)].score
     label = f" ({metric} {score.iloc[0]:.2f})" if len(score) else ""
     return figures.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
                                    f"L{layer}H{head} on {rec.prompts[p].label}{label}")

@@ -28,7 +28,8 @@ def test_previous_token_heads(name, request, runs_dir):
                                                         else set())
     assert metrics == expected
     assert len(table) == len(metrics) * model.info.n_layers * model.info.n_heads
-    assert (table.ci_low <= table.score + 1e-9).all() and (table.score <= table.ci_high + 1e-9).all()
+    assert (table.ci_low <= table.score + 1e-9).all()
+    assert (table.score <= table.ci_high + 1e-9).all()
     prev = table[table.metric == "previous_token"]
     # trained models have heads that attend to the previous token far above chance
     assert prev.score.max() > 0.5 and prev.score.max() > 10 * prev.null.iloc[0]
