@@ -1,0 +1,193 @@
+"""Attention sinks: alpha_1 per head, sink rates by input, where the attention mass goes,
+massive activations by layer, and perplexity when the sink is evicted (attention-sinks)."""
+
+from __future__ import annotations
+
+import dash
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dash_table, dcc, html, no_update
+
+from dashboards.components import data, figures
+from dashboards.components.controls import labelled, run_dropdown
+
+dash.register_page(__name__, path="/sinks", name="Sinks", order=4,
+                   experiments=["attention-sinks"])
+
+EMPTY = ("No attention-sinks runs yet. Make one with "
+         "`workbench run attention-sinks --model smollm2`.")
+MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
+TYPE_COLOURS = {"bos": "#1f2937", "cls": "#1f2937", "sep": "#b91c1c",
+                "first_content": "#f59e0b", "newline": "#2563eb", "punctuation": "#10b981",
+                "other": "#d1d5db"}
+
+
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("attention-sinks")
+    if not runs:
+        return html.Div([html.H2("Attention sinks"), html.P(EMPTY, className="wb-note")])
+    return html.Div([
+        html.H2("Attention sinks"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("sinks-run", runs, run), "34em"),
+            labelled("input", dcc.Dropdown(id="sinks-input", clearable=False), "16em"),
+        ]),
+        html.Ul(id="sinks-summary", className="wb-note"),
+        html.Div(className="wb-row", children=[dcc.Graph(id="sinks-heatmap"),
+                                               dcc.Graph(id="sinks-rates")]),
+        html.Div(className="wb-row", children=[dcc.Graph(id="sinks-mass"),
+                                               dcc.Graph(id="sinks-receivers")]),
+        dcc.Graph(id="sinks-massive"),
+        html.H3("Streaming without the sink"),
+        html.P(id="sinks-streaming-note", className="wb-note"),
+        dcc.Graph(id="sinks-streaming"),
+        dash_table.DataTable(id="sinks-streaming-table", style_cell={"fontSize": "0.85em"}),
+    ])
+
+
+@callback(Output("sinks-input", "options"), Output("sinks-input", "value"),
+          Output("sinks-summary", "children"), Input("sinks-run", "value"))
+def choose_run(run_id: str | None):
+    if not run_id:
+        return no_update, no_update, no_update
+    run = data.get_run(run_id)
+    inputs = list(run.table("sink_rates").input)
+    return inputs, inputs[0], [html.Li(line) for line in run.meta.get("summary", [])]
+
+
+@callback(Output("sinks-heatmap", "figure"), Output("sinks-mass", "figure"),
+          Output("sinks-receivers", "figure"), Output("sinks-massive", "figure"),
+          Input("sinks-run", "value"), Input("sinks-input", "value"))
+def draw_input(run_id: str | None, input_name: str | None):
+    if not run_id or not input_name:
+        return no_update, no_update, no_update, no_update
+    run = data.get_run(run_id)
+    scores = run.table("input_scores")
+    scores = scores[scores.input == input_name]
+    if scores.empty:
+        return no_update, no_update, no_update, no_update
+    eps = float(run.table("sink_rates").eps.iloc[0])
+    heatmap = figures.head_heatmap(
+        scores, "sink", zmin=0, zmax=1, colorscale="Blues",
+        title=f"sink: alpha_1, mean attention to the first token ({input_name})")
+    return (heatmap, mass_figure(scores, input_name),
+            receivers_figure(run.table("top_receivers"), input_name),
+            massive_figure(run.table("massive_activations"), scores, input_name, eps))
+
+
+@callback(Output("sinks-rates", "figure"), Output("sinks-streaming", "figure"),
+          Output("sinks-streaming-table", "data"), Output("sinks-streaming-table", "columns"),
+          Output("sinks-streaming-note", "children"), Input("sinks-run", "value"))
+def draw_run(run_id: str | None):
+    if not run_id:
+        return no_update, no_update, no_update, no_update, no_update
+    run = data.get_run(run_id)
+    rates = rates_figure(run.table("sink_rates"))
+    if "streaming_perplexity" not in run.table_names():
+        skipped = [line for line in run.meta.get("summary", []) if line.startswith("streaming")]
+        return rates, go.Figure(), [], [], " ".join(skipped) or "no streaming measurement"
+    table = run.table("streaming_perplexity")
+    columns = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_window",
+               "ppl_matched", "matched_low", "matched_high", "n_matched", "n_tokens"]
+    shown = table[columns].round(3).astype(object).where(table[columns].notna(), "")
+    note = (f"{int(table.n_tokens.iloc[0])}-token text; masks at absolute positions; "
+            "ppl_matched compares every variant on the positions where the recompute "
+            "reference is evaluated.")
+    return (rates, streaming_figure(run.table("streaming_losses"), table),
+            shown.to_dict("records"), [{"name": c, "id": c} for c in columns], note)
+
+
+def rates_figure(rates: pd.DataFrame) -> go.Figure:
+    """Sink_1^eps by input, with the bootstrap interval over sequences."""
+    fig = go.Figure(go.Bar(
+        x=rates.input, y=rates.sink_rate, marker_color="#2563eb",
+        error_y={"type": "data", "symmetric": False,
+                 "array": rates.ci_high - rates.sink_rate,
+                 "arrayminus": rates.sink_rate - rates.ci_low},
+        hovertemplate="%{x}<br>sink rate %{y:.1f}%<extra></extra>"))
+    fig.update_layout(title=f"sink rate Sink_1^{rates.eps.iloc[0]:g} by input (% of heads)",
+                      yaxis={"title": "% of (layer, head)", "range": [0, 100]},
+                      height=420, margin=MARGIN)
+    return fig
+
+
+def mass_figure(scores: pd.DataFrame, input_name: str) -> go.Figure:
+    """Share of attention received by each token type, by layer (mean over heads)."""
+    shares = scores[scores.metric.str.startswith("share_")]
+    by_layer = shares.groupby(["metric", "layer"]).score.mean().unstack("layer")
+    fig = go.Figure()
+    for metric, row in by_layer.iterrows():
+        name = str(metric).removeprefix("share_")
+        fig.add_bar(x=row.index, y=row.to_numpy(), name=name,
+                    marker_color=TYPE_COLOURS.get(name))
+    fig.update_layout(barmode="stack", title=f"where the mass goes, by layer ({input_name})",
+                      xaxis={"title": "layer"}, yaxis={"title": "share of attention",
+                                                       "range": [0, 1]},
+                      height=420, margin=MARGIN)
+    return fig
+
+
+def receivers_figure(receivers: pd.DataFrame, input_name: str) -> go.Figure:
+    """Weight received by the most-attended, second and third key, by layer, with the most
+    common token type of each (hover)."""
+    df = receivers[receivers.input == input_name]
+    fig = go.Figure()
+    for rank, part in df.groupby("rank"):
+        by_layer = part.groupby("layer")
+        share = by_layer.apply(lambda g: np.average(g.mean_share, weights=g["count"]),
+                               include_groups=False)
+        common = by_layer.apply(lambda g: f"{g.loc[g.fraction.idxmax(), 'token_type']} "
+                                          f"({g.fraction.max():.0%})", include_groups=False)
+        fig.add_scatter(x=share.index, y=share.to_numpy(), mode="lines+markers",
+                        name=f"rank {rank}", customdata=common.to_numpy(),
+                        hovertemplate="layer %{x}: %{y:.3f}<br>most often %{customdata}"
+                                      "<extra></extra>")
+    fig.update_layout(title=f"weight on the top receiving keys ({input_name})",
+                      xaxis={"title": "layer"}, yaxis={"title": "mean share", "range": [0, 1]},
+                      height=420, margin=MARGIN)
+    return fig
+
+
+def massive_figure(massive: pd.DataFrame, scores: pd.DataFrame, input_name: str,
+                   eps: float) -> go.Figure:
+    """Top-3 |activation| and the median by layer boundary (log scale), and the share of
+    sink heads in each layer (right axis)."""
+    df = massive[massive.input == input_name]
+    fig = go.Figure()
+    for col in ("top1", "top2", "top3", "median_abs"):
+        fig.add_scatter(x=df.layer, y=df[col], mode="lines+markers", name=col,
+                        customdata=np.stack([df.top1_position, df.top1_dim], axis=-1),
+                        hovertemplate="boundary %{x}: %{y:.3g}<br>top1 at position "
+                                      "%{customdata[0]}, dim %{customdata[1]}<extra></extra>")
+    sink = scores[scores.metric == "sink"]
+    rate = (sink.score > eps).groupby(sink.layer).mean()
+    fig.add_scatter(x=rate.index, y=rate.to_numpy(), name=f"sink heads (alpha_1 > {eps:g})",
+                    yaxis="y2", mode="lines", line={"dash": "dot", "color": "#b91c1c"})
+    fig.update_layout(
+        title=f"massive activations by layer boundary ({input_name}; median over sequences)",
+        xaxis={"title": "layer boundary (0 = embeddings; layer l reads boundary l)"},
+        yaxis={"title": "|activation|", "type": "log"},
+        yaxis2={"title": "share of heads", "overlaying": "y", "side": "right",
+                "range": [0, 1]},
+        height=440, margin={**MARGIN, "r": 60}, legend={"x": 1.08})
+    return fig
+
+
+def streaming_figure(losses: pd.DataFrame, table: pd.DataFrame) -> go.Figure:
+    """Perplexity against position for each variant, in bins of 1/32 of the text."""
+    n_tokens = int(table.n_tokens.iloc[0])
+    width = max(1, n_tokens // 32)
+    fig = go.Figure()
+    for label, part in losses.groupby("label", sort=False):
+        binned = part.groupby(part.position // width * width).nll.mean()
+        fig.add_scatter(x=binned.index + width / 2, y=np.exp(binned.to_numpy()), name=label,
+                        mode="lines+markers" if label.startswith("recompute") else "lines")
+    window = table.window.dropna()
+    if len(window):
+        fig.add_vline(x=int(window.iloc[0]), line_dash="dash", line_color="#6b7280",
+                      annotation_text="W: eviction starts")
+    fig.update_layout(title=f"streaming perplexity by position (bins of {width} tokens)",
+                      xaxis={"title": "position"}, yaxis={"title": "perplexity", "type": "log"},
+                      height=460, margin=MARGIN)
+    return fig

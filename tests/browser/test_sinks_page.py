@@ -1,0 +1,75 @@
+"""The attention-sinks page in a real headless browser, over runs made on the tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.browser.conftest import as_array, choose, figure, serve
+from workbench.experiment import run_experiment
+
+SMALL = {"n_prompts": 4, "seq_len": 16, "stream_tokens": 80, "window": 24, "n_sinks": 4,
+         "sink_sweep": (1,), "chunk": 16, "recompute_stride": 8, "n_massive_prompts": 2,
+         "n_boot": 50}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama, bert):
+    runs = tmp_path_factory.mktemp("runs")
+    decoder = run_experiment("attention-sinks", llama, SMALL, runs_dir=runs)
+    encoder = run_experiment("attention-sinks", bert, SMALL, runs_dir=runs)
+    proc, url = serve(runs)
+    yield url, decoder, encoder
+    proc.terminate()
+    proc.wait(10)
+
+
+def expected_grid(run, input_name: str) -> np.ndarray:
+    """alpha_1 as a [layer, head] grid, straight from the run's table."""
+    scores = run.table("input_scores")
+    sink = scores[(scores.input == input_name) & (scores.metric == "sink")]
+    return sink.pivot(index="layer", columns="head", values="score").to_numpy()
+
+
+def test_sink_heatmap_shows_alpha_1_of_the_chosen_input(page, served):
+    url, run, _ = served
+    page.goto(f"{url}/sinks?run={run.id}")
+    fig = figure(page, "sinks-heatmap", title_contains="(natural)")
+    heatmap = fig["data"][0]
+    assert heatmap["type"] == "heatmap"
+    np.testing.assert_allclose(as_array(heatmap["z"]), expected_grid(run, "natural"),
+                               atol=1e-6)
+    assert page.locator("#sinks-heatmap .hm image").count() == 1  # painted
+    choose(page, "sinks-input", "repeated_no_bos")
+    fig = figure(page, "sinks-heatmap", title_contains="(repeated_no_bos)")
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
+                               expected_grid(run, "repeated_no_bos"), atol=1e-6)
+
+
+def test_rates_mass_massive_and_streaming_figures(page, served):
+    url, run, _ = served
+    page.goto(f"{url}/sinks?run={run.id}")
+    rates = figure(page, "sinks-rates", title_contains="sink rate")["data"][0]
+    table = run.table("sink_rates")
+    assert list(rates["x"]) == list(table.input)
+    np.testing.assert_allclose(as_array(rates["y"]), table.sink_rate, atol=1e-9)
+    mass = figure(page, "sinks-mass", title_contains="where the mass goes")
+    stacked = np.sum([as_array(trace["y"]) for trace in mass["data"]], axis=0)
+    np.testing.assert_allclose(stacked, 1.0, atol=1e-5)  # the token types cover every key
+    massive = figure(page, "sinks-massive", title_contains="massive activations")
+    assert {t["name"] for t in massive["data"]} >= {"top1", "median_abs"}
+    streaming = figure(page, "sinks-streaming", title_contains="streaming perplexity")
+    labels = [t["name"] for t in streaming["data"]]
+    assert labels == list(run.table("streaming_perplexity").label)
+    page.wait_for_selector("#sinks-streaming-table td")
+    assert "4+20" in page.inner_text("#sinks-streaming-table")
+
+
+def test_encoder_run_says_why_streaming_is_skipped(page, served):
+    url, _, run = served
+    page.goto(f"{url}/sinks?run={run.id}")
+    figure(page, "sinks-heatmap", title_contains="(natural)")
+    page.wait_for_function(
+        "() => document.querySelector('#sinks-streaming-note').innerText.includes('skipped')")
+    assert "no next-token perplexity" in page.inner_text("#sinks-streaming-note")
+    assert "[CLS]/[SEP]/punctuation" in page.inner_text("#sinks-summary")
