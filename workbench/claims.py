@@ -10,12 +10,16 @@ experiment's run into a verdict::
       "where": "section 2, 'Induction heads'",
       "statement": "a trained causal LM has at least one head with a clear induction stripe",
       "published": "induction heads in every model with two or more layers",
-      "applies_to": "causal",            # "causal", "encoder", "any", or a list of names
+      "applies_to": "causal",            # "causal", "encoder", "any", "none", or names
       "models": ["smollm2"],             # what `workbench reproduce` runs by default
       "experiment": "induction-heads",
       "config": {"n_prompts": 16},
       "check": {"name": "max_score_at_least", "metric": "induction", "threshold": 0.4}
     }
+
+A claim about models that its experiment trains itself (``induction-formation``) has
+``"applies_to": "none"`` and ``"models": []``: :func:`reproduce` runs the experiment once
+with no model (and skips the claim when a ``--model`` is given).
 
 Checks are functions registered with :func:`claim_check`: ``check(run, **params) ->
 Measurement``. Generic ones live here; an experiment registers its own next to its code.
@@ -83,6 +87,11 @@ class Claim:
     def source(self) -> str:
         return f"{self.paper}, {self.where}" if self.where else self.paper
 
+    @property
+    def model_free(self) -> bool:
+        """The claim's experiment trains its own models (``"applies_to": "none"``)."""
+        return self.applies_to == "none"
+
     def applies(self, model_name: str, causal: bool) -> str | None:
         """``None`` if the claim applies to the model, else the reason it does not."""
         target = self.applies_to
@@ -100,6 +109,9 @@ def _parse(entry: dict[str, Any], file: str) -> Claim:
     if missing:
         raise WorkbenchError(f"{file}: claim {entry.get('id', '?')} lacks {', '.join(missing)}")
     applies = entry["applies_to"]
+    if applies == "none" and entry["models"]:
+        raise WorkbenchError(f"{file}: claim {entry['id']}: \"applies_to\": \"none\" (the "
+                             "experiment trains its own models) goes with \"models\": []")
     return Claim(
         id=entry["id"], paper=entry["paper"], statement=entry["statement"],
         published=entry["published"],
@@ -173,6 +185,9 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
     rows = []
     for claim in claims:
         get_experiment(claim.experiment)  # an unknown experiment is a broken claim file
+        if claim.model_free:
+            rows.append(_reproduce_model_free(claim, model, runs_dir, fresh))
+            continue
         for name in ([model] if model else claim.models):
             row = {"claim": claim.id, "source": claim.source, "model": name,
                    "statement": claim.statement, "published": claim.published,
@@ -200,6 +215,29 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
                        run=run.id)
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path | None,
+                          fresh: bool) -> dict[str, Any]:
+    """Judge a claim whose experiment trains its own models: run it with no model."""
+    from workbench.experiment import run_experiment
+
+    row = {"claim": claim.id, "source": claim.source, "model": "-",
+           "statement": claim.statement, "published": claim.published,
+           "measured": "", "verdict": "skipped", "reason": "", "run": ""}
+    if model:
+        row["reason"] = "the claim's experiment trains its own models"
+        return row
+    try:
+        run = run_experiment(claim.experiment, None, claim.config, runs_dir=runs_dir,
+                             reuse=not fresh)
+        result = evaluate(claim, run)
+    except WorkbenchError as exc:
+        row.update(verdict="error", reason=str(exc))
+        return row
+    row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
+               run=run.id)
+    return row
 
 
 def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None = None,

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+import pandas as pd
 import pytest
 
 from workbench import claims
 from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.experiment import experiment
+from workbench.runs import RunStore
 
 
 def claim(**over):
@@ -73,3 +77,59 @@ def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):
     assert "model unavailable" in table.set_index("claim").loc["offline"].reason
     # the two head-overview claims with the same config share one run
     assert table.run[table.run != ""].nunique() == 1
+
+
+# ---- claims about models an experiment trains itself ------------------------------------
+
+@dataclass(frozen=True)
+class _TrainsItsOwn:
+    value: float = 1.0
+
+
+@dataclass
+class _Constant:
+    value: float
+
+    def tables(self):
+        return {"head_scores": pd.DataFrame({"layer": [0], "head": [0], "metric": ["m"],
+                                             "score": [self.value]})}
+
+    def summary(self):
+        return [f"value {self.value}"]
+
+
+@experiment("test-trains-its-own-models", config=_TrainsItsOwn, needs_model=False)
+def _run_model_free(model, cfg):
+    assert model is None
+    return _Constant(cfg.value)
+
+
+def test_model_free_claims_run_once_without_a_model(tmp_path):
+    entries = [
+        claim(id="free-pass", applies_to="none", models=[],
+              experiment="test-trains-its-own-models", config={"value": 0.7},
+              check={"name": "max_score_at_least", "metric": "m", "threshold": 0.5}),
+        claim(id="free-fail", applies_to="none", models=[],
+              experiment="test-trains-its-own-models", config={"value": 0.2},
+              check={"name": "max_score_at_least", "metric": "m", "threshold": 0.5}),
+    ]
+    loaded = claims.load_claims(write(tmp_path, entries))
+    assert all(c.model_free for c in loaded)
+    table = claims.reproduce(loaded, runs_dir=tmp_path / "runs")
+    assert dict(zip(table.claim, table.verdict, strict=True)) == {"free-pass": "pass",
+                                                                "free-fail": "fail"}
+    assert set(table.model) == {"-"} and (table.run != "").all()
+    run = RunStore(tmp_path / "runs").get(table.run.iloc[0])
+    assert run.meta["model"] is None and run.config == {"value": 0.7}
+    # a second reproduce reuses the runs; naming a model skips the model-free claims
+    again = claims.reproduce(loaded, runs_dir=tmp_path / "runs")
+    assert list(again.run) == list(table.run)
+    skipped = claims.reproduce(loaded, model="smollm2", runs_dir=tmp_path / "runs")
+    assert set(skipped.verdict) == {"skipped"}
+    assert "trains its own models" in skipped.reason.iloc[0]
+
+
+def test_model_free_claims_name_no_models(tmp_path):
+    bad = claim(id="x", applies_to="none", models=["smollm2"])
+    with pytest.raises(WorkbenchError, match='goes with "models": \\[\\]'):
+        claims.load_claims(write(tmp_path, [bad]))
