@@ -1,0 +1,199 @@
+"""Pruning: head importance, pruning curves against random orders, the mask at a budget,
+and when each head was pruned."""
+
+from __future__ import annotations
+
+import dash
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dash_table, dcc, html, no_update
+
+from dashboards.components import data, figures
+from dashboards.components.controls import labelled, run_dropdown
+
+dash.register_page(__name__, path="/pruning", name="Pruning", order=6,
+                   experiments=["head-pruning"])
+
+EMPTY = "No head-pruning runs yet: `workbench run head-pruning --model minilm`."
+LINE_COLOURS = {"gradient": "#2563eb", "ablation": "#059669", "reverse-gradient": "#dc2626",
+                "reverse-ablation": "#d97706"}
+TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}
+
+
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("head-pruning")
+    if not runs:
+        return html.Div([html.H2("Pruning"), html.P(EMPTY, className="wb-note")])
+    return html.Div([
+        html.H2("Pruning"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("pruning-run", runs, run), "34em"),
+            labelled("importance", dcc.Dropdown(id="pruning-kind", clearable=False), "16em"),
+            labelled("metric", dcc.Dropdown(id="pruning-metric", clearable=False), "16em"),
+            labelled("budget", dcc.Dropdown(id="pruning-budget", clearable=False)),
+            labelled("order", dcc.Dropdown(id="pruning-order", clearable=False), "16em"),
+        ]),
+        html.Ul(id="pruning-summary", className="wb-note"),
+        html.Div(className="wb-row", children=[dcc.Graph(id="pruning-importance"),
+                                               dcc.Graph(id="pruning-curves")]),
+        html.Div(className="wb-row", children=[dcc.Graph(id="pruning-mask"),
+                                               dcc.Graph(id="pruning-survival")]),
+        html.P("Click a head in the importance or survival map to see its history.",
+               id="pruning-head", className="wb-note"),
+        html.H3("Which kinds of heads survive"),
+        html.Div(id="pruning-kinds"),
+        html.H3("Heads removed from the weights"),
+        html.Div(id="pruning-speed"),
+    ])
+
+
+@callback(Output("pruning-kind", "options"), Output("pruning-kind", "value"),
+          Output("pruning-metric", "options"), Output("pruning-metric", "value"),
+          Output("pruning-budget", "options"), Output("pruning-budget", "value"),
+          Output("pruning-order", "options"), Output("pruning-order", "value"),
+          Output("pruning-summary", "children"),
+          Input("pruning-run", "value"))
+def choose_run(run_id: str):
+    run = data.get_run(run_id)
+    kinds = sorted(run.table("head_scores").metric.unique())
+    curve = run.table("pruning_curve")
+    metrics = list(dict.fromkeys(curve.metric))
+    budgets = [{"label": f"{b:.0%}", "value": float(b)}
+               for b in sorted(run.table("masks").budget.unique())]
+    orders = [o for o in dict.fromkeys(curve.order) if o != "random"]
+    summary = [html.Li(line) for line in run.meta.get("summary", [])]
+    return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
+            metrics, metrics[0], budgets, budgets[0]["value"] if budgets else None,
+            orders, orders[0], summary)
+
+
+@callback(Output("pruning-importance", "figure"),
+          Input("pruning-run", "value"), Input("pruning-kind", "value"))
+def draw_importance(run_id: str, kind: str | None):
+    if kind is None:
+        return no_update
+    run = data.get_run(run_id)
+    return figures.head_heatmap(run.table("head_scores"), kind,
+                                title=f"{kind} · {run.model_name} (unpruned model)")
+
+
+def curves_figure(curve: pd.DataFrame, metric: str, model: str) -> go.Figure:
+    """The metric against the fraction pruned: one line per importance order, and the
+    random orders as their mean with a band from the lowest to the highest seed."""
+    rows = curve[curve.metric == metric]
+    fig = go.Figure()
+    rand = rows[rows.order == "random"].groupby("fraction_pruned").value
+    if len(rand):
+        stats = pd.DataFrame({"low": rand.min(), "high": rand.max(), "mean": rand.mean()})
+        x = stats.index.to_numpy()
+        fig.add_scatter(x=x, y=stats.high, name="random max", mode="lines",
+                        line={"width": 0}, showlegend=False, hoverinfo="skip")
+        fig.add_scatter(x=x, y=stats.low, name="random band", mode="lines",
+                        line={"width": 0}, fill="tonexty", fillcolor="rgba(107,114,128,0.25)")
+        fig.add_scatter(x=x, y=stats["mean"], name="random mean",
+                        mode="lines+markers", line={"color": "#6b7280", "dash": "dash"})
+    for order, group in rows[rows.order != "random"].groupby("order", sort=False):
+        group = group.sort_values("fraction_pruned")
+        fig.add_scatter(x=group.fraction_pruned, y=group.value, name=order,
+                        mode="lines+markers", line={"color": LINE_COLOURS.get(order)},
+                        customdata=np.stack([group.ci_low, group.ci_high], axis=-1),
+                        hovertemplate="%{x:.0%} pruned<br>" + metric + " = %{y:.4f}"
+                                      "<br>95% CI [%{customdata[0]:.4f}, "
+                                      "%{customdata[1]:.4f}]<extra>" + order + "</extra>")
+    n_seeds = rows[rows.order == "random"].seed.nunique()
+    fig.update_layout(title=f"{metric} vs fraction of heads pruned · {model} "
+                            f"(random: {n_seeds} seeds)",
+                      height=480, margin={"l": 10, "r": 10, "t": 50, "b": 10},
+                      xaxis={"title": "fraction of heads pruned", "tickformat": ".0%"},
+                      yaxis={"title": metric})
+    return fig
+
+
+@callback(Output("pruning-curves", "figure"),
+          Input("pruning-run", "value"), Input("pruning-metric", "value"))
+def draw_curves(run_id: str, metric: str | None):
+    if metric is None:
+        return no_update
+    run = data.get_run(run_id)
+    return curves_figure(run.table("pruning_curve"), metric, run.model_name or "")
+
+
+@callback(Output("pruning-mask", "figure"),
+          Input("pruning-run", "value"), Input("pruning-budget", "value"))
+def draw_mask(run_id: str, budget: float | None):
+    if budget is None:
+        return no_update
+    masks = data.get_run(run_id).table("masks")
+    at = masks[np.isclose(masks.budget, budget)]
+    scores = at.assign(metric="keep", score=at.keep)
+    title = (f"mask at budget {budget:.0%} ({at.order.iloc[0]} order): "
+             f"{int(at.keep.sum())} of {len(at)} heads kept")
+    return figures.head_heatmap(scores, "keep", title=title, zmin=0, zmax=1,
+                                colorscale="Blues")
+
+
+def _survival_scores(order: pd.DataFrame) -> pd.DataFrame:
+    """Each head's pruning step; heads never pruned get one step past the last."""
+    never = int(order.step.max()) + 1 if order.step.notna().any() else 1
+    return order.assign(metric="step", score=order.step.astype(float).fillna(never))
+
+
+@callback(Output("pruning-survival", "figure"),
+          Input("pruning-run", "value"), Input("pruning-order", "value"))
+def draw_survival(run_id: str, order: str | None):
+    if order is None:
+        return no_update
+    table = data.get_run(run_id).table("pruning_order")
+    mine = table[table.order == order]
+    scores = _survival_scores(mine)
+    last = int(scores.score.max())
+    return figures.head_heatmap(scores, "step", colorscale="Viridis", title=(
+        f"pruning step of each head ({order} order; {last} = never pruned)"))
+
+
+@callback(Output("pruning-head", "children"),
+          Input("pruning-importance", "clickData"), Input("pruning-survival", "clickData"),
+          Input("pruning-run", "value"), Input("pruning-order", "value"))
+def describe_head(click_importance: dict | None, click_survival: dict | None, run_id: str,
+                  order: str | None):
+    trigger = dash.ctx.triggered_id
+    click = click_survival if trigger == "pruning-survival" else click_importance
+    if trigger not in ("pruning-importance", "pruning-survival") or not click:
+        return "Click a head in the importance or survival map to see its history."
+    point = click["points"][0]
+    layer, head = int(point["y"]), int(point["x"])
+    run = data.get_run(run_id)
+    return head_history(run.table("pruning_order"), run.table("head_scores"), layer, head)
+
+
+def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: int) -> str:
+    """One line: when the head was pruned in every order, and its importances."""
+    mine = order[(order.layer == layer) & (order["head"] == head)]
+    parts = []
+    for row in mine.itertuples():
+        name = row.order if pd.isna(row.seed) else f"random seed {row.seed}"
+        parts.append(f"{name}: never pruned" if pd.isna(row.step) else
+                     f"{name}: step {row.step} ({row.fraction_pruned:.0%} pruned)")
+    imp = scores[(scores.layer == layer) & (scores["head"] == head)]
+    values = [f"{r.metric} {r.score:.3g}" for r in imp.itertuples()]
+    return f"L{layer}H{head} — " + "; ".join(parts) + " — " + ", ".join(values)
+
+
+@callback(Output("pruning-kinds", "children"), Output("pruning-speed", "children"),
+          Input("pruning-run", "value"))
+def draw_tables(run_id: str):
+    run = data.get_run(run_id)
+    survival, speed = run.table("survival"), run.table("speedup")
+    kinds = html.P("No head-finding or sink runs on these weights when this run was made.",
+                   className="wb-note") if survival.empty else _table(
+        "pruning-kinds-table", survival.round(3))
+    removal = html.P("Not measured in this run.", className="wb-note") if speed.empty \
+        else _table("pruning-speed-table", speed.round(4))
+    return kinds, removal
+
+
+def _table(component_id: str, df: pd.DataFrame) -> dash_table.DataTable:
+    return dash_table.DataTable(id=component_id, data=df.to_dict("records"),
+                                columns=[{"name": c, "id": c} for c in df.columns],
+                                sort_action="native", page_size=15, style_cell=TABLE_STYLE)

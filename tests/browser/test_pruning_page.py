@@ -1,0 +1,86 @@
+"""The pruning page in a real browser: importance, curves with the random band, the mask
+at a budget and each head's pruning step, each checked against the run's tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.browser.conftest import as_array, choose, figure, serve
+from workbench.experiment import run_experiment
+
+CONFIG = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
+          "repeat_prompts": 2, "repeat_len": 6, "probes": 2, "step_fraction": 0.25,
+          "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 1, "budgets": (0.25, 0.5),
+          "importance": ("gradient",)}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama):
+    runs = tmp_path_factory.mktemp("runs")
+    run = run_experiment("head-pruning", llama, CONFIG, runs_dir=runs)
+    proc, url = serve(runs)
+    yield url, run
+    proc.terminate()
+    proc.wait(10)
+
+
+def grid(df, value="score"):
+    out = np.full((int(df.layer.max()) + 1, int(df["head"].max()) + 1), np.nan)
+    out[df.layer.to_numpy(), df["head"].to_numpy()] = df[value].to_numpy(dtype=float)
+    return out
+
+
+def test_importance_and_curves(page, served):
+    url, run = served
+    page.goto(f"{url}/pruning?run={run.id}")
+    fig = figure(page, "pruning-importance", title_contains="importance_gradient", timeout=60)
+    scores = run.table("head_scores")
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
+                               grid(scores[scores.metric == "importance_gradient"]), rtol=1e-5)
+    fig = figure(page, "pruning-curves", title_contains="heldout_loss vs fraction")
+    traces = {t["name"]: t for t in fig["data"]}
+    curve = run.table("pruning_curve")
+    loss = curve[curve.metric == "heldout_loss"]
+    mine = loss[loss.order == "gradient"].sort_values("fraction_pruned")
+    np.testing.assert_allclose(as_array(traces["gradient"]["y"]), mine.value, rtol=1e-6)
+    rand = loss[loss.order == "random"].groupby("fraction_pruned").value
+    np.testing.assert_allclose(as_array(traces["random mean"]["y"]), rand.mean(), rtol=1e-6)
+    np.testing.assert_allclose(as_array(traces["random band"]["y"]), rand.min(), rtol=1e-6)
+    np.testing.assert_allclose(as_array(traces["random max"]["y"]), rand.max(), rtol=1e-6)
+    assert {"reverse-gradient", "random band"} <= set(traces)
+    choose(page, "pruning-metric", "second_repeat_loss")
+    figure(page, "pruning-curves", title_contains="second_repeat_loss vs fraction")
+
+
+def test_mask_at_a_budget_and_survival_steps(page, served):
+    url, run = served
+    page.goto(f"{url}/pruning?run={run.id}")
+    figure(page, "pruning-mask", title_contains="budget 25%", timeout=60)
+    choose(page, "pruning-budget", "50%")
+    fig = figure(page, "pruning-mask", title_contains="budget 50%")
+    masks = run.table("masks")
+    half = masks[masks.budget == 0.5]
+    np.testing.assert_array_equal(as_array(fig["data"][0]["z"]), grid(half, "keep"))
+    assert "4 of 8 heads kept" in fig["layout"]["title"]["text"]
+    fig = figure(page, "pruning-survival", title_contains="gradient order")
+    order = run.table("pruning_order")
+    mine = order[order.order == "gradient"]
+    expected = grid(mine.assign(step=mine.step.astype(float).fillna(4)), "step")
+    np.testing.assert_array_equal(as_array(fig["data"][0]["z"]), expected)
+    # click the survival map: the head's history appears
+    page.locator("#pruning-survival").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)  # let the graph settle to its final size
+    box = page.locator("#pruning-survival .nsewdrag").first.bounding_box()
+    x, y = box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 2
+    page.mouse.move(x, y)
+    page.mouse.click(x, y)
+    page.wait_for_function(
+        "() => document.querySelector('#pruning-head').innerText.startsWith('L1H2')")
+    text = page.inner_text("#pruning-head")
+    row = mine[(mine.layer == 1) & (mine["head"] == 2)].iloc[0]
+    expected = ("gradient: never pruned" if pd.isna(row.step)
+                else f"gradient: step {int(row.step)} ({row.fraction_pruned:.0%} pruned)")
+    assert expected in text, text
+    assert "random seed 1" in text and "importance_ablation" in text
