@@ -667,15 +667,20 @@ def store_of(workdir: Path | None) -> RunStore:
     return RunStore(paths.runs_dir())
 
 
-def kind_scores(store: RunStore, model: Model) -> pd.DataFrame:
+def kind_scores(store: RunStore, model: dict[str, Any]) -> pd.DataFrame:
     """Head scores of the newest complete, unmasked run of each head-finding and sink
-    experiment on the same model weights (empty when there are none)."""
+    experiment on the same model weights (empty when there are none).
+
+    Args:
+        store: the run store to search.
+        model: ``ModelInfo.to_dict()`` (or a run's ``model`` record): name and checksum.
+    """
     frames = []
     for name in KIND_EXPERIMENTS:
         for run in reversed(store.runs(experiment=name, status="complete")):
             stored = run.meta.get("model") or {}
-            if ((stored.get("name"), stored.get("checksum")) != (model.info.name,
-                                                                 model.info.checksum)
+            if ((stored.get("name"), stored.get("checksum")) != (model.get("name"),
+                                                                 model.get("checksum"))
                     or run.meta.get("interventions")):
                 continue
             try:
@@ -1039,7 +1044,7 @@ def run(model: Model, cfg: Config, workdir: Path | None = None) -> Result:
         written = save_masks(pruner, first, masks, workdir / "masks")
         notes.append(f"masks for --heads-mask: {', '.join(p.name for p in written)} "
                      "in the run folder's masks/")
-    kinds = kind_scores(store_of(workdir), model)
+    kinds = kind_scores(store_of(workdir), info.to_dict())
     survival = survival_table(order[order.order == first.order], kinds, cfg.top_k)
     speed = speedup_table(pruner, masks, cfg.speed_repeats)
     if cfg.ablation != "zero":

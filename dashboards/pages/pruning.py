@@ -11,6 +11,7 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from experiments import head_pruning as hp
 
 dash.register_page(__name__, path="/pruning", name="Pruning", order=6,
                    experiments=["head-pruning"])
@@ -180,17 +181,33 @@ def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: in
     return f"L{layer}H{head} — " + "; ".join(parts) + " — " + ", ".join(values)
 
 
-@callback(Output("pruning-kinds", "children"), Output("pruning-speed", "children"),
-          Input("pruning-run", "value"))
-def draw_tables(run_id: str):
+@callback(Output("pruning-kinds", "children"),
+          Input("pruning-run", "value"), Input("pruning-order", "value"))
+def draw_kinds(run_id: str, order: str | None):
+    """The join with head-finding and sink runs, made now, so that runs made after this
+    pruning run count too."""
+    if order is None:
+        return no_update
     run = data.get_run(run_id)
-    survival, speed = run.table("survival"), run.table("speedup")
-    kinds = html.P("No head-finding or sink runs on these weights when this run was made.",
-                   className="wb-note") if survival.empty else _table(
-        "pruning-kinds-table", survival.round(3))
-    removal = html.P("Not measured in this run.", className="wb-note") if speed.empty \
-        else _table("pruning-speed-table", speed.round(4))
-    return kinds, removal
+    kinds = hp.kind_scores(data.store(), run.meta.get("model") or {})
+    table = run.table("pruning_order")
+    survival = hp.survival_table(table[table.order == order], kinds,
+                                 int(run.config.get("top_k", 10)))
+    if survival.empty:
+        return html.P(f"No complete run of {', '.join(hp.KIND_EXPERIMENTS)} on these "
+                      "weights yet.", className="wb-note")
+    return [html.P(f"Top heads of each metric of the newest runs of "
+                   f"{', '.join(sorted(set(survival.experiment)))} on these weights: "
+                   "survival 1 = pruned last, 0.5 = what chance gives.", className="wb-note"),
+            _table("pruning-kinds-table", survival.round(3))]
+
+
+@callback(Output("pruning-speed", "children"), Input("pruning-run", "value"))
+def draw_speed(run_id: str):
+    speed = data.get_run(run_id).table("speedup")
+    if speed.empty:
+        return html.P("Not measured in this run.", className="wb-note")
+    return _table("pruning-speed-table", speed.round(4))
 
 
 def _table(component_id: str, df: pd.DataFrame) -> dash_table.DataTable:

@@ -9,17 +9,23 @@ import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
 from workbench.experiment import run_experiment
+from workbench.runs import RunStore
 
 CONFIG = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
           "repeat_prompts": 2, "repeat_len": 6, "probes": 2, "step_fraction": 0.25,
           "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 1, "budgets": (0.25, 0.5),
-          "importance": ("gradient",)}
+          "importance": ("gradient",), "top_k": 2}
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama):
     runs = tmp_path_factory.mktemp("runs")
     run = run_experiment("head-pruning", llama, CONFIG, runs_dir=runs)
+    # a head-finding run on the same weights, made after the pruning run
+    with RunStore(runs).start("induction-heads", llama.info.to_dict(), {}) as found:
+        found.save_table("head_scores", pd.DataFrame({
+            "layer": np.repeat([0, 1], 4), "head": np.tile(np.arange(4), 2),
+            "metric": "induction", "score": np.arange(8.0)}))
     proc, url = serve(runs)
     yield url, run
     proc.terminate()
@@ -84,3 +90,15 @@ def test_mask_at_a_budget_and_survival_steps(page, served):
                 else f"gradient: step {int(row.step)} ({row.fraction_pruned:.0%} pruned)")
     assert expected in text, text
     assert "random seed 1" in text and "importance_ablation" in text
+
+
+def test_kinds_of_heads_are_joined_with_later_runs(page, served):
+    url, run = served
+    page.goto(f"{url}/pruning?run={run.id}")
+    page.wait_for_selector("#pruning-kinds-table td", timeout=60_000)
+    text = page.inner_text("#pruning-kinds-table")
+    assert "induction" in text and "L1H3, L1H2" in text
+    order = run.table("pruning_order")
+    mine = order[order.order == "gradient"].set_index(["layer", "head"]).survival
+    expected = (mine[(1, 3)] + mine[(1, 2)]) / 2
+    assert f"{expected:.3f}".rstrip("0") in text

@@ -360,7 +360,7 @@ def test_survival_join_finds_matching_runs_only(llama, tmp_path):
                          ) as run:
             run.save_table("head_scores", heads.assign(score=heads.score * (
                 1 if model is info and interventions is None else -1)))
-    kinds = hp.kind_scores(store, llama)
+    kinds = hp.kind_scores(store, info)
     assert kinds.run.nunique() == 1 and (kinds.score >= 0).all()
     order = pd.DataFrame({"order": "gradient", "layer": heads.layer, "head": heads["head"],
                           "survival": (np.arange(8) + 0.5) / 8})
