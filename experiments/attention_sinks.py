@@ -693,7 +693,8 @@ def _streaming_line(table: pd.DataFrame, cfg: Config) -> str:
 def _scan_inputs(model: Model, sets: dict[str, list[Prompt]], cfg: Config
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-prompt head metrics and residual-stream extremes of every input set."""
-    metrics = sink_reductions(TokenTyper.for_model(model), model_token_types(model))
+    typer = TokenTyper.for_model(model)
+    metrics = sink_reductions(typer, model_token_types(model))
     per_prompt, resid = [], []
     for name, prompts in progress.track(list(sets.items()), desc="inputs"):
         log.info("scanning %s (%d prompts)", name, len(prompts))
@@ -702,21 +703,20 @@ def _scan_inputs(model: Model, sets: dict[str, list[Prompt]], cfg: Config
         per_prompt.append(scored.assign(input=name))
         extremes = scan_residuals(model, prompts[: cfg.n_massive_prompts],
                                   max_batch_tokens=cfg.max_batch_tokens)
-        resid.append(_with_token_types(model, extremes, prompts).assign(input=name))
+        resid.append(_with_token_types(model, typer, extremes, prompts).assign(input=name))
     return pd.concat(per_prompt, ignore_index=True), pd.concat(resid, ignore_index=True)
 
 
-def _with_token_types(model: Model, resid: pd.DataFrame, prompts: Sequence[Prompt]
-                      ) -> pd.DataFrame:
+def _with_token_types(model: Model, typer: TokenTyper, resid: pd.DataFrame,
+                      prompts: Sequence[Prompt]) -> pd.DataFrame:
     """Add the token (string and type) at each activation's position."""
-    typer = TokenTyper.for_model(model)
-    ids = [model.encode(p)[0] for p in prompts]
-    tokens, kinds = [], []
-    for prompt, position in zip(resid.prompt, resid.position, strict=True):
-        row = torch.tensor(ids[prompt])
-        code = typer.codes(row[None], torch.ones(1, len(row), dtype=torch.bool))[0, position]
-        tokens.append(model.str_tokens([ids[prompt][position]])[0])
-        kinds.append(TOKEN_TYPES[int(code)])
+    ids = {i: model.encode(prompts[i])[0] for i in resid.prompt.unique()}
+    codes = {i: typer.codes(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.bool))[0]
+             for i, row in ids.items()}
+    tokens = [model.str_tokens([ids[p][t]])[0] for p, t in zip(resid.prompt, resid.position,
+                                                                strict=True)]
+    kinds = [TOKEN_TYPES[int(codes[p][t])] for p, t in zip(resid.prompt, resid.position,
+                                                           strict=True)]
     return resid.assign(token=tokens, token_type=kinds)
 
 

@@ -32,6 +32,8 @@ def layout(run: str | None = None, **_: str) -> html.Div:
         html.Div(className="wb-controls", children=[
             labelled("run", run_dropdown("sinks-run", runs, run), "34em"),
             labelled("input", dcc.Dropdown(id="sinks-input", clearable=False), "16em"),
+            labelled("heatmap metric", dcc.Dropdown(id="sinks-metric", clearable=False),
+                     "16em"),
         ]),
         html.Ul(id="sinks-summary", className="wb-note"),
         html.Div(className="wb-row", children=[dcc.Graph(id="sinks-heatmap"),
@@ -47,31 +49,49 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 
 @callback(Output("sinks-input", "options"), Output("sinks-input", "value"),
+          Output("sinks-metric", "options"), Output("sinks-metric", "value"),
           Output("sinks-summary", "children"), Input("sinks-run", "value"))
 def choose_run(run_id: str | None):
     if not run_id:
-        return no_update, no_update, no_update
+        return no_update, no_update, no_update, no_update, no_update
     run = data.get_run(run_id)
     inputs = list(run.table("sink_rates").input)
-    return inputs, inputs[0], [html.Li(line) for line in run.meta.get("summary", [])]
+    metrics = sorted(set(run.table("head_scores").metric), key=lambda m: (m != "sink", m))
+    return (inputs, inputs[0], metrics, "sink",
+            [html.Li(line) for line in run.meta.get("summary", [])])
 
 
-@callback(Output("sinks-heatmap", "figure"), Output("sinks-mass", "figure"),
-          Output("sinks-receivers", "figure"), Output("sinks-massive", "figure"),
+@callback(Output("sinks-heatmap", "figure"), Input("sinks-run", "value"),
+          Input("sinks-input", "value"), Input("sinks-metric", "value"))
+def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None):
+    if not run_id or not input_name or not metric:
+        return no_update
+    scores = data.get_run(run_id).table("input_scores")
+    scores = scores[scores.input == input_name]
+    if scores.empty or metric not in set(scores.metric):
+        return no_update
+    if metric == "sink":
+        title = f"sink: alpha_1, mean attention to the first token ({input_name})"
+    else:
+        title = f"{metric} ({input_name})"
+    bounded = metric != "entropy"  # weights, shares and normalized entropy lie in [0, 1]
+    return figures.head_heatmap(scores, metric, title=title, colorscale="Blues",
+                                zmin=0 if bounded else None, zmax=1 if bounded else None)
+
+
+@callback(Output("sinks-mass", "figure"), Output("sinks-receivers", "figure"),
+          Output("sinks-massive", "figure"),
           Input("sinks-run", "value"), Input("sinks-input", "value"))
 def draw_input(run_id: str | None, input_name: str | None):
     if not run_id or not input_name:
-        return no_update, no_update, no_update, no_update
+        return no_update, no_update, no_update
     run = data.get_run(run_id)
     scores = run.table("input_scores")
     scores = scores[scores.input == input_name]
     if scores.empty:
-        return no_update, no_update, no_update, no_update
+        return no_update, no_update, no_update
     eps = float(run.table("sink_rates").eps.iloc[0])
-    heatmap = figures.head_heatmap(
-        scores, "sink", zmin=0, zmax=1, colorscale="Blues",
-        title=f"sink: alpha_1, mean attention to the first token ({input_name})")
-    return (heatmap, mass_figure(scores, input_name),
+    return (mass_figure(scores, input_name),
             receivers_figure(run.table("top_receivers"), input_name),
             massive_figure(run.table("massive_activations"), scores, input_name, eps))
 

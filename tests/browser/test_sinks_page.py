@@ -24,10 +24,10 @@ def served(tmp_path_factory, llama, bert):
     proc.wait(10)
 
 
-def expected_grid(run, input_name: str) -> np.ndarray:
-    """alpha_1 as a [layer, head] grid, straight from the run's table."""
+def expected_grid(run, input_name: str, metric: str = "sink") -> np.ndarray:
+    """A metric (alpha_1 by default) as a [layer, head] grid, straight from the run's table."""
     scores = run.table("input_scores")
-    sink = scores[(scores.input == input_name) & (scores.metric == "sink")]
+    sink = scores[(scores.input == input_name) & (scores.metric == metric)]
     return sink.pivot(index="layer", columns="head", values="score").to_numpy()
 
 
@@ -44,6 +44,11 @@ def test_sink_heatmap_shows_alpha_1_of_the_chosen_input(page, served):
     fig = figure(page, "sinks-heatmap", title_contains="(repeated_no_bos)")
     np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
                                expected_grid(run, "repeated_no_bos"), atol=1e-6)
+    choose(page, "sinks-metric", "normalized_entropy")
+    fig = figure(page, "sinks-heatmap", title_contains="normalized_entropy (repeated_no_bos)")
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
+                               expected_grid(run, "repeated_no_bos", "normalized_entropy"),
+                               atol=1e-6)
 
 
 def test_rates_mass_massive_and_streaming_figures(page, served):
