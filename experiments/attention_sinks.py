@@ -656,9 +656,9 @@ def _encoder_lines(scores: pd.DataFrame) -> list[str]:
     broad, focused = ent.nlargest(1, "score").iloc[0], ent.nsmallest(1, "score").iloc[0]
     return ["[CLS]/[SEP]/punctuation share of attention by layer (head mean, sentence pairs): "
             + "; ".join(cells),
-            f"normalized attention entropy: broadest head L{broad.layer}H{broad.head} "
-            f"({broad.score:.2f}), most focused L{focused.layer}H{focused.head} "
-            f"({focused.score:.2f})"]
+            f"normalized attention entropy: broadest head L{broad['layer']}H{broad['head']} "
+            f"({broad['score']:.2f}), most focused L{focused['layer']}H{focused['head']} "
+            f"({focused['score']:.2f})"]
 
 
 def _massive_line(massive: pd.DataFrame, rates: pd.DataFrame, scores: pd.DataFrame,

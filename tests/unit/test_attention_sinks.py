@@ -206,6 +206,7 @@ def test_encoder_run_skips_what_does_not_apply(tiny_runs):
     np.testing.assert_allclose(scores.xs("sink", level="metric").score,
                                scores.xs("share_cls", level="metric").score, atol=1e-6)
     assert "[CLS]/[SEP]/punctuation" in summary
+    assert "bound method" not in summary and "broadest head L" in summary
 
 
 def test_claim_checks_on_tiny_runs(tiny_runs):
