@@ -1,5 +1,4 @@
-"""Attention sinks: where attention lands when it has nowhere useful to go, and what happens
-when the sink is taken away.
+"""Attention sinks: where attention mass lands, and what evicting the sink from the window costs.
 
 Question: a large share of attention in trained transformers lands on the first token or on
 delimiters that carry no meaning, because the softmax must spend its mass somewhere. How
@@ -560,6 +559,23 @@ def massive_by_layer(resid: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def relate_to_sink(massive: pd.DataFrame, scores: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """Add ``sink_head_share``: the share of layer l's heads whose mean alpha_1 exceeds
+    ``eps``, next to boundary l (the residual stream that layer l reads)."""
+    sink = scores[scores.metric == "sink"]
+    share = (sink.score > eps).groupby([sink.input, sink.layer]).mean()
+    share = share.rename("sink_head_share").reset_index()
+    return massive.merge(share, on=["input", "layer"], how="left")
+
+
+def sink_massive_correlation(massive: pd.DataFrame, input_name: str) -> float:
+    """Pearson correlation over layers of log10(top1 / median) and the share of sink heads."""
+    df = massive[(massive.input == input_name) & massive.sink_head_share.notna()]
+    if len(df) < 3 or df.sink_head_share.nunique() < 2:
+        return float("nan")
+    return float(np.corrcoef(np.log10(df.ratio), df.sink_head_share)[0, 1])
+
+
 # ---- the experiment ---------------------------------------------------------------------
 
 @dataclass
@@ -600,7 +616,7 @@ class Result:
             [f"with/without BOS: skipped ({self.skipped['bos']})"]
         if not self.causal:
             lines += _encoder_lines(self.input_scores)
-        lines.append(_massive_line(self.massive, self.rates, self.input_scores, self.cfg))
+        lines.append(_massive_line(self.massive, self.cfg))
         if self.repeated is not None:
             worst = self.repeated.loc[self.repeated.relative_deviation.idxmax()]
             lines.append(
@@ -661,24 +677,26 @@ def _encoder_lines(scores: pd.DataFrame) -> list[str]:
             f"({focused['score']:.2f})"]
 
 
-def _massive_line(massive: pd.DataFrame, rates: pd.DataFrame, scores: pd.DataFrame,
-                  cfg: Config) -> str:
-    """Where the largest activations first become massive, and the sink around them."""
+def _massive_line(massive: pd.DataFrame, cfg: Config) -> str:
+    """Where the largest activations become massive, and how that goes with the sink."""
     natural = massive[massive.input == "natural"]
     peak = natural.loc[natural.ratio.idxmax()]
     is_massive = natural[(natural.top1 > 100) & (natural.ratio > 1000)]
-    sink = scores[(scores.input == "natural") & (scores.metric == "sink")]
-    rate = (sink.score > cfg.eps).groupby(sink.layer).mean()
     text = (f"massive activations (natural text): largest |h| / median |h| = {peak.ratio:.0f} "
             f"(|h| = {peak.top1:.3g}) at boundary {int(peak.layer)}, dim {int(peak.top1_dim)} "
             f"({peak.top1_dim_share:.0%} of sequences), on tokens {peak.top1_tokens}; ")
     if is_massive.empty:
-        return text + "no boundary has an activation > 100 and > 1000x the median"
-    first = int(is_massive.layer.min())
-    before = rate[rate.index < first].mean() if first > 0 else float("nan")
-    after = rate[rate.index >= first].mean()
-    return text + (f"massive (> 100 and > 1000x median) from boundary {first} on; share of "
-                   f"sink heads in the layers before: {before:.0%}, from there on: {after:.0%}")
+        text += "no boundary has an activation > 100 and > 1000x the median"
+    else:
+        first = int(is_massive.layer.min())
+        share = natural.set_index("layer").sink_head_share
+        before = share[share.index < first].mean() if first > 0 else float("nan")
+        text += (f"massive (> 100 and > 1000x median) from boundary {first} on; share of sink "
+                 f"heads (mean alpha_1 > {cfg.eps:g}) in the layers before: {before:.0%}, "
+                 f"from there on: {share[share.index >= first].mean():.0%}")
+    return text + (f"; correlation over layers of log10(top1/median) at a layer's input with "
+                   f"its share of sink heads: r = "
+                   f"{sink_massive_correlation(massive, 'natural'):.2f}")
 
 
 def _streaming_line(table: pd.DataFrame, cfg: Config) -> str:
@@ -760,12 +778,14 @@ def run(model: Model, cfg: Config) -> Result:
     streaming = stream_losses = None
     if "streaming" not in skipped:
         streaming, stream_losses = measure_streaming(model, cfg)
+    input_scores = summarize_inputs(per_prompt, cfg)
     return Result(
         model=model.info.name, causal=model.info.causal, cfg=cfg,
-        input_scores=summarize_inputs(per_prompt, cfg), rates=sink_rates(per_prompt, cfg),
+        input_scores=input_scores, rates=sink_rates(per_prompt, cfg),
         receivers=top_receivers(per_prompt),
         sink_per_prompt=per_prompt[per_prompt.metric == "sink"].reset_index(drop=True),
-        massive=massive_by_layer(resid), massive_detail=resid, repeated=repeated,
+        massive=relate_to_sink(massive_by_layer(resid), input_scores, cfg.eps),
+        massive_detail=resid, repeated=repeated,
         streaming=streaming, stream_losses=stream_losses, skipped=skipped)
 
 

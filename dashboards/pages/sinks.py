@@ -43,6 +43,9 @@ def layout(run: str | None = None, **_: str) -> html.Div:
         dcc.Graph(id="sinks-massive"),
         html.H3("Streaming without the sink"),
         html.P(id="sinks-streaming-note", className="wb-note"),
+        dcc.RadioItems(id="sinks-curve", value="running", inline=True, options=[
+            {"label": " running perplexity since the window filled ", "value": "running"},
+            {"label": " perplexity in bins of positions", "value": "binned"}]),
         dcc.Graph(id="sinks-streaming"),
         dash_table.DataTable(id="sinks-streaming-table", style_cell={"fontSize": "0.85em"}),
     ])
@@ -96,17 +99,17 @@ def draw_input(run_id: str | None, input_name: str | None):
             massive_figure(run.table("massive_activations"), scores, input_name, eps))
 
 
-@callback(Output("sinks-rates", "figure"), Output("sinks-streaming", "figure"),
-          Output("sinks-streaming-table", "data"), Output("sinks-streaming-table", "columns"),
-          Output("sinks-streaming-note", "children"), Input("sinks-run", "value"))
+@callback(Output("sinks-rates", "figure"), Output("sinks-streaming-table", "data"),
+          Output("sinks-streaming-table", "columns"), Output("sinks-streaming-note", "children"),
+          Input("sinks-run", "value"))
 def draw_run(run_id: str | None):
     if not run_id:
-        return no_update, no_update, no_update, no_update, no_update
+        return no_update, no_update, no_update, no_update
     run = data.get_run(run_id)
     rates = rates_figure(run.table("sink_rates"))
     if "streaming_perplexity" not in run.table_names():
         skipped = [line for line in run.meta.get("summary", []) if line.startswith("streaming")]
-        return rates, go.Figure(), [], [], " ".join(skipped) or "no streaming measurement"
+        return rates, [], [], " ".join(skipped) or "no streaming measurement"
     table = run.table("streaming_perplexity")
     columns = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_window",
                "ppl_matched", "matched_low", "matched_high", "n_matched", "n_tokens"]
@@ -114,8 +117,21 @@ def draw_run(run_id: str | None):
     note = (f"{int(table.n_tokens.iloc[0])}-token text; masks at absolute positions; "
             "ppl_matched compares every variant on the positions where the recompute "
             "reference is evaluated.")
-    return (rates, streaming_figure(run.table("streaming_losses"), table),
-            shown.to_dict("records"), [{"name": c, "id": c} for c in columns], note)
+    return rates, shown.to_dict("records"), [{"name": c, "id": c} for c in columns], note
+
+
+@callback(Output("sinks-streaming", "figure"), Input("sinks-run", "value"),
+          Input("sinks-curve", "value"))
+def draw_streaming(run_id: str | None, curve: str | None):
+    if not run_id:
+        return no_update
+    run = data.get_run(run_id)
+    if "streaming_perplexity" not in run.table_names():
+        return go.Figure()
+    table, losses = run.table("streaming_perplexity"), run.table("streaming_losses")
+    if curve == "binned":
+        return streaming_figure(losses, table)
+    return running_figure(losses, table)
 
 
 def rates_figure(rates: pd.DataFrame) -> go.Figure:
@@ -189,7 +205,8 @@ def massive_figure(massive: pd.DataFrame, scores: pd.DataFrame, input_name: str,
         xaxis={"title": "layer boundary (0 = embeddings; layer l reads boundary l)"},
         yaxis={"title": "|activation|", "type": "log"},
         yaxis2={"title": "share of heads", "overlaying": "y", "side": "right",
-                "range": [0, 1]},
+                "type": "linear", "range": [0, 1.05], "tickmode": "linear", "tick0": 0,
+                "dtick": 0.2, "showgrid": False},
         height=440, margin={**MARGIN, "r": 60}, legend={"x": 1.08})
     return fig
 
@@ -209,5 +226,21 @@ def streaming_figure(losses: pd.DataFrame, table: pd.DataFrame) -> go.Figure:
                       annotation_text="W: eviction starts")
     fig.update_layout(title=f"streaming perplexity by position (bins of {width} tokens)",
                       xaxis={"title": "position"}, yaxis={"title": "perplexity", "type": "log"},
+                      height=460, margin=MARGIN)
+    return fig
+
+
+def running_figure(losses: pd.DataFrame, table: pd.DataFrame) -> go.Figure:
+    """exp of the mean loss over positions W..t, for each variant: where the curves end is
+    the table's ``ppl_beyond_window`` (and, for recompute, its ``ppl_matched``)."""
+    window = int(table.window.dropna().iloc[0])
+    fig = go.Figure()
+    for label, part in losses.groupby("label", sort=False):
+        part = part[part.position >= window].sort_values("position")
+        running = np.exp(part.nll.cumsum().to_numpy() / np.arange(1, len(part) + 1))
+        fig.add_scatter(x=part.position, y=running, name=label, mode="lines")
+    fig.update_layout(title=f"streaming perplexity: running mean over positions {window}..t",
+                      xaxis={"title": "position t"}, yaxis={"title": "perplexity",
+                                                            "type": "log"},
                       height=460, margin=MARGIN)
     return fig

@@ -63,9 +63,16 @@ def test_rates_mass_massive_and_streaming_figures(page, served):
     np.testing.assert_allclose(stacked, 1.0, atol=1e-5)  # the token types cover every key
     massive = figure(page, "sinks-massive", title_contains="massive activations")
     assert {t["name"] for t in massive["data"]} >= {"top1", "median_abs"}
-    streaming = figure(page, "sinks-streaming", title_contains="streaming perplexity")
-    labels = [t["name"] for t in streaming["data"]]
-    assert labels == list(run.table("streaming_perplexity").label)
+    stream = run.table("streaming_perplexity")
+    running = figure(page, "sinks-streaming", title_contains="running mean")
+    assert [t["name"] for t in running["data"]] == list(stream.label)
+    # each running curve ends at the perplexity over every position past the window
+    ends = [as_array(t["y"])[-1] for t in running["data"]]
+    np.testing.assert_allclose(ends[:-1], stream.ppl_beyond_window[:-1], rtol=1e-5)
+    np.testing.assert_allclose(ends[-1], stream.ppl_matched.iloc[-1], rtol=1e-5)
+    page.get_by_text("perplexity in bins of positions").click()
+    binned = figure(page, "sinks-streaming", title_contains="by position")
+    assert [t["name"] for t in binned["data"]] == list(stream.label)
     page.wait_for_selector("#sinks-streaming-table td")
     assert "4+20" in page.inner_text("#sinks-streaming-table")
 
