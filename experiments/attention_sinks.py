@@ -57,7 +57,21 @@ the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 
   one the model saw in training (dense attention sees the BOS at every distance up to
   8191), and the mask-based result is exact and checkable against one full forward pass.
   ``recompute`` is evaluated at every ``recompute_stride``-th position beyond the window
-  (``ppl_matched`` compares every variant on exactly those positions).
+  (``ppl_matched`` compares every variant on exactly those positions). The streamed text is
+  the first ``stream_tokens`` tokens of the same prose (topics in name order, blank lines
+  between them), after the BOS.
+
+Tables: ``head_scores`` (natural input; ``layer, head, metric, score, ci_low, ci_high,
+n_prompts`` for ``sink``, ``share_*``, ``top{r}_share``, ``entropy``, ``normalized_entropy``),
+``input_scores`` (the same for every input, with an ``input`` column), ``sink_rates``,
+``sink_per_prompt``, ``top_receivers`` (``input, layer, rank, token_type, fraction,
+mean_share``), ``massive_activations`` (per input and boundary: median over sequences of the
+top-3 magnitudes and of the median, the ratio, the usual position, dimension and tokens of
+the largest, and ``sink_head_share`` of the layer reading that boundary),
+``massive_activations_detail`` (per sequence), ``repeated_token_check``,
+``streaming_perplexity`` (per variant: ``ppl`` over all targets, ``ppl_beyond_window`` over
+the targets at positions >= W, ``ppl_matched`` with a bootstrap interval) and
+``streaming_losses`` (the loss of every evaluated target).
 
 Encoders (minilm) get everything except the BOS comparison and streaming perplexity, which
 need a BOS token and a trained causal LM head; the summary says so.
