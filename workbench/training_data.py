@@ -208,11 +208,13 @@ def token_stream(tokenizer: Any, texts: Sequence[str]) -> Int[Tensor, " token"]:
 
 
 def sample_windows(stream: Int[Tensor, " token"], n: int, n_ctx: int, *, bos_id: int,
-                   generator: torch.Generator) -> Int[Tensor, "batch pos"]:
+                   generator: torch.Generator, repeat_fraction: float = 0.0
+                   ) -> Int[Tensor, "batch pos"]:
     """``n`` random windows of ``n_ctx - 1`` tokens of ``stream``, each after BOS.
 
-    The offsets come from ``generator`` alone, so the data order is reproducible and
-    independent of anything else that uses the global RNG.
+    With ``repeat_fraction > 0``, that fraction of the windows (on average) gets a repeated
+    passage (:func:`repeat_passage`). Everything random comes from ``generator`` alone, so
+    the data order is reproducible and independent of the global RNG.
     """
     body = n_ctx - 1
     if len(stream) <= body:
@@ -220,12 +222,41 @@ def sample_windows(stream: Int[Tensor, " token"], n: int, n_ctx: int, *, bos_id:
                              f"window of {body}")
     offsets = torch.randint(0, len(stream) - body, (n,), generator=generator)
     windows = torch.stack([stream[o: o + body] for o in offsets.tolist()])
+    if repeat_fraction > 0:
+        chosen = torch.rand(n, generator=generator) < repeat_fraction
+        for row in chosen.nonzero().flatten().tolist():
+            windows[row] = repeat_passage(windows[row], generator)
     return torch.cat([torch.full((n, 1), bos_id, dtype=torch.long), windows], dim=1)
 
 
+MIN_PASSAGE = 8
+
+
+def repeat_passage(window: Int[Tensor, " pos"], generator: torch.Generator
+                   ) -> Int[Tensor, " pos"]:
+    """The window with one passage of it repeated later on, as text quotes itself.
+
+    A passage of ``k`` tokens (``MIN_PASSAGE <= k <= len / 2``, uniform) at a random place
+    is copied over the tokens at a random later place that does not overlap it; the rest of
+    the window is untouched. Natural text repeats passages too (quotations, boilerplate,
+    repeated names and phrases), but rarely within a short context; these repeats make the
+    copying that induction heads do pay off often enough to learn within a laptop budget.
+    """
+    n = len(window)
+    if n < 2 * MIN_PASSAGE:
+        return window
+    k = int(torch.randint(MIN_PASSAGE, n // 2 + 1, (1,), generator=generator))
+    start = int(torch.randint(0, n - 2 * k + 1, (1,), generator=generator))
+    copy_at = int(torch.randint(start + k, n - k + 1, (1,), generator=generator))
+    out = window.clone()
+    out[copy_at: copy_at + k] = window[start: start + k]
+    return out
+
+
 def batches(stream: Int[Tensor, " token"], batch_size: int, n_ctx: int, *, bos_id: int,
-            seed: int) -> Iterator[Int[Tensor, "batch pos"]]:
+            seed: int, repeat_fraction: float = 0.0) -> Iterator[Int[Tensor, "batch pos"]]:
     """An endless, reproducible sequence of training batches (see :func:`sample_windows`)."""
     generator = torch.Generator().manual_seed(seed)
     while True:
-        yield sample_windows(stream, batch_size, n_ctx, bos_id=bos_id, generator=generator)
+        yield sample_windows(stream, batch_size, n_ctx, bos_id=bos_id, generator=generator,
+                             repeat_fraction=repeat_fraction)

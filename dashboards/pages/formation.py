@@ -1,0 +1,175 @@
+"""Formation: loss and in-context learning over training with the phase change shaded, every
+head's induction and previous-token score over training, and a slider over checkpoints that
+shows a head's attention on a repeated sequence as the induction stripe forms."""
+
+from __future__ import annotations
+
+import dash
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dcc, html, no_update
+from plotly.subplots import make_subplots
+
+from dashboards.components import data, figures
+from dashboards.components.controls import labelled, run_dropdown
+
+dash.register_page(__name__, path="/formation", name="Formation", order=7,
+                   experiments=["induction-formation"])
+
+EMPTY = "No training runs yet. Train the models with `workbench run induction-formation`."
+WINDOW_COLOUR = "rgba(234, 179, 8, 0.25)"
+
+
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("induction-formation")
+    if not runs:
+        return html.Div([html.H2("Formation"), html.P(EMPTY, className="wb-note")])
+    return html.Div([
+        html.H2("Formation"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("formation-run", runs, run), "34em"),
+            labelled("model", dcc.Dropdown(id="formation-model", clearable=False)),
+            labelled("head", dcc.Dropdown(id="formation-head", clearable=False), "10em"),
+        ]),
+        html.P(id="formation-summary", className="wb-note"),
+        dcc.Graph(id="formation-curves"),
+        dcc.Graph(id="formation-heads"),
+        html.Div([html.Label("checkpoint (training step)"),
+                  # the value is the checkpoint's index; the marks show its step
+                  dcc.Slider(id="formation-step", min=0, max=0, step=1, value=0,
+                             marks=None, allow_direct_input=False)],
+                 className="wb-control", style={"maxWidth": "60em"}),
+        dcc.Graph(id="formation-pattern"),
+    ])
+
+
+def _table(run_id: str, name: str) -> pd.DataFrame:
+    return data.get_run(run_id).table(name)
+
+
+def _steps(run_id: str, model: str) -> list[int]:
+    curve = _table(run_id, "training_curve")
+    return sorted(curve[curve.model == model].step.unique().tolist())
+
+
+@callback(Output("formation-model", "options"), Output("formation-model", "value"),
+          Input("formation-run", "value"))
+def choose_run(run_id: str):
+    phase = _table(run_id, "phase_change")
+    models = phase.sort_values("n_layers").model.tolist()
+    detected = phase[phase.detected].model.tolist()
+    return models, (detected or models)[-1]
+
+
+@callback(Output("formation-head", "options"), Output("formation-head", "value"),
+          Output("formation-step", "max"), Output("formation-step", "marks"),
+          Output("formation-step", "value"),
+          Input("formation-run", "value"), Input("formation-model", "value"))
+def choose_model(run_id: str, model: str | None):
+    if model is None:
+        return no_update, no_update, no_update, no_update, no_update
+    scores = _table(run_id, "head_scores")
+    final = scores[(scores.model == model) & (scores.metric == "induction")]
+    final = final[final.step == final.step.max()]
+    heads = [f"L{r.layer}H{r.head}" for r in final.sort_values(["layer", "head"]).itertuples()]
+    best = final.loc[final.score.idxmax()]
+    steps = _steps(run_id, model)
+    every = max(1, len(steps) // 10)
+    marks = {i: str(s) for i, s in enumerate(steps) if i % every == 0 or i == len(steps) - 1}
+    return heads, f"L{int(best['layer'])}H{int(best['head'])}", len(steps) - 1, marks, 0
+
+
+def _window(run_id: str, model: str) -> pd.Series | None:
+    phase = _table(run_id, "phase_change")
+    row = phase[phase.model == model].iloc[0]
+    return row if bool(row.detected) else None
+
+
+def _shade(fig: go.Figure, window: pd.Series | None, tokens_per_step: float | None) -> None:
+    if window is None:
+        return
+    scale = tokens_per_step or 1.0
+    fig.add_vrect(x0=window.start_step * scale, x1=window.end_step * scale,
+                  fillcolor=WINDOW_COLOUR, line_width=0, layer="below",
+                  annotation_text="phase change", annotation_position="top left")
+
+
+@callback(Output("formation-curves", "figure"), Output("formation-summary", "children"),
+          Input("formation-run", "value"), Input("formation-model", "value"))
+def draw_curves(run_id: str, model: str | None):
+    if model is None:
+        return no_update, no_update
+    curve = _table(run_id, "training_curve").sort_values(["n_layers", "step"])
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("loss (nats)", "in-context learning score "
+                                        "(late minus early loss; lower is more ICL)"))
+    for name, df in curve.groupby("model", sort=False):
+        dash_style = None if name == model else "dot"
+        fig.add_scatter(x=df.tokens, y=df.heldout_loss, name=f"{name} held-out loss",
+                        mode="lines+markers", line={"dash": dash_style}, row=1, col=1)
+        fig.add_scatter(x=df.tokens, y=df.train_loss, name=f"{name} training loss",
+                        mode="lines", line={"dash": dash_style, "width": 1}, row=1, col=1)
+        fig.add_scatter(x=df.tokens, y=df.icl_score, name=f"{name} ICL score",
+                        mode="lines+markers", line={"dash": dash_style}, row=2, col=1)
+    sel = curve[curve.model == model]
+    per_step = float(sel.tokens.iloc[-1] / sel.step.iloc[-1]) if sel.step.iloc[-1] else None
+    window = _window(run_id, model)
+    _shade(fig, window, per_step)
+    fig.update_layout(title=f"loss and in-context learning against tokens seen · {model}",
+                      height=620, margin={"l": 10, "r": 10, "t": 80, "b": 10})
+    fig.update_xaxes(title_text="tokens seen", row=2, col=1)
+    return fig, _summary(run_id, model, window)
+
+
+def _summary(run_id: str, model: str, window: pd.Series | None) -> str:
+    lines = data.get_run(run_id).meta.get("summary", [])
+    mine = [line for line in lines if line.startswith(f"{model}:")]
+    if window is None:
+        return (mine or [f"{model}: no phase change found"])[0]
+    return mine[0] if mine else f"{model}: phase change at steps {window.start_step}-" \
+                                 f"{window.end_step}"
+
+
+@callback(Output("formation-heads", "figure"),
+          Input("formation-run", "value"), Input("formation-model", "value"))
+def draw_heads(run_id: str, model: str | None):
+    if model is None:
+        return no_update
+    scores = _table(run_id, "head_scores")
+    scores = scores[scores.model == model].sort_values("step")
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=("induction", "previous_token"))
+    for col, metric in enumerate(("induction", "previous_token"), start=1):
+        for (layer, head), df in scores[scores.metric == metric].groupby(["layer", "head"]):
+            fig.add_scatter(x=df.step, y=df.score, name=f"L{layer}H{head} {metric}",
+                            mode="lines", legendgroup=f"L{layer}H{head}",
+                            hovertemplate=f"L{layer}H{head}<br>step %{{x}}<br>{metric} "
+                                          "%{y:.3f}<extra></extra>", row=1, col=col)
+        null = scores[scores.metric == metric].null.iloc[0]
+        fig.add_hline(y=null, line_dash="dash", line_color="#888", row=1, col=col,
+                      annotation_text="uniform", annotation_position="bottom right")
+    _shade(fig, _window(run_id, model), None)
+    fig.update_layout(title=f"every head's score over training · {model}", height=420,
+                      margin={"l": 10, "r": 10, "t": 80, "b": 10}, showlegend=False)
+    fig.update_xaxes(title_text="training step")
+    fig.update_yaxes(range=[0, 1])
+    return fig
+
+
+@callback(Output("formation-pattern", "figure"),
+          Input("formation-run", "value"), Input("formation-model", "value"),
+          Input("formation-head", "value"), Input("formation-step", "value"))
+def draw_pattern(run_id: str, model: str | None, head: str | None, index: int | None):
+    if model is None or head is None or index is None:
+        return no_update
+    steps = _steps(run_id, model)
+    if index >= len(steps):
+        return no_update
+    layer, h = (int(x) for x in head[1:].split("H"))
+    patterns = _table(run_id, "checkpoint_patterns")
+    one = patterns[(patterns.model == model) & (patterns.step == steps[index])
+                   & (patterns.layer == layer) & (patterns["head"] == h)]
+    tokens = _table(run_id, "pattern_tokens").sort_values("position").token.tolist()
+    return figures.pattern_heatmap(figures.pattern_from_rows(one, len(tokens)), tokens,
+                                   f"{model} {head} at step {steps[index]} "
+                                   "(a random sequence, repeated)")

@@ -1,0 +1,304 @@
+"""Training small native models: corpus, tokenizer, reproducible training, checkpoints that
+reload bit for bit, the phase-change detector on curves with a known answer, and a tiny
+end-to-end run of the induction-formation experiment."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import checkpoints, phase_change, training, training_data
+from workbench.errors import ChecksumError, WorkbenchError
+from workbench.experiment import run_experiment
+from workbench.models import load_model
+from workbench.runs import RunStore
+
+TEXT = [
+    "The function returns the number of items in the container. If the container is empty, "
+    "the function returns zero.",
+    "A module is a file containing Python definitions and statements. The file name is the "
+    "module name with the suffix .py appended.",
+    "Return a new sorted list from the items in iterable. The key argument specifies a "
+    "function of one argument that is used to extract a comparison key.",
+] * 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models train faster on one thread, and do not fight other tests for cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return training_data.train_tokenizer(TEXT, 320, tmp_path_factory.mktemp("tok"))
+
+
+def tiny_spec(tokenizer, n_layers=2, **over):
+    return training.ModelSpec(**{"n_layers": n_layers, "d_model": 16, "n_heads": 2,
+                                 "n_ctx": 32, "d_vocab": len(tokenizer), "seed": 3, **over})
+
+
+def train_tiny(tokenizer, spec, steps=6, on_checkpoint=None, checkpoint_steps=()):
+    bridge = training.build_bridge(spec, tokenizer)
+    stream = training_data.token_stream(tokenizer, TEXT)
+    data = training_data.batches(stream, 4, spec.n_ctx, bos_id=tokenizer.bos_token_id, seed=1)
+    losses = training.train(bridge, data, training.TrainSpec(steps=steps, warmup_steps=2),
+                            checkpoint_steps=checkpoint_steps, on_checkpoint=on_checkpoint)
+    return bridge, losses
+
+
+# ---- corpus and tokenizer ---------------------------------------------------------------------
+
+def test_tokenizer_training_is_deterministic_and_round_trips(tokenizer, tmp_path):
+    again = training_data.train_tokenizer(TEXT, 320, tmp_path / "again")
+    assert again.get_vocab() == tokenizer.get_vocab()
+    assert len(tokenizer) <= 320 and tokenizer.name_or_path
+    assert tokenizer.bos_token == tokenizer.eos_token == training_data.BOS
+    assert tokenizer.pad_token == training_data.PAD
+    text = "Return a new sorted list, ünïcode and all."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text  # byte-level: nothing is ever unknown
+    assert len(ids) < len(text.encode())  # merges were learned
+
+
+def test_corpus_from_text_files_splits_by_document_hash(tmp_path):
+    files = []
+    for i in range(10):
+        path = tmp_path / f"doc{i}.txt"
+        path.write_text("\n\n  \n".join(f"Paragraph {j} of file {i} says something about "
+                                          f"item {i * 7 + j}." for j in range(3)))
+        files.append(path)
+    corpus = training_data.build_corpus((), files, heldout_every=5)
+    assert len(corpus.fit) + len(corpus.heldout) == 30 and corpus.heldout
+    assert not set(corpus.fit) & set(corpus.heldout)
+    again = training_data.build_corpus((), list(reversed(files)), heldout_every=5)
+    assert set(again.heldout) == set(corpus.heldout)  # membership depends on the text only
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(WorkbenchError, match=r"empty\.txt is empty"):
+        training_data.build_corpus((), [tmp_path / "empty.txt"])
+    with pytest.raises(WorkbenchError, match="unknown corpus source 'poems'"):
+        training_data.build_corpus(("poems",))
+
+
+def test_stdlib_docstrings_are_read_without_importing(tmp_path):
+    (tmp_path / "mod.py").write_text(
+        '"""A module docstring that is long enough to keep, by all means."""\n'
+        'raise SystemExit("importing this module would fail")\n'
+        'def f():\n    """short"""\n'
+        'class C:\n    """A class docstring, also long enough to be kept in the corpus."""\n')
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "t.py").write_text('"""A test module docstring that is skipped '
+                                            'because tests are not documentation."""\n')
+    docs = training_data.stdlib_docstrings(tmp_path)
+    assert docs == ["A module docstring that is long enough to keep, by all means.",
+                    "A class docstring, also long enough to be kept in the corpus."]
+
+
+def test_windows_start_with_bos_and_follow_the_seed(tokenizer):
+    stream = training_data.token_stream(tokenizer, TEXT)
+    a = next(training_data.batches(stream, 3, 16, bos_id=0, seed=5))
+    b = next(training_data.batches(stream, 3, 16, bos_id=0, seed=5))
+    assert a.shape == (3, 16) and (a[:, 0] == 0).all() and torch.equal(a, b)
+    torch.manual_seed(123)  # the global RNG plays no part
+    assert torch.equal(next(training_data.batches(stream, 3, 16, bos_id=0, seed=5)), a)
+
+
+def test_repeated_passages_copy_one_span_and_leave_the_rest():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        window = torch.arange(100, 227)  # distinct tokens, so the copy is easy to find
+        out = training_data.repeat_passage(window, gen)
+        changed = (out != window).nonzero().flatten()
+        k = len(changed)
+        assert training_data.MIN_PASSAGE <= k <= len(window) // 2
+        assert torch.equal(changed, torch.arange(changed[0], changed[0] + k))  # one block
+        source = int(out[changed[0]]) - 100  # where the copied tokens came from
+        assert source + k <= int(changed[0])  # from earlier, not overlapping
+        assert torch.equal(out[changed], window[source: source + k])
+    stream = torch.arange(5000)
+    plain = training_data.sample_windows(stream, 8, 64, bos_id=0,
+                                         generator=torch.Generator().manual_seed(1))
+    mixed = training_data.sample_windows(stream, 8, 64, bos_id=0, repeat_fraction=1.0,
+                                         generator=torch.Generator().manual_seed(1))
+    assert torch.equal(plain[:, :1], mixed[:, :1])
+    assert all(len(set(row.tolist())) < 64 for row in mixed)  # every window repeats itself
+    assert all(len(set(row.tolist())) == 64 for row in plain)
+
+
+# ---- training and checkpoints -----------------------------------------------------------------
+
+def test_training_is_reproducible_and_lowers_the_loss(tokenizer):
+    _, first = train_tiny(tokenizer, tiny_spec(tokenizer), steps=30)
+    _, second = train_tiny(tokenizer, tiny_spec(tokenizer), steps=30)
+    assert first == second
+    assert np.mean(first[-5:]) < np.mean(first[:5]) - 0.2
+
+
+@pytest.mark.parametrize("spec_over", [{}, {"positions": "rotary"},
+                                       {"attn_only": False, "d_mlp": 32, "n_layers": 1}])
+def test_checkpoints_reload_bit_identically(tokenizer, tmp_path, spec_over):
+    spec = tiny_spec(tokenizer, **spec_over)
+    (tmp_path / "tokenizer").mkdir()
+    tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+    kept = {}
+
+    def save(step, loss):
+        checkpoints.save(tmp_path, bridge_ref[0], spec, step=step, tokens=step * 128)
+        kept[step] = {k: v.clone() for k, v in bridge_ref[0].state_dict().items()}
+
+    bridge_ref = [None]
+    bridge_ref[0] = training.build_bridge(spec, tokenizer)
+    stream = training_data.token_stream(tokenizer, TEXT)
+    data = training_data.batches(stream, 4, spec.n_ctx, bos_id=0, seed=1)
+    training.train(bridge_ref[0], data, training.TrainSpec(steps=4, warmup_steps=1),
+                   checkpoint_steps={0, 4}, on_checkpoint=save)
+    ids = next(training_data.batches(stream, 2, spec.n_ctx, bos_id=0, seed=9))
+    for step in (0, 4):
+        model = checkpoints.load_folder(checkpoints.step_dir(tmp_path, spec.n_layers, step))
+        loaded = model.bridge.state_dict()
+        assert loaded.keys() == kept[step].keys()
+        assert all(torch.equal(loaded[k], kept[step][k]) for k in loaded)
+        assert model.info.n_layers == spec.n_layers and model.info.causal
+    with torch.no_grad():
+        assert torch.equal(model.bridge(ids), bridge_ref[0](ids))
+    assert not torch.equal(kept[0]["embed.weight"], kept[4]["embed.weight"])
+
+
+def _saved_run(tmp_path, tokenizer, layers=(1, 2), steps=(0, 3)):
+    store = RunStore(tmp_path / "runs")
+    with store.start("induction-formation", None, {"seed": 0}) as run:
+        tokenizer.save_pretrained(str(run.dir / "tokenizer"))
+        for n in layers:
+            spec = tiny_spec(tokenizer, n_layers=n)
+            bridge = training.build_bridge(spec, tokenizer)
+            for step in steps:
+                checkpoints.save(run.dir, bridge, spec, step=step, tokens=step)
+    return store.get(run.final)
+
+
+def test_checkpoint_names_load_anywhere_a_model_is_accepted(tokenizer, tmp_path, monkeypatch):
+    run = _saved_run(tmp_path, tokenizer)
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(tmp_path / "runs"))
+    model = load_model(f"{run.id}/L2:3")
+    assert model.info.name == f"{run.id}/L2:3" and model.info.n_layers == 2
+    assert model.info.checksum and "step 3" in model.info.source
+    assert load_model(f"{run.id[:-2]}/L1:0").info.n_layers == 1  # a unique prefix will do
+    with pytest.raises(WorkbenchError, match=f"name one: {run.id}/L1:0, {run.id}/L2:0"):
+        load_model(f"{run.id}:0")
+    with pytest.raises(WorkbenchError, match="has no model 'L3'; it has L1, L2"):
+        load_model(f"{run.id}/L3:0")
+    with pytest.raises(WorkbenchError, match="no checkpoint at step 2 for L2; steps: 0, 3"):
+        load_model(f"{run.id}/L2:2")
+    single = _saved_run(tmp_path, tokenizer, layers=(2,))
+    assert load_model(f"{single.id}:3").info.n_layers == 2
+
+
+def test_a_damaged_checkpoint_is_a_clear_error(tokenizer, tmp_path):
+    run = _saved_run(tmp_path, tokenizer, layers=(1,), steps=(0,))
+    folder = checkpoints.step_dir(run.path, 1, 0)
+    weights = folder / checkpoints.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-7] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match=r"model\.safetensors does not match the SHA-256"):
+        checkpoints.load_folder(folder)
+    (run.path / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(ChecksumError, match=r"tokenizer\.json is missing"):
+        checkpoints.verify(folder)
+    with pytest.raises(WorkbenchError, match="not a readable checkpoint"):
+        checkpoints.load_folder(tmp_path)
+
+
+# ---- the phase-change detector on curves with a known answer ---------------------------------
+
+STEPS = list(range(0, 2001, 50))
+
+
+def sigmoid(steps, centre, width, low=0.02, high=0.7):
+    s = np.asarray(steps, dtype=float)
+    return low + (high - low) / (1 + np.exp(-(s - centre) / width))
+
+
+def test_rise_window_brackets_the_steepest_rise():
+    values = sigmoid(STEPS, centre=800, width=60)
+    window = phase_change.rise_window(STEPS, values, min_rise=0.3)
+    # 20% and 80% of the rise are crossed at centre -/+ width * ln 4 = 717 and 883
+    assert (window.start_step, window.end_step) == (700, 900)
+    assert window.mid_step in (800, 850)  # the steepest interval is 750-800 or 800-850
+    assert window.base == pytest.approx(values[0]) and window.peak == pytest.approx(values[-1])
+    assert window.widened(1, STEPS) == (650, 950) and window.contains(950, 1, STEPS)
+
+
+def test_rise_window_finds_nothing_in_a_flat_or_noisy_curve():
+    rng = np.random.default_rng(0)
+    flat = 0.03 + 0.02 * rng.random(len(STEPS))
+    assert phase_change.rise_window(STEPS, flat, min_rise=0.3) is None
+    slow = sigmoid(STEPS, 800, 60, high=0.2)  # a real but small rise
+    assert phase_change.rise_window(STEPS, slow, min_rise=0.3) is None
+    assert phase_change.rise_window(STEPS, slow, min_rise=0.1) is not None
+
+
+def test_rise_window_ignores_a_later_decline():
+    values = sigmoid(STEPS, 500, 40)
+    values[-10:] -= 0.2  # the score fades after forming: the window is still the rise
+    window = phase_change.rise_window(STEPS, values, min_rise=0.3)
+    assert 400 <= window.start_step < 500 < window.end_step <= 600
+
+
+def test_fastest_drop_and_loss_bump_on_a_power_law_with_a_drop():
+    tokens = [s * 4096 for s in STEPS]
+    t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    smooth = 3.0 + 40 * t ** -0.3
+    assert phase_change.fastest_drop(STEPS, -sigmoid(STEPS, 1200, 30))[:2] in (
+        (1150, 1200), (1200, 1250))
+    no_bump = phase_change.loss_bump(STEPS, tokens, smooth, 1100, 1300)
+    assert not no_bump.present and no_bump.rate_in < no_bump.rate_before
+    bumped = smooth - 0.3 * (sigmoid(STEPS, 1200, 30, low=0, high=1))
+    bump = phase_change.loss_bump(STEPS, tokens, bumped, 1100, 1300)
+    assert bump.present and bump.step in (1200, 1250) and bump.ratio > 2
+    rates = phase_change.descent_rates(tokens, smooth)
+    assert math.isnan(rates[0]) and np.all(np.diff(rates[1:]) < 0)  # power law: slowing
+
+
+# ---- the experiment end to end, tiny ---------------------------------------------------------
+
+def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(f"{i}: {t}" for i, t in enumerate(TEXT * 3)))
+    overrides = {"sources": (), "text_files": (str(text),), "vocab_size": 320, "d_model": 16,
+                 "n_heads": 2, "n_ctx": 48, "steps": 6, "checkpoint_every": 3,
+                 "batch_size": 4, "warmup_steps": 2, "heldout_windows": 4, "icl_early": 5,
+                 "icl_late": 44, "n_repeat_prompts": 3, "repeat_len": 10, "pattern_len": 6,
+                 "n_boot": 20}
+    run = run_experiment("induction-formation", None, overrides)
+    assert run.status == "complete" and run.meta["model"] is None
+    curve = run.table("training_curve")
+    assert sorted(set(curve.step)) == [0, 3, 6] and set(curve.model) == {"L1", "L2"}
+    assert curve.tokens.max() == 6 * 4 * 48
+    assert curve.train_loss.isna().sum() == 2  # step 0 has trained on nothing yet
+    scores = run.table("head_scores")
+    assert {"step", "layer", "head", "metric", "score", "null"} <= set(scores.columns)
+    assert len(scores) == 3 * 2 * (1 + 2) * 2  # steps x metrics x layers x heads
+    assert set(run.table("phase_change").model) == {"L1", "L2"}
+    patterns = run.table("checkpoint_patterns")
+    n_tokens = len(run.table("pattern_tokens"))
+    one = patterns[(patterns.model == "L2") & (patterns.step == 6) & (patterns.layer == 1)
+                   & (patterns["head"] == 0)]
+    assert len(one) == n_tokens * (n_tokens + 1) // 2
+    assert np.allclose(one.groupby("query").weight.sum(), 1, atol=1e-5)
+    table = run.table("checkpoints")
+    assert len(table) == 6 and len(run.table("composition")) == 2
+    model = load_model(table.name.iloc[-1])
+    assert model.info.name == f"{run.id}/L2:6"
+    from workbench.claims import CHECKS
+
+    measured = CHECKS.get("formation_no_induction")(run, n_layers=1)
+    assert "L1: max induction" in measured.measured
+    assert CHECKS.get("formation_coincide")(run, n_layers=2).passed is False
