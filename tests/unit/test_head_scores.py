@@ -10,7 +10,12 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from experiments.induction_heads import choose_ablation, random_same_layer, repeat_losses
+from experiments.induction_heads import (
+    choose_ablation,
+    icl_rows,
+    random_same_layer,
+    repeat_losses,
+)
 from workbench import scores
 from workbench.heads import copying_scores, top_heads
 from workbench.prompts import Prompt
@@ -147,6 +152,16 @@ def test_repeat_losses_index_the_right_tokens():
     loss = torch.tensor([9.0, 1.0, 2.0, 9.0, 3.0, 5.0])
     out = repeat_losses([loss], seq_len, repeats)
     assert out.tolist() == [[1.5, 4.0]]  # each repeat's first token is left out
+
+
+def test_icl_scores_read_positions_50_and_500():
+    # the loss on the token at position t is t / 100 (entry t - 1 of each vector)
+    losses = np.tile(np.arange(1, 512) / 100, (3, 1))
+    losses[1, 500 - 1] += 3.0  # a spike at position 500 of one prompt
+    rows = icl_rows(losses, 10, n_boot=50, seed=0).set_index("metric")
+    assert rows.value["icl_score"] == pytest.approx(4.5 + 1.0)
+    assert rows.value["icl_score_window"] == pytest.approx(4.5 + 1.0 / 21)
+    assert rows.loss_at_50["icl_score"] == pytest.approx(0.5)
 
 
 def test_ablation_choices():
