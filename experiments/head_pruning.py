@@ -31,11 +31,13 @@ Definitions (``workbench.importance`` implements the estimators):
 - **Degradation** ``D``, what importance is about: the next-token loss (causal LM) or
   ``1 - cos(e_pruned, e_full)`` (encoder) on the fit text.
 - **Ablation importance** of head ``h`` at mask ``xi``: ``D(xi without h) - D(xi)`` on the
-  first ``ablation_tokens`` of the fit text, one forward pass per remaining head.
+  first ``ablation_tokens`` of the fit text, one forward pass per remaining head
+  (``ablation_tokens=0`` skips it unless it orders pruning).
 - **Gradient importance** (Michel et al., eq. 2): ``I_h = E_x |dL(x)/dxi_h|``, the absolute
   value taken per example (``accumulate=example``; ``batch`` takes it per batch as in the
   authors' code, which lets opposite-signed examples cancel), normalised per layer by the
-  L2 norm over the remaining heads before heads are ranked globally. For a causal LM,
+  L2 norm over the remaining heads before heads are ranked globally (``normalize=false``
+  ranks by the raw value; ``importance_gradient_raw`` in the tables). For a causal LM,
   ``L(x)`` is the example's mean next-token loss. For the encoder, ``D = 1 - cos`` has a
   zero gradient at the unpruned mask (it is at its minimum there), so Michel's ``|dD/dxi|``
   is uninformative; and a masked-LM loss does not exist (the head is random). We use
@@ -119,9 +121,10 @@ KINDS: tuple[ImportanceKind, ...] = ("gradient", "ablation")
 KIND_EXPERIMENTS = ("previous-token-heads", "induction-heads", "attention-sinks")
 LOSS_METRICS = ("heldout_loss", "second_repeat_loss")
 SIMILARITY = "cosine_similarity"
-DEMO = {"fit_tokens": 512, "ablation_tokens": 128, "eval_tokens": 768, "repeat_prompts": 4,
-        "repeat_len": 24, "importance": ("gradient",), "max_fraction": 0.5, "probes": 4,
-        "speed_repeats": 2, "n_boot": 200}
+DEMO = {"chunk_tokens": 64, "fit_tokens": 512, "ablation_tokens": 64, "eval_tokens": 512,
+        "repeat_prompts": 4, "repeat_len": 24, "importance": ("gradient",),
+        "max_fraction": 0.3, "probes": 4, "budgets": (0.1, 0.3), "speed_repeats": 1,
+        "n_boot": 200}
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,8 @@ class Config:
     fit_tokens: int = field(default=2048, metadata={
         "help": "tokens of fit text for gradient importance (never used for evaluation)"})
     ablation_tokens: int = field(default=512, metadata={
-        "help": "tokens of the fit text for ablation importance (a forward pass per head)"})
+        "help": "tokens of the fit text for ablation importance (a forward pass per head; "
+                "0 skips it)"})
     eval_tokens: int = field(default=4096, metadata={
         "help": "tokens of held-out text for the evaluation metric"})
     chunk_tokens: int = field(default=128, metadata={
@@ -149,6 +153,8 @@ class Config:
         "help": "stop once this fraction of all heads is removed"})
     ablation: Ablation = field(default="zero", metadata={
         "help": "what a removed head becomes: zero, or its mean output on the fit text"})
+    normalize: bool = field(default=True, metadata={
+        "help": "rank by gradient importance normalised per layer (Michel et al.) or raw"})
     accumulate: Accumulation = field(default="example", metadata={
         "help": "gradient importance: |dL/dxi| per example (Michel's definition) or per batch"})
     probes: int = field(default=8, metadata={
@@ -170,13 +176,16 @@ class Config:
     def __post_init__(self) -> None:
         object.__setattr__(self, "importance", tuple(self.importance))
         object.__setattr__(self, "budgets", tuple(float(b) for b in self.budgets))
-        positive = ("fit_tokens", "ablation_tokens", "eval_tokens", "chunk_tokens",
-                    "repeat_prompts", "repeat_len", "probes", "batch_tokens", "n_boot", "top_k")
+        positive = ("fit_tokens", "eval_tokens", "chunk_tokens", "repeat_prompts",
+                    "repeat_len", "probes", "batch_tokens", "n_boot", "top_k")
         if any(getattr(self, name) < 1 for name in positive):
             raise ValueError(f"{', '.join(positive)} must be positive")
-        if min(self.fit_tokens, self.ablation_tokens, self.eval_tokens) < self.chunk_tokens:
-            raise ValueError("fit_tokens, ablation_tokens and eval_tokens must each be at "
-                             "least chunk_tokens")
+        if min(self.fit_tokens, self.ablation_tokens or self.chunk_tokens,
+               self.eval_tokens) < self.chunk_tokens:
+            raise ValueError("fit_tokens, ablation_tokens (unless 0) and eval_tokens must "
+                             "each be at least chunk_tokens")
+        if "ablation" in self.importance and self.ablation_tokens == 0:
+            raise ValueError("ablation importance orders pruning, so ablation_tokens > 0")
         if self.ablation_tokens > self.fit_tokens:
             raise ValueError("ablation_tokens is a part of the fit text: at most fit_tokens")
         if not self.importance or len(set(self.importance)) != len(self.importance) or any(
@@ -470,8 +479,12 @@ class Pruner:
         return gradient_importance(grads, accumulate=self.cfg.accumulate, batch_size=batch)
 
     def gradient_score(self, grads: Tensor, values: Tensor) -> Tensor:
-        """The raw gradient importance normalised per layer over the kept heads."""
-        return normalize_by_layer(self.raw_gradient(grads), keep=values != 0)
+        """The raw gradient importance, normalised per layer over the kept heads unless
+        ``normalize`` is off (removed heads are NaN either way)."""
+        raw = self.raw_gradient(grads)
+        if self.cfg.normalize:
+            return normalize_by_layer(raw, keep=values != 0)
+        return torch.where(values != 0, raw, torch.full_like(raw, float("nan")))
 
     def score(self, kind: ImportanceKind, values: Float[Tensor, "layer head_index"]
               ) -> Float[Tensor, "layer head_index"]:
@@ -485,26 +498,32 @@ class Pruner:
         return self._scores[key]
 
     def head_scores(self) -> pd.DataFrame:
-        """Both importances of every head of the unpruned model, with 95% intervals."""
+        """Both importances of every head of the unpruned model, with 95% intervals.
+
+        ``importance_gradient`` is always normalised per layer (Michel et al.'s score);
+        ``normalize`` only decides which of the two ranks heads for pruning.
+        """
         full = torch.ones(self.model.info.n_layers, self.model.info.n_heads)
         key = full.numpy().tobytes()
         grads = self.gradients(full)
         self._scores[("gradient", key)] = self.gradient_score(grads, full)
-        diffs = self.ablations(full)
-        self._scores[("ablation", key)] = diffs.mean(0)
+        raw = self.raw_gradient(grads)
         per_example = grads.abs().mean(1).numpy()  # [example, layer, head]
         boot = {"n_boot": self.cfg.n_boot, "seed": self.cfg.seed}
         frames = [
-            _score_frame("importance_gradient", self._scores[("gradient", key)].numpy(),
+            _score_frame("importance_gradient", normalize_by_layer(raw).numpy(),
                          *_normalized_ci(per_example, **boot), len(per_example)),
-            _score_frame("importance_gradient_raw", self.raw_gradient(grads).numpy(),
+            _score_frame("importance_gradient_raw", raw.numpy(),
                          *bootstrap_mean_ci(per_example, **boot), len(per_example)),
-            _score_frame("importance_ablation", diffs.mean(0).numpy(),
-                         *bootstrap_mean_ci(diffs.numpy(), **boot), len(diffs)),
         ]
         if self.cfg.accumulate == "batch":  # the per-example intervals do not apply
-            for frame in frames[:2]:
+            for frame in frames:
                 frame[["ci_low", "ci_high"]] = np.nan
+        if self.cfg.ablation_tokens:
+            diffs = self.ablations(full)
+            self._scores[("ablation", key)] = diffs.mean(0)
+            frames.append(_score_frame("importance_ablation", diffs.mean(0).numpy(),
+                                       *bootstrap_mean_ci(diffs.numpy(), **boot), len(diffs)))
         return pd.concat(frames, ignore_index=True)
 
 
@@ -996,14 +1015,18 @@ class Result:
                 + ", ".join(parts))
 
     def _importance_lines(self) -> list[str]:
-        lines = []
-        for metric in ("importance_gradient", "importance_ablation"):
-            lines.append(f"{metric}: least {_heads(self.head_scores, metric, 3, False)}; "
-                         f"most {_heads(self.head_scores, metric, 3, True)}")
-        wide = self.head_scores.pivot_table(index=["layer", "head"], columns="metric",
-                                            values="score")
-        rho = spearman(wide.importance_gradient, wide.importance_ablation)
-        lines.append(f"Spearman correlation of gradient and ablation importance: {rho:.2f}")
+        present = set(self.head_scores.metric)
+        lines = [f"{metric}: least {_heads(self.head_scores, metric, 3, False)}; "
+                 f"most {_heads(self.head_scores, metric, 3, True)}"
+                 for metric in ("importance_gradient", "importance_ablation")
+                 if metric in present]
+        if "importance_ablation" in present:
+            wide = self.head_scores.pivot_table(index=["layer", "head"], columns="metric",
+                                                values="score")
+            lines.append("Spearman correlation with ablation importance: gradient "
+                         f"{spearman(wide.importance_gradient, wide.importance_ablation):.2f}"
+                         ", unnormalised gradient "
+                         f"{spearman(wide.importance_gradient_raw, wide.importance_ablation):.2f}")
         return lines
 
     def _survival_lines(self) -> list[str]:
@@ -1090,7 +1113,8 @@ def prunable_fraction_at_least(run: Run, *, order: str, metric: str, tolerance: 
               for _, g in curve[curve.order == "random"].groupby("seed")]
     tail = f"; random orders {np.mean(random):.0%}" if random else ""
     reached = mine.fraction_pruned.max()
-    cap = " (all the run pruned)" if found >= reached else ""
+    cap = (" (as far as the run pruned: it cannot decide more)"
+           if found >= reached and fraction > reached else "")
     return Measurement(f"{found:.0%} of heads{cap} pruned in the {order} order before "
                        f"{metric} degraded by more than {tolerance:g}{tail} "
                        f"(needed {fraction:.0%})", bool(found >= fraction - 1e-9), found)

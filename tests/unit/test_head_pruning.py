@@ -335,7 +335,10 @@ def test_claim_checks_read_the_curves(llama_run):
     assert "25%:" in beats.measured
     frac = hp.prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
                                          tolerance=0.5, fraction=0.5)
-    assert frac.passed and frac.value == 0.75 and "all the run pruned" in frac.measured
+    assert frac.passed and frac.value == 0.75
+    more = hp.prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
+                                         tolerance=0.5, fraction=0.9)
+    assert not more.passed and "cannot decide" in more.measured
 
 
 def test_encoder_run(bert, tmp_path):
@@ -388,3 +391,22 @@ def test_config_parses_from_the_command_line_form():
     cfg = apply_overrides(hp.Config, ["importance=ablation,gradient", "budgets=0.2,0.4"])
     assert cfg.importance == ("ablation", "gradient") and cfg.budgets == (0.2, 0.4)
     assert json.loads(json.dumps(hp.DEMO, default=list))["importance"] == ["gradient"]
+
+
+def test_unnormalised_ranking_and_skipping_ablation(llama, tmp_path):
+    cfg = hp.Config(**{**SMALL, "normalize": False, "ablation_tokens": 0,
+                       "importance": ("gradient",)})
+    objective = hp.make_objective(llama, cfg)
+    pruner = hp.Pruner(llama, objective, cfg)
+    values = torch.ones(2, 4)
+    values[0, 1] = 0
+    grads = mask_gradients(llama, objective.fit, objective.example_loss, values)
+    score = pruner.score("gradient", values)
+    raw = grads.abs().mean((0, 1))
+    assert torch.isnan(score[0, 1])
+    keep = values != 0
+    torch.testing.assert_close(score[keep], raw[keep])
+    scores = pruner.head_scores()
+    assert set(scores.metric) == {"importance_gradient", "importance_gradient_raw"}
+    with pytest.raises(ValueError, match="ablation_tokens > 0"):
+        hp.Config(ablation_tokens=0)
