@@ -541,14 +541,23 @@ def top_receivers(per_prompt: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize_inputs(per_prompt: pd.DataFrame, cfg: Config) -> pd.DataFrame:
-    """Mean over prompts with bootstrap intervals, per input and (layer, head, metric)."""
+    """Mean over prompts with bootstrap intervals, per input and (layer, head, metric).
+
+    One metric at a time: the bootstrap holds ``n_boot x prompts x heads`` numbers, and
+    with every metric at once that is gigabytes. The resamples depend only on the seed and
+    the number of prompts, so the intervals are the same either way.
+    """
     numeric = per_prompt[~per_prompt.metric.isin(CATEGORICAL)]
     frames = []
-    for name, df in numeric.groupby("input", sort=False):
+    for (name, _), df in numeric.groupby(["input", "metric"], sort=False):
         out = summarize(df.drop(columns="input"), n_boot=cfg.n_boot, seed=cfg.seed)
         out.insert(0, "input", name)
         frames.append(out)
-    return pd.concat(frames, ignore_index=True)
+    keys = ["input", "layer", "head", "metric"]
+    order = {name: i for i, name in enumerate(numeric.input.unique())}
+    out = pd.concat(frames, ignore_index=True)
+    return out.sort_values(keys, key=lambda c: c.map(order) if c.name == "input" else c,
+                           ignore_index=True)
 
 
 def massive_by_layer(resid: pd.DataFrame) -> pd.DataFrame:
