@@ -296,9 +296,9 @@ class CausalObjective:
                 "second_repeat_loss": np.array(
                     [t[first: first + self.repeat_len - 1].mean().item() for t in rep])}
 
-    def degradation(self, model: Model) -> Float[Tensor, " example"]:
-        losses = token_losses(model, self.ablation_fit, max_batch_tokens=self.batch_tokens)
-        return torch.stack([t.mean() for t in losses])
+    def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
+        """Each row's mean next-token loss."""
+        return self.example_loss(model, batch)[:, 0]
 
     def example_loss(self, model: Model, batch: Batch) -> Float[Tensor, "batch 1"]:
         logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
@@ -325,10 +325,11 @@ class EncoderObjective:
         emb = sentence_embeddings(model, self.heldout, max_batch_tokens=self.batch_tokens)
         return {SIMILARITY: F.cosine_similarity(emb, self.reference_heldout, dim=-1).numpy()}
 
-    def degradation(self, model: Model) -> Float[Tensor, " example"]:
-        emb = sentence_embeddings(model, self.ablation_fit, max_batch_tokens=self.batch_tokens)
-        reference = self.reference_fit[: len(self.ablation_fit)]
-        return 1 - F.cosine_similarity(emb, reference, dim=-1)
+    def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
+        """One minus each row's cosine similarity to the unpruned embedding (the ablation
+        sentences are the first fit sentences, so ``batch.indices`` index both)."""
+        pooled = _pooled(model, batch).float()
+        return 1 - F.cosine_similarity(pooled, self.reference_fit[batch.indices], dim=-1)
 
     def example_loss(self, model: Model, batch: Batch) -> Float[Tensor, "batch probe"]:
         unit = F.normalize(_pooled(model, batch).float(), dim=-1)  # u = e / |e|
@@ -469,8 +470,9 @@ class Pruner:
 
     def ablations(self, values: Float[Tensor, "layer head_index"]
                   ) -> Float[Tensor, "example layer head_index"]:
-        return ablation_importance(self.model, self.head_mask(values),
-                                   self.objective.degradation, means=self.means)
+        return ablation_importance(self.model, self.objective.ablation_fit,
+                                   self.objective.row_degradation, self.head_mask(values),
+                                   means=self.means, max_batch_tokens=self.cfg.batch_tokens)
 
     def raw_gradient(self, grads: Tensor) -> Float[Tensor, "layer head_index"]:
         """Michel et al.'s ``E|dL/dxi|`` (``accumulate=batch``: per batch of

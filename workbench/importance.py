@@ -17,7 +17,8 @@ Two estimators over a head mask ``xi[layer, head]`` (see :mod:`workbench.interve
   ``sum_pos <dL/dz'_h, z_h - mean_h>`` for mean ablation.
 - **Ablation importance**: ``D(mask without h) - D(mask)``, the change of a degradation
   ``D`` (a loss, or one minus a similarity) when head ``h`` alone is removed from the
-  current mask; one forward pass per remaining head (:func:`ablation_importance`).
+  current mask; the model is evaluated once per remaining head, several heads to a
+  forward pass (:func:`ablation_importance`).
 
 Michel et al. normalise gradient importance per layer by the L2 norm before ranking
 heads globally (:func:`normalize_by_layer`).
@@ -37,7 +38,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from workbench import hooks, progress
-from workbench.interventions import HeadMask, applied
+from workbench.interventions import HeadMask
 from workbench.models import Model
 from workbench.prompts import Batch, Prompt, make_batches
 
@@ -45,8 +46,10 @@ Accumulation = Literal["example", "batch"]
 ExampleLoss = Callable[[Model, Batch], Float[Tensor, "batch output"]]
 """``fn(model, batch)`` runs the forward pass (hooks active) and returns one or more
 differentiable losses per example of the batch."""
-Degradation = Callable[[Model], Float[Tensor, " example"]]
-"""``fn(model)`` evaluates the model (hooks active) and returns a degradation per example."""
+RowDegradation = Callable[[Model, Batch], Float[Tensor, " batch"]]
+"""``fn(model, batch)`` runs the forward pass (hooks active) and returns a degradation
+(a loss, one minus a similarity) per row of the batch; ``batch.indices`` says which
+example each row is."""
 
 
 def per_example_mask_hooks(xi: Float[Tensor, "batch layer head_index"],
@@ -137,21 +140,53 @@ def normalize_by_layer(importance: Float[Tensor, "layer head_index"],
     return torch.where(keep, out, torch.full_like(out, float("nan")))
 
 
-def ablation_importance(model: Model, mask: HeadMask, degradation: Degradation, *,
+def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: RowDegradation,
+                        mask: HeadMask, *,
                         means: Float[Tensor, "layer head_index d_head"] | None = None,
-                        desc: str = "ablation importance"
+                        max_batch_tokens: int = 1024, desc: str = "ablation importance"
                         ) -> Float[Tensor, "example layer head_index"]:
     """Per-example ``D(mask without h) - D(mask)`` for every head ``h`` still in ``mask``.
 
-    Heads already removed get NaN. One evaluation of ``degradation`` per remaining head.
+    Heads already removed get NaN. Each batch of prompts is repeated once per candidate
+    mask (the current one, and one per head removed from it) in a single forward pass of
+    at most ``max_batch_tokens`` tokens, with :func:`per_example_mask_hooks` giving every
+    copy its own mask: the same numbers as one pass per head, with less overhead per pass.
+
+    Args:
+        model: the model.
+        prompts: the examples.
+        degradation: see :data:`RowDegradation`.
+        mask: the current mask (its ablation kind decides zero or mean ablation).
+        means: per-head means, for a ``mean`` mask.
+        max_batch_tokens: tokens per forward pass, copies included.
     """
-    with applied(model, mask, means=means):
-        base = degradation(model)
     n_layers, n_heads = mask.shape
-    out = torch.full((len(base), n_layers, n_heads), float("nan"))
     remaining = [(layer, head) for layer in range(n_layers) for head in range(n_heads)
                  if mask.values[layer, head] != 0]
-    for layer, head in progress.track(remaining, desc=desc):
-        with applied(model, mask.without([(layer, head)]), means=means):
-            out[:, layer, head] = degradation(model) - base
-    return out
+    candidates = [mask.values.float()] + [mask.without([h]).values.float() for h in remaining]
+    means = means if mask.ablation == "mean" else None
+    encoded = [model.encode(p) for p in prompts]
+    pad = model.tokenizer.pad_token_id or 0
+    values = torch.full((len(candidates), len(prompts)), float("nan"))
+    with torch.inference_mode():
+        for batch in make_batches(encoded, pad_id=pad, max_tokens=max_batch_tokens):
+            per_pass = max(1, max_batch_tokens // batch.input_ids.numel())
+            groups = range(0, len(candidates), per_pass)
+            for start in progress.track(groups, desc=desc):
+                group = torch.stack(candidates[start: start + per_pass])  # [K, L, H]
+                rows = _repeat(batch, len(group))
+                xi = group.repeat_interleave(len(batch.indices), dim=0)  # [K*B, L, H]
+                with model.bridge.hooks(fwd_hooks=per_example_mask_hooks(xi, means)):
+                    out = degradation(model, rows).float().reshape(len(group), -1)
+                values[start: start + len(group), batch.indices] = out
+    diffs = torch.full((len(prompts), n_layers, n_heads), float("nan"))
+    for i, (layer, head) in enumerate(remaining):
+        diffs[:, layer, head] = values[i + 1] - values[0]
+    return diffs
+
+
+def _repeat(batch: Batch, copies: int) -> Batch:
+    """``copies`` copies of a batch stacked along the batch axis (copy-major)."""
+    return Batch(batch.input_ids.repeat(copies, 1), batch.attention_mask.repeat(copies, 1),
+                 None if batch.token_type_ids is None else batch.token_type_ids.repeat(copies, 1),
+                 batch.lengths * copies, batch.indices * copies)

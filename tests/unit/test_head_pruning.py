@@ -20,7 +20,7 @@ from workbench.importance import (
     mask_gradients,
     normalize_by_layer,
 )
-from workbench.interventions import HeadMask, applied, mask_hooks
+from workbench.interventions import HeadMask, applied, head_means, mask_hooks
 from workbench.losses import token_losses
 from workbench.prompts import Prompt
 from workbench.runs import RunStore
@@ -148,14 +148,18 @@ def test_normalize_by_layer():
 
 # ---- ablation importance ---------------------------------------------------------------------
 
-def test_ablation_importance_is_the_loss_change_of_a_hand_made_mask(llama):
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_ablation_importance_is_the_loss_change_of_a_hand_made_mask(llama, ablation):
     objective = causal_objective(llama)
-    start = HeadMask.for_model(llama).without([(0, 3)])
-    diffs = ablation_importance(llama, start, objective.degradation)
+    means = head_means(llama, PROMPTS) if ablation == "mean" else None
+    start = HeadMask.for_model(llama, ablation=ablation).without([(0, 3)])
+    # 64 tokens per pass: several heads share a forward pass, and the batch is split
+    diffs = ablation_importance(llama, PROMPTS[:2], objective.row_degradation, start,
+                                means=means, max_batch_tokens=64)
     assert diffs.shape == (2, 2, 4) and torch.isnan(diffs[:, 0, 3]).all()
 
     def mean_losses(mask):
-        with applied(llama, mask):
+        with applied(llama, mask, means=means):
             return torch.stack([t.mean() for t in token_losses(llama, PROMPTS[:2])])
 
     by_hand = mean_losses(start.without([(1, 2)])) - mean_losses(start)
@@ -164,7 +168,8 @@ def test_ablation_importance_is_the_loss_change_of_a_hand_made_mask(llama):
 
 def test_encoder_ablation_importance_is_one_minus_cosine(bert):
     objective = encoder_objective(bert)
-    diffs = ablation_importance(bert, HeadMask.for_model(bert), objective.degradation)
+    diffs = ablation_importance(bert, PROMPTS[:2], objective.row_degradation,
+                                HeadMask.for_model(bert))
     with applied(bert, HeadMask.for_model(bert).without([(1, 1)])):
         emb = hp.sentence_embeddings(bert, PROMPTS[:2])
     ref = hp.sentence_embeddings(bert, PROMPTS[:2])
