@@ -21,8 +21,8 @@ from workbench.reductions import reduce_patterns
 from workbench.runs import RunStore
 from workbench.streaming import Visibility, windowed_losses
 
-SMALL = {"n_prompts": 4, "seq_len": 32, "stream_tokens": 320, "window": 64, "n_sinks": 4,
-         "sink_sweep": (1,), "chunk": 128, "recompute_stride": 32, "n_massive_prompts": 2,
+SMALL = {"n_prompts": 4, "seq_len": 32, "stream_tokens": 200, "window": 48, "n_sinks": 4,
+         "sink_sweep": (1,), "chunk": 256, "recompute_stride": 38, "n_massive_prompts": 2,
          "n_boot": 100}
 
 
@@ -102,7 +102,8 @@ def test_small_run_on_smollm2_from_python(smollm2, runs_dir):
     assert rates.loc["repeated_no_bos", "n_heads"] == 270
     assert run.table("repeated_token_check").relative_deviation.max() < 1e-4
     stream = run.table("streaming_perplexity").set_index("label")
-    assert list(stream.index) == ["dense", "0+64", "1+63", "4+60", "recompute 64"]
+    assert list(stream.index) == ["dense", "0+48", "1+47", "4+44", "recompute 48"]
+    assert stream.loc["recompute 48", "n_matched"] == len(range(48, 199, 38))
     assert stream.ppl_matched.between(1, 1e4).all()
     scores = run.table("input_scores")
     no_bos = scores[scores.input == "natural_no_bos"].set_index(["layer", "head", "metric"])
