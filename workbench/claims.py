@@ -267,7 +267,7 @@ def max_score_at_least(run: Run, *, metric: str, threshold: float) -> Measuremen
     """The best head's ``metric`` is at least ``threshold``."""
     top = _head_scores(run, metric).iloc[0]
     ci = f" [{top.ci_low:.2f}, {top.ci_high:.2f}]" if "ci_low" in top else ""
-    return Measurement(f"max {metric} = {top.score:.3f}{ci} at L{top.layer}H{top.head} "
+    return Measurement(f"max {metric} = {top.score:.3f}{ci} at L{top.layer}H{top['head']} "
                        f"(threshold {threshold})", bool(top.score >= threshold),
                        float(top.score))
 

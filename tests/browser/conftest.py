@@ -74,7 +74,7 @@ def choose(page, dropdown_id: str, option: str) -> None:
         has=page.get_by_text(option, exact=True)).first.click()
 
 
-def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = 20) -> dict:
+def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = 45) -> dict:
     """The Plotly figure (data and layout) rendered in ``graph_id``, once its title matches."""
     script = """([id, want]) => {
         const el = document.querySelector(`#${id} .js-plotly-plot`);

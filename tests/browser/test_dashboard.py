@@ -85,6 +85,9 @@ def test_runs_page_filters_and_opens_a_run(page, served):
     page.wait_for_selector("#runs-detail h3")
     assert overview.id in page.inner_text("#runs-detail")
     choose(page, "runs-experiment", "record")
+    page.wait_for_function(  # the filtered table has replaced the previous one
+        "() => document.querySelectorAll('#runs-table tbody tr').length === 2 && "
+        f"document.querySelector('#runs-table').innerText.includes('{run.id}')")
     page.locator("#runs-table input[type=radio]").first.check()
     page.get_by_text("open in Recording").click()
     page.wait_for_url(f"**/recording?run={run.id}")

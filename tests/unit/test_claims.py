@@ -91,8 +91,9 @@ class _Constant:
     value: float
 
     def tables(self):
-        return {"head_scores": pd.DataFrame({"layer": [0], "head": [0], "metric": ["m"],
-                                             "score": [self.value]})}
+        return {"head_scores": pd.DataFrame({"layer": [0, 1], "head": [2, 3],
+                                             "metric": ["m", "m"],
+                                             "score": [self.value, self.value / 2]})}
 
     def summary(self):
         return [f"value {self.value}"]
@@ -119,6 +120,7 @@ def test_model_free_claims_run_once_without_a_model(tmp_path):
     assert dict(zip(table.claim, table.verdict, strict=True)) == {"free-pass": "pass",
                                                                 "free-fail": "fail"}
     assert set(table.model) == {"-"} and (table.run != "").all()
+    assert "m = 0.700 at L0H2 (threshold 0.5)" in table.measured.iloc[0]
     run = RunStore(tmp_path / "runs").get(table.run.iloc[0])
     assert run.meta["model"] is None and run.config == {"value": 0.7}
     # a second reproduce reuses the runs; naming a model skips the model-free claims
