@@ -83,3 +83,16 @@ def save_folder(hf_model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast,
     hf_model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+def cli(capsys, *args: str) -> tuple[int, list[str], str]:
+    """Run the CLI in-process; return (exit status, stdout lines, stderr)."""
+    from workbench.cli import main
+
+    try:
+        main(["--quiet", *args])
+        status = 0
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out.strip().splitlines(), err

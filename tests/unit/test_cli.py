@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cli import main
+from tests.tiny import cli
 from workbench.recording import Recording
 from workbench.runs import RunStore
-
-
-def cli(capsys, *args):
-    """Run the CLI; return (exit status, stdout lines, stderr)."""
-    try:
-        main(["--quiet", *args])
-        status = 0
-    except SystemExit as exc:
-        status = exc.code
-    out, err = capsys.readouterr()
-    return status, out.strip().splitlines(), err
 
 
 @pytest.mark.parametrize("args, message", [

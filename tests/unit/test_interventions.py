@@ -145,19 +145,6 @@ def test_save_load_and_shape_checks(llama, bert, tmp_path):
     assert copy.deepcopy(mask).removed() == mask.removed()
 
 
-def _cli(capsys, *args):
-    """Run the CLI; return (exit status, stdout lines, stderr)."""
-    from workbench.cli import main
-
-    try:
-        main(["--quiet", *args])
-        status = 0
-    except SystemExit as exc:
-        status = exc.code
-    out, err = capsys.readouterr()
-    return status, out.strip().splitlines(), err
-
-
 def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path):
     """--heads-mask on record and run: stored with the run, and it acts from the masked
     head's layer on (layer 0 patterns unchanged, layer 1 patterns changed)."""
@@ -169,8 +156,8 @@ def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path
     mask = HeadMask.ones(2, 4, model="tiny-llama").without([(0, 1), (0, 2)])
     path = mask.save(tmp_path / "mask.json")
     text = ["--text", "the cat sat on the mat and the dog sat on the rug"]
-    plain = Recording.open(_cli(capsys, "record", str(llama_folder), *text)[1][-1])
-    status, out, _ = _cli(capsys, "record", str(llama_folder), *text, "--heads-mask", str(path))
+    plain = Recording.open(tiny.cli(capsys, "record", str(llama_folder), *text)[1][-1])
+    status, out, _ = tiny.cli(capsys, "record", str(llama_folder), *text, "--heads-mask", str(path))
     assert status == 0
     masked = Recording.open(out[-1])
     run = RunStore(runs_dir).get(out[-1])
@@ -179,8 +166,8 @@ def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path
     assert not np.allclose(masked.pattern(0, 1), plain.pattern(0, 1), atol=1e-3)
 
     args = ["run", "head-overview", "--model", str(llama_folder), "--set", "n_boot=20"]
-    base = RunStore(runs_dir).get(_cli(capsys, *args)[1][-1]).table("head_scores")
-    status, out, _ = _cli(capsys, *args, "--heads-mask", str(path))
+    base = RunStore(runs_dir).get(tiny.cli(capsys, *args)[1][-1]).table("head_scores")
+    status, out, _ = tiny.cli(capsys, *args, "--heads-mask", str(path))
     assert status == 0
     run = RunStore(runs_dir).get(out[-1])
     assert run.meta["interventions"]["heads_mask"]["ablation"] == "zero"
@@ -193,8 +180,8 @@ def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path
 
     n_runs = len(RunStore(runs_dir).runs())
     HeadMask.ones(3, 4).save(tmp_path / "wrong.json")
-    status, _, err = _cli(capsys, *args, "--heads-mask", str(tmp_path / "wrong.json"))
+    status, _, err = tiny.cli(capsys, *args, "--heads-mask", str(tmp_path / "wrong.json"))
     assert status == 2 and "head mask is 3 layers x 4 heads" in err
-    status, _, err = _cli(capsys, *args, "--heads-mask", str(tmp_path / "missing.json"))
+    status, _, err = tiny.cli(capsys, *args, "--heads-mask", str(tmp_path / "missing.json"))
     assert status == 2 and "cannot read head mask" in err
     assert len(RunStore(runs_dir).runs()) == n_runs  # bad masks create no run
