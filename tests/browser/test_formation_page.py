@@ -22,8 +22,8 @@ def served(tmp_path_factory):
     overrides = {"sources": (), "text_files": (str(text),), "vocab_size": 320, "d_model": 16,
                  "n_heads": 2, "n_ctx": 40, "steps": 8, "checkpoint_every": 4,
                  "batch_size": 4, "warmup_steps": 2, "lr": 0.03, "heldout_windows": 4,
-                 "icl_early": 5, "icl_late": 36, "n_repeat_prompts": 3, "repeat_len": 8,
-                 "pattern_len": 6, "n_boot": 20, "composition": False}
+                 "icl_early": 5, "icl_late": 36, "icl_band": 2, "n_repeat_prompts": 3,
+                 "repeat_len": 8, "pattern_len": 6, "n_boot": 20, "composition": False}
     run = run_experiment("induction-formation", None, overrides, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run

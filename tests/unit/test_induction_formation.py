@@ -275,8 +275,8 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     overrides = {"sources": (), "text_files": (str(text),), "vocab_size": 320, "d_model": 16,
                  "n_heads": 2, "n_ctx": 48, "steps": 6, "checkpoint_every": 3,
                  "batch_size": 4, "warmup_steps": 2, "heldout_windows": 4, "icl_early": 5,
-                 "icl_late": 44, "n_repeat_prompts": 3, "repeat_len": 10, "pattern_len": 6,
-                 "n_boot": 20}
+                 "icl_band": 2, "icl_late": 44, "n_repeat_prompts": 3, "repeat_len": 10,
+                 "pattern_len": 6, "n_boot": 20}
     run = run_experiment("induction-formation", None, overrides)
     assert run.status == "complete" and run.meta["model"] is None
     curve = run.table("training_curve")
