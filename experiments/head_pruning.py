@@ -108,7 +108,7 @@ from workbench.importance import (
     normalize_by_layer,
 )
 from workbench.interventions import Ablation, HeadMask, applied, head_means
-from workbench.losses import token_losses
+from workbench.losses import repeat_losses, token_losses
 from workbench.models import Model
 from workbench.prompts import Batch, Prompt, make_batches, repeated_random
 from workbench.runs import INCOMPLETE, Run, RunStore
@@ -289,12 +289,9 @@ class CausalObjective:
         """Per-prompt values of every metric under the active mask."""
         held = token_losses(model, self.heldout, max_batch_tokens=self.batch_tokens)
         rep = token_losses(model, self.repeats, max_batch_tokens=self.batch_tokens)
-        # entry t is the loss on token t + 1; the second repeat starts at position
-        # S + bos, and its first token cannot be copied from the first repeat
-        first = self.repeat_len + int(self.bos)
+        second = repeat_losses(rep, self.repeat_len, 2, start=int(self.bos))[:, 1]
         return {"heldout_loss": np.array([t.mean().item() for t in held]),
-                "second_repeat_loss": np.array(
-                    [t[first: first + self.repeat_len - 1].mean().item() for t in rep])}
+                "second_repeat_loss": second}
 
     def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         """Each row's mean next-token loss."""

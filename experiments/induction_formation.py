@@ -107,7 +107,7 @@ from workbench import checkpoints, phase_change, scores, training, training_data
 from workbench.claims import Measurement, claim_check
 from workbench.experiment import experiment
 from workbench.interventions import HeadMask, applied
-from workbench.losses import token_losses
+from workbench.losses import repeat_losses, token_losses
 from workbench.models import Model
 from workbench.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.reductions import null_scores, reduce_patterns
@@ -274,12 +274,10 @@ def heldout_metrics(model: Model, windows: Int[Tensor, "window pos"], cfg: Confi
             f"{prefix}loss_late": late, f"{prefix}icl_score": late - early}
 
 
-def repeat_losses(model: Model, prompts: Sequence[Prompt], repeat_len: int
-                  ) -> dict[str, float]:
+def copy_losses(model: Model, prompts: Sequence[Prompt], repeat_len: int
+                ) -> dict[str, float]:
     """Mean loss on the first and second copy, each without its first token."""
-    losses = torch.stack(token_losses(model, prompts))  # [P, T-1]; entry t predicts t+1
-    first = losses[:, 1: repeat_len].mean()  # tokens 2 .. L (token 1 starts the copy)
-    second = losses[:, repeat_len + 1: 2 * repeat_len].mean()  # tokens L+2 .. 2L
+    first, second = repeat_losses(token_losses(model, prompts), repeat_len, 2).mean(axis=0)
     return {"first_repeat_loss": float(first), "second_repeat_loss": float(second)}
 
 
@@ -346,7 +344,7 @@ def measure(model: Model, probes: Probes, cfg: Config, train_loss: float) -> tup
     best = table.groupby("metric").score.max()
     row = {"train_loss": train_loss, **heldout_metrics(model, probes.heldout, cfg),
            **heldout_metrics(model, probes.natural, cfg, prefix="natural_"),
-           **repeat_losses(model, probes.repeated, cfg.repeat_len),
+           **copy_losses(model, probes.repeated, cfg.repeat_len),
            "max_induction": float(best["induction"]),
            "max_previous_token": float(best["previous_token"])}
     return row, table, pattern_rows(patterns(model, probes.display))

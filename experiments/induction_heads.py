@@ -72,7 +72,7 @@ from workbench.corpus import python_docs, token_chunks
 from workbench.experiment import experiment
 from workbench.heads import copying_scores, score_heads, summarize_tokens, top_heads
 from workbench.interventions import HeadMask, applied, head_means
-from workbench.losses import token_losses
+from workbench.losses import repeat_losses, token_losses
 from workbench.models import Model
 from workbench.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.recording import record
@@ -154,20 +154,6 @@ def _ablation_line(table: pd.DataFrame, kind: str) -> str:
             f"+- {rand.induction_tracked.std(ddof=0):.2f}); second-repeat loss "
             f"{clean.second_repeat_loss:.2f} -> {prev.second_repeat_loss:.2f} "
             f"(random: {rand.second_repeat_loss.mean():.2f})")
-
-
-def repeat_losses(losses: Sequence[torch.Tensor], seq_len: int, repeats: int
-                  ) -> np.ndarray:
-    """``[prompt, repeat]`` mean loss on each repeat's tokens, leaving out each repeat's
-    first token. Entry ``t`` of a loss vector is the loss on the token at position
-    ``t + 1``; position 0 is BOS, so repeat ``r`` (0-based) holds positions
-    ``1 + r * seq_len .. (r + 1) * seq_len``."""
-    out = np.empty((len(losses), repeats))
-    for i, loss in enumerate(losses):
-        for r in range(repeats):
-            first = 1 + r * seq_len  # position of the repeat's first token
-            out[i, r] = loss[first:first + seq_len - 1].mean().item()  # positions first+1..
-    return out
 
 
 def _measure(model: Model, prompts: Sequence[Prompt], tracked: Heads, cfg: Config

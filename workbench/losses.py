@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -38,3 +39,20 @@ def token_losses(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: i
             for row, (index, n) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
                 out[index] = nll[row, : n - 1].clone()
     return [t for t in out if t is not None]
+
+
+def repeat_losses(losses: Sequence[Tensor], seq_len: int, repeats: int, *, start: int = 1
+                  ) -> np.ndarray:
+    """``[prompt, repeat]`` mean loss on each repeat of a repeated sequence.
+
+    ``losses`` are :func:`token_losses` vectors (entry ``t`` is the loss on the token at
+    position ``t + 1``). Repeat ``r`` (0-based) holds positions ``start + r * seq_len`` to
+    ``start + (r + 1) * seq_len - 1``; ``start`` is 1 after a BOS token, 0 without one.
+    Each repeat's first token is left out: nothing before it predicts it.
+    """
+    out = np.empty((len(losses), repeats))
+    for i, loss in enumerate(losses):
+        for r in range(repeats):
+            first = start + r * seq_len  # position of the repeat's first token
+            out[i, r] = loss[first:first + seq_len - 1].mean().item()  # positions first+1..
+    return out

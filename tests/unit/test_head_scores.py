@@ -14,10 +14,10 @@ from experiments.induction_heads import (
     choose_ablation,
     icl_rows,
     random_same_layer,
-    repeat_losses,
 )
 from workbench import scores
 from workbench.heads import copying_scores, top_heads
+from workbench.losses import repeat_losses
 from workbench.prompts import Prompt
 from workbench.reductions import PatternContext, null_scores, reduce_patterns, uniform_pattern
 
@@ -152,6 +152,8 @@ def test_repeat_losses_index_the_right_tokens():
     loss = torch.tensor([9.0, 1.0, 2.0, 9.0, 3.0, 5.0])
     out = repeat_losses([loss], seq_len, repeats)
     assert out.tolist() == [[1.5, 4.0]]  # each repeat's first token is left out
+    # without BOS the repeats hold positions 0..2 and 3..5
+    assert repeat_losses([loss], seq_len, repeats, start=0).tolist() == [[5.0, 6.0]]
 
 
 def test_icl_scores_read_positions_50_and_500():
