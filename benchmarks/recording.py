@@ -6,7 +6,7 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   loading the GGUF directly (without the cached safetensors) would cost;
 - throughput: tokens/s on the same batch of natural text for a plain Hugging Face forward
   (eager attention, and SDPA for reference), the bridge's forward, and the workbench's
-  pattern-reduction path (``workbench.reductions.reduce_patterns``, nothing stored);
+  pattern-reduction path (``workbench.recording.reductions.reduce_patterns``, nothing stored);
 - record: ``workbench.recording.record`` of 100 prompts of 128 tokens on smollm2, with
   tokens/s, bytes written and peak RSS.
 
@@ -38,8 +38,8 @@ def part_load(args: argparse.Namespace) -> dict:
     import transformers  # noqa: F401
 
     imports = time.perf_counter() - start
-    from workbench import zoo
-    from workbench.models import load_model
+    from workbench.models.base import zoo
+    from workbench.models.load import load_model
 
     out = {"import_s": imports}
     for name in ("smollm2", "minilm"):
@@ -59,7 +59,7 @@ def part_load(args: argparse.Namespace) -> dict:
 
 
 def _batch(model, n_prompts: int, n_tokens: int):
-    from workbench.corpus import python_docs, token_chunks
+    from workbench.inputs.corpus import python_docs, token_chunks
 
     return token_chunks(model, python_docs(), n_chunks=n_prompts, n_tokens=n_tokens)
 
@@ -79,9 +79,9 @@ def part_throughput(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
     from experiments.head_overview import METRICS
-    from workbench import zoo
-    from workbench.models import load_model
-    from workbench.reductions import reduce_patterns
+    from workbench.models.base import zoo
+    from workbench.models.load import load_model
+    from workbench.recording.reductions import reduce_patterns
 
     torch.set_grad_enabled(False)
     model = load_model("smollm2")
@@ -107,8 +107,8 @@ def part_throughput(args: argparse.Namespace) -> dict:
 
 
 def part_record(args: argparse.Namespace) -> dict:
-    from workbench.models import load_model
-    from workbench.recording import record
+    from workbench.models.load import load_model
+    from workbench.recording.record import record
 
     model = load_model("smollm2")
     prompts = _batch(model, args.prompts, args.tokens)

@@ -20,7 +20,7 @@ the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 
 - Inputs: ``natural`` (consecutive 64-token windows of the Python documentation's prose;
   for encoders, pairs of consecutive sentences framed ``[CLS] a [SEP] b [SEP]`` as in Clark
   et al. 2019), ``random`` (uniform token ids from the middle of the vocabulary,
-  :func:`workbench.prompts.random_token_ids`), ``repeated`` (one such token repeated). Causal
+  :func:`workbench.inputs.prompts.random_token_ids`), ``repeated`` (one such token repeated). Causal
   models see each with their BOS, as they frame text, and again without it (``*_no_bos``:
   the same tokens minus the BOS, so that the first content token moves to position 0).
 - Where the mass goes: the weight a key receives, r_j = (1/T) sum_t A[t, j] (alpha_j for
@@ -48,7 +48,7 @@ the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 
   prefix (``dense``), the last W tokens (``window``, ``0+W``), the first k tokens plus the
   last W - k (``k+(W-k)``), and a fresh forward pass over the last W tokens for each
   prediction (``recompute``, the reference). Windows are attention masks over the full
-  sequence at absolute positions (:mod:`workbench.streaming`), not Xiao et al.'s rolling
+  sequence at absolute positions (:mod:`workbench.scores.streaming`), not Xiao et al.'s rolling
   cache that re-numbers positions inside the cache: with rotary positions the two agree
   exactly for window attention, and for k sinks they differ only in the distance between a
   query and the sinks. Xiao et al. re-number because their streams run to millions of
@@ -96,16 +96,19 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from workbench import hooks, progress, reductions, scores
-from workbench.claims import Measurement, claim_check
-from workbench.corpus import Split, python_docs, token_chunks
-from workbench.errors import WorkbenchError
-from workbench.experiment import experiment
-from workbench.models import Model
-from workbench.prompts import Prompt, make_batches, random_token_ids
-from workbench.runs import Run
-from workbench.stats import bootstrap_mean_ci, summarize
-from workbench.streaming import Visibility, recompute_losses, windowed_losses
+from workbench.core import progress
+from workbench.core.errors import WorkbenchError
+from workbench.harness.claims import Measurement, claim_check
+from workbench.harness.experiment import experiment
+from workbench.inputs.batching import make_batches
+from workbench.inputs.corpus import Split, python_docs, token_chunks
+from workbench.inputs.prompts import Prompt, random_token_ids
+from workbench.models.base import Model
+from workbench.recording import hooks, reductions
+from workbench.scores import patterns
+from workbench.scores.stats import bootstrap_mean_ci, summarize
+from workbench.scores.streaming import Visibility, recompute_losses, windowed_losses
+from workbench.store.runs import Run
 
 log = logging.getLogger(__name__)
 
@@ -272,9 +275,9 @@ def sink_reductions(typer: TokenTyper, types: Sequence[str]) -> dict[str, reduct
         return reduce
 
     metrics: dict[str, reductions.Reduction] = {
-        "sink": scores.first_token,
-        "entropy": reductions.entropy,
-        "normalized_entropy": reductions.normalized_entropy,
+        "sink": patterns.first_token,
+        "entropy": patterns.entropy,
+        "normalized_entropy": patterns.normalized_entropy,
     }
     metrics |= {f"share_{name}": share_of(TOKEN_TYPES.index(name)) for name in types}
     for rank in TOP_RANKS:

@@ -25,17 +25,18 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from workbench import reductions
-from workbench.experiment import experiment
-from workbench.models import Model
-from workbench.prompts import check_prompt_set, load_prompt_set
-from workbench.stats import summarize
+from workbench.harness.experiment import experiment
+from workbench.inputs.prompts import check_prompt_set, load_prompt_set
+from workbench.models.base import Model
+from workbench.recording import reductions
+from workbench.scores import patterns
+from workbench.scores.stats import summarize
 
 METRICS: dict[str, reductions.Reduction] = {
-    "entropy": reductions.entropy,
-    "normalized_entropy": reductions.normalized_entropy,
-    "mean_distance": reductions.mean_distance,
-    "self": reductions.self_attention,
+    "entropy": patterns.entropy,
+    "normalized_entropy": patterns.normalized_entropy,
+    "mean_distance": patterns.mean_distance,
+    "self": patterns.self_attention,
 }
 
 

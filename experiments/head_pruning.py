@@ -9,20 +9,20 @@ impact; Voita et al. prune 38 of 48 encoder heads for a loss of 0.15 BLEU (with 
 trained jointly with the model, so not directly comparable with pruning without retraining,
 as done here).
 
-Definitions (``workbench.importance`` implements the estimators):
+Definitions (``workbench.interventions.importance`` implements the estimators):
 
 - **Head mask** ``xi[layer, head]`` multiplies each query head's output before the output
   projection (Michel et al., eq. 1; :mod:`workbench.interventions`). ``ablation=zero``
   removes a head; ``ablation=mean`` replaces its output by its mean on the fit text.
 - **Texts.** Importance is estimated on the ``fit`` part of the Python documentation prose
-  and evaluated on the ``heldout`` part (:func:`workbench.corpus.python_docs`), so that no
+  and evaluated on the ``heldout`` part (:func:`workbench.inputs.corpus.python_docs`), so that no
   evaluation text is ever used to choose heads. Causal models read ``chunk_tokens``-token
-  windows (:func:`workbench.corpus.token_chunks`); encoders read sentences of 6 to 40 words
+  windows (:func:`workbench.inputs.corpus.token_chunks`); encoders read sentences of 6 to 40 words
   from the same splits, drawn in a seeded order until the token budget is used.
 - **Evaluation metric**, causal LM: ``heldout_loss``, the mean next-token cross-entropy
   (nats) on ``eval_tokens`` held-out tokens, and ``second_repeat_loss``, the mean loss on
   the second half of ``repeat_prompts`` sequences of ``repeat_len`` random tokens repeated
-  twice (:func:`workbench.prompts.repeated_random`), leaving out the first token of the
+  twice (:func:`workbench.inputs.prompts.repeated_random`), leaving out the first token of the
   repeat, which cannot be copied. It is low only while induction works (Olsson et al. 2022,
   "In-context Learning and Induction Heads"). Encoder: ``cosine_similarity``, the mean over
   held-out sentences of ``cos(e_pruned(x), e_full(x))``, with the sentence embedding ``e``
@@ -95,24 +95,26 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from workbench import hooks, paths, progress
-from workbench.claims import Measurement, claim_check
-from workbench.corpus import python_docs, token_chunks
-from workbench.errors import WorkbenchError
-from workbench.experiment import experiment
-from workbench.importance import (
+from workbench.core import paths, progress
+from workbench.core.errors import WorkbenchError
+from workbench.harness.claims import Measurement, claim_check
+from workbench.harness.experiment import experiment
+from workbench.inputs.batching import Batch, make_batches
+from workbench.inputs.corpus import python_docs, token_chunks
+from workbench.inputs.prompts import Prompt, repeated_random
+from workbench.interventions.importance import (
     Accumulation,
     ablation_importance,
     gradient_importance,
     mask_gradients,
     normalize_by_layer,
 )
-from workbench.interventions import Ablation, HeadMask, applied, head_means
-from workbench.losses import repeat_losses, token_losses
-from workbench.models import Model
-from workbench.prompts import Batch, Prompt, make_batches, repeated_random
-from workbench.runs import INCOMPLETE, Run, RunStore
-from workbench.stats import bootstrap_mean_ci
+from workbench.interventions.masks import Ablation, HeadMask, applied, head_means
+from workbench.models.base import Model
+from workbench.recording import hooks
+from workbench.scores.losses import repeat_losses, token_losses
+from workbench.scores.stats import bootstrap_mean_ci
+from workbench.store.runs import INCOMPLETE, Run, RunStore
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ experiment reproduces that on a laptop CPU.
 It trains one TransformerLens-native model per entry of ``layers`` (attention-only by
 default; ``attn_only=false`` adds MLPs) on text that ships with Python (the
 ``pydoc_data`` topics and the standard library's docstrings, plus any ``text_files``;
-see :mod:`workbench.training_data`) with a byte-pair tokenizer trained on the same text.
+see :mod:`workbench.training.data`) with a byte-pair tokenizer trained on the same text.
 All models share the tokenizer, the data order (``seed``) and the checkpoint steps.
 
 Training windows are natural text, but a fraction ``repeat_fraction`` (default: all) of
 them has one passage of the window copied to a later place in it
-(:func:`workbench.training_data.repeat_passage`). Natural text repeats itself (names,
+(:func:`workbench.training.data.repeat_passage`). Natural text repeats itself (names,
 phrases, boilerplate) but seldom within a 128-token context of this small corpus; the
 repeats make copying pay off often enough that induction heads form within a laptop budget
 (Olsson et al. train on far more, longer text). ``repeat_fraction=0`` trains on plain text.
@@ -50,17 +50,17 @@ Definitions, measured at every checkpoint (step 0 is the initialisation; ``token
   **Negative means the model predicts better late in the context**, i.e. it learns in
   context; a jump is a fall.
 - ``previous_token`` and ``induction`` head scores: exactly :func:`workbench.scores.
-  previous_token` and :func:`workbench.scores.induction` (the definitions of the
-  head-finding experiments), applied with :func:`workbench.reductions.reduce_patterns` to
+  previous_token` and :func:`workbench.patterns.induction` (the definitions of the
+  head-finding experiments), applied with :func:`workbench.recording.reductions.reduce_patterns` to
   ``n_repeat_prompts`` sequences of ``repeat_len`` random tokens (the middle 80% of the
   vocabulary) repeated twice after BOS (the ``repeated-random`` prompt set) and
-  summarised with :func:`workbench.stats.summarize` (mean, 95% bootstrap interval).
+  summarised with :func:`workbench.scores.stats.summarize` (mean, 95% bootstrap interval).
   ``null`` is the score of a uniform pattern on the same prompts.
 - ``first_repeat_loss`` / ``second_repeat_loss``: the mean next-token loss on the first
   and second copy of those sequences, leaving out each copy's first token (nothing
   before it predicts it). Induction makes the second far lower than the first.
 
-The phase change (:mod:`workbench.phase_change`) is found from the data, per model:
+The phase change (:mod:`workbench.scores.phase_change`) is found from the data, per model:
 
 - the *window* is where the largest ``induction`` score of any head rises fastest: from
   the last checkpoint at or below 20% of its rise to the first at or above 80%, found only
@@ -103,21 +103,24 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from workbench import checkpoints, phase_change, scores, training, training_data
-from workbench.claims import Measurement, claim_check
-from workbench.experiment import experiment
-from workbench.interventions import HeadMask, applied
-from workbench.losses import repeat_losses, token_losses
-from workbench.models import Model
-from workbench.prompts import Prompt, load_prompt_set, random_token_ids
-from workbench.reductions import null_scores, reduce_patterns
-from workbench.runs import Run
-from workbench.stats import summarize
+from workbench.harness.claims import Measurement, claim_check
+from workbench.harness.experiment import experiment
+from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.interventions.masks import HeadMask, applied
+from workbench.models import checkpoints, native
+from workbench.models.base import Model
+from workbench.recording.reductions import null_scores, reduce_patterns
+from workbench.scores import patterns, phase_change
+from workbench.scores.losses import repeat_losses, token_losses
+from workbench.scores.stats import summarize
+from workbench.store.runs import Run
+from workbench.training import data as training_data
+from workbench.training import loop
 
 log = logging.getLogger(__name__)
 
 Source = Literal["pydoc", "docstrings"]
-METRICS = {"previous_token": scores.previous_token, "induction": scores.induction}
+METRICS = {"previous_token": patterns.previous_token, "induction": patterns.induction}
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ class Config:
     n_heads: int = field(default=4, metadata={"help": "attention heads per layer"})
     d_mlp: int = field(default=256, metadata={"help": "MLP width (only with attn_only=false)"})
     n_ctx: int = field(default=128, metadata={"help": "context length in tokens (BOS included)"})
-    positions: training.Positions = field(default="learned", metadata={
+    positions: native.Positions = field(default="learned", metadata={
         "help": "learned absolute positions or rotary"})
     vocab_size: int = field(default=512, metadata={"help": "byte-pair vocabulary size"})
     sources: tuple[Source, ...] = field(default=("pydoc", "docstrings"), metadata={
@@ -143,7 +146,7 @@ class Config:
     batch_size: int = field(default=32, metadata={"help": "sequences per step"})
     lr: float = field(default=3e-3, metadata={"help": "peak learning rate (AdamW)"})
     warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps"})
-    lr_schedule: training.LrSchedule = field(default="cosine", metadata={
+    lr_schedule: loop.LrSchedule = field(default="cosine", metadata={
         "help": "cosine decay to min_lr_fraction after warm-up, or constant"})
     min_lr_fraction: float = field(default=0.1, metadata={
         "help": "final learning rate as a fraction of lr (cosine)"})
@@ -202,15 +205,15 @@ class Config:
         if not self.sources and not self.text_files:
             raise ValueError("the corpus needs at least one source or text file")
 
-    def model_spec(self, n_layers: int, d_vocab: int) -> training.ModelSpec:
-        return training.ModelSpec(
+    def model_spec(self, n_layers: int, d_vocab: int) -> native.ModelSpec:
+        return native.ModelSpec(
             n_layers=n_layers, d_model=self.d_model, n_heads=self.n_heads, n_ctx=self.n_ctx,
             d_vocab=d_vocab, attn_only=self.attn_only,
             d_mlp=None if self.attn_only else self.d_mlp, positions=self.positions,
             seed=self.seed)
 
-    def train_spec(self) -> training.TrainSpec:
-        return training.TrainSpec(
+    def train_spec(self) -> loop.TrainSpec:
+        return loop.TrainSpec(
             steps=self.steps, batch_size=self.batch_size, lr=self.lr,
             warmup_steps=self.warmup_steps, min_lr_fraction=self.min_lr_fraction,
             lr_schedule=self.lr_schedule, weight_decay=self.weight_decay,
@@ -291,7 +294,7 @@ def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> pd.Data
 
 def patterns(model: Model, prompt: Prompt) -> Float[Tensor, "layer head_index query_pos key_pos"]:
     """Every head's attention on one prompt."""
-    from workbench import hooks
+    from workbench.recording import hooks
 
     found: dict[int, Tensor] = {}
 
@@ -356,8 +359,8 @@ def train_one(n_layers: int, tokenizer: Any, probes: Probes, cfg: Config, workdi
               extra: dict[str, Any]) -> tuple[Model, Measured]:
     """Train one model, checkpointing and measuring it on the schedule."""
     spec = cfg.model_spec(n_layers, len(tokenizer))
-    bridge = training.build_bridge(spec, tokenizer)
-    model = training.as_model(bridge, tokenizer, spec, name=f"L{n_layers}")
+    bridge = native.build_bridge(spec, tokenizer)
+    model = native.as_model(bridge, tokenizer, spec, name=f"L{n_layers}")
     measured = Measured()
 
     def on_checkpoint(step: int, train_loss: float) -> None:
@@ -372,7 +375,7 @@ def train_one(n_layers: int, tokenizer: Any, probes: Probes, cfg: Config, workdi
     data = training_data.batches(probes.stream, cfg.batch_size, cfg.n_ctx,
                                  bos_id=tokenizer.bos_token_id, seed=cfg.seed,
                                  repeat_fraction=cfg.repeat_fraction)
-    training.train(bridge, data, cfg.train_spec(), checkpoint_steps=cfg.checkpoint_steps(),
+    loop.train(bridge, data, cfg.train_spec(), checkpoint_steps=cfg.checkpoint_steps(),
                    on_checkpoint=on_checkpoint, desc=f"training L{n_layers}")
     return model, measured
 
@@ -507,7 +510,7 @@ def run(model: Model | None, cfg: Config, *, workdir: Path | None = None) -> Res
     # The random probe tokens depend only on the vocabulary, so a Model without weights
     # stands in for the models that are not trained yet.
     spec0 = cfg.model_spec(min(cfg.layers), len(tokenizer))
-    stand_in = training.as_model(None, tokenizer, spec0, name="tokenizer")
+    stand_in = native.as_model(None, tokenizer, spec0, name="tokenizer")
     probes = make_probes(tokenizer, corpus, cfg, stand_in)
     extra = {"run_id": workdir.name, "experiment": "induction-formation",
              "corpus_sha256": corpus.sha256}
@@ -556,7 +559,7 @@ def _phase(run: Run, n_layers: int) -> pd.Series:
     table = run.table("phase_change")
     rows = table[table.n_layers == n_layers]
     if rows.empty:
-        from workbench.errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
 
         raise WorkbenchError(f"run {run.id} trained no {n_layers}-layer model")
     return rows.iloc[0]

@@ -15,11 +15,11 @@ Head scores (``head_scores.parquet``), each with a 95% bootstrap interval and a 
   the most and least frequent ids) repeated ``repeats`` times after BOS, the weight each
   query puts on the tokens that followed earlier occurrences of its own token, averaged
   over the queries that have an earlier occurrence; the BOS column never counts
-  (:func:`workbench.scores.induction`). Null: the same score for uniform attention.
+  (:func:`workbench.patterns.induction`). Null: the same score for uniform attention.
 - ``copying`` (Elhage et al. 2021, the OV circuit): the z-score of a token's own logit
   among all logits when the head attends to it, on the head's direct path to the
   unembedding, averaged over ``copying_tokens`` random tokens
-  (:func:`workbench.heads.copying_scores`). Normalisation: per token, over the whole
+  (:func:`workbench.scores.heads.copying_scores`). Normalisation: per token, over the whole
   vocabulary; the null (a token unrelated to the one attended to) is exactly 0.
 - ``previous_token``: as in the previous-token-heads experiment, on natural text; used to
   pick the heads to ablate.
@@ -66,19 +66,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import scores
-from workbench.claims import Measurement, claim_check
-from workbench.corpus import python_docs, token_chunks
-from workbench.experiment import experiment
-from workbench.heads import copying_scores, score_heads, summarize_tokens, top_heads
-from workbench.interventions import HeadMask, applied, head_means
-from workbench.losses import repeat_losses, token_losses
-from workbench.models import Model
-from workbench.prompts import Prompt, load_prompt_set, random_token_ids
-from workbench.recording import record
-from workbench.reductions import reduce_patterns
-from workbench.runs import Run
-from workbench.stats import bootstrap_mean_ci
+from workbench.harness.claims import Measurement, claim_check
+from workbench.harness.experiment import experiment
+from workbench.inputs.corpus import python_docs, token_chunks
+from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.interventions.masks import HeadMask, applied, head_means
+from workbench.models.base import Model
+from workbench.recording.record import record
+from workbench.recording.reductions import reduce_patterns
+from workbench.scores import patterns
+from workbench.scores.heads import copying_scores, score_heads, summarize_tokens, top_heads
+from workbench.scores.losses import repeat_losses, token_losses
+from workbench.scores.stats import bootstrap_mean_ci
+from workbench.store.runs import Run
 
 Heads = list[tuple[int, int]]
 
@@ -160,7 +160,7 @@ def _measure(model: Model, prompts: Sequence[Prompt], tracked: Heads, cfg: Confi
              ) -> tuple[float, np.ndarray]:
     """Mean induction score of the tracked heads, and ``[prompt, repeat]`` losses."""
     layers = sorted({layer for layer, _ in tracked})
-    per_prompt = reduce_patterns(model, prompts, {"induction": scores.induction},
+    per_prompt = reduce_patterns(model, prompts, {"induction": patterns.induction},
                                  max_batch_tokens=cfg.max_batch_tokens, layers=layers,
                                  desc="induction")
     keep = per_prompt.set_index(["layer", "head"]).index.isin(tracked)
@@ -261,12 +261,12 @@ def run(model: Model, cfg: Config, *, workdir: Path | None = None) -> Result:
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.tensor(random_token_ids(model, cfg.copying_tokens, gen))
     head_scores = pd.concat([
-        score_heads(model, repeated, {"induction": scores.induction},
+        score_heads(model, repeated, {"induction": patterns.induction},
                     inputs="repeated random tokens", **common),
         summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
                          inputs="random tokens (direct path)", n_boot=cfg.n_boot,
                          seed=cfg.seed),
-        score_heads(model, natural, {"previous_token": scores.previous_token},
+        score_heads(model, natural, {"previous_token": patterns.previous_token},
                     inputs="natural text", **common),
     ], ignore_index=True)
     losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats)

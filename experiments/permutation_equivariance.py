@@ -112,14 +112,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from workbench import hooks, progress
-from workbench.attention import additive_mask, causal_mask, full_mask, inverse_permutation
-from workbench.claims import Measurement, claim_check
-from workbench.errors import WorkbenchError
-from workbench.experiment import experiment
-from workbench.models import Model
-from workbench.prompts import Batch, check_prompt_set, load_prompt_set
-from workbench.runs import Run
+from workbench.core import progress
+from workbench.core.errors import WorkbenchError
+from workbench.harness.claims import Measurement, claim_check
+from workbench.harness.experiment import experiment
+from workbench.inputs.batching import Batch
+from workbench.inputs.prompts import check_prompt_set, load_prompt_set
+from workbench.models.base import Model
+from workbench.recording import hooks
+from workbench.scores.attention import additive_mask, causal_mask, full_mask, inverse_permutation
+from workbench.store.runs import Run
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ Scores (per layer and query head; definitions in :mod:`workbench.scores`):
   puts on earlier occurrences of its own token, over queries that have one.
 
 Natural text is ``n_prompts`` windows of ``n_tokens`` tokens of the Python documentation's
-prose (:mod:`workbench.corpus`), or any named prompt set. Each score has a 95% bootstrap
+prose (:mod:`workbench.inputs.corpus`), or any named prompt set. Each score has a 95% bootstrap
 interval over prompts and a null baseline (``null``): its value for a head whose attention
 is uniform over the keys it can see, on the same prompts.
 
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench import scores
-from workbench.corpus import python_docs, token_chunks
-from workbench.experiment import experiment
-from workbench.heads import score_heads
-from workbench.models import Model
-from workbench.prompts import Prompt, check_prompt_set, load_prompt_set
-from workbench.recording import record
+from workbench.harness.experiment import experiment
+from workbench.inputs.corpus import python_docs, token_chunks
+from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
+from workbench.models.base import Model
+from workbench.recording.record import record
+from workbench.scores import patterns
+from workbench.scores.heads import score_heads
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,15 @@ class Result:
 def run(model: Model, cfg: Config, *, workdir: Path | None = None) -> Result:
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
     natural = natural_prompts(model, cfg)
-    positional = {"previous_token": scores.previous_token}
+    positional = {"previous_token": patterns.previous_token}
     if not model.info.causal:
-        positional["next_token"] = scores.next_token
+        positional["next_token"] = patterns.next_token
     repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
                                seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     table = pd.concat([
         score_heads(model, natural, positional, inputs="natural text", **common),
-        score_heads(model, repeated, {"duplicate_token": scores.duplicate_token},
+        score_heads(model, repeated, {"duplicate_token": patterns.duplicate_token},
                     inputs="repeated random tokens", **common),
     ], ignore_index=True)
     if workdir is not None:

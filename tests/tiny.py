@@ -15,7 +15,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from workbench.models import Model, wrap_hf_model
+from workbench.models.base import Model
+from workbench.models.hf import wrap_hf_model
 
 CORPUS = [
     "the cat sat on the mat and the dog sat on the rug",

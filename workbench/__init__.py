@@ -16,15 +16,19 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = {
-    "load_model": "workbench.models",
-    "Model": "workbench.models",
-    "Prompt": "workbench.prompts",
-    "load_prompt_set": "workbench.prompts",
-    "record": "workbench.recording",
-    "Recording": "workbench.recording",
-    "RunStore": "workbench.runs",
-    "run_experiment": "workbench.experiment",
-    "WorkbenchError": "workbench.errors",
+    "load_model": "workbench.models.load",
+    "Model": "workbench.models.base",
+    "Prompt": "workbench.inputs.prompts",
+    "load_prompt_set": "workbench.inputs.prompts",
+    "record": "workbench.recording.record",
+    "Recording": "workbench.recording.record",
+    "RunStore": "workbench.store.runs",
+    "run_experiment": "workbench.harness.experiment",
+    "WorkbenchError": "workbench.core.errors",
+}
+# Modules reachable as ``from workbench import hooks`` (the README's tour uses these).
+_MODULES = {
+    "hooks": "workbench.recording.hooks",
 }
 
 __all__ = sorted(_API)
@@ -33,4 +37,6 @@ __all__ = sorted(_API)
 def __getattr__(name: str) -> Any:
     if name in _API:
         return getattr(import_module(_API[name]), name)
+    if name in _MODULES:
+        return import_module(_MODULES[name])
     raise AttributeError(f"module 'workbench' has no attribute '{name}'")

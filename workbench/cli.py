@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench import paths, progress
-from workbench.errors import WorkbenchError
+from workbench.core import paths, progress
+from workbench.core.errors import WorkbenchError
 
 log = logging.getLogger("workbench")
 
@@ -42,7 +42,7 @@ def _out(text: str = "") -> None:
 # ---- models -------------------------------------------------------------------------------
 
 def cmd_models(args: argparse.Namespace) -> None:
-    from workbench import zoo
+    from workbench.models import zoo
 
     rows = []
     for name, spec in zoo.MODELS.items():
@@ -62,7 +62,7 @@ def cmd_models(args: argparse.Namespace) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> None:
-    from workbench import zoo
+    from workbench.models import zoo
 
     names = args.names or zoo.MODELS.names()
     for name in names:
@@ -77,8 +77,8 @@ def cmd_fetch(args: argparse.Namespace) -> None:
 # ---- record -------------------------------------------------------------------------------
 
 def _prompts_from_args(args: argparse.Namespace, model: Any) -> tuple[list[Any], str]:
-    from workbench.config import split_overrides
-    from workbench.prompts import load_prompt_set, prompts_from_text
+    from workbench.harness.config import split_overrides
+    from workbench.inputs.prompts import load_prompt_set, prompts_from_text
 
     if args.text is not None:
         if not args.text.strip():
@@ -102,7 +102,7 @@ def _prompts_from_args(args: argparse.Namespace, model: Any) -> tuple[list[Any],
 def _heads_mask(args: argparse.Namespace, model: Any = None) -> Any:
     if not getattr(args, "heads_mask", None):
         return None
-    from workbench.interventions import HeadMask
+    from workbench.interventions.masks import HeadMask
 
     mask = HeadMask.load(args.heads_mask)
     if model is not None:
@@ -111,10 +111,10 @@ def _heads_mask(args: argparse.Namespace, model: Any = None) -> Any:
 
 
 def cmd_record(args: argparse.Namespace) -> None:
-    from workbench.interventions import applied
-    from workbench.models import load_model
-    from workbench.recording import record
-    from workbench.runs import RunStore
+    from workbench.interventions.masks import applied
+    from workbench.models.load import load_model
+    from workbench.recording.record import record
+    from workbench.store.runs import RunStore
 
     model = load_model(args.model, dtype=args.dtype)
     mask = _heads_mask(args, model)
@@ -143,7 +143,7 @@ def cmd_record(args: argparse.Namespace) -> None:
 # ---- experiments and runs -----------------------------------------------------------------
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from workbench.experiment import run_experiment
+    from workbench.harness.experiment import run_experiment
 
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
                          dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
@@ -153,8 +153,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_experiments(args: argparse.Namespace) -> None:
-    from workbench import config
-    from workbench.experiment import all_experiments
+    from workbench.harness import config
+    from workbench.harness.experiment import all_experiments
 
     for exp in all_experiments():
         _out(f"{exp.name}  ({exp.module})")
@@ -166,7 +166,7 @@ def cmd_experiments(args: argparse.Namespace) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
-    from workbench.runs import RunStore
+    from workbench.store.runs import RunStore
 
     store = RunStore(paths.runs_dir(args.out))
     runs = store.runs(experiment=args.experiment, model=args.model, status=args.status)
@@ -182,7 +182,7 @@ def cmd_runs(args: argparse.Namespace) -> None:
 def cmd_show(args: argparse.Namespace) -> None:
     import json
 
-    from workbench.runs import RunStore
+    from workbench.store.runs import RunStore
 
     run = RunStore(paths.runs_dir(args.out)).get(args.run)
     meta = run.meta
@@ -213,7 +213,7 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from workbench.demo import run_demo
+    from workbench.harness.demo import run_demo
 
     for line in run_demo(args.models.split(","), args.out, fresh=args.fresh):
         _out(line)
@@ -221,8 +221,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
-    from workbench import claims as claims_mod
-    from workbench.runs import RunStore
+    from workbench.harness import claims as claims_mod
+    from workbench.store.runs import RunStore
 
     selected = claims_mod.select(claims_mod.load_claims(), args.claims or [])
     if args.list:
@@ -254,7 +254,7 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
 
 
 def cmd_prompts(args: argparse.Namespace) -> None:
-    from workbench.prompts import GENERATORS, file_sets
+    from workbench.inputs.prompts import GENERATORS, file_sets
 
     for name, path in file_sets().items():
         _out(f"{name:18s} file {path}")

@@ -6,7 +6,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from workbench.runs import Run
+from workbench.store.runs import Run
 
 
 def labelled(label: str, control: Any, width: str | None = None) -> html.Div:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import flask
 
-from workbench.recording import Recording
-from workbench.runs import Run, RunStore
+from workbench.recording.record import Recording
+from workbench.store.runs import Run, RunStore
 
 
 def store() -> RunStore:

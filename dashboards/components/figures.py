@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from jaxtyping import Float
 
-from workbench.recording import Recording
+from workbench.recording.record import Recording
 
 
 def _unique_labels(tokens: Sequence[str]) -> list[str]:

@@ -14,8 +14,8 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
-from workbench.attention import worked_example
-from workbench.runs import Run
+from workbench.scores.attention import worked_example
+from workbench.store.runs import Run
 
 dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
                    experiments=["permutation-equivariance"])
@@ -187,7 +187,7 @@ def _table(title: str, values: torch.Tensor, rows: list[str], cols: list[str], k
 
 def worked_example_section() -> html.Div:
     """X, Q, K, V, scores, weights and output of the four-token example, computed with
-    :mod:`workbench.attention` (a few 4 x 4 products, so it is built at request time)."""
+    :mod:`workbench.scores.attention` (a few 4 x 4 products, so it is built at request time)."""
     ex = worked_example()
     toks = list(ex.tokens)
     dims = ["d1", "d2", "d3", "d4"]

@@ -8,8 +8,8 @@ from dash import Input, Output, State, callback, ctx, dash_table, dcc, html, no_
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown, run_options
-from workbench.errors import WorkbenchError
-from workbench.recording import Recording
+from workbench.core.errors import WorkbenchError
+from workbench.recording.record import Recording
 
 EXPERIMENTS = ["previous-token-heads", "induction-heads"]
 dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=EXPERIMENTS)

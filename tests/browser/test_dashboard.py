@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
-from workbench.experiment import run_experiment
-from workbench.prompts import Prompt
-from workbench.recording import Recording, record
-from workbench.runs import RunStore
+from workbench.harness.experiment import run_experiment
+from workbench.inputs.prompts import Prompt
+from workbench.recording.record import Recording, record
+from workbench.store.runs import RunStore
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]
 

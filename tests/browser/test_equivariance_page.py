@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
-from workbench.attention import worked_example
-from workbench.experiment import run_experiment
+from workbench.harness.experiment import run_experiment
+from workbench.scores.attention import worked_example
 
 CONFIG = {"n_prompts": 2, "max_tokens": 10, "seeds": (0, 1), "shifts": (1, 10),
           "view_prompts": 2}

@@ -8,7 +8,7 @@ import pytest
 
 from dashboards.components.figures import pattern_from_rows
 from tests.browser.conftest import as_array, choose, figure, serve
-from workbench.experiment import run_experiment
+from workbench.harness.experiment import run_experiment
 
 TEXT = ("A module is a file containing Python definitions and statements. The module name is "
         "the file name without the suffix. Return the number of items in the container.")

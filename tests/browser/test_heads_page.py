@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
-from workbench.experiment import run_experiment
-from workbench.recording import Recording
+from workbench.harness.experiment import run_experiment
+from workbench.recording.record import Recording
 
 SMALL = {"n_prompts": 4, "n_repeated": 4, "n_tokens": 32, "seq_len": 8, "n_boot": 50}
 

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
-from workbench.experiment import run_experiment
-from workbench.runs import RunStore
+from workbench.harness.experiment import run_experiment
+from workbench.store.runs import RunStore
 
 CONFIG = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
           "repeat_prompts": 2, "repeat_len": 6, "probes": 2, "step_fraction": 0.25,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
-from workbench.experiment import run_experiment
+from workbench.harness.experiment import run_experiment
 
 SMALL = {"n_prompts": 4, "seq_len": 16, "stream_tokens": 80, "window": 24, "n_sinks": 4,
          "sink_sweep": (1,), "chunk": 16, "recompute_stride": 8, "n_massive_prompts": 2,

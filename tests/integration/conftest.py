@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.models import load_model
+from workbench.models.load import load_model
 
 
 @pytest.fixture(scope="session")

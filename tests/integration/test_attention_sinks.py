@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForCausalLM
 
 from experiments import attention_sinks as sinks
-from workbench import zoo
-from workbench.corpus import python_docs, token_chunks
-from workbench.experiment import run_experiment
-from workbench.losses import token_losses
-from workbench.prompts import Prompt
-from workbench.reductions import reduce_patterns
-from workbench.runs import RunStore
-from workbench.streaming import Visibility, windowed_losses
+from workbench.harness.experiment import run_experiment
+from workbench.inputs.corpus import python_docs, token_chunks
+from workbench.inputs.prompts import Prompt
+from workbench.models import zoo
+from workbench.recording.reductions import reduce_patterns
+from workbench.scores.losses import token_losses
+from workbench.scores.streaming import Visibility, windowed_losses
+from workbench.store.runs import RunStore
 
 SMALL = {"n_prompts": 4, "seq_len": 32, "stream_tokens": 200, "window": 48, "n_sinks": 4,
          "sink_sweep": (1,), "chunk": 256, "recompute_stride": 38, "n_massive_prompts": 2,

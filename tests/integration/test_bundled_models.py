@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
-from workbench import zoo
-from workbench.errors import ChecksumError, ModelCapabilityError, WorkbenchError
-from workbench.models import load_model
-from workbench.prompts import Prompt, load_prompt_set
-from workbench.recording import record
+from workbench.core.errors import ChecksumError, ModelCapabilityError, WorkbenchError
+from workbench.inputs.prompts import Prompt, load_prompt_set
+from workbench.models import zoo
+from workbench.models.load import load_model
+from workbench.recording.record import record
 
 
 def test_cache_matches_published_checksums():

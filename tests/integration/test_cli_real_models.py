@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from workbench.recording import Recording
-from workbench.runs import RunStore
+from workbench.recording.record import Recording
+from workbench.store.runs import RunStore
 
 
 def workbench(*args: str) -> list[str]:

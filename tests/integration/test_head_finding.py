@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from transformer_lens.head_detector import detect_head
 
-from workbench import scores
-from workbench.errors import ModelCapabilityError
-from workbench.experiment import run_experiment
-from workbench.prompts import Prompt
-from workbench.reductions import reduce_patterns
-from workbench.runs import RunStore
+from workbench.core.errors import ModelCapabilityError
+from workbench.harness.experiment import run_experiment
+from workbench.inputs.prompts import Prompt
+from workbench.recording.reductions import reduce_patterns
+from workbench.scores import patterns
+from workbench.store.runs import RunStore
 
 SMALL_PREV = {"n_prompts": 8, "n_repeated": 8, "n_boot": 200}
 SMALL_INDUCTION = {"n_prompts": 8, "n_natural": 4, "n_random": 2, "icl_prompts": 8,
@@ -65,8 +65,8 @@ def test_scores_agree_with_transformer_lens_on_smollm2(smollm2):
     ids = smollm2.bridge.to_tokens(text)[0]
     n = len(ids)
     ours = reduce_patterns(smollm2, [Prompt(token_ids=tuple(ids.tolist()))],
-                           {"previous_token": scores.previous_token,
-                            "stripe": scores.induction_stripe_sum})
+                           {"previous_token": patterns.previous_token,
+                            "stripe": patterns.induction_stripe_sum})
     ours = ours.pivot_table(index=["layer", "head"], columns="metric", values="score")
     for name, metric, factor in (("previous_token_head", "previous_token", (n - 1) / n),
                                  ("induction_head", "stripe", 1.0)):

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from experiments import head_pruning as hp
-from workbench.experiment import run_experiment
-from workbench.interventions import HeadMask
-from workbench.losses import token_losses
-from workbench.runs import RunStore
+from workbench.harness.experiment import run_experiment
+from workbench.interventions.masks import HeadMask
+from workbench.scores.losses import token_losses
+from workbench.store.runs import RunStore
 
 SMOLLM2 = {"chunk_tokens": 64, "fit_tokens": 128, "ablation_tokens": 64, "eval_tokens": 128,
            "repeat_prompts": 2, "repeat_len": 16, "importance": ("gradient",),

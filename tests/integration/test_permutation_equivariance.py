@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from experiments.permutation_equivariance import DEMO
-from workbench.experiment import run_experiment
-from workbench.runs import RunStore
+from workbench.harness.experiment import run_experiment
+from workbench.store.runs import RunStore
 
 EXPECTED = {
     "smollm2": {

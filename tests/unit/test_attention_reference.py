@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.attention import (
+from workbench.scores.attention import (
     FullyMaskedRowError,
     additive_mask,
     attention,

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from experiments import attention_sinks as sinks
-from workbench.errors import WorkbenchError
-from workbench.experiment import run_experiment
-from workbench.losses import token_losses
-from workbench.prompts import Prompt
-from workbench.reductions import PatternContext
-from workbench.streaming import Visibility, recompute_losses, windowed_losses
+from workbench.core.errors import WorkbenchError
+from workbench.harness.experiment import run_experiment
+from workbench.inputs.prompts import Prompt
+from workbench.recording.reductions import PatternContext
+from workbench.scores.losses import token_losses
+from workbench.scores.streaming import Visibility, recompute_losses, windowed_losses
 
 SMALL = {"n_prompts": 4, "seq_len": 16, "stream_tokens": 80, "window": 24, "n_sinks": 4,
          "sink_sweep": (1,), "chunk": 16, "recompute_stride": 8, "n_massive_prompts": 2,

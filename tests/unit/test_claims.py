@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
-from workbench import claims
-from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.experiment import experiment
-from workbench.runs import RunStore
+from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.harness import claims
+from workbench.harness.experiment import experiment
+from workbench.store.runs import RunStore
 
 
 def claim(**over):

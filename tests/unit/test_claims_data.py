@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_cli import cli
-from workbench import claims
-from workbench.config import apply_overrides
-from workbench.experiment import discover, get
+from workbench.harness import claims
+from workbench.harness.config import apply_overrides
+from workbench.harness.experiment import discover, get
 
 ALL = claims.load_claims()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.tiny import cli
-from workbench.recording import Recording
-from workbench.runs import RunStore
+from workbench.recording.record import Recording
+from workbench.store.runs import RunStore
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,9 +7,9 @@ from typing import Literal
 
 import pytest
 
-from workbench.config import apply_overrides, fields
-from workbench.errors import ConfigError, UnknownNameError
-from workbench.registry import Registry
+from workbench.core.errors import ConfigError, UnknownNameError
+from workbench.core.registry import Registry
+from workbench.harness.config import apply_overrides, fields
 
 
 @dataclass(frozen=True)

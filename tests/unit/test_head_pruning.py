@@ -12,18 +12,18 @@ import torch
 import torch.nn.functional as F
 
 from experiments import head_pruning as hp
-from workbench import hooks
-from workbench.experiment import run_experiment
-from workbench.importance import (
+from workbench.harness.experiment import run_experiment
+from workbench.inputs.prompts import Prompt
+from workbench.interventions.importance import (
     ablation_importance,
     gradient_importance,
     mask_gradients,
     normalize_by_layer,
 )
-from workbench.interventions import HeadMask, applied, head_means, mask_hooks
-from workbench.losses import token_losses
-from workbench.prompts import Prompt
-from workbench.runs import RunStore
+from workbench.interventions.masks import HeadMask, applied, head_means, mask_hooks
+from workbench.recording import hooks
+from workbench.scores.losses import token_losses
+from workbench.store.runs import RunStore
 
 TEXTS = ["the cat sat on the mat and the dog sat on the rug",
          "a quick brown fox jumps over the lazy dog by the river",
@@ -391,7 +391,7 @@ def test_bad_configs_are_refused(override, message):
 
 
 def test_config_parses_from_the_command_line_form():
-    from workbench.config import apply_overrides
+    from workbench.harness.config import apply_overrides
 
     cfg = apply_overrides(hp.Config, ["importance=ablation,gradient", "budgets=0.2,0.4"])
     assert cfg.importance == ("ablation", "gradient") and cfg.budgets == (0.2, 0.4)

@@ -15,11 +15,16 @@ from experiments.induction_heads import (
     icl_rows,
     random_same_layer,
 )
-from workbench import scores
-from workbench.heads import copying_scores, top_heads
-from workbench.losses import repeat_losses
-from workbench.prompts import Prompt
-from workbench.reductions import PatternContext, null_scores, reduce_patterns, uniform_pattern
+from workbench.inputs.prompts import Prompt
+from workbench.recording.reductions import (
+    PatternContext,
+    null_scores,
+    reduce_patterns,
+    uniform_pattern,
+)
+from workbench.scores import patterns
+from workbench.scores.heads import copying_scores, top_heads
+from workbench.scores.losses import repeat_losses
 
 BOS = 0
 A, B, C, D = 11, 12, 13, 14
@@ -47,37 +52,37 @@ def test_exact_induction_stripe_scores_one():
     targets = [0, 0, 0, 0, 0, 2, 3, 4, 5]  # first-repeat queries attend to BOS (excluded)
     pattern = one_hot_pattern(targets, 9)
     ctx = ctx_for(REPEATED)
-    assert scores.induction(pattern, ctx).item() == pytest.approx(1.0)
+    assert patterns.induction(pattern, ctx).item() == pytest.approx(1.0)
     # the unnormalised stripe divides the same total by all 9 queries
-    assert scores.induction_stripe_sum(pattern, ctx).item() == pytest.approx(4 / 9)
+    assert patterns.induction_stripe_sum(pattern, ctx).item() == pytest.approx(4 / 9)
 
 
 def test_previous_token_pattern_scores_zero_on_induction_and_one_on_previous():
     targets = [0, 0, 1, 2, 3, 4, 5, 6, 7]
     pattern = one_hot_pattern(targets, 9)
     ctx = ctx_for(REPEATED)
-    assert scores.induction(pattern, ctx).item() == pytest.approx(0.0)
-    assert scores.previous_token(pattern, ctx).item() == pytest.approx(1.0)
-    assert scores.duplicate_token(pattern, ctx).item() == pytest.approx(0.0)
+    assert patterns.induction(pattern, ctx).item() == pytest.approx(0.0)
+    assert patterns.previous_token(pattern, ctx).item() == pytest.approx(1.0)
+    assert patterns.duplicate_token(pattern, ctx).item() == pytest.approx(0.0)
 
 
 def test_bos_column_never_counts():
     pattern = one_hot_pattern([0] * 9, 9)  # all weight on BOS
     ctx = ctx_for(REPEATED)
-    assert scores.induction(pattern, ctx).item() == 0.0
-    assert scores.duplicate_token(pattern, ctx).item() == 0.0
-    assert not scores.induction_targets(ctx)[0, :, 0].any()
-    assert scores.first_token(pattern, ctx).item() == pytest.approx(1.0)
+    assert patterns.induction(pattern, ctx).item() == 0.0
+    assert patterns.duplicate_token(pattern, ctx).item() == 0.0
+    assert not patterns.induction_targets(ctx)[0, :, 0].any()
+    assert patterns.first_token(pattern, ctx).item() == pytest.approx(1.0)
 
 
 def test_duplicate_and_next_token():
     dup = one_hot_pattern([0, 1, 2, 3, 4, 1, 2, 3, 4], 9)
-    assert scores.duplicate_token(dup, ctx_for(REPEATED)).item() == pytest.approx(1.0)
+    assert patterns.duplicate_token(dup, ctx_for(REPEATED)).item() == pytest.approx(1.0)
     # half the weight on the earlier copy: 0.5
     half = 0.5 * dup + 0.5 * one_hot_pattern(list(range(9)), 9)
-    assert scores.duplicate_token(half, ctx_for(REPEATED)).item() == pytest.approx(0.5)
+    assert patterns.duplicate_token(half, ctx_for(REPEATED)).item() == pytest.approx(0.5)
     nxt = one_hot_pattern([1, 2, 3, 4, 5, 6, 7, 8, 8], 9)
-    assert scores.next_token(nxt, ctx_for(REPEATED, causal=False)).item() == pytest.approx(1.0)
+    assert patterns.next_token(nxt, ctx_for(REPEATED, causal=False)).item() == pytest.approx(1.0)
 
 
 def test_only_queries_with_an_earlier_occurrence_count():
@@ -86,7 +91,7 @@ def test_only_queries_with_an_earlier_occurrence_count():
     for i, k in zip(range(5, 9), range(2, 6), strict=True):
         pattern[0, 0, i] = 0
         pattern[0, 0, i, k], pattern[0, 0, i, 0] = 0.75, 0.25
-    assert scores.induction(pattern, ctx_for(REPEATED)).item() == pytest.approx(0.75)
+    assert patterns.induction(pattern, ctx_for(REPEATED)).item() == pytest.approx(0.75)
 
 
 def test_padding_is_ignored():
@@ -97,14 +102,14 @@ def test_padding_is_ignored():
     pattern[1, 0, 3:5] = 0
     pattern[1, 0, 3, 2], pattern[1, 0, 4, 3] = 1.0, 1.0  # induction targets of the short one
     pattern[1, 0, 5:] = 1 / 9  # junk in the padded rows
-    out = scores.induction(pattern, ctx_for(ids, lengths=[9, 5]))
+    out = patterns.induction(pattern, ctx_for(ids, lengths=[9, 5]))
     assert out[:, 0].tolist() == pytest.approx([1.0, 1.0])
 
 
 def test_null_scores_are_uniform_pattern_scores(llama):
     prompt = Prompt(token_ids=tuple(REPEATED))
-    null = null_scores(llama, [prompt], {"previous_token": scores.previous_token,
-                                         "first_token": scores.first_token}).set_index("metric")
+    null = null_scores(llama, [prompt], {"previous_token": patterns.previous_token,
+                                         "first_token": patterns.first_token}).set_index("metric")
     n = len(REPEATED)
     assert null.score["previous_token"] == pytest.approx(np.mean([1 / (i + 1)
                                                                    for i in range(1, n)]))
@@ -117,8 +122,8 @@ def test_previous_token_and_induction_stripe_agree_with_transformer_lens(llama):
     ids = llama.bridge.to_tokens(text)[0]
     n = len(ids)
     ours = reduce_patterns(llama, [Prompt(token_ids=tuple(ids.tolist()))],
-                           {"previous_token": scores.previous_token,
-                            "stripe": scores.induction_stripe_sum})
+                           {"previous_token": patterns.previous_token,
+                            "stripe": patterns.induction_stripe_sum})
     ours = ours.pivot_table(index=["layer", "head"], columns="metric", values="score")
     for name, metric, factor in (("previous_token_head", "previous_token", (n - 1) / n),
                                  ("induction_head", "stripe", 1.0)):

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import checkpoints, phase_change, training, training_data
-from workbench.errors import ChecksumError, WorkbenchError
-from workbench.experiment import run_experiment
-from workbench.models import load_model
-from workbench.runs import RunStore
+from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.harness.experiment import run_experiment
+from workbench.models import checkpoints, native
+from workbench.models.load import load_model
+from workbench.scores import phase_change
+from workbench.store.runs import RunStore
+from workbench.training import data as training_data
+from workbench.training import loop
 
 TEXT = [
     "The function returns the number of items in the container. If the container is empty, "
@@ -41,15 +44,15 @@ def tokenizer(tmp_path_factory):
 
 
 def tiny_spec(tokenizer, n_layers=2, **over):
-    return training.ModelSpec(**{"n_layers": n_layers, "d_model": 16, "n_heads": 2,
+    return native.ModelSpec(**{"n_layers": n_layers, "d_model": 16, "n_heads": 2,
                                  "n_ctx": 32, "d_vocab": len(tokenizer), "seed": 3, **over})
 
 
 def train_tiny(tokenizer, spec, steps=6, on_checkpoint=None, checkpoint_steps=()):
-    bridge = training.build_bridge(spec, tokenizer)
+    bridge = native.build_bridge(spec, tokenizer)
     stream = training_data.token_stream(tokenizer, TEXT)
     data = training_data.batches(stream, 4, spec.n_ctx, bos_id=tokenizer.bos_token_id, seed=1)
-    losses = training.train(bridge, data, training.TrainSpec(steps=steps, warmup_steps=2),
+    losses = loop.train(bridge, data, loop.TrainSpec(steps=steps, warmup_steps=2),
                             checkpoint_steps=checkpoint_steps, on_checkpoint=on_checkpoint)
     return bridge, losses
 
@@ -154,10 +157,10 @@ def test_checkpoints_reload_bit_identically(tokenizer, tmp_path, spec_over):
         kept[step] = {k: v.clone() for k, v in bridge_ref[0].state_dict().items()}
 
     bridge_ref = [None]
-    bridge_ref[0] = training.build_bridge(spec, tokenizer)
+    bridge_ref[0] = native.build_bridge(spec, tokenizer)
     stream = training_data.token_stream(tokenizer, TEXT)
     data = training_data.batches(stream, 4, spec.n_ctx, bos_id=0, seed=1)
-    training.train(bridge_ref[0], data, training.TrainSpec(steps=4, warmup_steps=1),
+    loop.train(bridge_ref[0], data, loop.TrainSpec(steps=4, warmup_steps=1),
                    checkpoint_steps={0, 4}, on_checkpoint=save)
     ids = next(training_data.batches(stream, 2, spec.n_ctx, bos_id=0, seed=9))
     for step in (0, 4):
@@ -177,7 +180,7 @@ def _saved_run(tmp_path, tokenizer, layers=(1, 2), steps=(0, 3)):
         tokenizer.save_pretrained(str(run.dir / "tokenizer"))
         for n in layers:
             spec = tiny_spec(tokenizer, n_layers=n)
-            bridge = training.build_bridge(spec, tokenizer)
+            bridge = native.build_bridge(spec, tokenizer)
             for step in steps:
                 checkpoints.save(run.dir, bridge, spec, step=step, tokens=step)
     return store.get(run.final)
@@ -297,7 +300,7 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     assert len(table) == 6 and len(run.table("composition")) == 2
     model = load_model(table.name.iloc[-1])
     assert model.info.name == f"{run.id}/L2:6"
-    from workbench.claims import CHECKS
+    from workbench.harness.claims import CHECKS
 
     measured = CHECKS.get("formation_no_induction")(run, n_layers=1)
     assert "L1: max induction" in measured.measured

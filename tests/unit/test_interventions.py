@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests import tiny
-from workbench.errors import WorkbenchError
-from workbench.interventions import HeadMask, applied, head_means
-from workbench.prompts import Prompt
+from workbench.core.errors import WorkbenchError
+from workbench.inputs.prompts import Prompt
+from workbench.interventions.masks import HeadMask, applied, head_means
 
 PROMPTS = [Prompt(text="the cat sat on the mat"), Prompt(text="bread is made from flour")]
 
@@ -150,8 +150,8 @@ def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path
     head's layer on (layer 0 patterns unchanged, layer 1 patterns changed)."""
     import numpy as np
 
-    from workbench.recording import Recording
-    from workbench.runs import RunStore
+    from workbench.recording.record import Recording
+    from workbench.store.runs import RunStore
 
     mask = HeadMask.ones(2, 4, model="tiny-llama").without([(0, 1), (0, 2)])
     path = mask.save(tmp_path / "mask.json")

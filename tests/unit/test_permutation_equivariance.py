@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from experiments import permutation_equivariance as pe
-from workbench import attention as ref
-from workbench import claims, paths
-from workbench.config import apply_overrides
-from workbench.errors import ConfigError, WorkbenchError
-from workbench.experiment import run_experiment
+from workbench.core import paths
+from workbench.core.errors import ConfigError, WorkbenchError
+from workbench.harness import claims
+from workbench.harness.config import apply_overrides
+from workbench.harness.experiment import run_experiment
+from workbench.scores import attention as ref
 
 SMALL = {"n_prompts": 2, "max_tokens": 12, "seeds": (0, 1), "shifts": (1, 100, 600)}
 
@@ -93,7 +94,7 @@ def test_head_permutation_keeps_each_query_head_with_its_kv_head(n_heads, n_kv):
 # ---- the bridge's sublayer against the reference implementation -------------------------
 
 def reference_sublayer(model, layer, x, mask):
-    """MHA from the weights with workbench.attention: no RoPE, GQA by h // r."""
+    """MHA from the weights with workbench.scores.attention: no RoPE, GQA by h // r."""
     attn = model.bridge.blocks[layer].attn
     info = model.info
     d, r = info.d_head, info.n_heads // info.n_kv_heads

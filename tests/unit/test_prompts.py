@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.prompts import (
+from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.inputs.batching import make_batches
+from workbench.inputs.prompts import (
     load_prompt_set,
-    make_batches,
     prompt_set_names,
     prompts_from_text,
     read_prompt_file,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.errors import ChecksumError, WorkbenchError
-from workbench.prompts import Prompt
-from workbench.recording import FLOAT16_MAX, Recording, _storable, record
+from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.inputs.prompts import Prompt
+from workbench.recording.record import FLOAT16_MAX, Recording, _storable, record
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog by the river",
          "bread"]

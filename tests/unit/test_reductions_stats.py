@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import reductions
-from workbench.prompts import Prompt
-from workbench.recording import record
-from workbench.stats import bootstrap_mean_ci, summarize
+from workbench.inputs.prompts import Prompt
+from workbench.recording import reductions
+from workbench.recording.record import record
+from workbench.scores import patterns
+from workbench.scores.stats import bootstrap_mean_ci, summarize
 
 
 def ctx(lengths, n_pos, causal=True):
@@ -31,12 +32,12 @@ def test_entropy_of_uniform_and_one_hot_patterns():
     n = 5
     uniform = causal_uniform(n)[None, None]  # [1, 1, 5, 5]
     expected = np.mean([math.log(q + 1) for q in range(n)])
-    assert reductions.entropy(uniform, ctx([n], n)).item() == pytest.approx(expected)
+    assert patterns.entropy(uniform, ctx([n], n)).item() == pytest.approx(expected)
     # uniform over the visible prefix has normalized entropy 1 (query 0 is left out)
-    assert reductions.normalized_entropy(uniform, ctx([n], n)).item() == pytest.approx(1.0)
+    assert patterns.normalized_entropy(uniform, ctx([n], n)).item() == pytest.approx(1.0)
     one_hot = torch.eye(n)[None, None]
-    assert reductions.entropy(one_hot, ctx([n], n)).item() == pytest.approx(0.0, abs=1e-6)
-    assert reductions.self_attention(one_hot, ctx([n], n)).item() == pytest.approx(1.0)
+    assert patterns.entropy(one_hot, ctx([n], n)).item() == pytest.approx(0.0, abs=1e-6)
+    assert patterns.self_attention(one_hot, ctx([n], n)).item() == pytest.approx(1.0)
 
 
 def test_mean_distance_of_previous_token_pattern_is_one():
@@ -44,7 +45,7 @@ def test_mean_distance_of_previous_token_pattern_is_one():
     prev = torch.zeros(n, n)
     prev[0, 0] = 1.0
     prev[torch.arange(1, n), torch.arange(n - 1)] = 1.0
-    got = reductions.mean_distance(prev[None, None], ctx([n], n)).item()
+    got = patterns.mean_distance(prev[None, None], ctx([n], n)).item()
     assert got == pytest.approx((n - 1) / n)  # query 0 can only attend to itself
 
 
@@ -52,14 +53,14 @@ def test_padded_queries_are_ignored():
     n = 4
     pattern = torch.eye(n).repeat(2, 1, 1, 1)  # [2, 1, 4, 4]
     pattern[1, 0, 2:] = 0.25  # padded rows of prompt 1 hold junk
-    out = reductions.self_attention(pattern, ctx([4, 2], n))
+    out = patterns.self_attention(pattern, ctx([4, 2], n))
     assert out[0, 0].item() == pytest.approx(1.0) and out[1, 0].item() == pytest.approx(1.0)
 
 
 def test_reduce_patterns_matches_recorded_patterns(llama, tmp_path):
     prompts = [Prompt(text=t) for t in ["the cat sat on the mat", "bread is made", "a dog"]]
-    got = reductions.reduce_patterns(llama, prompts, {"entropy": reductions.entropy,
-                                                     "mean_distance": reductions.mean_distance})
+    got = reductions.reduce_patterns(llama, prompts, {"entropy": patterns.entropy,
+                                                     "mean_distance": patterns.mean_distance})
     rec = record(llama, prompts, tmp_path / "rec", store_dtype="float32")
     for i in range(len(prompts)):
         for layer in range(llama.info.n_layers):

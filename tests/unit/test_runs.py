@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
-from workbench.errors import ChecksumError, WorkbenchError
-from workbench.runs import INCOMPLETE, RunStore
+from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.store.runs import INCOMPLETE, RunStore
 
 MODEL = {"name": "tiny", "checksum": "abc"}
 
@@ -59,7 +59,7 @@ def test_exception_and_ctrl_c_leave_failed_runs_with_the_error(tmp_path):
 
 def test_killed_process_leaves_an_interrupted_run(tmp_path):
     code = (
-        "import time; from workbench.runs import RunStore\n"
+        "import time; from workbench.store.runs import RunStore\n"
         f"with RunStore({str(tmp_path)!r}).start('exp', None, {{}}) as run:\n"
         "    print(run.id, flush=True); time.sleep(60)\n"
     )

@@ -9,10 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from workbench import checksums, zoo
-from workbench.errors import ChecksumError, UnknownNameError, WorkbenchError
-from workbench.models import load_model
-from workbench.registry import Registry
+from workbench.core import checksums
+from workbench.core.errors import ChecksumError, UnknownNameError, WorkbenchError
+from workbench.core.registry import Registry
+from workbench.models import zoo
+from workbench.models.load import load_model
 
 
 def sha(data: bytes) -> str:

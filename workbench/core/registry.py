@@ -1,0 +1,81 @@
+"""A registry of named things (models, experiments, prompt sets).
+
+Each kind of thing has exactly one registry; the CLI and the dashboard read their choices
+from it, so there is never a second list to keep in step.
+
+Examples:
+    >>> widgets: Registry[int] = Registry("widget")
+    >>> widgets.register("one", 1)
+    1
+    >>> widgets.get("two")
+    Traceback (most recent call last):
+    ...
+    workbench.core.errors.UnknownNameError: unknown widget 'two'; known widgets: one
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from workbench.core.errors import UnknownNameError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Names mapped to items; a duplicate name raises, an unknown one lists the known ones."""
+
+    def __init__(self, kind: str, plural: str | None = None) -> None:
+        self.kind = kind
+        self.plural = plural or f"{kind}s"
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str, item: T) -> T:
+        """Add ``item`` under ``name``.
+
+        Raises:
+            ValueError: if ``name`` is already registered (a programming error, not bad input).
+        """
+        if name in self._items:
+            raise ValueError(f"{self.kind} '{name}' is already registered")
+        self._items[name] = item
+        return item
+
+    def decorator(self, name: str) -> Callable[[T], T]:
+        """``@registry.decorator("name")`` registers the decorated object."""
+
+        def wrap(item: T) -> T:
+            return self.register(name, item)
+
+        return wrap
+
+    def get(self, name: str) -> T:
+        """The item registered as ``name``.
+
+        Raises:
+            UnknownNameError: listing the known names when ``name`` is not registered.
+        """
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownNameError(self.unknown_message(name)) from None
+
+    def unknown_message(self, name: str) -> str:
+        known = ", ".join(sorted(self._items)) or "(none)"
+        return f"unknown {self.kind} '{name}'; known {self.plural}: {known}"
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._items.items())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)

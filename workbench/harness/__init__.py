@@ -1,0 +1,1 @@
+"""What turns the library into experiments: configs, the experiment registry, claims, demo."""

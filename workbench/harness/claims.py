@@ -1,0 +1,296 @@
+"""Published claims as data, checked against what the workbench measures.
+
+``data/claims/*.json`` each hold a list of claims. A claim says what a paper reports, which
+models it applies to, which experiment and config test it, and which *check* turns that
+experiment's run into a verdict::
+
+    {
+      "id": "olsson2022-induction-stripe",
+      "paper": "Olsson et al. 2022, In-context Learning and Induction Heads",
+      "where": "section 2, 'Induction heads'",
+      "statement": "a trained causal LM has at least one head with a clear induction stripe",
+      "published": "induction heads in every model with two or more layers",
+      "applies_to": "causal",            # "causal", "encoder", "any", "none", or names
+      "models": ["smollm2"],             # what `workbench reproduce` runs by default
+      "experiment": "induction-heads",
+      "config": {"n_prompts": 16},
+      "check": {"name": "max_score_at_least", "metric": "induction", "threshold": 0.4}
+    }
+
+A claim about models that its experiment trains itself (``induction-formation``) has
+``"applies_to": "none"`` and ``"models": []``: :func:`reproduce` runs the experiment once
+with no model (and skips the claim when a ``--model`` is given).
+
+Checks are functions registered with :func:`claim_check`: ``check(run, **params) ->
+Measurement``. Generic ones live here; an experiment registers its own next to its code.
+:func:`reproduce` runs what is needed (reusing matching complete runs), applies every
+check and returns the table that ``workbench reproduce`` prints and stores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.core import paths
+from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.registry import Registry
+from workbench.store.runs import Run, RunStore
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("id", "paper", "statement", "published", "applies_to", "models", "experiment",
+            "check")
+VERDICT_COLUMNS = ["claim", "source", "model", "statement", "published", "measured",
+                   "verdict", "reason", "run"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a check measured, in words a reader can compare with the published figure."""
+
+    measured: str
+    passed: bool
+    value: float | None = None
+
+
+Check = Callable[..., Measurement]
+CHECKS: Registry[Check] = Registry("claim check")
+
+
+def claim_check(name: str) -> Callable[[Check], Check]:
+    """Register a check: ``fn(run: Run, **params) -> Measurement``."""
+    return CHECKS.decorator(name)
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    paper: str
+    statement: str
+    published: str
+    applies_to: str | tuple[str, ...]
+    models: tuple[str, ...]
+    experiment: str
+    check: dict[str, Any]
+    where: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    file: str = ""
+
+    @property
+    def source(self) -> str:
+        return f"{self.paper}, {self.where}" if self.where else self.paper
+
+    @property
+    def model_free(self) -> bool:
+        """The claim's experiment trains its own models (``"applies_to": "none"``)."""
+        return self.applies_to == "none"
+
+    def applies(self, model_name: str, causal: bool) -> str | None:
+        """``None`` if the claim applies to the model, else the reason it does not."""
+        target = self.applies_to
+        if isinstance(target, tuple):
+            return None if model_name in target else f"the claim is about {', '.join(target)}"
+        if target == "causal" and not causal:
+            return "the claim is about causal language models"
+        if target == "encoder" and causal:
+            return "the claim is about bidirectional encoders"
+        return None
+
+
+def _parse(entry: dict[str, Any], file: str) -> Claim:
+    missing = [k for k in REQUIRED if k not in entry]
+    if missing:
+        raise WorkbenchError(f"{file}: claim {entry.get('id', '?')} lacks {', '.join(missing)}")
+    applies = entry["applies_to"]
+    if applies == "none" and entry["models"]:
+        raise WorkbenchError(f"{file}: claim {entry['id']}: \"applies_to\": \"none\" (the "
+                             "experiment trains its own models) goes with \"models\": []")
+    return Claim(
+        id=entry["id"], paper=entry["paper"], statement=entry["statement"],
+        published=entry["published"],
+        applies_to=tuple(applies) if isinstance(applies, list) else applies,
+        models=tuple(entry["models"]), experiment=entry["experiment"],
+        check=dict(entry["check"]), where=entry.get("where", ""),
+        config=dict(entry.get("config", {})), file=file,
+    )
+
+
+def load_claims(folder: Path | None = None) -> list[Claim]:
+    """Every claim in ``data/claims/*.json``.
+
+    Raises:
+        WorkbenchError: a malformed file, a duplicate id, or an unknown check name.
+    """
+    folder = folder or paths.data_dir() / "claims"
+    claims: dict[str, Claim] = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            entries = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise WorkbenchError(f"{path.name} is not valid JSON: {exc}") from None
+        for entry in entries:
+            claim = _parse(entry, path.name)
+            if claim.id in claims:
+                raise WorkbenchError(f"claim id '{claim.id}' appears twice ({path.name})")
+            claims[claim.id] = claim
+    return list(claims.values())
+
+
+def select(claims: Sequence[Claim], ids: Sequence[str]) -> list[Claim]:
+    """The claims named in ``ids`` (all when empty); an unknown id lists the known ones."""
+    if not ids:
+        return list(claims)
+    by_id = {c.id: c for c in claims}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise UnknownNameError(
+            f"unknown claim '{unknown[0]}'; known claims: {', '.join(sorted(by_id))}")
+    return [by_id[i] for i in ids]
+
+
+def evaluate(claim: Claim, run: Run) -> Measurement:
+    """Apply the claim's check to a run of its experiment."""
+    params = {k: v for k, v in claim.check.items() if k != "name"}
+    return CHECKS.get(claim.check["name"])(run, **params)
+
+
+def reproduce(claims: Sequence[Claim], *, model: str | None = None,
+              runs_dir: str | Path | None = None, fresh: bool = False) -> pd.DataFrame:
+    """Run (or reuse) what each claim needs and judge it.
+
+    Args:
+        claims: the claims to check.
+        model: check every claim that applies to this model instead of its default models.
+        runs_dir: the run store.
+        fresh: run again even when a matching complete run exists.
+
+    Returns:
+        One row per (claim, model): claim, source, model, statement, published, measured,
+        verdict (pass / fail / skipped / error), reason, run.
+    """
+    from workbench.harness.experiment import discover, run_experiment
+    from workbench.harness.experiment import get as get_experiment
+    from workbench.models.load import load_model
+
+    discover()  # experiments register their checks when imported
+    ensure_checks_exist(claims)
+    loaded: dict[str, Any] = {}
+    rows = []
+    for claim in claims:
+        get_experiment(claim.experiment)  # an unknown experiment is a broken claim file
+        if claim.model_free:
+            rows.append(_reproduce_model_free(claim, model, runs_dir, fresh))
+            continue
+        for name in ([model] if model else claim.models):
+            row = {"claim": claim.id, "source": claim.source, "model": name,
+                   "statement": claim.statement, "published": claim.published,
+                   "measured": "", "verdict": "skipped", "reason": "", "run": ""}
+            rows.append(row)
+            try:
+                if name not in loaded:
+                    loaded[name] = load_model(name)
+            except WorkbenchError as exc:
+                loaded[name] = exc
+            target = loaded[name]
+            if isinstance(target, WorkbenchError):
+                row["reason"] = f"model unavailable: {target}"
+                continue
+            if (why := claim.applies(name, target.info.causal)) is not None:
+                row["reason"] = why
+                continue
+            try:
+                run = run_experiment(claim.experiment, target, claim.config,
+                                     runs_dir=runs_dir, reuse=not fresh)
+                result = evaluate(claim, run)
+            except WorkbenchError as exc:
+                row.update(verdict="error", reason=str(exc))
+                continue
+            row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
+                       run=run.id)
+    return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path | None,
+                          fresh: bool) -> dict[str, Any]:
+    """Judge a claim whose experiment trains its own models: run it with no model."""
+    from workbench.harness.experiment import run_experiment
+
+    row = {"claim": claim.id, "source": claim.source, "model": "-",
+           "statement": claim.statement, "published": claim.published,
+           "measured": "", "verdict": "skipped", "reason": "", "run": ""}
+    if model:
+        row["reason"] = "the claim's experiment trains its own models"
+        return row
+    try:
+        run = run_experiment(claim.experiment, None, claim.config, runs_dir=runs_dir,
+                             reuse=not fresh)
+        result = evaluate(claim, run)
+    except WorkbenchError as exc:
+        row.update(verdict="error", reason=str(exc))
+        return row
+    row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
+               run=run.id)
+    return row
+
+
+def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None = None,
+                  fresh: bool = False) -> Run:
+    """:func:`reproduce`, stored as a run of ``reproduce`` with its table ``claims``."""
+    config = {"claims": [c.id for c in claims], "model": model, "fresh": fresh}
+    with store.start("reproduce", None, config) as run:
+        table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh)
+        run.save_table("claims", table)
+        counts = table.verdict.value_counts().to_dict()
+        run.set("summary", [", ".join(f"{v} {k}" for k, v in sorted(counts.items()))])
+    return store.get(run.final)
+
+
+# ---- generic checks -----------------------------------------------------------------------
+
+def _head_scores(run: Run, metric: str) -> pd.DataFrame:
+    scores = run.table("head_scores")
+    picked = scores[scores.metric == metric]
+    if picked.empty:
+        raise WorkbenchError(f"run {run.id} has no '{metric}' head scores")
+    return picked.sort_values("score", ascending=False, ignore_index=True)
+
+
+@claim_check("max_score_at_least")
+def max_score_at_least(run: Run, *, metric: str, threshold: float) -> Measurement:
+    """The best head's ``metric`` is at least ``threshold``."""
+    top = _head_scores(run, metric).iloc[0]
+    ci = f" [{top.ci_low:.2f}, {top.ci_high:.2f}]" if "ci_low" in top else ""
+    return Measurement(f"max {metric} = {top.score:.3f}{ci} at L{top.layer}H{top['head']} "
+                       f"(threshold {threshold})", bool(top.score >= threshold),
+                       float(top.score))
+
+
+@claim_check("heads_in_top_k")
+def heads_in_top_k(run: Run, *, metric: str, heads: list[str], k: int) -> Measurement:
+    """Every published head ``"layer.head"`` ranks within the top ``k`` by ``metric``."""
+    ranked = _head_scores(run, metric)
+    labels = [f"{r.layer}.{r.head}" for r in ranked.itertuples()]
+    ranks = {h: labels.index(h) + 1 if h in labels else None for h in heads}
+    shown = ", ".join(f"{h}: rank {r}" for h, r in ranks.items())
+    passed = all(r is not None and r <= k for r in ranks.values())
+    return Measurement(f"{shown} (top {k} needed)", passed)
+
+
+def known_checks() -> list[str]:
+    return CHECKS.names()
+
+
+def ensure_checks_exist(claims: Sequence[Claim]) -> None:
+    """Fail early on a claim whose check is not registered (after experiments load)."""
+    for claim in claims:
+        if claim.check.get("name") not in CHECKS:
+            raise UnknownNameError(
+                f"claim '{claim.id}' uses unknown check '{claim.check.get('name')}'; "
+                f"known checks: {', '.join(known_checks())}")

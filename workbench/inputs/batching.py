@@ -1,0 +1,69 @@
+"""Batches of encoded prompts: right-padded, sorted by length, with what undoes the padding.
+
+Right padding with an attention mask leaves every real position's activations unchanged,
+for causal models (a real query never sees a later position) and encoders (padded keys
+are masked out). ``Model.batches(prompts, max_tokens=...)`` is the usual entry point: it
+encodes the prompts and calls :func:`make_batches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Batch:
+    """Right-padded token ids of several prompts, with what is needed to undo the padding."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None
+    lengths: list[int]
+    indices: list[int]
+
+    def forward_kwargs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for ``bridge(input_ids, **kwargs)``."""
+        kwargs = {"attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            kwargs["token_type_ids"] = self.token_type_ids
+        return kwargs
+
+
+def make_batches(encoded: Sequence[tuple[list[int], list[int] | None]], *, pad_id: int,
+                 max_tokens: int = 4096) -> Iterator[Batch]:
+    """Group encoded prompts into right-padded batches of at most ``max_tokens`` tokens.
+
+    Prompts are sorted by length so that little padding is needed; right padding with an
+    attention mask leaves every real position's activations unchanged, for causal models
+    (a real query never sees a later position) and encoders (padded keys are masked).
+    """
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
+    group: list[int] = []
+    for i in order:
+        longest = len(encoded[i][0])
+        if group and longest * (len(group) + 1) > max_tokens:
+            yield _pad(encoded, group, pad_id)
+            group = []
+        group.append(i)
+    if group:
+        yield _pad(encoded, group, pad_id)
+
+
+def _pad(encoded: Sequence[tuple[list[int], list[int] | None]], group: list[int],
+         pad_id: int) -> Batch:
+    lengths = [len(encoded[i][0]) for i in group]
+    width = max(lengths)
+    ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(group), width), dtype=torch.long)
+    has_types = encoded[group[0]][1] is not None
+    types = torch.zeros((len(group), width), dtype=torch.long) if has_types else None
+    for row, i in enumerate(group):
+        tokens, type_ids = encoded[i]
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+        if types is not None and type_ids is not None:
+            types[row, : len(tokens)] = torch.tensor(type_ids)
+    return Batch(ids, mask, types, lengths, list(group))

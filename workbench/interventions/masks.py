@@ -1,0 +1,223 @@
+"""Head masks: remove, scale or mean-ablate attention heads through hooks on the bridge.
+
+A mask ``xi[layer, head]`` multiplies each query head's contribution before the output
+projection, as in Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"):
+``MHA(x) = sum_h xi_h Att_h(x) W_O^h``. The hook sits on ``blocks.{l}.attn.hook_z``
+(``[batch, pos, head_index, d_head]``, the per-head outputs that ``W_O`` mixes), so a
+mask works unchanged for grouped-query models (it masks query heads; the shared key-value
+heads are untouched) and for encoders.
+
+Ablation kinds:
+
+- ``zero``: ``z_h -> xi_h z_h``. With ``xi_h = 0`` the head is removed; with ``xi = 1``
+  everywhere nothing changes, bit for bit.
+- ``mean``: ``z_h -> xi_h z_h + (1 - xi_h) mean(z_h)``, the head's output replaced by its
+  mean over every real token of a reference batch (:func:`head_means`).
+
+Masks compose by multiplication, save to and load from a small JSON file, and apply to
+any run or recording (``--heads-mask FILE``).
+
+Examples:
+    >>> mask = HeadMask.ones(30, 9).without([(4, 2), (7, 0)])
+    >>> mask.save("prune.json")                                      # doctest: +SKIP
+    >>> with applied(model, HeadMask.load("prune.json")):            # doctest: +SKIP
+    ...     logits = model.logits(ids)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from workbench.core import progress
+from workbench.core.errors import WorkbenchError
+from workbench.inputs.batching import make_batches
+from workbench.inputs.prompts import Prompt, load_prompt_set
+from workbench.models.base import Model
+from workbench.recording import hooks
+
+Ablation = Literal["zero", "mean"]
+ABLATIONS: tuple[Ablation, ...] = ("zero", "mean")
+FORMAT = "workbench-heads-mask"
+
+
+@dataclass
+class HeadMask:
+    """A mask over (layer, query head).
+
+    Attributes:
+        values: ``[n_layers, n_heads]``; 1 keeps a head, 0 removes it.
+        ablation: what a removed head is replaced by (``zero`` or ``mean``).
+        reference: for ``mean``: the prompt set whose mean head outputs are used.
+        model: the model the mask was made for (checked when it is applied).
+    """
+
+    values: Float[Tensor, "layer head_index"]
+    ablation: Ablation = "zero"
+    reference: str = "natural"
+    model: str | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.ablation not in ABLATIONS:
+            raise WorkbenchError(
+                f"unknown ablation '{self.ablation}'; expected one of {', '.join(ABLATIONS)}")
+        if self.values.ndim != 2:
+            raise WorkbenchError(f"a head mask is [layer, head]; got shape "
+                                 f"{tuple(self.values.shape)}")
+
+    @classmethod
+    def ones(cls, n_layers: int, n_heads: int, **kwargs: Any) -> HeadMask:
+        return cls(torch.ones(n_layers, n_heads), **kwargs)
+
+    @classmethod
+    def for_model(cls, model: Model, **kwargs: Any) -> HeadMask:
+        """An all-ones mask shaped for ``model``."""
+        return cls.ones(model.info.n_layers, model.info.n_heads, model=model.info.name,
+                        **kwargs)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.values.shape[0]), int(self.values.shape[1]))
+
+    def removed(self) -> list[tuple[int, int]]:
+        """The (layer, head) pairs whose value is 0."""
+        return [(int(layer), int(head)) for layer, head in (self.values == 0).nonzero().tolist()]
+
+    def without(self, heads: Iterable[tuple[int, int]]) -> HeadMask:
+        """A copy with ``heads`` set to 0."""
+        values = self.values.clone()
+        for layer, head in heads:
+            values[layer, head] = 0.0
+        return HeadMask(values, self.ablation, self.reference, self.model, self.note,
+                        dict(self.extra))
+
+    def compose(self, other: HeadMask) -> HeadMask:
+        """Both masks at once: the elementwise product (ablation kinds must agree)."""
+        if other.shape != self.shape or other.ablation != self.ablation:
+            raise WorkbenchError("only masks of the same shape and ablation kind compose")
+        return HeadMask(self.values * other.values, self.ablation, self.reference,
+                        self.model or other.model)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": 1, "model": self.model,
+                "n_layers": self.shape[0], "n_heads": self.shape[1],
+                "ablation": self.ablation, "reference": self.reference, "note": self.note,
+                "mask": self.values.tolist(), **({"extra": self.extra} if self.extra else {})}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HeadMask:
+        if data.get("format") != FORMAT:
+            raise WorkbenchError(f"not a head mask file (expected format '{FORMAT}')")
+        values = torch.tensor(data["mask"], dtype=torch.float32)
+        if tuple(values.shape) != (data["n_layers"], data["n_heads"]):
+            raise WorkbenchError("head mask: 'mask' does not match n_layers x n_heads")
+        return cls(values, data.get("ablation", "zero"), data.get("reference", "natural"),
+                   data.get("model"), data.get("note", ""), data.get("extra", {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadMask:
+        """Read a mask file.
+
+        Raises:
+            WorkbenchError: unreadable, not a mask, or inconsistent.
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise WorkbenchError(f"cannot read head mask {path}: {exc}") from None
+        return cls.from_json(data)
+
+    def check(self, model: Model) -> None:
+        """Raise unless the mask fits ``model``'s layers and query heads."""
+        want = (model.info.n_layers, model.info.n_heads)
+        if self.shape != want:
+            raise WorkbenchError(
+                f"head mask is {self.shape[0]} layers x {self.shape[1]} heads"
+                f"{f' (made for {self.model})' if self.model else ''}; {model.info.name} "
+                f"has {want[0]} x {want[1]} query heads")
+
+
+def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int = 2048
+               ) -> Float[Tensor, "layer head_index d_head"]:
+    """Mean of every head's output ``z`` over all real tokens of ``prompts``."""
+    n_layers, n_heads, d_head = model.info.n_layers, model.info.n_heads, model.info.d_head
+    sums = torch.zeros(n_layers, n_heads, d_head, dtype=torch.float64)
+    count = 0
+    encoded = [model.encode(p) for p in prompts]
+    state: dict[str, Tensor] = {}
+
+    def make_hook(layer: int):
+        def hook(z: Tensor, hook: Any) -> None:
+            mask = state["mask"][:, :, None, None].to(z.dtype)  # [B, T, 1, 1]
+            sums[layer] += (z * mask).sum((0, 1)).double()
+
+        return hook
+
+    fwd = [(hooks.z(layer), make_hook(layer)) for layer in range(n_layers)]
+    pad = model.tokenizer.pad_token_id or 0
+    with torch.inference_mode():
+        for batch in progress.track(list(make_batches(encoded, pad_id=pad,
+                                                      max_tokens=max_batch_tokens)),
+                                    desc="head means"):
+            state["mask"] = batch.attention_mask
+            count += int(batch.attention_mask.sum())
+            hooks.run_hooked(model.bridge, batch, fwd, stop_after=hooks.z(n_layers - 1))
+    return (sums / max(count, 1)).float()
+
+
+def mask_hooks(values: Float[Tensor, "layer head_index"],
+               means: Float[Tensor, "layer head_index d_head"] | None = None
+               ) -> list[tuple[str, Any]]:
+    """Forward hooks on every layer's ``hook_z`` that apply ``values``.
+
+    ``values`` may require grad (Michel et al.'s gradient importance differentiates the
+    loss with respect to it). Layers whose mask is all ones get no hook at all.
+    """
+    fwd = []
+    for layer in range(values.shape[0]):
+        if means is None and not values.requires_grad and bool((values[layer] == 1).all()):
+            continue
+
+        def hook(z: Tensor, hook: Any, layer: int = layer) -> Tensor:
+            xi = values[layer].to(z.dtype)[None, None, :, None]  # [1, 1, H, 1]
+            if means is None:
+                return z * xi
+            return z * xi + (1 - xi) * means[layer].to(z.dtype)[None, None]
+
+        fwd.append((hooks.z(layer), hook))
+    return fwd
+
+
+@contextlib.contextmanager
+def applied(model: Model, mask: HeadMask | None, *,
+            means: Float[Tensor, "layer head_index d_head"] | None = None) -> Iterator[None]:
+    """Apply ``mask`` to ``model`` for the duration of the block (``None``: no-op).
+
+    For a ``mean`` mask the head means are computed on the mask's reference prompt set
+    unless ``means`` is given; a ``zero`` mask ignores ``means``.
+    """
+    if mask is None:
+        yield
+        return
+    mask.check(model)
+    if mask.ablation == "zero":
+        means = None
+    elif means is None:
+        means = head_means(model, load_prompt_set(mask.reference, model))
+    with model.bridge.hooks(fwd_hooks=mask_hooks(mask.values, means)):
+        yield

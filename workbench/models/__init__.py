@@ -1,0 +1,12 @@
+"""Models: the :class:`Model` type, every way of loading one, and surgery on their weights.
+
+``base`` (the type, a leaf), ``hf`` (Hugging Face loading), ``zoo`` (the bundled models),
+``native`` (models built from scratch), ``checkpoints`` (trained models in the run store),
+``load`` (the one dispatcher over all of them).
+"""
+
+from workbench.models.base import DTYPES, Dtype, Model, ModelInfo
+from workbench.models.hf import wrap_hf_model
+from workbench.models.load import load_model
+
+__all__ = ["DTYPES", "Dtype", "Model", "ModelInfo", "load_model", "wrap_hf_model"]

@@ -1,0 +1,171 @@
+"""The model type every layer above shares: a bridge, its tokenizer and the facts about it.
+
+:class:`Model` wraps a TransformerLens ``TransformerBridge``; :class:`ModelInfo` says what
+the model is, where it came from and what it may honestly be used for. This module imports
+nothing else of :mod:`workbench.models`, so everything can depend on it; loading lives in
+:mod:`workbench.models.load` (the dispatcher), :mod:`workbench.models.hf`,
+:mod:`workbench.models.zoo`, :mod:`workbench.models.native` and
+:mod:`workbench.models.checkpoints`.
+
+Examples:
+    >>> from workbench.models import load_model
+    >>> model = load_model("smollm2")                      # doctest: +SKIP
+    >>> model.info.n_heads, model.info.n_kv_heads          # doctest: +SKIP
+    (9, 3)
+    >>> ids, _ = model.encode(Prompt(text="The capital of France is"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from workbench.core.errors import ModelCapabilityError, WorkbenchError
+from workbench.inputs.batching import Batch, make_batches
+from workbench.inputs.prompts import Prompt
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model is, where it came from, and what it can be used for."""
+
+    name: str
+    source: str
+    checksum: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    n_ctx: int
+    d_vocab: int
+    positions: str
+    causal: bool
+    has_lm_head: bool
+    bos_token_id: int | None
+    dtype: str
+    load_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Model:
+    """A bridge, its tokenizer, and the facts about the model.
+
+    Attributes:
+        bridge: the ``TransformerBridge``; hook it with ``bridge.hooks(fwd_hooks=...)``.
+        tokenizer: the Hugging Face tokenizer, used without automatic BOS insertion.
+        info: see :class:`ModelInfo`.
+    """
+
+    def __init__(self, bridge: Any, tokenizer: Any, info: ModelInfo) -> None:
+        self.bridge = bridge
+        self.tokenizer = tokenizer
+        self.info = info
+
+    def __repr__(self) -> str:
+        i = self.info
+        return (f"Model({i.name!r}, {i.architecture}, layers={i.n_layers}, "
+                f"heads={i.n_heads}/{i.n_kv_heads}, d_model={i.d_model})")
+
+    def encode(self, prompt: Prompt) -> tuple[list[int], list[int] | None]:
+        """Token ids (and segment ids for encoder sentence pairs) of one prompt.
+
+        Causal models get their BOS token prepended to text; encoders get the tokenizer's
+        own special tokens (``[CLS] a [SEP] b [SEP]``). Pre-tokenized prompts are used as
+        they are.
+
+        Raises:
+            WorkbenchError: the prompt is empty or longer than the model's context.
+        """
+        type_ids: list[int] | None = None
+        if prompt.token_ids is not None:
+            ids = list(prompt.token_ids)
+        elif not (prompt.text or "").strip():
+            raise WorkbenchError(f"prompt {prompt.label or ''} is empty".replace("  ", " "))
+        elif self.info.causal:
+            ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+            if self.info.bos_token_id is not None:
+                ids = [self.info.bos_token_id, *ids]
+        else:
+            enc = self.tokenizer(prompt.text, prompt.pair, add_special_tokens=True)
+            ids = enc["input_ids"]
+            type_ids = enc.get("token_type_ids")
+        if not ids:
+            raise WorkbenchError("prompt has no tokens")
+        if len(ids) > self.info.n_ctx:
+            raise WorkbenchError(
+                f"prompt {prompt.label or ''} has {len(ids)} tokens; "
+                f"{self.info.name} has a context of {self.info.n_ctx}".replace("  ", " ")
+            )
+        return ids, type_ids
+
+    @property
+    def pad_id(self) -> int:
+        """The id right-padded batches are filled with (never attended to)."""
+        return self.tokenizer.pad_token_id or 0
+
+    def batches(self, prompts: Sequence[Prompt], *, max_tokens: int = 2048) -> list[Batch]:
+        """Encode ``prompts`` and group them into right-padded batches of at most
+        ``max_tokens`` tokens each (see :mod:`workbench.inputs.batching`).
+
+        Raises:
+            WorkbenchError: a prompt is empty or longer than the context (see :meth:`encode`).
+        """
+        encoded = [self.encode(p) for p in prompts]
+        return list(make_batches(encoded, pad_id=self.pad_id, max_tokens=max_tokens))
+
+    def frame(self, ids: list[int]) -> list[int]:
+        """Content token ids framed as the model expects: ``[BOS] ...`` for causal models,
+        ``[CLS] ... [SEP]`` for encoders."""
+        if self.info.causal:
+            bos = self.info.bos_token_id
+            return list(ids) if bos is None else [bos, *ids]
+        return [self.tokenizer.cls_token_id, *ids, self.tokenizer.sep_token_id]
+
+    def str_tokens(self, ids: list[int] | Tensor) -> list[str]:
+        """Readable token strings (``Ġ`` and ``▁`` word markers shown as spaces)."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        toks = self.tokenizer.convert_ids_to_tokens(ids)
+        return [_readable(t) for t in toks]
+
+    def require(self, *, causal: bool | None = None, lm_head: bool | None = None,
+                what: str = "this") -> None:
+        """Refuse, with a reason, what this model cannot honestly do.
+
+        Raises:
+            ModelCapabilityError: e.g. a loss asked of an encoder with no trained LM head.
+        """
+        name = self.info.name
+        if causal is True and not self.info.causal:
+            raise ModelCapabilityError(f"{what} needs a causal model; {name} is bidirectional")
+        if lm_head is True and not self.info.has_lm_head:
+            raise ModelCapabilityError(
+                f"{what} needs a trained language-model head; {name} has none "
+                "(its head is randomly initialised), so no loss or prediction is reported"
+            )
+
+    def logits(self, input_ids: Int[Tensor, "batch pos"],
+               attention_mask: Int[Tensor, "batch pos"] | None = None
+               ) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits of a causal LM (refused for models without a trained head)."""
+        self.require(lm_head=True, what="logits")
+        return self.bridge(input_ids, attention_mask=attention_mask)
+
+
+def _readable(token: str) -> str:
+    return token.replace("Ġ", " ").replace("▁", " ").replace("Ċ", "\n").replace("ĉ", "\t")

@@ -1,0 +1,224 @@
+"""Checkpoints of models the workbench trained: save, verify, list and load as a ``Model``.
+
+A run that trains models (``induction-formation``) keeps them inside its run folder::
+
+    tokenizer/                                   one tokenizer shared by the run's models
+    checkpoints/L{n_layers}/step_{step:06d}/
+        model.safetensors                        the bridge's state_dict, float32
+        checkpoint.json                          the model spec, step, tokens seen, and
+                                                 the SHA-256 of every file it needs
+
+A checkpoint is named ``<run-id>/L<n>:<step>``: the run, the model by its number of
+layers, and the training step. ``<run-id>:<step>`` is accepted when the run trained a
+single model; with several it is an error that names the choices. ``<run-id>`` may be a
+unique prefix of the id. Any ``MODEL`` argument accepts these names::
+
+    workbench record 20250101-120000-induction-formation-none-ab12/L2:1500 --prompt-set natural
+    workbench run head-overview --model 20250101-120000-induction-formation-none-ab12/L2:1500
+
+Every load re-hashes the weights and tokenizer files against ``checkpoint.json``; a
+changed or truncated file is a :class:`~workbench.core.errors.ChecksumError` that names it.
+
+Examples:
+    >>> model = load("20250101-120000-induction-formation-none-ab12/L2", 1500)  # doctest: +SKIP
+    >>> model.info.n_layers, model.info.name                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.core import checksums, paths
+from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.models.base import Dtype, Model
+from workbench.models.native import ModelSpec, as_model, build_bridge
+
+log = logging.getLogger(__name__)
+
+FORMAT = "workbench-checkpoint"
+VERSION = 1
+WEIGHTS = "model.safetensors"
+META = "checkpoint.json"
+CHECKPOINTS = "checkpoints"
+TOKENIZER = "tokenizer"
+_MODEL_DIR = re.compile(r"^L(?P<layers>\d+)$")
+_STEP_DIR = re.compile(r"^step_(?P<step>\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """Where one checkpoint lives in a run folder."""
+
+    n_layers: int
+    step: int
+    path: Path
+
+
+def model_dir(run_dir: str | Path, n_layers: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"L{n_layers}"
+
+
+def step_dir(run_dir: str | Path, n_layers: int, step: int) -> Path:
+    return model_dir(run_dir, n_layers) / f"step_{step:06d}"
+
+
+def checkpoint_name(run_id: str, n_layers: int, step: int) -> str:
+    """The ``MODEL`` name of a checkpoint: ``<run-id>/L<n>:<step>``."""
+    return f"{run_id}/L{n_layers}:{step}"
+
+
+def _hash_files(folder: Path, files: list[Path]) -> dict[str, str]:
+    """``{path relative to folder: sha256}``."""
+    return {os.path.relpath(f, folder): checksums.sha256_file(f) for f in files}
+
+
+def save(run_dir: str | Path, bridge: Any, spec: ModelSpec, *, step: int, tokens: int,
+         extra: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint of ``bridge`` into ``run_dir`` (whose ``tokenizer/`` it uses).
+
+    Returns:
+        The checkpoint folder.
+    """
+    from safetensors.torch import save_file
+
+    run_dir = Path(run_dir)
+    tokenizer_dir = run_dir / TOKENIZER
+    if not tokenizer_dir.is_dir():
+        raise WorkbenchError(f"{run_dir} has no {TOKENIZER}/ folder to pair the weights with")
+    folder = step_dir(run_dir, spec.n_layers, step)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float32).contiguous()
+             for k, v in bridge.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS), metadata={"format": FORMAT, "step": str(step)})
+    needed = [folder / WEIGHTS, *sorted(p for p in tokenizer_dir.iterdir() if p.is_file())]
+    meta = {"format": FORMAT, "version": VERSION, "model": spec.to_dict(), "step": step,
+            "tokens": tokens, "tokenizer": os.path.relpath(tokenizer_dir, folder),
+            "sha256": _hash_files(folder, needed), **({"extra": extra} if extra else {})}
+    checksums.write_json_atomic(folder / META, meta)
+    return folder
+
+
+def verify(folder: str | Path) -> dict[str, Any]:
+    """Read ``checkpoint.json`` and re-hash every file it lists.
+
+    Returns:
+        The checkpoint's metadata.
+
+    Raises:
+        WorkbenchError: not a checkpoint folder.
+        ChecksumError: a file is missing, or changed since the checkpoint was written.
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / META).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise WorkbenchError(f"{folder} is not a readable checkpoint ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise WorkbenchError(f"{folder / META} is not a workbench checkpoint")
+    for rel, expected in meta["sha256"].items():
+        path = (folder / rel).resolve()
+        if not path.is_file():
+            raise ChecksumError(f"checkpoint {folder}: {rel} is missing")
+        if checksums.sha256_file(path) != expected:
+            raise ChecksumError(
+                f"checkpoint {folder}: {rel} does not match the SHA-256 recorded when it was "
+                "saved (the file is damaged or was changed); restore it or train again")
+    return meta
+
+
+def load_folder(folder: str | Path, *, name: str | None = None, dtype: Dtype = "float32",
+                device: str = "cpu") -> Model:
+    """Load a checkpoint folder as a workbench :class:`Model`, after verifying it.
+
+    Raises:
+        WorkbenchError / ChecksumError: see :func:`verify`.
+    """
+    from safetensors.torch import load_file
+
+    from workbench.models.native import load_tokenizer
+
+    folder = Path(folder)
+    meta = verify(folder)
+    spec = ModelSpec.from_dict(meta["model"])
+    tokenizer = load_tokenizer((folder / meta["tokenizer"]).resolve())
+    bridge = build_bridge(spec, tokenizer, device=device)
+    bridge.load_state_dict(load_file(str(folder / WEIGHTS)), strict=True)
+    if dtype != "float32":
+        from workbench.models.base import DTYPES
+
+        bridge.to(DTYPES[dtype])
+    bridge.eval()
+    source = f"workbench checkpoint, step {meta['step']} ({meta['tokens']:,} tokens)"
+    return as_model(bridge, tokenizer, spec, name=name or str(folder), source=source,
+                    checksum=meta["sha256"][WEIGHTS], dtype=dtype)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[CheckpointRef]:
+    """Every checkpoint in a run folder, by number of layers then step."""
+    found = []
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    for mdir in root.iterdir():
+        if not (m := _MODEL_DIR.match(mdir.name)):
+            continue
+        for sdir in mdir.iterdir():
+            if (s := _STEP_DIR.match(sdir.name)) and (sdir / META).is_file():
+                found.append(CheckpointRef(int(m["layers"]), int(s["step"]), sdir))
+    return sorted(found, key=lambda r: (r.n_layers, r.step))
+
+
+def resolve(run_ref: str, step: int, *, runs_dir: str | Path | None = None
+            ) -> tuple[str, CheckpointRef]:
+    """The run id and checkpoint that ``<run_ref>:<step>`` names.
+
+    Args:
+        run_ref: ``<run-id>`` or ``<run-id>/L<n>`` (a unique id prefix is enough).
+
+    Raises:
+        WorkbenchError: no such run, model or step (the message lists what exists).
+    """
+    from workbench.store.runs import RunStore
+
+    ref, _, selector = run_ref.partition("/")
+    run = RunStore(paths.runs_dir(runs_dir)).get(ref)
+    available = list_checkpoints(run.path)
+    layers = sorted({c.n_layers for c in available})
+    if not layers:
+        raise WorkbenchError(f"run {run.id} has no checkpoints")
+    if selector:
+        if not (m := _MODEL_DIR.match(selector)) or int(m["layers"]) not in layers:
+            raise WorkbenchError(f"run {run.id} has no model '{selector}'; it has "
+                                 f"{', '.join(f'L{n}' for n in layers)}")
+        n_layers = int(m["layers"])
+    elif len(layers) == 1:
+        n_layers = layers[0]
+    else:
+        raise WorkbenchError(
+            f"run {run.id} trained {len(layers)} models; name one: "
+            + ", ".join(checkpoint_name(run.id, n, step) for n in layers))
+    steps = [c for c in available if c.n_layers == n_layers]
+    match = [c for c in steps if c.step == step]
+    if not match:
+        shown = ", ".join(str(c.step) for c in steps)
+        raise WorkbenchError(f"run {run.id} has no checkpoint at step {step} for L{n_layers}; "
+                             f"steps: {shown}")
+    if run.status != "complete":
+        log.warning("run %s is %s; loading its checkpoint anyway", run.id, run.status)
+    return run.id, match[0]
+
+
+def load(run_ref: str, step: int, *, dtype: Dtype = "float32", device: str = "cpu",
+         runs_dir: str | Path | None = None) -> Model:
+    """Load checkpoint ``<run_ref>:<step>`` (see the module docstring) as a ``Model``."""
+    run_id, ref = resolve(run_ref, step, runs_dir=runs_dir)
+    return load_folder(ref.path, name=checkpoint_name(run_id, ref.n_layers, ref.step),
+                       dtype=dtype, device=device)

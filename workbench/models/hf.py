@@ -1,0 +1,123 @@
+"""Load a Hugging Face model (a folder or a hub id) as a ``TransformerBridge``.
+
+Every route of :func:`workbench.models.load_model` ends here: the Hugging Face model is
+loaded with eager attention (so patterns can be hooked) and wrapped by TransformerLens'
+``TransformerBridge.boot_transformers``; :func:`wrap_hf_model` also wraps a model built in
+memory (the tests' tiny random models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.core import checksums
+from workbench.core.errors import WorkbenchError
+from workbench.models.base import DTYPES, Dtype, Model, ModelInfo
+
+
+def folder_checksum(path: Path) -> str:
+    """SHA-256 over the weight files of a folder (names and contents, in name order)."""
+    weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    digest = hashlib.sha256()
+    for p in weights:
+        digest.update(p.name.encode())
+        digest.update(bytes.fromhex(checksums.sha256_file(p)))
+    return digest.hexdigest()
+
+
+def boot_folder(src: str | Path, *, name: str, source: str, checksum: str,
+                dtype: Dtype = "float32", device: str = "cpu", bos_token: str | None = None,
+                has_lm_head: bool | None = None, local_files_only: bool = True) -> Model:
+    """Load a Hugging Face model (folder or hub id) and wrap it in a ``TransformerBridge``.
+
+    Args:
+        src: a folder with ``config.json`` or a hub id.
+        bos_token: token to prepend to causal prompts; the tokenizer's BOS by default.
+        has_lm_head: override the detection of an untrained (missing) LM head.
+        local_files_only: never touch the network.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    hub = {"local_files_only": local_files_only}
+    config = AutoConfig.from_pretrained(str(src), **hub)
+    tokenizer = AutoTokenizer.from_pretrained(str(src), **hub)
+    hf_model, head_missing = _load_hf(src, config, DTYPES[dtype], device, hub)
+    return wrap_hf_model(
+        hf_model, tokenizer, name=name, source=source, checksum=checksum, dtype=dtype,
+        bos_token=bos_token,
+        has_lm_head=(not head_missing) if has_lm_head is None else has_lm_head,
+        bridge_name=str(src),
+    )
+
+
+def _load_hf(src: str | Path, config: Any, dtype: torch.dtype, device: str,
+             hub: dict[str, Any]) -> tuple[Any, bool]:
+    """Load the HF model with eager attention; report whether its LM head was missing."""
+    from transformer_lens.model_bridge.sources.transformers import (
+        determine_architecture_from_hf_config,
+        get_hf_model_class_for_architecture,
+    )
+
+    try:
+        architecture = determine_architecture_from_hf_config(config)
+    except ValueError:
+        raise WorkbenchError(
+            f"{src}: architecture {getattr(config, 'architectures', None)} is not supported "
+            "by TransformerLens' bridge"
+        ) from None
+    cls = get_hf_model_class_for_architecture(architecture)
+    quiet_transformers()
+    # A missing head is initialised from the global RNG; seed it so loads are repeatable.
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        hf_model, loading = cls.from_pretrained(
+            str(src), config=config, dtype=dtype, attn_implementation="eager",
+            output_loading_info=True, **hub,
+        )
+    missing = list(loading.get("missing_keys", []))
+    head_prefixes = ("cls.", "lm_head", "mlm", "pooler")
+    body_missing = [k for k in missing if not k.startswith(head_prefixes)]
+    if body_missing:
+        raise WorkbenchError(f"{src}: weights missing from the checkpoint: {body_missing[:5]}")
+    return hf_model.to(device).eval(), bool(missing)
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' own progress bars; the workbench shows its own."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in memory",
+                  checksum: str = "", dtype: Dtype = "float32", bos_token: str | None = None,
+                  has_lm_head: bool = True, bridge_name: str | None = None) -> Model:
+    """Wrap an already-loaded Hugging Face model (e.g. a tiny random one in tests)."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.utilities.architectures import MASKED_LM_ARCHITECTURES
+
+    with contextlib.redirect_stdout(None):
+        bridge = TransformerBridge.boot_transformers(
+            bridge_name or name, hf_model=hf_model, tokenizer=tokenizer, dtype=DTYPES[dtype],
+            device=str(next(hf_model.parameters()).device),
+        )
+    cfg = bridge.cfg
+    causal = cfg.architecture not in MASKED_LM_ARCHITECTURES
+    bos = bos_token or tokenizer.bos_token or tokenizer.eos_token
+    info = ModelInfo(
+        name=name, source=source, checksum=checksum, architecture=str(cfg.architecture),
+        n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+        n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+        d_model=cfg.d_model, d_head=cfg.d_head, n_ctx=cfg.n_ctx, d_vocab=cfg.d_vocab,
+        positions="rotary" if cfg.positional_embedding_type == "rotary" else "learned",
+        causal=causal, has_lm_head=has_lm_head,
+        bos_token_id=tokenizer.convert_tokens_to_ids(bos) if causal and bos else None,
+        dtype=dtype,
+    )
+    bridge.eval()
+    return Model(bridge, tokenizer, info)

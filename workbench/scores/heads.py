@@ -1,0 +1,128 @@
+"""Scoring heads: pattern scores with intervals and null baselines, ranking, and copying.
+
+:func:`score_heads` runs pattern reductions (see :mod:`workbench.scores`) over prompts and
+returns the long ``head_scores`` format every experiment shares, with a 95% bootstrap
+interval over prompts and the score a uniform pattern would get on the same prompts
+(``null``), so a reader knows what "high" means. :func:`copying_scores` measures how much a
+head's OV circuit raises the logit of the token it attends to (Elhage et al. 2021).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import einops
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from workbench.core import progress
+from workbench.inputs.prompts import Prompt
+from workbench.models.base import Model
+from workbench.recording.reductions import Reduction, null_scores, reduce_patterns
+from workbench.scores.stats import bootstrap_mean_ci, summarize
+
+
+def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str, Reduction],
+                *, inputs: str, n_boot: int = 1000, seed: int = 0,
+                max_batch_tokens: int = 2048) -> pd.DataFrame:
+    """Per-head scores with bootstrap intervals and the uniform-pattern null.
+
+    Returns:
+        ``layer, head, metric, score, ci_low, ci_high, n_prompts, null, inputs``.
+    """
+    per_prompt = reduce_patterns(model, prompts, reductions, max_batch_tokens=max_batch_tokens,
+                                 desc=f"scoring {inputs}")
+    table = summarize(per_prompt, n_boot=n_boot, seed=seed)
+    null = null_scores(model, prompts, reductions).groupby("metric").score.mean()
+    table["null"] = table.metric.map(null)
+    table["inputs"] = inputs
+    return table
+
+
+def top_heads(head_scores: pd.DataFrame, metric: str, k: int,
+              exclude: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """The ``k`` highest-scoring (layer, head) pairs for ``metric``, best first."""
+    skip = set(exclude)
+    ranked = head_scores[head_scores.metric == metric].sort_values("score", ascending=False)
+    heads = [(int(r.layer), int(r.head)) for r in ranked.itertuples()]
+    return [h for h in heads if h not in skip][:k]
+
+
+def _kv_index(model: Model, head: int) -> int:
+    """The key-value head a query head reads (grouped-query attention repeats each kv head
+    for ``n_heads / n_kv_heads`` consecutive query heads)."""
+    return head // (model.info.n_heads // model.info.n_kv_heads)
+
+
+def _value_bias(bridge, info) -> Float[Tensor, "layer kv d_head"]:
+    try:
+        return bridge.b_V
+    except AttributeError:  # bias-free projections (Llama)
+        return torch.zeros(info.n_layers, info.n_kv_heads, info.d_head)
+
+
+def copying_scores(model: Model, tokens: Int[Tensor, " n"], *, chunk: int = 64
+                   ) -> Float[Tensor, "n layer head_index"]:
+    """Standardised direct-path logit of the attended token, per token and head.
+
+    For a token ``t`` attended to by head ``h`` of layer ``l``, its value vector is
+    ``v = ln1_l(W_E[t]) W_V^h + b_V^h`` and the head writes ``o = v W_O^h`` to the
+    residual stream. On the direct path to the logits, ``o`` goes through the final norm
+    (its bias, which does not depend on the head, is removed) and the unembedding. The
+    score is the z-score of ``t``'s own logit among all logits,
+    ``(logit[t] - mean(logit)) / std(logit)``: 0 for a head whose output is unrelated to
+    the token it reads, large and positive for a copying head. The z-score makes heads
+    comparable and is unaffected by the positive per-token scale of RMS/LayerNorm, so the
+    norms' data-dependent scale does not need the rest of the residual stream. Averaged
+    over a token drawn uniformly from the vocabulary the z-score is exactly 0, which is
+    the null baseline.
+
+    Args:
+        tokens: token ids to test (e.g. random ids from the middle of the vocabulary).
+
+    Returns:
+        ``[n, layer, head]`` z-scores.
+    """
+    model.require(causal=True, lm_head=True, what="the copying score")
+    bridge, info = model.bridge, model.info
+    out = torch.empty(len(tokens), info.n_layers, info.n_heads)
+    with torch.inference_mode():
+        w_e, w_u = bridge.W_E, bridge.W_U
+        w_v_all, w_o_all, b_v_all = bridge.W_V, bridge.W_O, _value_bias(bridge, info)
+        final_bias = bridge.ln_final(torch.zeros(1, info.d_model))
+        kv = torch.tensor([_kv_index(model, h) for h in range(info.n_heads)])
+        for layer in progress.track(range(info.n_layers), desc="copying"):
+            # stacked weights are per key-value head; index them by query head
+            w_v = w_v_all[layer][kv] if w_v_all.shape[1] != info.n_heads else w_v_all[layer]
+            b_v = b_v_all[layer][kv] if b_v_all.shape[1] != info.n_heads else b_v_all[layer]
+            w_o = w_o_all[layer]  # [head, d_head, d_model]
+            for start in range(0, len(tokens), chunk):
+                t = tokens[start:start + chunk]
+                x = bridge.blocks[layer].ln1(w_e[t])  # [n, d_model]
+                v = einops.einsum(x, w_v, "n d_model, head d_model d_head -> n head d_head")
+                o = einops.einsum(v + b_v, w_o,
+                                  "n head d_head, head d_head d_model -> n head d_model")
+                logits = (bridge.ln_final(o) - final_bias) @ w_u  # [n, head, d_vocab]
+                own = logits.gather(-1, t[:, None, None].expand(-1, info.n_heads, 1))[..., 0]
+                z = (own - logits.mean(-1)) / logits.std(-1)
+                out[start:start + chunk, layer] = z
+    return out
+
+
+def summarize_tokens(values: Float[Tensor, "n layer head_index"], metric: str, *,
+                     null: float, inputs: str, n_boot: int = 1000, seed: int = 0
+                     ) -> pd.DataFrame:
+    """Long-format head scores from per-token values, with a bootstrap over tokens."""
+    array = values.numpy().astype(np.float64)
+    low, high = bootstrap_mean_ci(array, n_boot=n_boot, seed=seed)
+    mean = array.mean(0)
+    n_layers, n_heads = mean.shape
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    return pd.DataFrame({
+        "layer": layer.ravel(), "head": head.ravel(), "metric": metric, "score": mean.ravel(),
+        "ci_low": low.ravel(), "ci_high": high.ravel(), "n_prompts": array.shape[0],
+        "null": null, "inputs": inputs,
+    })

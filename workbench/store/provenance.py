@@ -1,0 +1,66 @@
+"""What produced a run: library versions, the code revision, the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+from workbench.core.paths import REPO_ROOT
+
+PACKAGES = ("interp-workbench", "torch", "transformer-lens", "transformers", "numpy",
+            "pandas", "pyarrow", "einops", "dash", "gguf", "safetensors", "tokenizers")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages a result depends on (``None`` if missing)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def workbench_version() -> str:
+    try:
+        return metadata.version("interp-workbench")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def git_revision() -> dict[str, Any] | None:
+    """The checkout's commit and whether it has uncommitted changes, when it is a git repo."""
+    if not (REPO_ROOT / ".git").exists():
+        return None
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit or None, "dirty": dirty}
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "argv": sys.argv,
+    }
+
+
+def collect() -> dict[str, Any]:
+    """Everything above, as stored in ``run.json``."""
+    return {"versions": package_versions(), "git": git_revision(), "machine": machine()}
