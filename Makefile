@@ -31,6 +31,7 @@ dashboard: setup
 	$(BIN)/workbench dashboard --host $(HOST) --port $(PORT)
 
 test: fetch
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: setup
@@ -38,6 +39,7 @@ unit: setup
 
 lint: setup
 	$(BIN)/ruff check workbench experiments dashboards tests benchmarks
+	$(BIN)/lint-imports
 
 bench: fetch
 	$(BIN)/python benchmarks/recording.py

@@ -99,7 +99,7 @@ from torch import Tensor
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.harness.claims import Measurement, claim_check
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.batching import make_batches
 from workbench.inputs.corpus import Split, python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, random_token_ids
@@ -786,10 +786,10 @@ def _skips(model: Model, cfg: Config) -> dict[str, str]:
     return skipped
 
 
-@experiment("attention-sinks", config=Config, demo={
+@experiment("attention-sinks", config=Config, tables=None, demo={
     "n_prompts": 32, "n_massive_prompts": 8, "stream_tokens": 2048, "recompute_stride": 32,
     "n_boot": 200})
-def run(model: Model, cfg: Config) -> Result:
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Sink scores, sink rates, massive activations and streaming perplexity (see above)."""
     skipped = _skips(model, cfg)
     sets = input_sets(model, cfg)

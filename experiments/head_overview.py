@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording import reductions
@@ -73,8 +73,8 @@ class Result:
                 f"broadest heads (normalized entropy): {fmt(broad)}"]
 
 
-@experiment("head-overview", config=Config)
-def run(model: Model, cfg: Config) -> Result:
+@experiment("head-overview", config=Config, tables=None)
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Entropy, distance and self-attention of every head on a prompt set."""
     prompts = load_prompt_set(cfg.prompt_set, model)
     per_prompt = reductions.reduce_patterns(model, prompts, METRICS,

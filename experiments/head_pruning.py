@@ -95,10 +95,10 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from workbench.core import paths, progress
+from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.harness.claims import Measurement, claim_check
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, repeated_random
@@ -114,7 +114,7 @@ from workbench.models.base import Model
 from workbench.recording import hooks
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
-from workbench.store.runs import INCOMPLETE, Run, RunStore
+from workbench.store.runs import Run, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -680,14 +680,7 @@ def spearman(a: pd.Series, b: pd.Series) -> float:
     return float(a.rank().corr(b.rank()))
 
 
-def store_of(workdir: Path | None) -> RunStore:
-    """The run store this run is being written to (the default store outside a run)."""
-    if workdir is not None and workdir.parent.name == INCOMPLETE:
-        return RunStore(workdir.parent.parent)
-    return RunStore(paths.runs_dir())
-
-
-def kind_scores(store: RunStore, model: dict[str, Any]) -> pd.DataFrame:
+def kind_scores(store: RunStore | None, model: dict[str, Any]) -> pd.DataFrame:
     """Head scores of the newest complete, unmasked run of each head-finding and sink
     experiment on the same model weights (empty when there are none).
 
@@ -696,21 +689,17 @@ def kind_scores(store: RunStore, model: dict[str, Any]) -> pd.DataFrame:
         model: ``ModelInfo.to_dict()`` (or a run's ``model`` record): name and checksum.
     """
     frames = []
-    for name in KIND_EXPERIMENTS:
-        for run in reversed(store.runs(experiment=name, status="complete")):
-            stored = run.meta.get("model") or {}
-            if ((stored.get("name"), stored.get("checksum")) != (model.get("name"),
-                                                                 model.get("checksum"))
-                    or run.meta.get("interventions")):
-                continue
-            try:
-                scores = run.table("head_scores")
-            except WorkbenchError as exc:
-                log.warning("cannot read head scores of %s: %s", run.id, exc)
-                continue
-            frames.append(scores[["layer", "head", "metric", "score"]].assign(
-                experiment=name, run=run.id))
-            break
+    for name in KIND_EXPERIMENTS if store is not None else ():
+        run = store.latest_on_weights(name, model)
+        if run is None:
+            continue
+        try:
+            scores = run.table("head_scores")
+        except WorkbenchError as exc:
+            log.warning("cannot read head scores of %s: %s", run.id, exc)
+            continue
+        frames.append(scores[["layer", "head", "metric", "score"]].assign(
+            experiment=name, run=run.id))
     if not frames:
         return pd.DataFrame(columns=["layer", "head", "metric", "score", "experiment", "run"])
     return pd.concat(frames, ignore_index=True)
@@ -1048,8 +1037,10 @@ class Result:
 
 # ---- the experiment ----------------------------------------------------------------------------
 
-@experiment("head-pruning", config=Config, writes_files=True, demo=DEMO)
-def run(model: Model, cfg: Config, workdir: Path | None = None) -> Result:
+@experiment("head-pruning", config=Config, tables=None, demo=DEMO)
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
+    ctx = ctx or Context()
+    workdir = ctx.workdir
     """Importance of every head, iterative pruning curves, and the heads that survive."""
     info = model.info
     objective = make_objective(model, cfg)
@@ -1068,7 +1059,7 @@ def run(model: Model, cfg: Config, workdir: Path | None = None) -> Result:
         written = save_masks(pruner, first, masks, workdir / "masks")
         notes.append(f"masks for --heads-mask: {', '.join(p.name for p in written)} "
                      "in the run folder's masks/")
-    kinds = kind_scores(store_of(workdir), info.to_dict())
+    kinds = kind_scores(ctx.store, info.to_dict())
     survival = survival_table(order[order.order == first.order], kinds, cfg.top_k)
     speed = speedup_table(pruner, masks, cfg.speed_repeats)
     if cfg.ablation != "zero":

@@ -104,7 +104,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.harness.claims import Measurement, claim_check
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models import checkpoints, native
@@ -495,15 +495,15 @@ def _order(df: pd.DataFrame, first: Sequence[str]) -> pd.DataFrame:
     return df[[*first, *(c for c in df.columns if c not in first)]]
 
 
-@experiment("induction-formation", config=Config, needs_model=False, writes_files=True,
+@experiment("induction-formation", config=Config, tables=None, needs_model=False,
             demo={})
-def run(model: Model | None, cfg: Config, *, workdir: Path | None = None) -> Result:
+def run(model: Model | None, cfg: Config, ctx: Context | None = None) -> Result:
     """Train the models, measure every checkpoint, find each model's phase change."""
     import tempfile
 
     if model is not None:
         log.warning("induction-formation trains its own models; ignoring %s", model.info.name)
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="induction-formation-"))
+    workdir = Path((ctx and ctx.workdir) or tempfile.mkdtemp(prefix="induction-formation-"))
     corpus = training_data.build_corpus(cfg.sources, cfg.text_files)
     tokenizer = training_data.train_tokenizer(corpus.fit, cfg.vocab_size,
                                               workdir / checkpoints.TOKENIZER)

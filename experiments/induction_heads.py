@@ -60,14 +60,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
 from workbench.harness.claims import Measurement, claim_check
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.interventions.masks import HeadMask, applied, head_means
@@ -248,10 +247,11 @@ def icl_tables(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
     return icl_rows(losses, cfg.icl_halfwidth, n_boot=cfg.n_boot, seed=cfg.seed), by_pos
 
 
-@experiment("induction-heads", config=Config, writes_files=True, requires="causal_lm",
+@experiment("induction-heads", config=Config, tables=None, requires="causal_lm",
             demo={"n_prompts": 16, "n_random": 3, "icl_prompts": 48, "copying_tokens": 100,
                   "n_boot": 500})
-def run(model: Model, cfg: Config, *, workdir: Path | None = None) -> Result:
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
+    workdir = ctx.workdir if ctx else None
     """Induction and copying scores, repeat losses, K-composition ablation and ICL."""
     repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_prompts,
                                seq_len=cfg.seq_len, repeats=cfg.repeats, seed=cfg.seed)

@@ -115,7 +115,7 @@ from torch import Tensor
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.harness.claims import Measurement, claim_check
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
@@ -867,8 +867,8 @@ def _single_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@experiment("permutation-equivariance", config=Config, demo=DEMO)
-def run(model: Model, cfg: Config) -> Result:
+@experiment("permutation-equivariance", config=Config, tables=None, demo=DEMO)
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Permute tokens, positions and heads; measure what stays equivariant."""
     if model.info.dtype != "float32":
         log.warning("the tolerances are for float32; %s is loaded in %s",

@@ -34,11 +34,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
-from workbench.harness.experiment import experiment
+from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
@@ -93,9 +92,10 @@ class Result:
         return lines
 
 
-@experiment("previous-token-heads", config=Config, writes_files=True,
+@experiment("previous-token-heads", config=Config, tables=None,
             demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500})
-def run(model: Model, cfg: Config, *, workdir: Path | None = None) -> Result:
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
+    workdir = ctx.workdir if ctx else None
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
     natural = natural_prompts(model, cfg)
     positional = {"previous_token": patterns.previous_token}

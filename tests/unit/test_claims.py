@@ -11,6 +11,7 @@ import pytest
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.harness import claims
 from workbench.harness.experiment import experiment
+from workbench.store import schema
 from workbench.store.runs import RunStore
 
 
@@ -99,8 +100,14 @@ class _Constant:
         return [f"value {self.value}"]
 
 
-@experiment("test-trains-its-own-models", config=_TrainsItsOwn, needs_model=False)
-def _run_model_free(model, cfg):
+_TABLES = schema.tables(schema.Table("head_scores", "a constant score", schema.columns(
+    ("layer", "int", "layer"), ("head", "int", "head"), ("metric", "str", "metric"),
+    ("score", "float", "score"))))
+
+
+@experiment("test-trains-its-own-models", config=_TrainsItsOwn, tables=_TABLES,
+            needs_model=False)
+def _run_model_free(model, cfg, ctx=None):
     assert model is None
     return _Constant(cfg.value)
 

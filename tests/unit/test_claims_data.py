@@ -21,7 +21,7 @@ def test_claim_ids_are_unique_and_checks_exist():
 @pytest.mark.parametrize("claim", ALL, ids=[c.id for c in ALL])
 def test_claim_names_a_registered_experiment_with_a_valid_config(claim):
     experiment = get(claim.experiment)
-    apply_overrides(experiment.config, claim.config)
+    apply_overrides(experiment.config, claims.claim_config(claim))
     assert claim.paper and claim.statement and claim.published
     assert isinstance(claim.models, tuple)
 

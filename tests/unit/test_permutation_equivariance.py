@@ -267,7 +267,8 @@ def test_claims_name_real_conditions_and_pass_on_tiny_models(llama, bert, runs_d
                                         runs_dir=runs_dir) for m in (llama, bert)}
     for entry in entries:
         claim = loaded[entry["id"]]
-        assert apply_overrides(pe.Config, claim.config) == demo  # `reproduce` reuses demo runs
+        # `reproduce` reuses demo runs
+        assert apply_overrides(pe.Config, claims.claim_config(claim)) == demo
         names = claim.check["condition"]
         for name in [names] if isinstance(names, str) else names:
             assert (claim.check["component"], name) in pe.BY_NAME

@@ -13,7 +13,7 @@ experiment's run into a verdict::
       "applies_to": "causal",            # "causal", "encoder", "any", "none", or names
       "models": ["smollm2"],             # what `workbench reproduce` runs by default
       "experiment": "induction-heads",
-      "config": {"n_prompts": 16},
+      "config": {"base": "demo", "n_prompts": 16},   # or "demo", or "default"
       "check": {"name": "max_score_at_least", "metric": "induction", "threshold": 0.4}
     }
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,8 @@ class Claim:
     experiment: str
     check: dict[str, Any]
     where: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
+    config: str | dict[str, Any] = "default"
+    """A named config of the experiment, with pins (see ``Experiment.named_config``)."""
     file: str = ""
 
     @property
@@ -118,8 +119,12 @@ def _parse(entry: dict[str, Any], file: str) -> Claim:
         applies_to=tuple(applies) if isinstance(applies, list) else applies,
         models=tuple(entry["models"]), experiment=entry["experiment"],
         check=dict(entry["check"]), where=entry.get("where", ""),
-        config=dict(entry.get("config", {})), file=file,
+        config=_config_spec(entry.get("config", "default")), file=file,
     )
+
+
+def _config_spec(spec: Any) -> str | dict[str, Any]:
+    return spec if isinstance(spec, str) else dict(spec)
 
 
 def load_claims(folder: Path | None = None) -> list[Claim]:
@@ -153,6 +158,13 @@ def select(claims: Sequence[Claim], ids: Sequence[str]) -> list[Claim]:
         raise UnknownNameError(
             f"unknown claim '{unknown[0]}'; known claims: {', '.join(sorted(by_id))}")
     return [by_id[i] for i in ids]
+
+
+def claim_config(claim: Claim) -> dict[str, Any]:
+    """The config overrides the claim's experiment runs with."""
+    from workbench.harness.experiment import get as get_experiment
+
+    return get_experiment(claim.experiment).named_config(claim.config)
 
 
 def evaluate(claim: Claim, run: Run) -> Measurement:
@@ -206,7 +218,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
                 row["reason"] = why
                 continue
             try:
-                run = run_experiment(claim.experiment, target, claim.config,
+                run = run_experiment(claim.experiment, target, claim_config(claim),
                                      runs_dir=runs_dir, reuse=not fresh)
                 result = evaluate(claim, run)
             except WorkbenchError as exc:
@@ -229,7 +241,7 @@ def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path 
         row["reason"] = "the claim's experiment trains its own models"
         return row
     try:
-        run = run_experiment(claim.experiment, None, claim.config, runs_dir=runs_dir,
+        run = run_experiment(claim.experiment, None, claim_config(claim), runs_dir=runs_dir,
                              reuse=not fresh)
         result = evaluate(claim, run)
     except WorkbenchError as exc:

@@ -1,9 +1,12 @@
 """The experiment registry, and running an experiment into the run store.
 
-An experiment is one module in ``experiments/`` with a frozen dataclass ``Config``, a
-``run(model, cfg) -> Result`` function decorated with :func:`experiment`, and a result
-whose ``tables()`` are long-format DataFrames. Nothing else is needed: the modules are
-discovered, so the CLI, ``workbench demo`` and the dashboard see a new experiment at once.
+An experiment is one package in ``experiments/`` with a frozen dataclass ``Config``, a
+``run(model, cfg, ctx) -> Result`` function decorated with :func:`experiment`, the
+declarations of its tables (``tables.py``, see :mod:`workbench.store.schema`), and a
+result whose ``tables()`` are long-format DataFrames matching them. Nothing else is
+needed: the packages are discovered, so the CLI, ``workbench demo`` and the dashboard see
+a new experiment at once. ``run`` receives a :class:`Context` (its run folder and store)
+rather than guessing where it writes.
 
 Examples:
     >>> from workbench.harness.experiment import run_experiment
@@ -25,17 +28,17 @@ from typing import Any, Literal, Protocol
 import pandas as pd
 
 from workbench.core import paths
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.registry import Registry
-from workbench.harness.config import apply_overrides
+from workbench.harness.config import apply_overrides, check_config
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Dtype, Model
 from workbench.models.load import load_model
 from workbench.store.runs import Run, RunStore
+from workbench.store.schema import Table
 
 log = logging.getLogger(__name__)
 
-HEAD_SCORE_COLUMNS = ("layer", "head", "metric", "score")
 Requirement = Literal["any", "causal", "causal_lm"]
 
 
@@ -52,6 +55,16 @@ class Result(Protocol):
 
 
 @dataclass(frozen=True)
+class Context:
+    """Where a run writes: its folder (checkpoints, masks) and the store it belongs to
+    (to find earlier runs on the same weights). Both are ``None`` when ``run`` is called
+    directly, outside a store."""
+
+    workdir: Path | None = None
+    store: RunStore | None = None
+
+
+@dataclass(frozen=True)
 class Experiment:
     """A registered experiment."""
 
@@ -60,9 +73,9 @@ class Experiment:
     config: type
     description: str
     module: str
+    tables: Mapping[str, Table] | None = None
+    """The declarations of every table ``run`` may return (its ``tables.py``)."""
     needs_model: bool = True
-    writes_files: bool = False
-    """``run`` also takes ``workdir=`` (the run folder) to write files such as checkpoints."""
     demo: Mapping[str, Any] = field(default_factory=dict)
     """Config overrides used by ``workbench demo`` (a quick but meaningful setting)."""
     demo_models: tuple[str, ...] = ("smollm2", "minilm")
@@ -70,25 +83,53 @@ class Experiment:
     """``causal``: refuse bidirectional models; ``causal_lm``: also need a trained LM head.
     Checked before a run is created, so a refusal leaves no failed run behind."""
 
+    def named_config(self, spec: str | Mapping[str, Any]) -> dict[str, Any]:
+        """The overrides a claim's ``"config"`` names: ``"default"`` or ``"demo"``, or a
+        mapping whose ``"base"`` (default ``"default"``) names one of them and whose other
+        keys pin fields, e.g. ``{"base": "demo", "eps": 0.3}``.
+
+        Raises:
+            UnknownNameError: an unknown base (the message lists the known ones).
+        """
+        base, pins = (spec, {}) if isinstance(spec, str) else (
+            spec.get("base", "default"), {k: v for k, v in spec.items() if k != "base"})
+        named = {"default": {}, "demo": dict(self.demo)}
+        if base not in named:
+            raise UnknownNameError(f"experiment '{self.name}' has no config '{base}'; "
+                                   f"known configs: {', '.join(named)}")
+        return {**named[base], **pins}
+
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
 
-def experiment(name: str, *, config: type, needs_model: bool = True, writes_files: bool = False,
-               demo: Mapping[str, Any] | None = None,
+def experiment(name: str, *, config: type, tables: Mapping[str, Table] | None,
+               needs_model: bool = True, demo: Mapping[str, Any] | None = None,
                demo_models: tuple[str, ...] = ("smollm2", "minilm"),
                requires: Requirement = "any",
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
-    """Register the decorated ``run`` function as experiment ``name``."""
+    """Register the decorated ``run`` function as experiment ``name``.
+
+    Args:
+        name: the registered name (a duplicate raises).
+        config: the frozen ``Config`` dataclass.
+        tables: ``{name: Table}`` of every table ``run``'s result may hold.
+        needs_model: ``False`` for experiments that build their own models.
+        demo: config overrides of a quick but meaningful run (``workbench demo``, and the
+            config claims name as ``"demo"``); checked when the experiment registers.
+        demo_models: bundled models the demo runs on.
+        requires: ``causal`` or ``causal_lm`` to refuse other models before a run exists.
+    """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
         if fn.__module__ == "__main__":
             return fn  # run as a script: discover() registers the importable module instead
         module = importlib.import_module(fn.__module__)
         doc = (module.__doc__ or "").strip().splitlines()
+        apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
-            module=fn.__module__, needs_model=needs_model, writes_files=writes_files,
+            module=fn.__module__, tables=tables, needs_model=needs_model,
             demo=dict(demo or {}), demo_models=demo_models, requires=requires,
         ))
         return fn
@@ -100,7 +141,7 @@ _discovered = False
 
 
 def discover() -> None:
-    """Import every module of the ``experiments`` package so that each registers itself."""
+    """Import every experiment package in ``experiments/`` so that each registers itself."""
     global _discovered
     if _discovered:
         return
@@ -147,8 +188,8 @@ def run_experiment(name: str, model: str | Model | None,
         error) and the exception propagates.
     """
     exp = get(name)
-    cfg = apply_overrides(exp.config, dict(overrides) if isinstance(overrides, Mapping)
-                          else list(overrides))
+    cfg = check_config(apply_overrides(exp.config, dict(overrides)
+                                       if isinstance(overrides, Mapping) else list(overrides)))
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))
@@ -165,10 +206,10 @@ def run_experiment(name: str, model: str | Model | None,
     if reuse and (found := store.find_matching(name, info, cfg, interventions)) is not None:
         log.info("reusing run %s", found.id)
         return found
-    with store.start(name, info, cfg, extra={"interventions": interventions}) as active:
-        kwargs = {"workdir": active.dir} if exp.writes_files else {}
+    with store.start(name, info, cfg, tables=exp.tables,
+                     extra={"interventions": interventions}) as active:
         with applied(loaded, heads_mask) if loaded is not None else nullcontext():
-            result = exp.run(loaded, cfg, **kwargs)
+            result = exp.run(loaded, cfg, Context(workdir=active.dir, store=store))
         for table_name, df in result.tables().items():
             active.save_table(table_name, df)
         active.set("summary", result.summary())

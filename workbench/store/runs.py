@@ -7,10 +7,12 @@ config, the seed, library versions, the git revision) and how it ended: ``comple
 ``interrupted``; no reader mistakes it, or a failed run, for a finished one.
 
 Tables are Parquet files whose SHA-256 is kept in ``run.json`` and checked on every read.
+A run is started with the declarations of the tables it may write
+(:mod:`workbench.store.schema`); a table that does not match its declaration is refused.
 
 Examples:
     >>> store = RunStore("data/runs")                                 # doctest: +SKIP
-    >>> with store.start("my-experiment", model.info, cfg) as run:    # doctest: +SKIP
+    >>> with store.start("my-experiment", model.info, cfg, tables=TABLES) as run:  # doctest: +SKIP
     ...     run.save_table("head_scores", df)
     >>> store.latest(experiment="my-experiment").table("head_scores")  # doctest: +SKIP
 """
@@ -24,7 +26,7 @@ import os
 import secrets
 import shutil
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +37,7 @@ import pandas as pd
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.store import provenance
+from workbench.store.schema import SchemaError, Table
 
 log = logging.getLogger(__name__)
 
@@ -129,17 +132,31 @@ def _alive(pid: Any) -> bool:
 class ActiveRun:
     """A run being written. Use through :meth:`RunStore.start`."""
 
-    def __init__(self, staging: Path, final: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, staging: Path, final: Path, meta: dict[str, Any],
+                 tables: Mapping[str, Table] | None) -> None:
         self.dir = staging
         self.final = final
         self.meta = meta
+        self.declared = None if tables is None else dict(tables)
 
     @property
     def id(self) -> str:
         return self.meta["run_id"]
 
     def save_table(self, name: str, df: pd.DataFrame) -> None:
-        """Write ``df`` as ``<name>.parquet`` and record its checksum."""
+        """Check ``df`` against its declaration, write it as ``<name>.parquet`` and record
+        its checksum.
+
+        Raises:
+            SchemaError: the run declares no table ``name``, or ``df`` does not match it.
+        """
+        if self.declared is None:  # TODO(layout): every experiment declares its tables
+            pass
+        elif name not in self.declared:
+            known = ", ".join(self.declared) or "none"
+            raise SchemaError(f"run {self.id} declares no table '{name}'; declared: {known}")
+        else:
+            self.declared[name].check(df)
         path = self.dir / f"{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
         df.to_parquet(tmp, index=False)
@@ -175,13 +192,15 @@ class RunStore:
 
     @contextmanager
     def start(self, experiment: str, model: dict[str, Any] | None, config: Any,
-              *, extra: dict[str, Any] | None = None) -> Iterator[ActiveRun]:
+              *, tables: Mapping[str, Table] | None = None,
+              extra: dict[str, Any] | None = None) -> Iterator[ActiveRun]:
         """Create a run; mark it complete when the block ends, failed if it raises.
 
         Args:
             experiment: the experiment's registered name (``record`` for recordings).
             model: ``ModelInfo.to_dict()`` of the model used, or ``None``.
             config: the experiment's config dataclass (or a dict).
+            tables: the declarations of the tables the run may save (none by default).
             extra: more facts for ``run.json``.
         """
         cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
@@ -203,7 +222,7 @@ class RunStore:
             "pid": os.getpid(),
             **(extra or {}),
         }
-        active = ActiveRun(staging, self.root / run_id, meta)
+        active = ActiveRun(staging, self.root / run_id, meta, tables)
         active._write()
         try:
             yield active
@@ -262,6 +281,21 @@ class RunStore:
         """The newest complete run matching the filters, if any."""
         runs = self.runs(experiment=experiment, model=model, status="complete")
         return runs[-1] if runs else None
+
+    def latest_on_weights(self, experiment: str, model: dict[str, Any], *,
+                          unmasked: bool = True) -> Run | None:
+        """The newest complete run of ``experiment`` on the same model weights (name and
+        checksum of ``model``, a ``ModelInfo.to_dict()`` or a run's ``model`` record),
+        without interventions unless ``unmasked`` is false; ``None`` if there is none."""
+        want = (model.get("name"), model.get("checksum"))
+        for run in reversed(self.runs(experiment=experiment, status="complete")):
+            stored = run.meta.get("model") or {}
+            if (stored.get("name"), stored.get("checksum")) != want:
+                continue
+            if unmasked and run.meta.get("interventions"):
+                continue
+            return run
+        return None
 
     def find_matching(self, experiment: str, model: dict[str, Any] | None, config: Any,
                       interventions: dict[str, Any] | None = None) -> Run | None:

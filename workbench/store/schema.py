@@ -1,0 +1,152 @@
+"""Declared tables: what every stored table holds, written once and checked on save.
+
+An experiment declares each table it writes in its ``tables.py`` (which imports nothing but
+this module): the table's name and meaning, and every column's name, kind and meaning.
+The run store refuses a table that does not match its declaration (a missing or
+undeclared column, a column of the wrong kind), and pages read columns by these names, so
+the contract between an experiment and the pages that show it is written in one place.
+
+Kinds: ``int`` (integer dtype), ``float`` (float or integer dtype; NaN allowed), ``str``
+(strings, missing values allowed), ``bool``.
+
+Examples:
+    >>> SINK_RATES = Table("sink_rates", "share of heads that are sinks, per input", (
+    ...     Column("input", "str", "input kind, with or without BOS"),
+    ...     Column("rate", "float", "percent of heads with alpha_1 > eps"),
+    ... ))
+    >>> SINK_RATES.names
+    ['input', 'rate']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from workbench.core.errors import WorkbenchError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Kind = Literal["int", "float", "str", "bool"]
+
+
+class SchemaError(WorkbenchError):
+    """A table that does not match its declaration."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its name, kind and a one-line meaning (units, range, definition)."""
+
+    name: str
+    kind: Kind
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """A declared table: name, one-line meaning, and its columns in order."""
+
+    name: str
+    meaning: str
+    columns: tuple[Column, ...]
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table {self.name} declares a column twice: {names}")
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        """The declared column ``name``.
+
+        Raises:
+            SchemaError: no such column (the message lists the declared ones).
+        """
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise SchemaError(f"table {self.name} has no column '{name}'; "
+                          f"columns: {', '.join(self.names)}")
+
+    def check(self, df: pd.DataFrame) -> None:
+        """Raise :class:`SchemaError` unless ``df`` has exactly the declared columns, each of
+        its declared kind."""
+        missing = [n for n in self.names if n not in df.columns]
+        extra = [str(n) for n in df.columns if n not in self.names]
+        if missing or extra:
+            parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+                [f"undeclared {', '.join(extra)}"] if extra else [])
+            raise SchemaError(f"table {self.name}: {'; '.join(parts)}")
+        for c in self.columns:
+            if not _has_kind(df[c.name], c.kind):
+                raise SchemaError(f"table {self.name}: column {c.name} is declared {c.kind} "
+                                  f"but holds {df[c.name].dtype}")
+
+
+def _has_kind(series: pd.Series, kind: Kind) -> bool:
+    from pandas.api import types
+
+    if kind == "int":
+        return types.is_integer_dtype(series) and not types.is_bool_dtype(series)
+    if kind == "float":
+        return types.is_numeric_dtype(series) and not types.is_bool_dtype(series)
+    if kind == "bool":
+        return types.is_bool_dtype(series)
+    if types.is_string_dtype(series) or types.is_object_dtype(series):
+        return all(isinstance(v, str) for v in series.dropna())
+    return False
+
+
+def tables(*declared: Table) -> dict[str, Table]:
+    """``{name: table}`` of an experiment's tables (a duplicate name is an error)."""
+    out: dict[str, Table] = {}
+    for t in declared:
+        if t.name in out:
+            raise ValueError(f"table {t.name} is declared twice")
+        out[t.name] = t
+    return out
+
+
+def columns(*specs: tuple[str, Kind, str]) -> tuple[Column, ...]:
+    """Columns from ``(name, kind, meaning)`` triples, for tables written compactly."""
+    return tuple(Column(*spec) for spec in specs)
+
+
+HEAD_KEYS = columns(
+    ("layer", "int", "layer index, from 0"),
+    ("head", "int", "query head index within the layer, from 0"),
+)
+SCORE_COLUMNS = columns(
+    ("metric", "str", "which score (see the experiment's docstring)"),
+    ("score", "float", "mean over prompts"),
+    ("ci_low", "float", "95% bootstrap interval over prompts, low end"),
+    ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
+    ("n_prompts", "int", "prompts on which the score is defined"),
+)
+NULL_COLUMNS = columns(
+    ("null", "float", "the same score of a pattern uniform over the visible keys"),
+    ("inputs", "str", "the inputs the score was measured on"),
+)
+
+
+def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True) -> Table:
+    """The long-format ``head_scores`` table every head-level experiment writes:
+    ``layer, head, metric, score, ci_low, ci_high, n_prompts`` (+ ``null, inputs``) + ``extra``."""
+    cols = (*HEAD_KEYS, *SCORE_COLUMNS, *(NULL_COLUMNS if null else ()), *extra)
+    return Table("head_scores", meaning, cols)
+
+
+def describe(declared: Mapping[str, Table]) -> str:
+    """The tables as plain text: one block per table, one line per column."""
+    blocks = []
+    for t in declared.values():
+        lines = [f"{t.name}: {t.meaning}"]
+        lines += [f"  {c.name} ({c.kind}): {c.meaning}" for c in t.columns]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
