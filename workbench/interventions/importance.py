@@ -38,7 +38,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from workbench.core import progress
-from workbench.inputs.batching import Batch, make_batches
+from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.interventions.masks import HeadMask
 from workbench.models.base import Model
@@ -88,9 +88,7 @@ def mask_gradients(model: Model, prompts: Sequence[Prompt], example_loss: Exampl
     Returns:
         Signed gradients in prompt order.
     """
-    encoded = [model.encode(p) for p in prompts]
-    pad = model.tokenizer.pad_token_id or 0
-    batches = list(make_batches(encoded, pad_id=pad, max_tokens=max_batch_tokens))
+    batches = model.batches(prompts, max_tokens=max_batch_tokens)
     out: list[Tensor | None] = [None] * len(prompts)
     for batch in progress.track(batches, desc=desc):
         xi = values.detach().float()[None].repeat(len(batch.indices), 1, 1).requires_grad_(True)
@@ -167,11 +165,9 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
                  if mask.values[layer, head] != 0]
     candidates = [mask.values.float()] + [mask.without([h]).values.float() for h in remaining]
     means = means if mask.ablation == "mean" else None
-    encoded = [model.encode(p) for p in prompts]
-    pad = model.tokenizer.pad_token_id or 0
     values = torch.full((len(candidates), len(prompts)), float("nan"))
     with torch.inference_mode():
-        for batch in make_batches(encoded, pad_id=pad, max_tokens=max_batch_tokens):
+        for batch in model.batches(prompts, max_tokens=max_batch_tokens):
             per_pass = max(1, max_batch_tokens // batch.input_ids.numel())
             groups = range(0, len(candidates), per_pass)
             for start in progress.track(groups, desc=desc):

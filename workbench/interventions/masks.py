@@ -39,7 +39,6 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
-from workbench.inputs.batching import make_batches
 from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording import hooks
@@ -158,7 +157,6 @@ def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int
     n_layers, n_heads, d_head = model.info.n_layers, model.info.n_heads, model.info.d_head
     sums = torch.zeros(n_layers, n_heads, d_head, dtype=torch.float64)
     count = 0
-    encoded = [model.encode(p) for p in prompts]
     state: dict[str, Tensor] = {}
 
     def make_hook(layer: int):
@@ -169,10 +167,8 @@ def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int
         return hook
 
     fwd = [(hooks.z(layer), make_hook(layer)) for layer in range(n_layers)]
-    pad = model.tokenizer.pad_token_id or 0
     with torch.inference_mode():
-        for batch in progress.track(list(make_batches(encoded, pad_id=pad,
-                                                      max_tokens=max_batch_tokens)),
+        for batch in progress.track(model.batches(prompts, max_tokens=max_batch_tokens),
                                     desc="head means"):
             state["mask"] = batch.attention_mask
             count += int(batch.attention_mask.sum())

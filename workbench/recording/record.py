@@ -146,8 +146,7 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     encoded = [model.encode(p) for p in prompts]
     n_layers = model.info.n_layers
     writer = _Writer(root, n_layers, store_dtype, include_resid)
-    pad_id = model.tokenizer.pad_token_id or 0
-    batches = list(make_batches(encoded, pad_id=pad_id, max_tokens=max_batch_tokens))
+    batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
     try:
         with torch.inference_mode():
             for batch in progress.track(batches, desc="recording"):

@@ -26,7 +26,6 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from workbench.core import progress
-from workbench.inputs.batching import make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.recording import hooks
@@ -64,9 +63,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         Long format, one row per (prompt, layer, head, metric): ``prompt, layer, head,
         metric, score``. ``workbench.scores.stats.summarize`` turns it into means with intervals.
     """
-    encoded = [model.encode(p) for p in prompts]
+    batches = model.batches(prompts, max_tokens=max_batch_tokens)
     n_layers = model.info.n_layers
-    pad_id = model.tokenizer.pad_token_id or 0
     frames: list[pd.DataFrame] = []
     state: dict[str, PatternContext | None] = {"ctx": None}
     batch_out: dict[tuple[int, str], Tensor] = {}
@@ -83,7 +81,6 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
 
     layers = sorted(set(range(n_layers) if layers is None else layers))
     fwd_hooks = [(hooks.pattern(layer), make_hook(layer)) for layer in layers]
-    batches = list(make_batches(encoded, pad_id=pad_id, max_tokens=max_batch_tokens))
     with torch.inference_mode():
         for batch in progress.track(batches, desc=desc):
             lengths = torch.tensor(batch.lengths)

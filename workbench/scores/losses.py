@@ -11,7 +11,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from workbench.core import progress
-from workbench.inputs.batching import make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 
@@ -28,10 +27,8 @@ def token_losses(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: i
         ModelCapabilityError: the model is not a causal LM with a trained head.
     """
     model.require(causal=True, lm_head=True, what="next-token loss")
-    encoded = [model.encode(p) for p in prompts]
+    batches = model.batches(prompts, max_tokens=max_batch_tokens)
     out: list[Tensor | None] = [None] * len(prompts)
-    pad = model.tokenizer.pad_token_id or 0
-    batches = list(make_batches(encoded, pad_id=pad, max_tokens=max_batch_tokens))
     with torch.inference_mode():
         for batch in progress.track(batches, desc=desc):
             logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)

@@ -7,7 +7,7 @@ undeclared column, a column of the wrong kind), and pages read columns by these 
 the contract between an experiment and the pages that show it is written in one place.
 
 Kinds: ``int`` (integer dtype), ``float`` (float or integer dtype; NaN allowed), ``str``
-(strings, missing values allowed), ``bool``.
+(strings, missing values allowed), ``bool`` (missing values allowed).
 
 Examples:
     >>> SINK_RATES = Table("sink_rates", "share of heads that are sinks, per input", (
@@ -96,8 +96,9 @@ def _has_kind(series: pd.Series, kind: Kind) -> bool:
         return types.is_integer_dtype(series) and not types.is_bool_dtype(series)
     if kind == "float":
         return types.is_numeric_dtype(series) and not types.is_bool_dtype(series)
-    if kind == "bool":
-        return types.is_bool_dtype(series)
+    if kind == "bool":  # missing values allowed, as in a column of "n/a" verdicts
+        return types.is_bool_dtype(series) or (
+            types.is_object_dtype(series) and all(isinstance(v, bool) for v in series.dropna()))
     if types.is_string_dtype(series) or types.is_object_dtype(series):
         return all(isinstance(v, str) for v in series.dropna())
     return False
