@@ -15,10 +15,11 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from workbench.core import paths, progress
 from workbench.core.errors import WorkbenchError
+from workbench.core.options import Dtype, Status, StoreDtype
 
 log = logging.getLogger("workbench")
 
@@ -159,9 +160,10 @@ def cmd_experiments(args: argparse.Namespace) -> None:
     for exp in all_experiments():
         _out(f"{exp.name}  ({exp.module})")
         _out(textwrap.indent(textwrap.fill(exp.description, 88), "  "))
-        rows = [{"field": f.name, "type": f.type, "default": f.default, "help": f.help}
-                for f in config.fields(exp.config)]
-        _out(textwrap.indent(_table(rows, ["field", "type", "default", "help"]), "    "))
+        rows = [{"field": f.name, "type": f.type, "default": f.default, "range": f.range,
+                 "help": f.help} for f in config.fields(exp.config)]
+        _out(textwrap.indent(_table(rows, ["field", "type", "default", "range", "help"]), "    "))
+        _out(textwrap.indent("tables: " + ", ".join(exp.tables or {}), "  "))
         _out()
 
 
@@ -284,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "or data/runs)")
 
     def dtype_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        p.add_argument("--dtype", default="float32", choices=get_args(Dtype),
                        help="model parameter dtype (default float32)")
 
     def mask_option(p: argparse.ArgumentParser) -> None:
@@ -308,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="parameter of a generated prompt set, e.g. seq_len=64")
     p.add_argument("--limit", type=int, metavar="N", help="record only the first N prompts")
-    p.add_argument("--store-dtype", default="float16", choices=["float16", "float32"],
+    p.add_argument("--store-dtype", default="float16", choices=get_args(StoreDtype),
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
     p.add_argument("--max-batch-tokens", type=int, default=2048, metavar="N",
                    help="tokens per forward batch (default 2048)")
@@ -332,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("runs", cmd_runs, "list stored runs")
     p.add_argument("--experiment", help="only this experiment")
     p.add_argument("--model", help="only this model")
-    p.add_argument("--status", choices=["complete", "failed", "interrupted", "running"])
+    p.add_argument("--status", choices=get_args(Status))
     out_option(p)
 
     p = add("show", cmd_show, "summarise one run")

@@ -15,8 +15,14 @@ import pytest
 
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.store.runs import INCOMPLETE, RunStore
+from workbench.store.schema import SchemaError, Table, columns, tables
 
 MODEL = {"name": "tiny", "checksum": "abc"}
+HEADS = Table("head_scores", "a score per head", columns(
+    ("layer", "int", "layer"), ("head", "int", "head"), ("metric", "str", "which score"),
+    ("score", "float", "the score")))
+ONE = Table("t", "one integer column", columns(("a", "int", "a number")))
+TABLES = tables(HEADS, ONE)
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,7 @@ class Cfg:
 def test_complete_run_has_provenance_and_checked_tables(tmp_path):
     store = RunStore(tmp_path)
     df = pd.DataFrame({"layer": [0, 1], "head": [0, 0], "metric": "x", "score": [0.5, 0.25]})
-    with store.start("exp", MODEL, Cfg()) as run:
+    with store.start("exp", MODEL, Cfg(), tables=TABLES) as run:
         assert run.dir.parent.name == INCOMPLETE  # not visible as a finished run yet
         run.save_table("head_scores", df)
     done = store.get(run.id)
@@ -43,8 +49,8 @@ def test_complete_run_has_provenance_and_checked_tables(tmp_path):
 
 def test_exception_and_ctrl_c_leave_failed_runs_with_the_error(tmp_path):
     store = RunStore(tmp_path)
-    with pytest.raises(RuntimeError), store.start("exp", MODEL, Cfg()) as run:
-        run.save_table("partial", pd.DataFrame({"a": [1]}))
+    with pytest.raises(RuntimeError), store.start("exp", MODEL, Cfg(), tables=TABLES) as run:
+        run.save_table("t", pd.DataFrame({"a": [1]}))
         raise RuntimeError("out of cheese")
     failed = store.get(run.id)
     assert failed.status == "failed"
@@ -75,7 +81,7 @@ def test_killed_process_leaves_an_interrupted_run(tmp_path):
 
 def test_corrupt_table_is_detected(tmp_path):
     store = RunStore(tmp_path)
-    with store.start("exp", MODEL, Cfg()) as run:
+    with store.start("exp", MODEL, Cfg(), tables=TABLES) as run:
         run.save_table("t", pd.DataFrame({"a": range(100)}))
     path = tmp_path / run.id / "t.parquet"
     path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
@@ -103,3 +109,31 @@ def test_find_matching_needs_same_config_and_weights(tmp_path):
     assert store.find_matching("exp", MODEL, Cfg(n=4)) is None
     assert store.find_matching("exp", {**MODEL, "checksum": "other"}, Cfg()) is None
     assert store.find_matching("other", MODEL, Cfg()) is None
+
+
+@pytest.mark.parametrize("name, df, message", [
+    ("nope", pd.DataFrame({"a": [1]}), "declares no table 'nope'; declared: head_scores, t"),
+    ("t", pd.DataFrame({"b": [1]}), "table t: missing a; undeclared b"),
+    ("t", pd.DataFrame({"a": [1.5]}), "column a is declared int but holds float64"),
+    ("head_scores", pd.DataFrame({"layer": [0], "head": [0], "metric": [1], "score": [0.5]}),
+     "column metric is declared str"),
+    ("head_scores", pd.DataFrame({"layer": [0], "head": [0], "metric": ["m"], "score": [True]}),
+     "column score is declared float but holds bool"),
+])
+def test_a_table_that_does_not_match_its_declaration_fails_the_run(tmp_path, name, df, message):
+    store = RunStore(tmp_path)
+    with pytest.raises(SchemaError, match=message), \
+            store.start("exp", MODEL, Cfg(), tables=TABLES) as run:
+        run.save_table(name, df)
+    assert store.get(run.id).status == "failed"
+    assert not (store.get(run.id).path / f"{name}.parquet").exists()
+
+
+def test_declared_kinds_accept_missing_values_and_integer_floats(tmp_path):
+    nullable = Table("n", "kinds with missing values", columns(
+        ("i", "int", "nullable integers"), ("x", "float", "integers where floats are declared"),
+        ("s", "str", "strings or missing"), ("b", "bool", "booleans or missing")))
+    nullable.check(pd.DataFrame({"i": pd.array([1, None], dtype="Int64"), "x": [1, 2],
+                                 "s": ["a", None], "b": [True, None]}))
+    with pytest.raises(SchemaError, match="column s is declared str"):
+        nullable.check(pd.DataFrame({"i": [1], "x": [1.0], "s": [3], "b": [True]}))

@@ -42,13 +42,24 @@ from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.registry import Registry
 from workbench.store.runs import Run, RunStore
+from workbench.store.schema import Table, columns, tables
 
 log = logging.getLogger(__name__)
 
 REQUIRED = ("id", "paper", "statement", "published", "applies_to", "models", "experiment",
             "check")
-VERDICT_COLUMNS = ["claim", "source", "model", "statement", "published", "measured",
-                   "verdict", "reason", "run"]
+CLAIMS_TABLE = Table("claims", "one verdict per (claim, model)", columns(
+    ("claim", "str", "claim id (data/claims/*.json)"),
+    ("source", "str", "paper and place (table, figure, section)"),
+    ("model", "str", "model the claim was checked on ('-' for models an experiment trains)"),
+    ("statement", "str", "what the claim says"),
+    ("published", "str", "the published figure"),
+    ("measured", "str", "what the check measured, in words"),
+    ("verdict", "str", "pass, fail, skipped or error"),
+    ("reason", "str", "why a claim was skipped or could not be checked"),
+    ("run", "str", "id of the run the check read ('' when none)"),
+))
+VERDICT_COLUMNS = CLAIMS_TABLE.names
 
 
 @dataclass(frozen=True)
@@ -256,7 +267,7 @@ def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None
                   fresh: bool = False) -> Run:
     """:func:`reproduce`, stored as a run of ``reproduce`` with its table ``claims``."""
     config = {"claims": [c.id for c in claims], "model": model, "fresh": fresh}
-    with store.start("reproduce", None, config) as run:
+    with store.start("reproduce", None, config, tables=tables(CLAIMS_TABLE)) as run:
         table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh)
         run.save_table("claims", table)
         counts = table.verdict.value_counts().to_dict()

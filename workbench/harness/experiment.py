@@ -29,10 +29,11 @@ import pandas as pd
 
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.options import Dtype
 from workbench.core.registry import Registry
 from workbench.harness.config import apply_overrides, check_config
 from workbench.interventions.masks import HeadMask, applied
-from workbench.models.base import Dtype, Model
+from workbench.models.base import Model
 from workbench.models.load import load_model
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table

@@ -5,7 +5,8 @@
 ``load`` (the one dispatcher over all of them).
 """
 
-from workbench.models.base import DTYPES, Dtype, Model, ModelInfo
+from workbench.core.options import Dtype
+from workbench.models.base import DTYPES, Model, ModelInfo
 from workbench.models.hf import wrap_hf_model
 from workbench.models.load import load_model
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -29,7 +29,6 @@ from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 
-Dtype = Literal["float32", "bfloat16", "float16"]
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,

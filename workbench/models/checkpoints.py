@@ -38,7 +38,8 @@ import torch
 
 from workbench.core import checksums, paths
 from workbench.core.errors import ChecksumError, WorkbenchError
-from workbench.models.base import Dtype, Model
+from workbench.core.options import Dtype
+from workbench.models.base import Model
 from workbench.models.native import ModelSpec, as_model, build_bridge
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ import torch
 
 from workbench.core import checksums
 from workbench.core.errors import WorkbenchError
-from workbench.models.base import DTYPES, Dtype, Model, ModelInfo
+from workbench.core.options import Dtype
+from workbench.models.base import DTYPES, Model, ModelInfo
 
 
 def folder_checksum(path: Path) -> str:

@@ -24,8 +24,9 @@ from typing import Any
 
 from workbench.core import checksums, paths
 from workbench.core.errors import WorkbenchError
+from workbench.core.options import Dtype
 from workbench.models import checkpoints, zoo
-from workbench.models.base import DTYPES, Dtype, Model, ModelInfo
+from workbench.models.base import DTYPES, Model, ModelInfo
 from workbench.models.hf import boot_folder, folder_checksum
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.models.base import DTYPES, Dtype, Model, ModelInfo
+from workbench.core.options import Dtype
+from workbench.models.base import DTYPES, Model, ModelInfo
 
 Positions = Literal["learned", "rotary"]
 ARCHITECTURE = "TransformerLensNative"

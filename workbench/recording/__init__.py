@@ -4,6 +4,7 @@
 reduces patterns to per-head numbers while the forward pass runs.
 """
 
-from workbench.recording.record import Recording, StoreDtype, record
+from workbench.core.options import StoreDtype
+from workbench.recording.record import Recording, record
 
 __all__ = ["Recording", "StoreDtype", "record"]

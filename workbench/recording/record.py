@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -33,12 +33,12 @@ from jaxtyping import Float
 
 from workbench.core import checksums, progress
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.options import StoreDtype
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.recording import hooks
 
-StoreDtype = Literal["float16", "float32"]
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 INDEX = "index.json"
 FORMAT_VERSION = 1

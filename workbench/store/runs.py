@@ -30,18 +30,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.options import Status
 from workbench.store import provenance
 from workbench.store.schema import SchemaError, Table
 
 log = logging.getLogger(__name__)
 
-Status = Literal["running", "complete", "failed", "interrupted"]
 RUN_JSON = "run.json"
 INCOMPLETE = ".incomplete"
 

@@ -1,0 +1,18 @@
+"""String options shared by several layers and the command line, each a ``Literal`` type.
+
+They live here, importable without torch, so that the CLI builds its ``choices=`` from
+the types themselves (``typing.get_args``) instead of a second list.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""Parameter dtype a model is loaded in."""
+
+StoreDtype = Literal["float16", "float32"]
+"""Storage dtype of a recording (float16 falls back to float32 per block on overflow)."""
+
+Status = Literal["running", "complete", "failed", "interrupted"]
+"""How a run ended (``running`` while it is written; ``interrupted`` when its process died)."""
