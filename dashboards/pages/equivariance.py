@@ -1,5 +1,9 @@
 """Equivariance: the permutation-equivariance verdicts, a head's pattern before and after a
-permutation, and the worked four-token attention example step by step."""
+permutation, and the worked four-token attention example step by step.
+
+It reads a run's ``verdicts``, ``patterns``, ``tokens`` and ``permutations`` tables by their
+declarations (``experiments/permutation_equivariance/tables.py``); the worked example is
+computed by :mod:`workbench.scores.attention` (a few 4 x 4 products)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
 from workbench.scores.attention import worked_example
 from workbench.store.runs import Run
 
@@ -23,8 +28,7 @@ dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
 EXPERIMENT = "permutation-equivariance"
 EMPTY = ("No permutation-equivariance runs yet. Make one with "
          "`workbench run permutation-equivariance --model smollm2`.")
-VERDICT_COLUMNS = ["component", "condition", "shift", "n_cases", "max_rel_error",
-                   "min_rel_error", "tolerance", "expected", "verdict", "note"]
+VERDICT_COLUMNS = [c for c in VERDICTS.names if c not in ("model", "n_failed", "source")]
 DEFAULT_CONDITION = "no positions, no mask"
 
 
@@ -44,6 +48,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             dash_table.DataTable(
                 id="equivariance-verdicts", page_size=30, sort_action="native",
                 columns=[{"name": c, "id": c} for c in VERDICT_COLUMNS],
+                tooltip_header={c: VERDICTS.column(c).meaning for c in VERDICT_COLUMNS},
                 style_cell={"textAlign": "left", "fontSize": "0.8em", "whiteSpace": "normal",
                             "maxWidth": "28em"},
                 style_data_conditional=[
@@ -92,13 +97,13 @@ def table(run_id: str, name: str) -> pd.DataFrame:
 def choose_run(run_id: str | None):
     if run_id is None:
         return (no_update,) * 11
-    verdicts = table(run_id, "verdicts")
+    verdicts = table(run_id, VERDICTS.name)
     shown = verdicts[VERDICT_COLUMNS].copy()
     for col in ("max_rel_error", "min_rel_error", "tolerance"):
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
     shown["shift"] = shown["shift"].map(lambda c: f"c = {c}" if c else "")
-    patterns = table(run_id, "patterns")
-    tokens = table(run_id, "tokens")
+    patterns = table(run_id, PATTERNS.name)
+    tokens = table(run_id, TOKENS.name)
     conditions = list(dict.fromkeys(patterns.condition))
     prompts = sorted(patterns.prompt.unique().tolist())
     prompt_opts = [{"label": f"{p}: {_preview(tokens[tokens.prompt == p].token.tolist())}",
@@ -136,15 +141,15 @@ def _matrix(patterns: pd.DataFrame, n: int) -> np.ndarray:
 def draw(run_id, condition, prompt, seed, layer, head):
     if None in (run_id, condition, prompt, seed, layer, head):
         return (no_update,) * 5
-    patterns = table(run_id, "patterns")
+    patterns = table(run_id, PATTERNS.name)
     pick = patterns[(patterns.condition == condition) & (patterns.prompt == prompt)
                     & (patterns.layer == layer) & (patterns["head"] == head)]
     original, permuted = pick[pick.input == "original"], pick[pick.seed == seed]
     if original.empty or permuted.empty:
         return (no_update,) * 5
-    tokens = table(run_id, "tokens")
+    tokens = table(run_id, TOKENS.name)
     toks = tokens[tokens.prompt == prompt].sort_values("position").token.tolist()
-    perms = table(run_id, "permutations")
+    perms = table(run_id, PERMUTATIONS.name)
     perm = perms[(perms.prompt == prompt) & (perms.seed == seed) & (perms.kind == "full")]
     perm = perm.sort_values("position").source.to_numpy()
     before, after = _matrix(original, len(toks)), _matrix(permuted, len(toks))

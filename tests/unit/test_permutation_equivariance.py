@@ -1,5 +1,7 @@
-"""Permutation equivariance on tiny random models: plumbing checked against the reference
-attention, permutations, hooks that remove positions, and the experiment's verdicts."""
+"""Permutation equivariance on tiny random models: the sublayer checked against the reference
+attention, the seeded permutations, the tables against their declarations, and the
+experiment's verdicts. (The primitives it uses have their own tests: test_head_permutation,
+test_positions.)"""
 
 from __future__ import annotations
 
@@ -10,7 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import permutation_equivariance as pe
+from experiments.permutation_equivariance import DEMO, Config, run
+from experiments.permutation_equivariance.conditions import BY_NAME
+from experiments.permutation_equivariance.measure import encode_prompts, sublayer
+from experiments.permutation_equivariance.permutations import (
+    full_permutation,
+    prefix_permutation,
+    seeded_head_permutation,
+)
+from experiments.permutation_equivariance.tables import TABLES
 from workbench.core import paths
 from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.harness import claims
@@ -23,12 +33,12 @@ SMALL = {"n_prompts": 2, "max_tokens": 12, "seeds": (0, 1), "shifts": (1, 100, 6
 
 @pytest.fixture(scope="module")
 def llama_result(llama):
-    return pe.run(llama, pe.Config(**SMALL))
+    return run(llama, Config(**SMALL))
 
 
 @pytest.fixture(scope="module")
 def bert_result(bert):
-    return pe.run(bert, pe.Config(**SMALL))
+    return run(bert, Config(**SMALL))
 
 
 def inputs(model, n=7, seed=0):
@@ -39,25 +49,27 @@ def inputs(model, n=7, seed=0):
 
 @pytest.mark.parametrize("override, message", [
     ({"n_prompts": 0}, "n_prompts"), ({"max_tokens": 3}, "max_tokens"),
-    ({"seeds": (1, 1)}, "distinct"), ({"seeds": ()}, "non-empty"), ({"shifts": (0,)}, "positive"),
-    ({"view_prompts": -1}, "view_prompts"), ({"model_tolerance": 0.0}, "tolerances"),
+    ({"seeds": (1, 1)}, "distinct"), ({"seeds": ()}, "non-empty"),
+    ({"shifts": (0,)}, "shifts: expected at least 1"), ({"layers": (-1,)}, "layers"),
+    ({"view_layers": (-1,)}, "view_layers"), ({"view_prompts": -1}, "view_prompts"),
+    ({"model_tolerance": 0.0}, "model_tolerance"), ({"sublayer_tolerance": 1.0}, "at most"),
     ({"prompt_set": "nope"}, "unknown prompt set"),
 ])
 def test_bad_config_is_refused(override, message):
     with pytest.raises((ConfigError, WorkbenchError), match=message):
-        apply_overrides(pe.Config, override)
+        apply_overrides(Config, override)
 
 
 def test_lists_become_tuples_and_text_parses():
-    assert apply_overrides(pe.Config, {"seeds": [3, 4]}).seeds == (3, 4)
-    assert apply_overrides(pe.Config, ["shifts=5,50", "layers=0"]).shifts == (5, 50)
+    assert apply_overrides(Config, {"seeds": [3, 4]}).seeds == (3, 4)
+    assert apply_overrides(Config, ["shifts=5,50", "layers=0"]).shifts == (5, 50)
 
 
 def test_layers_out_of_range_are_refused(llama):
     with pytest.raises(WorkbenchError, match="out of range"):
-        pe.run(llama, pe.Config(layers=(7,)))
+        run(llama, Config(layers=(7,)))
     with pytest.raises(WorkbenchError, match="view_layers"):
-        pe.run(llama, pe.Config(layers=(0,), view_layers=(1,)))
+        run(llama, Config(layers=(0,), view_layers=(1,)))
 
 
 # ---- permutations -----------------------------------------------------------------------
@@ -65,30 +77,27 @@ def test_layers_out_of_range_are_refused(llama):
 def test_permutations_are_seeded_and_never_the_identity():
     for n in (2, 5, 30):
         for seed in range(5):
-            perm = pe.full_permutation(n, seed, 0)
+            perm = full_permutation(n, seed, 0)
             assert sorted(perm.tolist()) == list(range(n)) and perm.tolist() != list(range(n))
-            assert torch.equal(perm, pe.full_permutation(n, seed, 0))
-    assert not torch.equal(pe.full_permutation(30, 0, 0), pe.full_permutation(30, 1, 0))
+            assert torch.equal(perm, full_permutation(n, seed, 0))
+    assert not torch.equal(full_permutation(30, 0, 0), full_permutation(30, 1, 0))
 
 
 def test_prefix_permutation_moves_only_the_prefix():
     for seed in range(10):
-        i, perm = pe.prefix_permutation(12, seed, 3)
+        i, perm = prefix_permutation(12, seed, 3)
         assert 2 <= i <= 11
         assert perm[i:].tolist() == list(range(i, 12))
         assert sorted(perm[:i].tolist()) == list(range(i)) and perm[:i].tolist() != list(range(i))
 
 
-@pytest.mark.parametrize("n_heads, n_kv", [(9, 3), (4, 2), (12, 12), (8, 1)])
-def test_head_permutation_keeps_each_query_head_with_its_kv_head(n_heads, n_kv):
-    r = n_heads // n_kv
-    for seed in range(5):
-        q_perm, kv_perm = pe.head_permutation(n_heads, n_kv, seed, layer=2)
-        assert sorted(q_perm.tolist()) == list(range(n_heads))
-        assert q_perm.tolist() != list(range(n_heads))
-        # new head j reads new kv head j // r = old kv head kv_perm[j // r], which must be
-        # the kv head of the old query head it now is
-        assert all(int(q_perm[j]) // r == int(kv_perm[j // r]) for j in range(n_heads))
+def test_head_permutations_are_fixed_by_seed_and_layer():
+    first = seeded_head_permutation(9, 3, 0, 2)
+    assert all(torch.equal(a, b) for a, b in zip(first, seeded_head_permutation(9, 3, 0, 2),
+                                                 strict=True))
+    others = [seeded_head_permutation(9, 3, seed, layer)[0].tolist()
+              for seed, layer in [(1, 2), (0, 3), (2, 5)]]
+    assert any(o != first[0].tolist() for o in others)
 
 
 # ---- the bridge's sublayer against the reference implementation -------------------------
@@ -119,71 +128,15 @@ def test_position_free_sublayer_matches_the_reference(request, name, causal):
     model = request.getfixturevalue(name)
     x = inputs(model)
     with torch.no_grad():
-        out, pattern = pe.sublayer(model, 1, x, rope=False, causal=causal)
+        out, pattern = sublayer(model, 1, x, rope=False, causal=causal)
         want_out, want_pattern = reference_sublayer(
             model, 1, x, ref.causal_mask(7) if causal else ref.full_mask(7))
     np.testing.assert_allclose(pattern, want_pattern, atol=1e-6)
     np.testing.assert_allclose(out, want_out, atol=1e-6)
 
 
-def test_removing_rope_by_hooks_equals_an_identity_rotation(llama):
-    x = inputs(llama)
-    attn = llama.bridge.blocks[0].attn
-    with torch.no_grad():
-        out, _ = pe.sublayer(llama, 0, x, rope=False, causal=True)
-        cos, sin = llama.bridge.rotary_emb(x, torch.arange(7)[None])
-        store = {}
-        with llama.bridge.hooks(fwd_hooks=[("blocks.0.attn.o.hook_out",
-                                            pe._capture(store, "out"))]):
-            attn(x, position_embeddings=(torch.ones_like(cos), torch.zeros_like(sin)),
-                 attention_mask=None)  # the bridge's own causal mask
-        with_rope, _ = pe.sublayer(llama, 0, x, rope=True, causal=True)
-    torch.testing.assert_close(out, store["out"], atol=1e-7, rtol=0)
-    # the hook really removed something (relative: the tiny model's outputs are ~1e-2)
-    assert pe.relative_error(with_rope, out, out) > 1e-3
-
-
-def test_without_rope_position_ids_no_longer_matter(llama):
-    enc = pe.encode_prompts(llama, pe.Config(n_prompts=1, max_tokens=10))[0]
-    hooks_ = pe.no_rope_hooks(range(llama.info.n_layers))
-    with torch.no_grad():
-        base = pe.model_output(llama, enc, fwd_hooks=hooks_)
-        shifted = pe.model_output(llama, enc, fwd_hooks=hooks_,
-                                  position_ids=torch.arange(10)[None] + 300)
-        rope = pe.model_output(llama, enc, position_ids=torch.arange(10)[None] + 300)
-    torch.testing.assert_close(base, shifted, atol=1e-6, rtol=0)
-    assert torch.isfinite(rope).all()
-
-
-def test_float64_angles_agree_with_the_model_and_refuse_other_models(llama, bert):
-    pos = torch.arange(9)[None] + 5
-    x = inputs(llama, 9)
-    store = {}
-    fwd = [*pe.float64_angle_hooks(llama, pos),
-           ("rotary_emb.hook_cos", pe._capture(store, "cos"))]
-    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=fwd):
-        llama.bridge.rotary_emb(x, pos)
-    cos, _ = llama.bridge.rotary_emb(x, pos)
-    torch.testing.assert_close(store["cos"], cos, atol=1e-6, rtol=0)
-    with pytest.raises(WorkbenchError, match="inv_freq"):
-        pe.float64_angle_hooks(bert, pos)
-
-
-def test_head_weights_are_restored_even_after_an_error(llama):
-    attn = llama.bridge.blocks[1].attn
-    before = [p.detach().clone() for p in (attn.q.original_component.weight,
-                                           attn.o.original_component.weight)]
-    q_perm, kv_perm = pe.head_permutation(4, 2, 0, 1)
-    with pytest.raises(RuntimeError, match="boom"), \
-            pe.permuted_head_weights(llama, 1, q_perm, kv_perm):
-        assert not torch.equal(attn.q.original_component.weight, before[0])
-        raise RuntimeError("boom")
-    assert torch.equal(attn.q.original_component.weight, before[0])
-    assert torch.equal(attn.o.original_component.weight, before[1])
-
-
 def test_encoder_prompts_keep_their_final_separator(bert):
-    enc = pe.encode_prompts(bert, pe.Config(n_prompts=2, max_tokens=6))
+    enc = encode_prompts(bert, "natural", n_prompts=2, max_tokens=6)
     for e in enc:
         assert e.ids.shape[1] == 6 and e.tokens[0] == "[CLS]" and e.tokens[-1] == "[SEP]"
         assert e.type_ids is None or e.type_ids.shape == e.ids.shape
@@ -248,30 +201,48 @@ def test_stored_patterns_permuted_back_equal_the_originals(llama_result):
                                atol=1e-6)
 
 
-def test_summary_and_tables(llama_result):
-    tables = llama_result.tables()
-    assert set(tables) == {"equivariance", "verdicts", "patterns", "tokens", "permutations"}
-    cases = tables["equivariance"]
-    for column in ("model", "component", "condition", "seed", "max_rel_error", "tolerance",
-                   "verdict"):
-        assert column in cases.columns
-    assert llama_result.summary()[0].endswith("checks as expected")
+def test_every_table_matches_its_declaration(llama_result, bert_result):
+    for result in (llama_result, bert_result):
+        tables = result.tables()
+        assert set(tables) == set(TABLES)
+        for name, df in tables.items():
+            TABLES[name].check(df)
+            assert list(df.columns) == TABLES[name].names
+        assert result.summary()[0].endswith("checks as expected")
+
+
+def test_no_stored_patterns_is_still_a_declared_table(bert):
+    result = run(bert, Config(n_prompts=1, max_tokens=8, seeds=(0,), shifts=(1,),
+                              layers=(0,), view_prompts=0))
+    assert result.patterns.empty
+    TABLES["patterns"].check(result.patterns)
+
+
+def test_relative_error_is_relative_to_the_largest_output_over_the_positions_chosen():
+    before = torch.tensor([[1.0, -4.0], [2.0, 0.0], [0.5, 0.5]])
+    after = before.clone()
+    after[0, 1] += 0.4
+    after[2, 0] += 0.1
+    assert ref.relative_error(after, before, before) == pytest.approx(0.4 / 4)
+    # positions from 1 on: the larger error at position 0 is left out, the scale is not
+    assert ref.relative_error(after, before, before, slice(1, None)) == pytest.approx(0.1 / 4)
+    assert ref.relative_error(before, before, before) == 0
 
 
 def test_claims_name_real_conditions_and_pass_on_tiny_models(llama, bert, runs_dir):
     entries = json.loads((paths.data_dir() / "claims" / "permutation_equivariance.json")
                          .read_text())
     loaded = {c.id: c for c in claims.load_claims()}
-    demo = apply_overrides(pe.Config, dict(pe.DEMO))
-    runs = {m.info.name: run_experiment("permutation-equivariance", m, pe.DEMO,
+    demo = apply_overrides(Config, dict(DEMO))
+    runs = {m.info.name: run_experiment("permutation-equivariance", m, DEMO,
                                         runs_dir=runs_dir) for m in (llama, bert)}
     for entry in entries:
         claim = loaded[entry["id"]]
         # `reproduce` reuses demo runs
-        assert apply_overrides(pe.Config, claims.claim_config(claim)) == demo
+        assert apply_overrides(Config, claims.claim_config(claim)) == demo
         names = claim.check["condition"]
         for name in [names] if isinstance(names, str) else names:
-            assert (claim.check["component"], name) in pe.BY_NAME
+            assert (claim.check["component"], name) in BY_NAME
         for model in (llama, bert):
             bundled = "smollm2" if model.info.causal else "minilm"
             if bundled not in claim.models:

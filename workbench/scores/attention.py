@@ -196,3 +196,27 @@ def worked_example() -> WorkedExample:
         shuffle=EXAMPLE_SHUFFLE, shuffled_tokens=tuple(EXAMPLE_TOKENS[i] for i in EXAMPLE_SHUFFLE),
         shuffled_output=shuffled.output,
     )
+
+
+# ---- comparing outputs -------------------------------------------------------------------
+
+def relative_error(after: Float[Tensor, "*batch pos d"], before: Float[Tensor, "*batch pos d"],
+                   scale_of: Float[Tensor, "*batch pos d"], positions: slice = slice(None)
+                   ) -> float:
+    """``max |after - before| / max |scale_of|``, over the positions (dim -2) selected.
+
+    The error measure of an equivariance check ``f(P X)`` against ``P f(X)``: the largest
+    difference relative to the largest output, computed in float64 so that the measure
+    adds no rounding of its own. ``scale_of`` is read over every position, so a check on
+    a few positions is still relative to the whole output.
+
+    Args:
+        after, before: the two outputs compared (same shape).
+        scale_of: the output whose largest entry sets the scale (usually ``before``).
+        positions: the positions compared (e.g. ``slice(i, None)``: from ``i`` on).
+
+    Returns:
+        The relative error (0 when equal; an all-zero ``scale_of`` counts as 1e-30).
+    """
+    diff = (after[..., positions, :].double() - before[..., positions, :].double()).abs().max()
+    return float(diff / scale_of.double().abs().max().clamp_min(1e-30))
