@@ -124,9 +124,9 @@ def layer_inputs(model: Model, enc: Encoded, layers: Sequence[int]
                  ) -> dict[int, Float[Tensor, "batch pos d_model"]]:
     """What each layer's attention sublayer reads (``attn.hook_in``) on one prompt."""
     store: dict[str, Tensor] = {}
-    fwd = [(f"blocks.{layer}.attn.hook_in", _capture(store, str(layer))) for layer in layers]
+    fwd = [(hooks.attn_in(layer), _capture(store, str(layer))) for layer in layers]
     hooks.run_hooked(model.bridge, enc.batch, fwd,
-                     stop_after=f"blocks.{max(layers)}.attn.hook_in")
+                     stop_after=hooks.attn_in(max(layers)))
     return {layer: store[str(layer)] for layer in layers}
 
 
@@ -160,7 +160,7 @@ def sublayer(model: Model, layer: int, x: Float[Tensor, "batch pos d_model"], *,
         if not rope:
             extra += no_rope_hooks([layer])
     store: dict[str, Tensor] = {}
-    fwd = [(f"blocks.{layer}.attn.o.hook_out", _capture(store, "out")),
+    fwd = [(hooks.attn_o_out(layer), _capture(store, "out")),
            (hooks.pattern(layer), _capture(store, "pattern")), *extra]
     with model.bridge.hooks(fwd_hooks=fwd):
         model.bridge.blocks[layer].attn(x, **kwargs)
@@ -219,9 +219,8 @@ def head_permutation_hooks(layer: int, q_perm: Int[Tensor, " head_index"],
     def by(perm: Tensor) -> Callable[[Tensor, Any], Tensor]:
         return lambda tensor, hook: tensor[:, :, perm]  # [batch, pos, head, d_head]
 
-    attn = f"blocks.{layer}.attn"
-    return [(f"{attn}.hook_q", by(q_perm)), (f"{attn}.hook_k", by(kv_perm)),
-            (f"{attn}.hook_v", by(kv_perm)), (hooks.z(layer), by(inverse))]
+    return [(hooks.qkv(layer, "q"), by(q_perm)), (hooks.qkv(layer, "k"), by(kv_perm)),
+            (hooks.qkv(layer, "v"), by(kv_perm)), (hooks.z(layer), by(inverse))]
 
 
 # ---- the rows of the equivariance table ----------------------------------------------------

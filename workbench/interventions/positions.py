@@ -31,6 +31,7 @@ from torch import Tensor
 
 from workbench.core.errors import WorkbenchError
 from workbench.models.base import Model
+from workbench.recording import hooks
 
 Hook = tuple[str, Callable[[Tensor, Any], Tensor | None]]
 
@@ -64,14 +65,14 @@ def no_rope_hooks(layers: Iterable[int]) -> list[Hook]:
             def restore(tensor: Tensor, hook: Any, stash=stash, name=name) -> Tensor:
                 return stash[name]
 
-            fwd.append((f"blocks.{layer}.attn.hook_{name}", keep))
-            fwd.append((f"blocks.{layer}.attn.hook_rot_{name}", restore))
+            fwd.append((hooks.qkv(layer, name), keep))
+            fwd.append((hooks.rotated(layer, name), restore))
     return fwd
 
 
 def zero_position_hooks() -> list[Hook]:
     """Learned absolute position embeddings (``pos_embed.hook_out``) replaced by zeros."""
-    return [("pos_embed.hook_out", lambda tensor, hook: torch.zeros_like(tensor))]
+    return [(hooks.POS_EMBED, lambda tensor, hook: torch.zeros_like(tensor))]
 
 
 def float64_angle_hooks(model: Model, position_ids: Int[Tensor, "batch pos"]) -> list[Hook]:
@@ -111,4 +112,4 @@ def float64_angle_hooks(model: Model, position_ids: Int[Tensor, "batch pos"]) ->
 
         return hook
 
-    return [("rotary_emb.hook_cos", make(torch.cos)), ("rotary_emb.hook_sin", make(torch.sin))]
+    return [(hooks.ROTARY_COS, make(torch.cos)), (hooks.ROTARY_SIN, make(torch.sin))]

@@ -36,6 +36,37 @@ def attn_out(layer: int) -> str:
     return f"blocks.{layer}.hook_attn_out"
 
 
+def attn_in(layer: int) -> str:
+    """The attention sublayer's input (after the block's first norm): ``[batch, pos, d_model]``."""
+    return f"blocks.{layer}.attn.hook_in"
+
+
+def attn_o_out(layer: int) -> str:
+    """The output projection's result, the sublayer's output before the residual add."""
+    return f"blocks.{layer}.attn.o.hook_out"
+
+
+def qkv(layer: int, which: str) -> str:
+    """Queries, keys or values (``which`` = ``q``, ``k``, ``v``) before any rotary
+    embedding: ``[batch, pos, head_index, d_head]``."""
+    if which not in ("q", "k", "v"):
+        raise ValueError(f"which must be q, k or v, got {which!r}")
+    return f"blocks.{layer}.attn.hook_{which}"
+
+
+def rotated(layer: int, which: str) -> str:
+    """Queries or keys (``which`` = ``q``, ``k``) after the rotary embedding."""
+    if which not in ("q", "k"):
+        raise ValueError(f"which must be q or k, got {which!r}")
+    return f"blocks.{layer}.attn.hook_rot_{which}"
+
+
+POS_EMBED = "pos_embed.hook_out"
+"""Learned position embeddings, before they are added to the token embeddings."""
+ROTARY_COS, ROTARY_SIN = "rotary_emb.hook_cos", "rotary_emb.hook_sin"
+"""The rotary embedding's cos and sin tables, shared by every layer."""
+
+
 def resid(boundary: int, n_layers: int) -> str:
     """The residual stream at a layer boundary (0 .. n_layers, see the module docstring)."""
     if not 0 <= boundary <= n_layers:
