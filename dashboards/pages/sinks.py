@@ -1,5 +1,10 @@
 """Attention sinks: alpha_1 per head, sink rates by input, where the attention mass goes,
-massive activations by layer, and perplexity when the sink is evicted (attention-sinks)."""
+massive activations by layer, and perplexity when the sink is evicted (attention-sinks).
+
+Everything shown is read from the run's tables, by the names declared in
+``experiments/attention_sinks/tables.py``; a part the run skipped is explained from its
+``skipped`` table.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,17 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from experiments.attention_sinks.tables import (
+    HEAD_SCORES,
+    INPUT_SCORES,
+    MASSIVE_ACTIVATIONS,
+    SINK_RATES,
+    SKIPPED,
+    STREAMING_LOSSES,
+    STREAMING_PERPLEXITY,
+    TOP_RECEIVERS,
+)
+from workbench.store.runs import Run
 
 dash.register_page(__name__, path="/sinks", name="Sinks", order=4,
                    experiments=["attention-sinks"])
@@ -21,6 +37,10 @@ MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
 TYPE_COLOURS = {"bos": "#1f2937", "cls": "#1f2937", "sep": "#b91c1c",
                 "first_content": "#f59e0b", "newline": "#2563eb", "punctuation": "#10b981",
                 "other": "#d1d5db"}
+STREAMING_SHOWN = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_window",
+                   "ppl_matched", "matched_low", "matched_high", "n_matched", "n_tokens"]
+"""The columns of streaming_perplexity shown in the page's table, in this order."""
+HIDDEN = {"display": "none"}
 
 
 def layout(run: str | None = None, **_: str) -> html.Div:
@@ -43,11 +63,14 @@ def layout(run: str | None = None, **_: str) -> html.Div:
         dcc.Graph(id="sinks-massive"),
         html.H3("Streaming without the sink"),
         html.P(id="sinks-streaming-note", className="wb-note"),
-        dcc.RadioItems(id="sinks-curve", value="running", inline=True, options=[
-            {"label": " running perplexity since the window filled ", "value": "running"},
-            {"label": " perplexity in bins of positions", "value": "binned"}]),
-        dcc.Graph(id="sinks-streaming"),
-        dash_table.DataTable(id="sinks-streaming-table", style_cell={"fontSize": "0.85em"}),
+        html.Div(id="sinks-streaming-box", children=[
+            dcc.RadioItems(id="sinks-curve", value="running", inline=True, options=[
+                {"label": " running perplexity since the window filled ", "value": "running"},
+                {"label": " perplexity in bins of positions", "value": "binned"}]),
+            dcc.Graph(id="sinks-streaming"),
+            dash_table.DataTable(id="sinks-streaming-table",
+                                 style_cell={"fontSize": "0.85em"}),
+        ]),
     ])
 
 
@@ -58,8 +81,8 @@ def choose_run(run_id: str | None):
     if not run_id:
         return no_update, no_update, no_update, no_update, no_update
     run = data.get_run(run_id)
-    inputs = list(run.table("sink_rates").input)
-    metrics = sorted(set(run.table("head_scores").metric), key=lambda m: (m != "sink", m))
+    inputs = list(run.table(SINK_RATES.name).input)
+    metrics = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != "sink", m))
     return (inputs, inputs[0], metrics, "sink",
             [html.Li(line) for line in run.meta.get("summary", [])])
 
@@ -69,7 +92,7 @@ def choose_run(run_id: str | None):
 def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None):
     if not run_id or not input_name or not metric:
         return no_update
-    scores = data.get_run(run_id).table("input_scores")
+    scores = data.get_run(run_id).table(INPUT_SCORES.name)
     scores = scores[scores.input == input_name]
     if scores.empty or metric not in set(scores.metric):
         return no_update
@@ -89,35 +112,44 @@ def draw_input(run_id: str | None, input_name: str | None):
     if not run_id or not input_name:
         return no_update, no_update, no_update
     run = data.get_run(run_id)
-    scores = run.table("input_scores")
+    scores = run.table(INPUT_SCORES.name)
     scores = scores[scores.input == input_name]
     if scores.empty:
         return no_update, no_update, no_update
-    eps = float(run.table("sink_rates").eps.iloc[0])
+    eps = float(run.table(SINK_RATES.name).eps.iloc[0])
     return (mass_figure(scores, input_name),
-            receivers_figure(run.table("top_receivers"), input_name),
-            massive_figure(run.table("massive_activations"), scores, input_name, eps))
+            receivers_figure(run.table(TOP_RECEIVERS.name), input_name),
+            massive_figure(run.table(MASSIVE_ACTIVATIONS.name), input_name, eps))
 
 
 @callback(Output("sinks-rates", "figure"), Output("sinks-streaming-table", "data"),
           Output("sinks-streaming-table", "columns"), Output("sinks-streaming-note", "children"),
-          Input("sinks-run", "value"))
+          Output("sinks-streaming-box", "style"), Input("sinks-run", "value"))
 def draw_run(run_id: str | None):
     if not run_id:
-        return no_update, no_update, no_update, no_update
+        return no_update, no_update, no_update, no_update, no_update
     run = data.get_run(run_id)
-    rates = rates_figure(run.table("sink_rates"))
-    if "streaming_perplexity" not in run.table_names():
-        skipped = [line for line in run.meta.get("summary", []) if line.startswith("streaming")]
-        return rates, [], [], " ".join(skipped) or "no streaming measurement"
-    table = run.table("streaming_perplexity")
-    columns = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_window",
-               "ppl_matched", "matched_low", "matched_high", "n_matched", "n_tokens"]
-    shown = table[columns].round(3).astype(object).where(table[columns].notna(), "")
+    rates = rates_figure(run.table(SINK_RATES.name))
+    if STREAMING_PERPLEXITY.name not in run.table_names():
+        why = skip_reason(run, "streaming") or "the run records no reason"
+        return rates, [], [], f"streaming perplexity: skipped ({why})", HIDDEN
+    table = run.table(STREAMING_PERPLEXITY.name)
+    shown = table[STREAMING_SHOWN].round(3).astype(object).where(
+        table[STREAMING_SHOWN].notna(), "")
     note = (f"{int(table.n_tokens.iloc[0])}-token text; masks at absolute positions; "
             "ppl_matched compares every variant on the positions where the recompute "
             "reference is evaluated.")
-    return rates, shown.to_dict("records"), [{"name": c, "id": c} for c in columns], note
+    return (rates, shown.to_dict("records"), [{"name": c, "id": c} for c in STREAMING_SHOWN],
+            note, {})
+
+
+def skip_reason(run: Run, part: str) -> str | None:
+    """Why the run skipped ``part`` (a ``part`` of its ``skipped`` table), if it says."""
+    if SKIPPED.name not in run.table_names():
+        return None
+    skipped = run.table(SKIPPED.name)
+    reasons = skipped[skipped.part == part].reason
+    return str(reasons.iloc[0]) if len(reasons) else None
 
 
 @callback(Output("sinks-streaming", "figure"), Input("sinks-run", "value"),
@@ -126,9 +158,10 @@ def draw_streaming(run_id: str | None, curve: str | None):
     if not run_id:
         return no_update
     run = data.get_run(run_id)
-    if "streaming_perplexity" not in run.table_names():
-        return go.Figure()
-    table, losses = run.table("streaming_perplexity"), run.table("streaming_losses")
+    if STREAMING_PERPLEXITY.name not in run.table_names():
+        return no_update  # the section is hidden and the note says why
+    table = run.table(STREAMING_PERPLEXITY.name)
+    losses = run.table(STREAMING_LOSSES.name)
     if curve == "binned":
         return streaming_figure(losses, table)
     return running_figure(losses, table)
@@ -185,10 +218,9 @@ def receivers_figure(receivers: pd.DataFrame, input_name: str) -> go.Figure:
     return fig
 
 
-def massive_figure(massive: pd.DataFrame, scores: pd.DataFrame, input_name: str,
-                   eps: float) -> go.Figure:
+def massive_figure(massive: pd.DataFrame, input_name: str, eps: float) -> go.Figure:
     """Top-3 |activation| and the median by layer boundary (log scale), and the share of
-    sink heads in each layer (right axis)."""
+    sink heads of the layer reading each boundary (right axis)."""
     df = massive[massive.input == input_name]
     fig = go.Figure()
     for col in ("top1", "top2", "top3", "median_abs"):
@@ -196,9 +228,8 @@ def massive_figure(massive: pd.DataFrame, scores: pd.DataFrame, input_name: str,
                         customdata=np.stack([df.top1_position, df.top1_dim], axis=-1),
                         hovertemplate="boundary %{x}: %{y:.3g}<br>top1 at position "
                                       "%{customdata[0]}, dim %{customdata[1]}<extra></extra>")
-    sink = scores[scores.metric == "sink"]
-    rate = (sink.score > eps).groupby(sink.layer).mean()
-    fig.add_scatter(x=rate.index, y=rate.to_numpy(), name=f"sink heads (alpha_1 > {eps:g})",
+    read = df[df.sink_head_share.notna()]  # the last boundary is read by no layer
+    fig.add_scatter(x=read.layer, y=read.sink_head_share, name=f"sink heads (alpha_1 > {eps:g})",
                     yaxis="y2", mode="lines", line={"dash": "dot", "color": "#b91c1c"})
     fig.update_layout(
         title=f"massive activations by layer boundary ({input_name}; median over sequences)",

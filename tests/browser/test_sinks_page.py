@@ -63,6 +63,10 @@ def test_rates_mass_massive_and_streaming_figures(page, served):
     np.testing.assert_allclose(stacked, 1.0, atol=1e-5)  # the token types cover every key
     massive = figure(page, "sinks-massive", title_contains="massive activations")
     assert {t["name"] for t in massive["data"]} >= {"top1", "median_abs"}
+    table = run.table("massive_activations")
+    natural = table[(table.input == "natural") & table.sink_head_share.notna()]
+    sink_heads = next(t for t in massive["data"] if t["name"].startswith("sink heads"))
+    np.testing.assert_allclose(as_array(sink_heads["y"]), natural.sink_head_share, atol=1e-9)
     stream = run.table("streaming_perplexity")
     running = figure(page, "sinks-streaming", title_contains="running mean")
     assert [t["name"] for t in running["data"]] == list(stream.label)
@@ -75,6 +79,7 @@ def test_rates_mass_massive_and_streaming_figures(page, served):
     assert [t["name"] for t in binned["data"]] == list(stream.label)
     page.wait_for_selector("#sinks-streaming-table td")
     assert "4+20" in page.inner_text("#sinks-streaming-table")
+    assert page.locator("#sinks-streaming-box").is_visible()
 
 
 def test_encoder_run_says_why_streaming_is_skipped(page, served):
@@ -83,5 +88,8 @@ def test_encoder_run_says_why_streaming_is_skipped(page, served):
     figure(page, "sinks-heatmap", title_contains="(natural)")
     page.wait_for_function(
         "() => document.querySelector('#sinks-streaming-note').innerText.includes('skipped')")
-    assert "no next-token perplexity" in page.inner_text("#sinks-streaming-note")
+    note = page.inner_text("#sinks-streaming-note")
+    reason = run.table("skipped").set_index("part").reason["streaming"]
+    assert reason in note and "no next-token perplexity" in note
+    assert page.locator("#sinks-streaming-box").is_hidden()  # no empty placeholder figure
     assert "[CLS]/[SEP]/punctuation" in page.inner_text("#sinks-summary")

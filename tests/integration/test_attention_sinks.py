@@ -11,12 +11,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForCausalLM
 
-from experiments import attention_sinks as sinks
+from experiments.attention_sinks import Config, measure
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt
+from workbench.inputs.token_types import TokenTyper, model_token_types
 from workbench.models import zoo
 from workbench.recording.reductions import reduce_patterns
+from workbench.recording.residuals import scan_residuals, spread_by_boundary
 from workbench.scores.losses import token_losses
 from workbench.scores.streaming import Visibility, windowed_losses
 from workbench.store.runs import RunStore
@@ -37,8 +39,8 @@ def test_repeated_token_hidden_states_are_identical_on_smollm2(smollm2, smollm2_
     gen = torch.Generator().manual_seed(0)
     tokens = [int(t) for t in torch.randint(1000, 40000, (3,), generator=gen)]
     prompts = [Prompt(token_ids=(t,) * 64) for t in tokens]
-    table = sinks.scan_residuals(smollm2, prompts)
-    check = sinks.repeated_check(table)
+    table = scan_residuals(smollm2, prompts)
+    check = spread_by_boundary(table)
     assert len(check) == smollm2.info.n_layers + 1
     assert (check.relative_deviation < 1e-4).all(), check.to_string()
     # the same property in Hugging Face's own forward pass (no workbench hooks)
@@ -49,17 +51,17 @@ def test_repeated_token_hidden_states_are_identical_on_smollm2(smollm2, smollm2_
         h = h[0]
         assert float((h - h[0]).abs().max()) <= 1e-4 * float(h.abs().max())
     # with the BOS in front the positions differ: the check can fail
-    with_bos = sinks.scan_residuals(smollm2, [Prompt(token_ids=(0, *(tokens[0],) * 63))])
-    assert sinks.repeated_check(with_bos).relative_deviation.max() > 1e-2
+    with_bos = scan_residuals(smollm2, [Prompt(token_ids=(0, *(tokens[0],) * 63))])
+    assert spread_by_boundary(with_bos).relative_deviation.max() > 1e-2
 
 
 @pytest.mark.parametrize("name", ["smollm2", "minilm"])
 def test_alpha_1_and_shares_match_huggingface_attentions(name, request):
     model = request.getfixturevalue(name)
-    cfg = sinks.Config(n_prompts=3, seq_len=48)
-    prompts = sinks.make_inputs(model, "natural", cfg)
-    types = sinks.model_token_types(model)
-    metrics = sinks.sink_reductions(sinks.TokenTyper.for_model(model), types)
+    cfg = Config(n_prompts=3, seq_len=48)
+    prompts = measure.make_inputs(model, "natural", cfg)
+    types = model_token_types(model)
+    metrics = measure.sink_reductions(TokenTyper.for_model(model), types)
     got = reduce_patterns(model, prompts, {k: metrics[k] for k in
                                            ("sink", *[f"share_{t}" for t in types])})
     cls = AutoModelForCausalLM if model.info.causal else AutoModel
@@ -105,6 +107,7 @@ def test_small_run_on_smollm2_from_python(smollm2, runs_dir):
     assert list(stream.index) == ["dense", "0+48", "1+47", "4+44", "recompute 48"]
     assert stream.loc["recompute 48", "n_matched"] == len(range(48, 199, 38))
     assert stream.ppl_matched.between(1, 1e4).all()
+    assert run.table("skipped").empty
     scores = run.table("input_scores")
     no_bos = scores[scores.input == "natural_no_bos"].set_index(["layer", "head", "metric"])
     np.testing.assert_allclose(no_bos.xs("sink", level="metric").score,
@@ -124,6 +127,9 @@ def test_minilm_from_the_command_line(runs_dir):
     assert "streaming perplexity: skipped" in summary and "no next-token perplexity" in summary
     assert "with/without BOS: skipped" in summary
     assert "streaming_perplexity" not in run.table_names()
+    skipped = run.table("skipped").set_index("part").reason
+    assert set(skipped.index) == {"bos", "streaming", "repeated"}
+    assert "no next-token perplexity" in skipped["streaming"]
     scores = run.table("head_scores").set_index(["layer", "head", "metric"])
     np.testing.assert_allclose(scores.xs("sink", level="metric").score,
                                scores.xs("share_cls", level="metric").score, atol=1e-6)

@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments import attention_sinks as sinks
-from workbench.core.errors import WorkbenchError
+from experiments.attention_sinks import Config, checks, measure
+from workbench.core.errors import ConfigError, WorkbenchError
+from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
+from workbench.inputs.token_types import TOKEN_TYPES, TokenTyper, model_token_types
 from workbench.recording.reductions import PatternContext
 from workbench.scores.losses import token_losses
 from workbench.scores.streaming import Visibility, recompute_losses, windowed_losses
@@ -39,7 +41,7 @@ def hand_patterns() -> torch.Tensor:
 
 
 def test_alpha_1_by_hand(llama):
-    metrics = sinks.sink_reductions(sinks.TokenTyper.for_model(llama), ["other"])
+    metrics = measure.sink_reductions(TokenTyper.for_model(llama), ["other"])
     alpha = metrics["sink"](hand_patterns(), ctx_for([[0, 263, 263, 263]]))[0]
     # head 0: (1 + 0.5 * 3) / 4; head 1: (1 + 1/2 + 1/3 + 1/4) / 4; head 2: (1 + 0 + 0 + 0) / 4
     expected = [2.5 / 4, (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4, 0.25]
@@ -52,8 +54,8 @@ def test_sink_rate_by_hand():
              (1, 0): 0.9, (1, 1): 0.05, (1, 2): 0.31}
     per_prompt = pd.DataFrame([{"input": "natural", "prompt": p, "layer": 0, "head": h,
                                 "metric": "sink", "score": a} for (p, h), a in alpha.items()])
-    cfg = sinks.Config(n_prompts=2, eps=0.3, n_boot=50)
-    row = sinks.sink_rates(per_prompt, cfg).iloc[0]
+    cfg = Config(n_prompts=2, eps=0.3, n_boot=50)
+    row = measure.sink_rates(per_prompt, cfg).iloc[0]
     # sequence 0: 2 of 3 heads above 0.3; sequence 1: 2 of 3 -> (2/3 + 2/3) / 2
     assert row.sink_rate == pytest.approx(100 * 2 / 3)
     # on alpha averaged over sequences: 0.7625, 0.285, 0.28 -> 1 of 3 heads
@@ -65,8 +67,8 @@ def test_sink_rate_by_hand():
 def test_token_type_shares_and_top_receivers_by_hand(llama):
     # <bos> the . \n the : bos, first content, punctuation, newline, other
     ids = [[0, 263, 19, 204, 263]]
-    types = sinks.model_token_types(llama)
-    metrics = sinks.sink_reductions(sinks.TokenTyper.for_model(llama), types)
+    types = model_token_types(llama)
+    metrics = measure.sink_reductions(TokenTyper.for_model(llama), types)
     uniform = torch.tril(torch.ones(5, 5))
     pattern = (uniform / uniform.sum(-1, keepdim=True))[None, None]
     ctx = ctx_for(ids)
@@ -77,11 +79,11 @@ def test_token_type_shares_and_top_receivers_by_hand(llama):
     assert sum(metrics[f"share_{t}"](pattern, ctx).item() for t in types) == pytest.approx(1)
     assert metrics["top1_share"](pattern, ctx).item() == pytest.approx(r[0])
     assert metrics["top2_position"](pattern, ctx).item() == 1
-    assert sinks.TOKEN_TYPES[int(metrics["top3_type"](pattern, ctx).item())] == "punctuation"
+    assert TOKEN_TYPES[int(metrics["top3_type"](pattern, ctx).item())] == "punctuation"
 
 
 def test_padded_keys_and_queries_are_not_counted(llama):
-    metrics = sinks.sink_reductions(sinks.TokenTyper.for_model(llama), ["bos", "other"])
+    metrics = measure.sink_reductions(TokenTyper.for_model(llama), ["bos", "other"])
     pattern = hand_patterns()[:, :1]  # head 0, four positions
     ids = torch.tensor([[0, 263, 263, 3]])
     ctx = PatternContext(ids, torch.tensor([3]), torch.tensor([[True, True, True, False]]),
@@ -146,25 +148,26 @@ def test_recompute_equals_a_fresh_forward_over_the_window(llama, llama_hf):
         recompute_losses(llama, ids, 8, [6])
 
 
-def test_repeated_token_property_on_the_tiny_rotary_llama(llama):
-    repeated = Prompt(token_ids=(263,) * 24)
-    with_bos = Prompt(token_ids=(0, *(263,) * 23))
-    table = sinks.scan_residuals(llama, [repeated, with_bos])
-    first = table[table["rank"] == 1]
-    same = first[first.prompt == 0]
-    assert (same.spread <= 1e-5 * same.max_abs).all()
-    # a different first token breaks the symmetry (the check can fail)
-    assert (first[(first.prompt == 1) & (first.layer > 0)].spread > 1e-3).all()
-    assert sinks.repeated_token_property_applies(llama) is None
+def test_skips_say_what_does_not_apply(llama, bert):
+    assert measure.skips(llama, Config(stream_tokens=400)) == {}  # rotary, BOS, trained head
+    assert set(measure.skips(llama, Config(streaming=False, compare_bos=False))) == {
+        "bos", "streaming"}
+    encoder = measure.skips(bert, Config())
+    assert set(encoder) == {"bos", "streaming", "repeated"}
+    assert "learned absolute position" in encoder["repeated"]
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="sink count"):
-        sinks.Config(n_sinks=256, window=256)
+        Config(n_sinks=256, window=256)
     with pytest.raises(ValueError, match="stream_tokens"):
-        sinks.Config(stream_tokens=200, window=256)
-    with pytest.raises(ValueError, match="eps"):
-        sinks.Config(eps=1.5)
+        Config(stream_tokens=200, window=256)
+    with pytest.raises(ConfigError, match="eps: expected at most 1"):
+        apply_overrides(Config, {"eps": 1.5})
+    with pytest.raises(ConfigError, match="sink_sweep: expected at least 1"):
+        apply_overrides(Config, ["sink_sweep=1,0"])
+    with pytest.raises(ConfigError, match="sink count"):
+        apply_overrides(Config, {"n_sinks": 8, "window": 8})
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +196,7 @@ def test_run_on_the_tiny_llama(tiny_runs):
     head = run.table("head_scores")
     assert {"layer", "head", "metric", "score", "ci_low", "ci_high", "n_prompts"} <= set(head)
     assert not any("skipped" in line for line in run.meta["summary"])
+    assert run.table("skipped").empty
 
 
 def test_encoder_run_skips_what_does_not_apply(tiny_runs):
@@ -201,6 +205,9 @@ def test_encoder_run_skips_what_does_not_apply(tiny_runs):
     assert "with/without BOS: skipped" in summary and "streaming perplexity: skipped" in summary
     assert "repeated-token property: skipped" in summary  # BERT has learned positions
     assert "streaming_perplexity" not in run.table_names()
+    skipped = run.table("skipped").set_index("part").reason
+    assert set(skipped.index) == {"bos", "streaming", "repeated"}
+    assert "no next-token perplexity" in skipped["streaming"]
     assert set(run.table("sink_rates").input) == {"natural", "random", "repeated"}
     scores = run.table("head_scores").set_index(["layer", "head", "metric"])
     np.testing.assert_allclose(scores.xs("sink", level="metric").score,
@@ -211,15 +218,25 @@ def test_encoder_run_skips_what_does_not_apply(tiny_runs):
 
 def test_claim_checks_on_tiny_runs(tiny_runs):
     llama_run, bert_run = tiny_runs
-    rate = sinks.sink_rate_at_most(llama_run, input="natural", threshold=100)
+    rate = checks.sink_rate_at_most(llama_run, input="natural", threshold=100)
     assert rate.passed and "Sink_1^0.3 on natural" in rate.measured
-    ratio = sinks.streaming_ratio(llama_run, numerator="window", denominator="sinks:4",
-                                  at_least=0.0)
+    ratio = checks.streaming_ratio(llama_run, numerator="window", denominator="sinks:4",
+                                   at_least=0.0)
     table = llama_run.table("streaming_perplexity").set_index("label")
     assert ratio.value == pytest.approx(table.loc["0+24", "ppl_matched"]
                                         / table.loc["4+20", "ppl_matched"])
-    assert sinks.repeated_states_identical(llama_run, tolerance=1e-4).passed
-    with pytest.raises(WorkbenchError, match="no streaming perplexity"):
-        sinks.streaming_ratio(bert_run, numerator="window", denominator="dense")
-    sep = sinks.layer_share_at_least(bert_run, token_type="sep", threshold=2.0)
+    assert checks.repeated_states_identical(llama_run, tolerance=1e-4).passed
+    with pytest.raises(WorkbenchError, match=r"no streaming perplexity .*no next-token"):
+        checks.streaming_ratio(bert_run, numerator="window", denominator="dense")
+    with pytest.raises(WorkbenchError, match=r"no repeated-token check .*learned absolute"):
+        checks.repeated_states_identical(bert_run, tolerance=1e-4)
+    sep = checks.layer_share_at_least(bert_run, token_type="sep", threshold=2.0)
     assert not sep.passed and "layer" in sep.measured
+    # a random model has no massive activations; with no bounds every boundary qualifies
+    sun = {"min_magnitude": 100, "min_ratio": 1000, "min_fraction": 0.9}
+    massive = checks.massive_at_start_or_delimiter(llama_run, **sun)
+    assert not massive.passed and "no boundary qualifies" in massive.measured
+    anything = checks.massive_at_start_or_delimiter(llama_run, min_magnitude=0, min_ratio=0,
+                                                    min_fraction=0)
+    n_boundaries = llama_run.table("massive_activations").layer.nunique()
+    assert anything.passed and f"boundaries 0..{n_boundaries - 1} qualify" in anything.measured

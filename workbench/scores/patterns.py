@@ -156,3 +156,23 @@ def first_token(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
                 ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
     """alpha_1: mean weight on position 0 over all queries."""
     return masked_query_mean(pattern.float()[..., 0], ctx.query_mask)
+
+
+def received(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+             ctx: PatternContext) -> Float[Tensor, "batch head_index key_pos"]:
+    """The weight each key receives: ``r_j = (1/T) sum_t A[t, j]`` over the ``T`` real
+    queries (Gu et al. 2024's alpha for every key, so ``r_0`` is :func:`first_token`).
+
+    Returns:
+        ``r`` for every key; padded keys receive 0, and the real keys' ``r`` of a head
+        sum to 1 (each real query's weights do).
+    """
+    weights = ctx.query_mask[:, None, :, None].to(torch.float32)
+    return (pattern.float() * weights).sum(-2) / ctx.lengths[:, None, None].float()
+
+
+def received_by(r: Float[Tensor, "batch head_index key_pos"],
+                keys: Bool[Tensor, "batch key_pos"]) -> Float[Tensor, "batch head_index"]:
+    """The share of attention received by the keys where ``keys`` is true: the sum of
+    :func:`received` over them (e.g. over every [SEP], or every punctuation token)."""
+    return (r * keys[:, None, :]).sum(-1)

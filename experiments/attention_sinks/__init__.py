@@ -1,0 +1,183 @@
+"""Attention sinks: where attention mass lands, and what evicting the sink from the window costs.
+
+Question: a large share of attention in trained transformers lands on the first token or on
+delimiters that carry no meaning, because the softmax must spend its mass somewhere. How
+much, in which heads, on which inputs, with which residual-stream signature; and does a
+causal LM still model text when its sink is evicted from the attention window?
+
+Papers and definitions (``A[t, j]`` is a head's weight from query ``t`` to key ``j``, over
+the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 1):
+
+- ``sink`` (``head_scores``): alpha_1 = (1/T) sum_t A[t, 0], the mean weight on the first
+  position over all queries (Gu et al. 2024, "When Attention Sink Emerges in Language
+  Models: An Empirical View", section 3.2, their alpha_1^{l,h}).
+- Sink rate Sink_1^eps (``sink_rates``): the percentage of (layer, head) pairs with
+  alpha_1 > eps, computed per sequence and averaged over sequences, as in Gu et al.'s
+  released code (``eval_sink_open_source.py``). Their protocol, the default here: eps = 0.3,
+  T = 64, about 100 sequences. ``sink_rate_mean_alpha`` applies the threshold to alpha_1
+  averaged over the sequences instead (what the heatmap shows). Gu et al. Table 1 reports it
+  for natural text, random tokens and a repeated token side by side.
+- Inputs: ``natural`` (consecutive 64-token windows of the Python documentation's prose;
+  for encoders, pairs of consecutive sentences framed ``[CLS] a [SEP] b [SEP]`` as in Clark
+  et al. 2019, split by the one sentence rule of :mod:`workbench.inputs.sentences`),
+  ``random`` (uniform token ids from the middle of the vocabulary,
+  :func:`workbench.inputs.prompts.random_token_ids`), ``repeated`` (one such token repeated). Causal
+  models see each with their BOS, as they frame text, and again without it (``*_no_bos``:
+  the same tokens minus the BOS, so that the first content token moves to position 0).
+- Where the mass goes: the weight a key receives, r_j = (1/T) sum_t A[t, j] (alpha_j for
+  every key, so r_0 = alpha_1), summed over keys of each token type: ``bos``, ``cls``,
+  ``sep`` (special tokens by id), ``first_content`` (the first non-special token),
+  ``newline`` (a token containing a line break), ``punctuation`` (a token made only of
+  Unicode punctuation), ``other``. The types are exclusive, in that order of precedence, so
+  the shares of a head sum to 1 (:mod:`workbench.inputs.token_types`). ``top{1,2,3}_share``
+  is the weight received by the key ranked first, second and third by r_j;
+  ``top_receivers`` says which token types those keys are.
+- ``entropy``, ``normalized_entropy``: the attention entropy of each head, to separate
+  broad from focused heads (Clark et al. 2019, "What Does BERT Look At?", section 3.4).
+- Massive activations (Sun et al. 2024, "Massive Activations in Large Language Models",
+  section 2): per layer boundary of the residual stream, the three largest |h[t, d]| with
+  their position and dimension, against the median |h| of the prompt
+  (:mod:`workbench.recording.residuals`). Sun et al. call an activation massive when it
+  exceeds 100 and is about 1,000 times the median; here: |h| > 100 and |h| > 1000 x the
+  median, both strict (:func:`workbench.recording.residuals.is_massive`).
+- The repeated-token property (Gu et al., appendix C, Propositions 1-4): without absolute
+  position embeddings, a sequence of one repeated token has every value vector equal, so
+  every attention output, and every hidden state, is the same at every position whatever
+  the weights. ``repeated_token_check`` reports max_t |h_t - h_0| per boundary on the
+  ``repeated_no_bos`` prompts; it should be float round-off (and it catches a hook or mask
+  that treats positions differently).
+- Streaming (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
+  Table 1 and Figure 3): perplexity of one long text when each token may attend to the full
+  prefix (``dense``), the last W tokens (``window``, ``0+W``), the first k tokens plus the
+  last W - k (``k+(W-k)``), and a fresh forward pass over the last W tokens for each
+  prediction (``recompute``, the reference). Windows are attention masks over the full
+  sequence at absolute positions (:mod:`workbench.scores.streaming`), not Xiao et al.'s rolling
+  cache that re-numbers positions inside the cache: with rotary positions the two agree
+  exactly for window attention, and for k sinks they differ only in the distance between a
+  query and the sinks. Xiao et al. re-number because their streams run to millions of
+  tokens, far past the trained context, where absolute distances would be out of
+  distribution; our text is shorter than smollm2's 8192-token context, so every distance is
+  one the model saw in training (dense attention sees the BOS at every distance up to
+  8191), and the mask-based result is exact and checkable against one full forward pass.
+  ``recompute`` is evaluated at every ``recompute_stride``-th position beyond the window
+  (``ppl_matched`` compares every variant on exactly those positions). The streamed text is
+  the first ``stream_tokens`` tokens of the same prose (topics in name order, blank lines
+  between them), after the BOS.
+
+Tables: ``head_scores`` (natural input; ``layer, head, metric, score, ci_low, ci_high,
+n_prompts`` for ``sink``, ``share_*``, ``top{r}_share``, ``entropy``, ``normalized_entropy``),
+``input_scores`` (the same for every input, with an ``input`` column), ``sink_rates``,
+``sink_per_prompt``, ``top_receivers`` (``input, layer, rank, token_type, fraction,
+mean_share``), ``massive_activations`` (per input and boundary: median over sequences of the
+top-3 magnitudes and of the median, the ratio, the usual position, dimension and tokens of
+the largest, and ``sink_head_share`` of the layer reading that boundary),
+``massive_activations_detail`` (per sequence), ``repeated_token_check``,
+``streaming_perplexity`` (per variant: ``ppl`` over all targets, ``ppl_beyond_window`` over
+the targets at positions >= W, ``ppl_matched`` with a bootstrap interval) and
+``streaming_losses`` (the loss of every evaluated target), and ``skipped`` (``part,
+reason`` for each part not run). Every column is declared in ``tables.py``.
+
+Encoders (minilm) get everything except the BOS comparison and streaming perplexity, which
+need a BOS token and a trained causal LM head, and the repeated-token check, which needs
+a model without learned absolute positions; the ``skipped`` table and the summary say so.
+
+Example:
+    workbench run attention-sinks --model smollm2
+    workbench run attention-sinks --model minilm --set n_prompts=32
+    python -m experiments.attention_sinks --model smollm2 --set streaming=false
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.attention_sinks import checks  # noqa: F401 (registers the claim checks)
+from experiments.attention_sinks.measure import (
+    Result,
+    input_sets,
+    massive_by_layer,
+    measure_streaming,
+    relate_to_sink,
+    repeated_check,
+    scan_inputs,
+    sink_rates,
+    skips,
+    summarize_inputs,
+    top_receivers,
+)
+from experiments.attention_sinks.tables import TABLES
+from workbench.harness.config import param
+from workbench.harness.experiment import Context, experiment
+from workbench.inputs.corpus import Split
+from workbench.models.base import Model
+
+
+@dataclass(frozen=True)
+class Config:
+    n_prompts: int = param(100, "sequences per input kind (Gu et al.: about 100)", min=2)
+    seq_len: int = param(64, "tokens per sequence, special tokens included (Gu et al.: "
+                             "T = 64)", min=4)
+    eps: float = param(0.3, "sink threshold on alpha_1 (Gu et al.: 0.3)", min=0.0, max=1.0)
+    corpus_split: Split = param(  # noqa: RUF009 (a str default; ruff cannot see the alias)
+        "all", "part of the Python documentation used as natural text")
+    compare_bos: bool = param(True, "causal models: also run every input without its BOS token")
+    n_massive_prompts: int = param(20, "sequences per input kind scanned for massive "
+                                       "activations", min=1)
+    streaming: bool = param(True, "causal LMs: measure streaming perplexity with and without "
+                                  "sinks")
+    stream_tokens: int = param(4096, "length of the streamed text in tokens, BOS included",
+                               min=4)
+    window: int = param(256, "W: keys a query may see in the window variants (sinks "
+                             "included)", min=2)
+    n_sinks: int = param(4, "k: initial tokens kept by the main sink + window variant "
+                            "(Xiao et al.: 4)", min=1)
+    sink_sweep: tuple[int, ...] = param((1, 2, 8), "further values of k to measure, e.g. 1,2,8",
+                                        min=1)
+    recompute_stride: int = param(16, "the recompute reference is evaluated at every n-th "
+                                      "position past W", min=1)
+    chunk: int = param(256, "queries per forward pass in streaming (speed only)", min=1)
+    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
+    seed: int = param(0, "seed of random inputs and bootstrap", min=0)
+    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+
+    def __post_init__(self) -> None:
+        sinks = (self.n_sinks, *self.sink_sweep)
+        if max(sinks) >= self.window:
+            raise ValueError(f"every sink count must be in 1..window-1 ({self.window - 1}); "
+                             f"got n_sinks={self.n_sinks}, sink_sweep={self.sink_sweep}")
+        if self.stream_tokens <= self.window + 1:
+            raise ValueError(f"stream_tokens ({self.stream_tokens}) must exceed window + 1 "
+                             f"({self.window + 1}), or no token ever loses its sink")
+
+
+DEMO = {"n_prompts": 32, "n_massive_prompts": 8, "stream_tokens": 2048, "recompute_stride": 32,
+        "n_boot": 200}
+
+
+@experiment("attention-sinks", config=Config, tables=TABLES, demo=DEMO)
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
+    """Sink scores, sink rates, massive activations and streaming perplexity (see above).
+
+    Args:
+        model: any bundled model (encoders skip what needs a BOS or an LM head).
+        cfg: the config.
+        ctx: unused (nothing is written besides the tables).
+
+    Returns:
+        The :class:`~experiments.attention_sinks.measure.Result`.
+    """
+    skipped = skips(model, cfg)
+    sets = input_sets(model, cfg)
+    per_prompt, resid = scan_inputs(model, sets, cfg)
+    repeated = repeated_check(resid, sets, model, skipped)
+    streaming, stream_losses = (None, None) if "streaming" in skipped else \
+        measure_streaming(model, cfg)
+    input_scores = summarize_inputs(per_prompt, cfg)
+    return Result(
+        model=model.info.name, causal=model.info.causal, cfg=cfg,
+        input_scores=input_scores, rates=sink_rates(per_prompt, cfg),
+        receivers=top_receivers(per_prompt),
+        sink_per_prompt=per_prompt[per_prompt.metric == "sink"].reset_index(drop=True),
+        massive=relate_to_sink(massive_by_layer(resid), input_scores, cfg.eps),
+        massive_detail=resid, repeated=repeated,
+        streaming=streaming, stream_losses=stream_losses, skipped=skipped)

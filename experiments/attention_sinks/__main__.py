@@ -1,0 +1,5 @@
+import sys
+
+from workbench.cli import main
+
+main(["run", "attention-sinks", *sys.argv[1:]])

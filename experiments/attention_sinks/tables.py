@@ -1,0 +1,141 @@
+"""The tables of attention-sinks (definitions in the package docstring)."""
+
+from __future__ import annotations
+
+from workbench.store.schema import HEAD_KEYS, SCORE_COLUMNS, Column, Table, columns, tables
+
+INPUT = Column("input", "str", "input set: natural, random or repeated, each optionally "
+                               "with the suffix _no_bos (the same tokens minus the BOS)")
+
+HEAD_SCORES = Table(
+    "head_scores",
+    "per-head metrics on natural text: sink (alpha_1), share_<token type>, top<r>_share, "
+    "entropy, normalized_entropy", (*HEAD_KEYS, *SCORE_COLUMNS))
+
+INPUT_SCORES = Table(
+    "input_scores", "the metrics of head_scores on every input set",
+    (INPUT, *HEAD_KEYS, *SCORE_COLUMNS))
+
+SINK_RATES = Table("sink_rates", "Sink_1^eps per input set (Gu et al. 2024)", (INPUT, *columns(
+    ("eps", "float", "the threshold on alpha_1"),
+    ("sink_rate", "float", "percent of (layer, head) with alpha_1 > eps, per sequence, "
+                           "averaged over sequences (0..100)"),
+    ("ci_low", "float", "95% bootstrap interval of sink_rate over sequences, low end"),
+    ("ci_high", "float", "95% bootstrap interval of sink_rate over sequences, high end"),
+    ("sink_rate_mean_alpha", "float", "percent of heads whose alpha_1 averaged over "
+                                      "sequences exceeds eps (0..100)"),
+    ("mean_alpha", "float", "alpha_1 averaged over heads and sequences"),
+    ("n_prompts", "int", "sequences"),
+    ("n_heads", "int", "(layer, head) pairs"),
+)))
+
+TOP_RECEIVERS = Table(
+    "top_receivers", "which token types the most-attended keys are, per input, layer and rank",
+    (INPUT, *columns(
+        ("layer", "int", "layer index, from 0"),
+        ("rank", "int", "1, 2 or 3: the key receiving the most, second and third most weight"),
+        ("token_type", "str", "bos, cls, sep, first_content, newline, punctuation or other"),
+        ("fraction", "float", "share of (sequence, head) pairs whose key of this rank has "
+                              "this type (sums to 1 over types)"),
+        ("mean_share", "float", "mean weight r_j received by those keys"),
+        ("count", "int", "(sequence, head) pairs whose key of this rank has this type"),
+    )))
+
+SINK_PER_PROMPT = Table("sink_per_prompt", "alpha_1 of every head on every sequence", (
+    *columns(("prompt", "int", "sequence index within its input set"),
+             ("layer", "int", "layer index, from 0"),
+             ("head", "int", "query head index within the layer, from 0"),
+             ("metric", "str", "always sink"),
+             ("score", "float", "alpha_1: mean weight on position 0 over the real queries")),
+    INPUT))
+
+MASSIVE_ACTIVATIONS = Table(
+    "massive_activations",
+    "the largest residual-stream activations per input and layer boundary, medians over "
+    "sequences (Sun et al. 2024)", (INPUT, *columns(
+        ("layer", "int", "layer boundary: 0 = embeddings, l = input of layer l, n_layers = "
+                         "output of the last layer"),
+        ("top1", "float", "median over sequences of the largest |h|"),
+        ("top2", "float", "median over sequences of the second largest |h|"),
+        ("top3", "float", "median over sequences of the third largest |h|"),
+        ("median_abs", "float", "median over sequences of the median |h| of the sequence"),
+        ("top1_tokens", "str", "the tokens holding the largest |h|, with the share of "
+                               "sequences of each"),
+        ("ratio", "float", "median over sequences of largest |h| / median |h|"),
+        ("top1_position", "int", "most common position of the largest |h|"),
+        ("top1_position_share", "float", "share of sequences with the largest |h| there"),
+        ("top1_dim", "int", "most common dimension of the largest |h|"),
+        ("top1_dim_share", "float", "share of sequences with the largest |h| in it"),
+        ("n_prompts", "int", "sequences scanned"),
+        ("sink_head_share", "float", "share of the heads of layer l (reading boundary l) "
+                                     "whose mean alpha_1 exceeds eps; NaN at the last "
+                                     "boundary"),
+    )))
+
+MASSIVE_ACTIVATIONS_DETAIL = Table(
+    "massive_activations_detail", "the three largest |h| of every scanned sequence and "
+                                  "boundary", (*columns(
+        ("prompt", "int", "sequence index within its input set"),
+        ("layer", "int", "layer boundary (see massive_activations)"),
+        ("rank", "int", "1, 2 or 3, by |h|"),
+        ("value", "float", "the activation h[t, d], signed"),
+        ("magnitude", "float", "|h[t, d]|"),
+        ("position", "int", "t, from 0"),
+        ("dim", "int", "d, the residual-stream dimension"),
+        ("median_abs", "float", "median |h| of the sequence at this boundary"),
+        ("spread", "float", "max over t and d of |h[t, d] - h[0, d]|"),
+        ("max_abs", "float", "largest |h| of the sequence at this boundary"),
+        ("token", "str", "the token at position t"),
+        ("token_type", "str", "its token type"),
+    ), INPUT))
+
+REPEATED_TOKEN_CHECK = Table(
+    "repeated_token_check", "is every position of a repeated-token sequence the same hidden "
+                            "state? (Gu et al. 2024, appendix C)", columns(
+        ("layer", "int", "layer boundary (see massive_activations)"),
+        ("max_abs_deviation", "float", "max over sequences, t and d of |h[t, d] - h[0, d]|"),
+        ("max_abs_activation", "float", "max over sequences of the largest |h|"),
+        ("n_prompts", "int", "sequences (repeated_no_bos, or repeated for models without "
+                             "a BOS)"),
+        ("relative_deviation", "float", "max_abs_deviation / max_abs_activation: float "
+                                        "round-off when the property holds"),
+    ))
+
+STREAMING_PERPLEXITY = Table(
+    "streaming_perplexity", "perplexity of one long text under each attention window "
+                            "(Xiao et al. 2023)", columns(
+        ("variant", "str", "dense, window, sinks+window or recompute"),
+        ("label", "str", "dense, 0+W, k+(W-k) or recompute W"),
+        ("n_sinks", "int", "k: initial tokens kept visible (0 for dense, window, recompute)"),
+        ("window", "int", "W, keys a query may see (sinks included); missing for dense"),
+        ("positions", "str", "absolute (masks over the full sequence) or fresh window "
+                             "(recompute)"),
+        ("ppl", "float", "perplexity over every target (NaN for recompute)"),
+        ("ppl_beyond_window", "float", "perplexity over the targets of queries at "
+                                       "positions >= W (NaN for recompute)"),
+        ("ppl_matched", "float", "perplexity over the positions where recompute is "
+                                 "evaluated"),
+        ("matched_low", "float", "95% bootstrap interval of ppl_matched, low end"),
+        ("matched_high", "float", "95% bootstrap interval of ppl_matched, high end"),
+        ("n_matched", "int", "positions in ppl_matched"),
+        ("n_targets", "int", "targets evaluated"),
+        ("n_tokens", "int", "tokens of the streamed text, BOS included"),
+    ))
+
+STREAMING_LOSSES = Table("streaming_losses", "the loss of every evaluated target", columns(
+    ("variant", "str", "as in streaming_perplexity"),
+    ("label", "str", "as in streaming_perplexity"),
+    ("n_sinks", "int", "as in streaming_perplexity"),
+    ("position", "int", "query position t; the target is token t + 1"),
+    ("nll", "float", "next-token loss in nats"),
+))
+
+SKIPPED = Table("skipped", "parts of the experiment not run on this model or config", columns(
+    ("part", "str", "bos (the with/without-BOS comparison), repeated (the repeated-token "
+                    "check) or streaming (streaming perplexity)"),
+    ("reason", "str", "why, in a sentence"),
+))
+
+TABLES = tables(HEAD_SCORES, INPUT_SCORES, SINK_RATES, TOP_RECEIVERS, SINK_PER_PROMPT,
+                MASSIVE_ACTIVATIONS, MASSIVE_ACTIVATIONS_DETAIL, REPEATED_TOKEN_CHECK,
+                STREAMING_PERPLEXITY, STREAMING_LOSSES, SKIPPED)
