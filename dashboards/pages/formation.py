@@ -1,6 +1,9 @@
 """Formation: loss and in-context learning over training with the phase change shaded, every
 head's induction and previous-token score over training, and a slider over checkpoints that
-shows a head's attention on a repeated sequence as the induction stripe forms."""
+shows a head's attention on a repeated sequence as the induction stripe forms.
+
+Everything shown is read from the run's tables, by their declarations in
+``experiments/induction_formation/tables.py``."""
 
 from __future__ import annotations
 
@@ -12,6 +15,14 @@ from plotly.subplots import make_subplots
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from experiments.induction_formation.tables import (
+    CHECKPOINT_PATTERNS,
+    HEAD_SCORES,
+    PATTERN_TOKENS,
+    PHASE_CHANGE,
+    TRAINING_CURVE,
+)
+from workbench.store.schema import Table
 
 dash.register_page(__name__, path="/formation", name="Formation", order=7,
                    experiments=["induction-formation"])
@@ -43,19 +54,21 @@ def layout(run: str | None = None, **_: str) -> html.Div:
     ])
 
 
-def _table(run_id: str, name: str) -> pd.DataFrame:
-    return data.get_run(run_id).table(name)
+def _table(run_id: str, table: Table) -> pd.DataFrame:
+    """A stored table with exactly its declared columns (one a run did not write, such as
+    the phase-change window of an older run that found none, is all missing)."""
+    return data.get_run(run_id).table(table.name).reindex(columns=table.names)
 
 
 def _steps(run_id: str, model: str) -> list[int]:
-    curve = _table(run_id, "training_curve")
+    curve = _table(run_id, TRAINING_CURVE)
     return sorted(curve[curve.model == model].step.unique().tolist())
 
 
 @callback(Output("formation-model", "options"), Output("formation-model", "value"),
           Input("formation-run", "value"))
 def choose_run(run_id: str):
-    phase = _table(run_id, "phase_change")
+    phase = _table(run_id, PHASE_CHANGE)
     models = phase.sort_values("n_layers").model.tolist()
     detected = phase[phase.detected].model.tolist()
     return models, (detected or models)[-1]
@@ -68,7 +81,7 @@ def choose_run(run_id: str):
 def choose_model(run_id: str, model: str | None):
     if model is None:
         return no_update, no_update, no_update, no_update, no_update
-    scores = _table(run_id, "head_scores")
+    scores = _table(run_id, HEAD_SCORES)
     final = scores[(scores.model == model) & (scores.metric == "induction")]
     final = final[final.step == final.step.max()]
     heads = [f"L{r.layer}H{r.head}" for r in final.sort_values(["layer", "head"]).itertuples()]
@@ -79,9 +92,12 @@ def choose_model(run_id: str, model: str | None):
     return heads, f"L{int(best['layer'])}H{int(best['head'])}", len(steps) - 1, marks, 0
 
 
-def _window(run_id: str, model: str) -> pd.Series | None:
-    phase = _table(run_id, "phase_change")
-    row = phase[phase.model == model].iloc[0]
+def _phase(run_id: str, model: str) -> pd.Series:
+    phase = _table(run_id, PHASE_CHANGE)
+    return phase[phase.model == model].iloc[0]
+
+
+def _window(row: pd.Series) -> pd.Series | None:
     return row if bool(row.detected) else None
 
 
@@ -99,7 +115,7 @@ def _shade(fig: go.Figure, window: pd.Series | None, tokens_per_step: float | No
 def draw_curves(run_id: str, model: str | None):
     if model is None:
         return no_update, no_update
-    curve = _table(run_id, "training_curve").sort_values(["n_layers", "step"])
+    curve = _table(run_id, TRAINING_CURVE).sort_values(["n_layers", "step"])
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("loss (nats)", "in-context learning score "
                                         "(late minus early loss; lower is more ICL)"))
@@ -113,21 +129,28 @@ def draw_curves(run_id: str, model: str | None):
                         mode="lines+markers", line={"dash": dash_style}, row=2, col=1)
     sel = curve[curve.model == model]
     per_step = float(sel.tokens.iloc[-1] / sel.step.iloc[-1]) if sel.step.iloc[-1] else None
-    window = _window(run_id, model)
-    _shade(fig, window, per_step)
+    phase = _phase(run_id, model)
+    _shade(fig, _window(phase), per_step)
     fig.update_layout(title=f"loss and in-context learning against tokens seen · {model}",
                       height=620, margin={"l": 10, "r": 10, "t": 80, "b": 10})
     fig.update_xaxes(title_text="tokens seen", row=2, col=1)
-    return fig, _summary(run_id, model, window)
+    return fig, _describe(phase)
 
 
-def _summary(run_id: str, model: str, window: pd.Series | None) -> str:
-    lines = data.get_run(run_id).meta.get("summary", [])
-    mine = [line for line in lines if line.startswith(f"{model}:")]
-    if window is None:
-        return (mine or [f"{model}: no phase change found"])[0]
-    return mine[0] if mine else f"{model}: phase change at steps {window.start_step}-" \
-                                 f"{window.end_step}"
+def _describe(row: pd.Series) -> str:
+    """What the run found for one model, in a line, from its ``phase_change`` row."""
+    repeat = (f"loss on the second repeat {row.second_repeat_final:.2f} nats against "
+              f"{row.first_repeat_final:.2f} on the first")
+    if not bool(row.detected):
+        return (f"{row.model}: no phase change; the best head's induction score went from "
+                f"{row.induction_initial:.2f} to {row.induction_final:.2f}; {repeat}.")
+    jump = "inside" if bool(row.icl_jump_in_window) else "outside"
+    bump = (f"a loss bump at step {int(row.loss_bump_step)}" if bool(row.loss_bump)
+            else "no loss bump")
+    return (f"{row.model}: induction heads formed between steps {int(row.start_step)} and "
+            f"{int(row.end_step)} (best head {row.induction_before:.2f} to "
+            f"{row.induction_after:.2f}); the steepest ICL gain ({row.icl_jump_start}-"
+            f"{row.icl_jump_end}) lies {jump} that window, with {bump}; {repeat}.")
 
 
 @callback(Output("formation-heads", "figure"),
@@ -135,7 +158,7 @@ def _summary(run_id: str, model: str, window: pd.Series | None) -> str:
 def draw_heads(run_id: str, model: str | None):
     if model is None:
         return no_update
-    scores = _table(run_id, "head_scores")
+    scores = _table(run_id, HEAD_SCORES)
     scores = scores[scores.model == model].sort_values("step")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
                         subplot_titles=("induction", "previous_token"))
@@ -148,7 +171,7 @@ def draw_heads(run_id: str, model: str | None):
         null = scores[scores.metric == metric].null.iloc[0]
         fig.add_hline(y=null, line_dash="dash", line_color="#888", row=1, col=col,
                       annotation_text="uniform", annotation_position="bottom right")
-    _shade(fig, _window(run_id, model), None)
+    _shade(fig, _window(_phase(run_id, model)), None)
     fig.update_layout(title=f"every head's score over training · {model}", height=420,
                       margin={"l": 10, "r": 10, "t": 80, "b": 10}, showlegend=False)
     fig.update_xaxes(title_text="training step")
@@ -166,10 +189,10 @@ def draw_pattern(run_id: str, model: str | None, head: str | None, index: int | 
     if index >= len(steps):
         return no_update
     layer, h = (int(x) for x in head[1:].split("H"))
-    patterns = _table(run_id, "checkpoint_patterns")
+    patterns = _table(run_id, CHECKPOINT_PATTERNS)
     one = patterns[(patterns.model == model) & (patterns.step == steps[index])
                    & (patterns.layer == layer) & (patterns["head"] == h)]
-    tokens = _table(run_id, "pattern_tokens").sort_values("position").token.tolist()
+    tokens = _table(run_id, PATTERN_TOKENS).sort_values("position").token.tolist()
     return figures.pattern_heatmap(figures.pattern_from_rows(one, len(tokens)), tokens,
                                    f"{model} {head} at step {steps[index]} "
                                    "(a random sequence, repeated)")

@@ -1,24 +1,46 @@
 """Heads: layer x head score heatmaps with intervals, a sortable top-k table, a head's
-attention on an example prompt, and two runs side by side."""
+attention on an example prompt, and two runs side by side.
+
+The top-k table shows the columns of the run's ``head_scores`` table as its experiment
+declares them (``experiments/<name>/tables.py``), with each column's meaning on hover."""
 
 from __future__ import annotations
 
 import dash
+import pandas as pd
 from dash import Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown, run_options
+from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
+from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
 from workbench.recording.record import Recording
+from workbench.store.runs import Run
+from workbench.store.schema import Table
 
-EXPERIMENTS = ["previous-token-heads", "induction-heads"]
-dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=EXPERIMENTS)
-
-COLUMNS = ["layer", "head", "score", "ci_low", "ci_high", "null", "inputs"]
+# The experiments this page shows, each with the declaration of the head_scores it writes.
+EXPERIMENTS: dict[str, Table] = {
+    "previous-token-heads": PREVIOUS_TOKEN_HEADS,
+    "induction-heads": INDUCTION_HEADS,
+}
+dash.register_page(__name__, path="/heads", name="Heads", order=3,
+                   experiments=list(EXPERIMENTS))
 
 
 def _runs() -> list:
     return [r for exp in EXPERIMENTS for r in data.runs(exp)]
+
+
+def _scores(run: Run) -> pd.DataFrame:
+    """The run's head scores, found by its experiment's declaration."""
+    return run.table(EXPERIMENTS[run.experiment].name)
+
+
+def table_columns(declared: Table) -> list[str]:
+    """The top-k table's columns: every declared column but ``metric`` (one metric is
+    shown at a time)."""
+    return [c for c in declared.names if c != "metric"]
 
 
 def layout(run: str | None = None, compare: str | None = None, **_: str) -> html.Div:
@@ -44,9 +66,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
         html.P("Click a head in the heatmap or a row of the table to see its attention.",
                className="wb-note"),
         html.Div(className="wb-row", children=[
-            dash_table.DataTable(id="heads-table", columns=[{"name": c, "id": c}
-                                                            for c in COLUMNS],
-                                 sort_action="native", page_size=20,
+            dash_table.DataTable(id="heads-table", sort_action="native", page_size=20,
                                  style_cell={"fontSize": "0.85em", "textAlign": "left"}),
             dcc.Graph(id="heads-example"),
         ]),
@@ -57,21 +77,26 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
 @callback(Output("heads-metric", "options"), Output("heads-metric", "value"),
           Input("heads-run", "value"), State("heads-metric", "value"))
 def choose_run(run_id: str, metric: str | None):
-    metrics = list(dict.fromkeys(data.get_run(run_id).table("head_scores").metric))
+    metrics = list(dict.fromkeys(_scores(data.get_run(run_id)).metric))
     return metrics, metric if metric in metrics else metrics[0]
 
 
 @callback(Output("heads-heatmap", "figure"), Output("heads-table", "data"),
+          Output("heads-table", "columns"), Output("heads-table", "tooltip_header"),
           Input("heads-run", "value"), Input("heads-metric", "value"), Input("heads-k", "value"))
 def draw_run(run_id: str, metric: str | None, k: int | None):
     if metric is None:
-        return no_update, no_update
+        return no_update, no_update, no_update, no_update
     run = data.get_run(run_id)
-    scores = run.table("head_scores")
+    declared = EXPERIMENTS[run.experiment]
+    shown = table_columns(declared)
+    scores = _scores(run)
     title = f"{metric} · {run.model_name} · {run.experiment}"
     top = scores[scores.metric == metric].nlargest(int(k or 10), "score")
-    rows = top[[c for c in COLUMNS if c in top.columns]].round(4).to_dict("records")
-    return figures.head_heatmap(scores, metric, title=title), rows
+    rows = top.reindex(columns=shown).round(4).to_dict("records")
+    tips = {c: declared.column(c).meaning for c in shown}
+    return (figures.head_heatmap(scores, metric, title=title), rows,
+            [{"name": c, "id": c} for c in shown], tips)
 
 
 @callback(Output("heads-compare-heatmap", "figure"), Output("heads-compare-heatmap", "style"),
@@ -80,7 +105,7 @@ def draw_compare(run_id: str | None, metric: str | None):
     if not run_id or metric is None:
         return {}, {"display": "none"}
     run = data.get_run(run_id)
-    scores = run.table("head_scores")
+    scores = _scores(run)
     if metric not in set(scores.metric):
         return {}, {"display": "none"}
     title = f"{metric} · {run.model_name} · {run.experiment} (compared)"
@@ -115,7 +140,7 @@ def example_prompt(rec: Recording, inputs: str) -> int:
           Input("heads-metric", "value"))
 def draw_example(selected: dict | None, run_id: str, metric: str | None):
     run = data.get_run(run_id)
-    scores = run.table("head_scores")
+    scores = _scores(run)
     picked = scores[scores.metric == metric]
     if picked.empty:
         return no_update

@@ -50,6 +50,13 @@ def test_curves_and_head_scores_carry_the_run(page, served):
                   & (scores["head"] == 1)].sort_values("step")
     np.testing.assert_allclose(as_array(line["y"]), want.score, rtol=1e-6)
     assert len([t for t in heads["data"] if t["name"].endswith(" previous_token")]) == 4
+    # the line under the controls is read from the phase_change table, not the summary
+    phase = run.table("phase_change").set_index("model").loc["L2"]
+    summary = page.locator("#formation-summary").inner_text()
+    before, after = ((phase.induction_before, phase.induction_after) if phase.detected
+                     else (phase.induction_initial, phase.induction_final))
+    assert summary.startswith("L2: ") and f"{before:.2f} to {after:.2f}" in summary
+    assert f"{phase.second_repeat_final:.2f} nats" in summary
     choose(page, "formation-model", "L1")
     figure(page, "formation-heads", title_contains="over training · L1")
 

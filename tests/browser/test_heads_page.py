@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from experiments.previous_token_heads.tables import HEAD_SCORES
 from tests.browser.conftest import as_array, choose, figure, serve
 from workbench.harness.experiment import run_experiment
 from workbench.recording.record import Recording
@@ -37,8 +38,10 @@ def test_heatmap_table_and_example(page, served):
     fig = figure(page, "heads-heatmap", title_contains="previous_token")
     np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
                                grid(scores, "previous_token", 2, 4), atol=1e-9)
-    # the top-k table is sorted by score and has the intervals
+    # the top-k table is sorted by score and shows the declared columns but the metric
     page.wait_for_selector("#heads-table td")
+    headers = [h.strip() for h in page.locator("#heads-table th").all_inner_texts()]
+    assert headers == [c for c in HEAD_SCORES.names if c != "metric"]
     first_row = page.locator("#heads-table tbody tr").nth(1).inner_text()
     best = scores[scores.metric == "previous_token"].nlargest(1, "score").iloc[0]
     assert first_row.split()[:2] == [str(best.layer), str(best["head"])]

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from experiments.induction_heads import (
-    choose_ablation,
-    icl_rows,
-    random_same_layer,
-)
+from experiments.induction_heads.measure import choose_ablation, icl_rows
 from workbench.inputs.prompts import Prompt
 from workbench.recording.reductions import (
     PatternContext,
@@ -180,8 +174,3 @@ def test_ablation_choices():
     assert tracked == [(1, 2)]
     chosen = choose_ablation(table, tracked, 2)
     assert chosen == [(0, 0), (0, 3)]  # only layers below the induction head's layer
-    rng = random.Random(0)
-    for _ in range(20):
-        picked = random_same_layer(chosen, tracked, 4, rng)
-        assert [layer for layer, _ in picked] == [0, 0]
-        assert not set(picked) & set(chosen) and len(set(picked)) == 2

@@ -5,13 +5,16 @@ end-to-end run of the induction-formation experiment."""
 from __future__ import annotations
 
 import math
+import tempfile
 
 import numpy as np
 import pytest
 import torch
 
+from experiments.induction_formation.tables import PHASE_CHANGE, TABLES
 from workbench.core.errors import ChecksumError, WorkbenchError
-from workbench.harness.experiment import run_experiment
+from workbench.harness.config import apply_overrides
+from workbench.harness.experiment import get, run_experiment
 from workbench.models import checkpoints, native
 from workbench.models.load import load_model
 from workbench.scores import phase_change
@@ -272,15 +275,18 @@ def test_fastest_drop_and_loss_bump_on_a_power_law_with_a_drop():
 
 # ---- the experiment end to end, tiny ---------------------------------------------------------
 
-def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
+def tiny_overrides(tmp_path, **over):
     text = tmp_path / "text.txt"
     text.write_text("\n\n".join(f"{i}: {t}" for i, t in enumerate(TEXT * 3)))
-    overrides = {"sources": (), "text_files": (str(text),), "vocab_size": 320, "d_model": 16,
-                 "n_heads": 2, "n_ctx": 48, "steps": 6, "checkpoint_every": 3,
-                 "batch_size": 4, "warmup_steps": 2, "heldout_windows": 4, "icl_early": 5,
-                 "icl_band": 2, "icl_late": 44, "n_repeat_prompts": 3, "repeat_len": 10,
-                 "pattern_len": 6, "n_boot": 20}
-    run = run_experiment("induction-formation", None, overrides)
+    return {"sources": (), "text_files": (str(text),), "vocab_size": 320, "d_model": 16,
+            "n_heads": 2, "n_ctx": 48, "steps": 6, "checkpoint_every": 3,
+            "batch_size": 4, "warmup_steps": 2, "heldout_windows": 4, "icl_early": 5,
+            "icl_band": 2, "icl_late": 44, "n_repeat_prompts": 3, "repeat_len": 10,
+            "pattern_len": 6, "n_boot": 20, **over}
+
+
+def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
+    run = run_experiment("induction-formation", None, tiny_overrides(tmp_path))
     assert run.status == "complete" and run.meta["model"] is None
     curve = run.table("training_curve")
     assert sorted(set(curve.step)) == [0, 3, 6] and set(curve.model) == {"L1", "L2"}
@@ -289,7 +295,8 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     scores = run.table("head_scores")
     assert {"step", "layer", "head", "metric", "score", "null"} <= set(scores.columns)
     assert len(scores) == 3 * 2 * (1 + 2) * 2  # steps x metrics x layers x heads
-    assert set(run.table("phase_change").model) == {"L1", "L2"}
+    phase = run.table("phase_change")
+    assert set(phase.model) == {"L1", "L2"} and list(phase.columns) == PHASE_CHANGE.names
     patterns = run.table("checkpoint_patterns")
     n_tokens = len(run.table("pattern_tokens"))
     one = patterns[(patterns.model == "L2") & (patterns.step == 6) & (patterns.layer == 1)
@@ -305,3 +312,23 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     measured = CHECKS.get("formation_no_induction")(run, n_layers=1)
     assert "L1: max induction" in measured.measured
     assert CHECKS.get("formation_coincide")(run, n_layers=2).passed is False
+
+
+def test_outside_a_run_store_nothing_is_kept(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    exp = get("induction-formation")
+    # one layer and a rise no score can reach: no phase change, no composition
+    cfg = apply_overrides(exp.config, tiny_overrides(tmp_path, layers=(1,), steps=3,
+                                                     min_rise=1.0))
+    result = exp.run(None, cfg)
+    tables = result.tables()
+    assert tables.keys() == TABLES.keys()
+    for name, df in tables.items():
+        TABLES[name].check(df)  # what the run store would refuse
+    assert tables["checkpoints"].empty and tables["composition"].empty
+    phase = tables["phase_change"]
+    assert not phase.detected.any() and phase.start_step.isna().all()
+    assert sorted(set(tables["training_curve"].step)) == [0, 3]
+    assert list(scratch.iterdir()) == []  # the scratch tokenizer folder is gone

@@ -5,7 +5,8 @@ At? An Analysis of BERT's Attention", section 3, which measures each head's atte
 entropy to separate broad from focused heads) and of Vig & Belinkov 2019 ("Analyzing the
 Structure of Attention in a Transformer Language Model", mean attention distance by layer).
 
-Metrics in ``head_scores.parquet`` (mean over prompts, with a 95% bootstrap interval):
+Metrics in ``head_scores.parquet`` (mean over prompts, with a 95% bootstrap interval;
+``per_prompt_scores.parquet`` holds each prompt's value):
 
 - ``entropy``: mean over queries of H(A[q, :]) = -sum_k A[q, k] log A[q, k], in nats.
 - ``normalized_entropy``: H divided by log(number of keys the query can see); 1 is uniform
@@ -17,14 +18,17 @@ The patterns are reduced as the forward pass runs; nothing is cached.
 
 Example:
     workbench run head-overview --model smollm2 --set prompt_set=natural
+    python -m experiments.head_overview --model minilm
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
+from experiments.head_overview.tables import TABLES
+from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
@@ -42,14 +46,12 @@ METRICS: dict[str, reductions.Reduction] = {
 
 @dataclass(frozen=True)
 class Config:
-    prompt_set: str = field(default="natural", metadata={"help": "prompt set to score on"})
-    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples for intervals"})
-    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
-    max_batch_tokens: int = field(default=2048, metadata={"help": "tokens per forward batch"})
+    prompt_set: str = param("natural", "prompt set to score on")
+    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
+    seed: int = param(0, "seed of the bootstrap")
+    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
 
     def __post_init__(self) -> None:
-        if self.n_boot < 1 or self.max_batch_tokens < 1:
-            raise ValueError("n_boot and max_batch_tokens must be positive")
         check_prompt_set(self.prompt_set)
 
 
@@ -73,18 +75,10 @@ class Result:
                 f"broadest heads (normalized entropy): {fmt(broad)}"]
 
 
-@experiment("head-overview", config=Config, tables=None)
+@experiment("head-overview", config=Config, tables=TABLES)
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Entropy, distance and self-attention of every head on a prompt set."""
     prompts = load_prompt_set(cfg.prompt_set, model)
     per_prompt = reductions.reduce_patterns(model, prompts, METRICS,
                                             max_batch_tokens=cfg.max_batch_tokens)
     return Result(summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed), per_prompt)
-
-
-if __name__ == "__main__":
-    import sys
-
-    from workbench.cli import main
-
-    main(["run", "head-overview", *sys.argv[1:]])

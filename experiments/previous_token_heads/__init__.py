@@ -8,7 +8,7 @@ previous-token head's output (K-composition). Duplicate-token heads appear in Wa
 2022 ("Interpretability in the Wild", the IOI circuit). GPT-2 small's previous-token heads
 4.11 and 2.2, and its duplicate-token heads 0.1, 0.10 and 3.0, are the classic reference.
 
-Scores (per layer and query head; definitions in :mod:`workbench.scores`):
+Scores (per layer and query head; definitions in :mod:`workbench.scores.patterns`):
 
 - ``previous_token``: mean over queries ``i >= 1`` of ``A[i, i-1]``, on natural text
   (Olsson et al. 2022; TransformerLens ``head_detector`` 'mul' semantics, whose score is
@@ -29,14 +29,17 @@ prompt, which the dashboard's heads page shows.
 Example:
     workbench run previous-token-heads --model smollm2
     workbench run previous-token-heads --model minilm --set n_prompts=16
+    python -m experiments.previous_token_heads --model minilm
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
+from experiments.previous_token_heads.tables import TABLES
+from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
@@ -48,24 +51,22 @@ from workbench.scores.heads import score_heads
 
 @dataclass(frozen=True)
 class Config:
-    text: str = field(default="corpus", metadata={
-        "help": "natural text: 'corpus' (Python docs prose) or a prompt-set name"})
-    n_prompts: int = field(default=32, metadata={"help": "natural-text prompts (corpus)"})
-    n_tokens: int = field(default=128, metadata={"help": "tokens per corpus prompt"})
-    n_repeated: int = field(default=32, metadata={"help": "repeated random sequences"})
-    seq_len: int = field(default=40, metadata={"help": "length of each random sequence"})
-    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples"})
-    seed: int = field(default=0, metadata={"help": "seed for random tokens and bootstrap"})
-    max_batch_tokens: int = field(default=2048, metadata={"help": "tokens per forward batch"})
+    text: str = param("corpus", "natural text: 'corpus' (Python docs prose) or a prompt-set name")
+    n_prompts: int = param(32, "natural-text prompts (corpus)", min=2)
+    n_tokens: int = param(128, "tokens per corpus prompt", min=2)
+    n_repeated: int = param(32, "repeated random sequences", min=2)
+    seq_len: int = param(40, "length of each random sequence", min=2)
+    n_boot: int = param(1000, "bootstrap resamples", min=2)
+    seed: int = param(0, "seed for random tokens and bootstrap")
+    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
 
     def __post_init__(self) -> None:
-        if min(self.n_prompts, self.n_tokens, self.n_repeated, self.seq_len, self.n_boot) < 2:
-            raise ValueError("n_prompts, n_tokens, n_repeated, seq_len and n_boot must be >= 2")
         if self.text != "corpus":
             check_prompt_set(self.text)
 
 
 def natural_prompts(model: Model, cfg: Config) -> list[Prompt]:
+    """The natural text: corpus windows, or the named prompt set."""
     if cfg.text == "corpus":
         return token_chunks(model, python_docs(), n_chunks=cfg.n_prompts,
                             n_tokens=min(cfg.n_tokens, model.info.n_ctx), label="docs")
@@ -92,11 +93,11 @@ class Result:
         return lines
 
 
-@experiment("previous-token-heads", config=Config, tables=None,
+@experiment("previous-token-heads", config=Config, tables=TABLES,
             demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500})
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
-    workdir = ctx.workdir if ctx else None
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
+    ctx = ctx or Context()
     natural = natural_prompts(model, cfg)
     positional = {"previous_token": patterns.previous_token}
     if not model.info.causal:
@@ -105,18 +106,11 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     table = pd.concat([
+        # TODO(labels): named prompt sets are labelled "natural text" too
         score_heads(model, natural, positional, inputs="natural text", **common),
         score_heads(model, repeated, {"duplicate_token": patterns.duplicate_token},
                     inputs="repeated random tokens", **common),
     ], ignore_index=True)
-    if workdir is not None:
-        record(model, [natural[0], repeated[0]], workdir / "example", include_resid=False)
+    if ctx.workdir is not None:
+        record(model, [natural[0], repeated[0]], ctx.workdir / "example", include_resid=False)
     return Result(table, model.info.causal)
-
-
-if __name__ == "__main__":
-    import sys
-
-    from workbench.cli import main
-
-    main(["run", "previous-token-heads", *sys.argv[1:]])

@@ -1,0 +1,331 @@
+"""What the induction-formation experiment measures: the probes every checkpoint is
+measured on, one model's training with its checkpoint measurements, the phase change
+found in its curve, K-composition in the final models, and the result's tables."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from experiments.induction_formation.tables import CHECKPOINTS, COMPOSITION, PHASE_CHANGE
+from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.interventions.ablation import ablated
+from workbench.models import checkpoints, native
+from workbench.models.base import Model
+from workbench.recording.capture import head_patterns, pattern_rows
+from workbench.scores import patterns, phase_change
+from workbench.scores.heads import score_heads
+from workbench.scores.losses import repeat_losses, token_losses
+from workbench.store.schema import Table
+from workbench.training import data as training_data
+from workbench.training import loop
+
+if TYPE_CHECKING:
+    from experiments.induction_formation import Config
+
+log = logging.getLogger(__name__)
+
+METRICS = {"previous_token": patterns.previous_token, "induction": patterns.induction}
+TAG = ["model", "n_layers", "step", "tokens"]
+
+
+# ---- what is measured at a checkpoint ------------------------------------------------------
+
+@dataclass
+class Probes:
+    """Fixed inputs every checkpoint of every model is measured on."""
+
+    heldout: Int[Tensor, "window pos"]
+    natural: Int[Tensor, "window pos"]
+    repeated: list[Prompt]
+    display: Prompt
+    stream: Int[Tensor, " token"]
+    vocab: Model
+    """A model without weights that has the run's tokenizer: the random token draws and
+    the display tokens need only the vocabulary."""
+
+
+def make_probes(tokenizer: Any, corpus: training_data.Corpus, cfg: Config) -> Probes:
+    """Held-out windows (with and without repeated passages), the repeated random
+    sequences and the display sequence."""
+    stand_in = native.as_model(None, tokenizer, cfg.model_spec(min(cfg.layers), len(tokenizer)),
+                               name="tokenizer")
+    stream = training_data.token_stream(tokenizer, corpus.fit)
+    heldout_stream = training_data.token_stream(tokenizer, corpus.heldout)
+
+    def windows(repeat_fraction: float) -> Int[Tensor, "window pos"]:
+        gen = torch.Generator().manual_seed(10_000 + cfg.seed)
+        return training_data.sample_windows(heldout_stream, cfg.heldout_windows, cfg.n_ctx,
+                                            bos_id=tokenizer.bos_token_id, generator=gen,
+                                            repeat_fraction=repeat_fraction)
+
+    repeated = load_prompt_set("repeated-random", stand_in, n_prompts=cfg.n_repeat_prompts,
+                               seq_len=cfg.repeat_len, repeats=2, seed=cfg.seed)
+    seq = random_token_ids(stand_in, cfg.pattern_len,
+                           torch.Generator().manual_seed(20_000 + cfg.seed))
+    display = Prompt(token_ids=(tokenizer.bos_token_id, *seq, *seq), label="display")
+    return Probes(windows(cfg.repeat_fraction), windows(0.0), repeated, display, stream,
+                  stand_in)
+
+
+def heldout_metrics(model: Model, windows: Int[Tensor, "window pos"], cfg: Config,
+                    prefix: str = "") -> dict[str, float]:
+    """Held-out loss and the ICL score (late minus early; negative = learns in context)."""
+    with torch.inference_mode():
+        nll = model.bridge(windows, return_type="loss", loss_per_token=True)  # [W, T-1]
+
+    def at(position: int) -> float:  # loss on the token at ``position`` is nll[:, position-1]
+        lo, hi = position - cfg.icl_band - 1, position + cfg.icl_band
+        return float(nll[:, lo:hi].mean())
+
+    early, late = at(cfg.icl_early), at(cfg.icl_late)
+    return {f"{prefix}heldout_loss": float(nll.mean()), f"{prefix}loss_early": early,
+            f"{prefix}loss_late": late, f"{prefix}icl_score": late - early}
+
+
+def copy_losses(model: Model, prompts: Sequence[Prompt], repeat_len: int
+                ) -> dict[str, float]:
+    """Mean loss on the first and second copy, each without its first token."""
+    first, second = repeat_losses(token_losses(model, prompts), repeat_len, 2).mean(axis=0)
+    return {"first_repeat_loss": float(first), "second_repeat_loss": float(second)}
+
+
+def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> pd.DataFrame:
+    """previous_token and induction of every head, summarised over prompts, with nulls."""
+    table = score_heads(model, prompts, METRICS, inputs="repeated random tokens",
+                        n_boot=cfg.n_boot, seed=cfg.seed)
+    return table.drop(columns="inputs")  # every score here is on the same probes
+
+
+def measure(model: Model, probes: Probes, cfg: Config, train_loss: float) -> tuple[
+        dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """One checkpoint: its curve row, head scores and display patterns."""
+    table = head_scores(model, probes.repeated, cfg)
+    best = table.groupby("metric").score.max()
+    row = {"train_loss": train_loss, **heldout_metrics(model, probes.heldout, cfg),
+           **heldout_metrics(model, probes.natural, cfg, prefix="natural_"),
+           **copy_losses(model, probes.repeated, cfg.repeat_len),
+           "max_induction": float(best["induction"]),
+           "max_previous_token": float(best["previous_token"])}
+    return row, table, pattern_rows(head_patterns(model, probes.display))
+
+
+# ---- training one model --------------------------------------------------------------------
+
+@dataclass
+class Measured:
+    """Everything measured on one model across its checkpoints."""
+
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    scores: list[pd.DataFrame] = field(default_factory=list)
+    patterns: list[pd.DataFrame] = field(default_factory=list)
+
+    def add(self, tag: dict[str, Any], row: dict[str, Any], head_table: pd.DataFrame,
+            pattern_table: pd.DataFrame) -> None:
+        self.curve.append({**tag, **row})
+        self.scores.append(head_table.assign(**tag))
+        self.patterns.append(pattern_table.assign(**tag))
+
+
+def train_one(n_layers: int, tokenizer: Any, probes: Probes, cfg: Config,
+              workdir: Path | None, extra: dict[str, Any]) -> tuple[Model, Measured]:
+    """Train one model, measuring it on the schedule and, in a run folder, checkpointing it.
+
+    Args:
+        workdir: the run folder, whose ``tokenizer/`` the checkpoints pair with; ``None``
+            saves no checkpoint.
+        extra: facts stored with every checkpoint (run id, corpus fingerprint).
+    """
+    spec = cfg.model_spec(n_layers, len(tokenizer))
+    bridge = native.build_bridge(spec, tokenizer)
+    model = native.as_model(bridge, tokenizer, spec, name=f"L{n_layers}")
+    measured = Measured()
+
+    def on_checkpoint(step: int, train_loss: float) -> None:
+        tokens = cfg.tokens(step)
+        if workdir is not None:
+            checkpoints.save(workdir, bridge, spec, step=step, tokens=tokens, extra=extra)
+        row, table, pats = measure(model, probes, cfg, train_loss)
+        measured.add({"model": f"L{n_layers}", "n_layers": n_layers, "step": step,
+                      "tokens": tokens}, row, table, pats)
+        log.info("L%d step %d: heldout %.3f, icl %+.3f, max induction %.2f", n_layers, step,
+                 row["heldout_loss"], row["icl_score"], row["max_induction"])
+
+    data = training_data.batches(probes.stream, cfg.batch_size, cfg.n_ctx,
+                                 bos_id=tokenizer.bos_token_id, seed=cfg.seed,
+                                 repeat_fraction=cfg.repeat_fraction)
+    loop.train(bridge, data, cfg.train_spec(), checkpoint_steps=cfg.checkpoint_steps(),
+               on_checkpoint=on_checkpoint, desc=f"training L{n_layers}")
+    return model, measured
+
+
+# ---- the phase change and K-composition ------------------------------------------------------
+
+def detect(curve: pd.DataFrame, cfg: Config) -> dict[str, Any]:
+    """The phase-change window, ICL jump and loss bump of one model's curve."""
+    c = curve.sort_values("step")
+    steps, tokens = c.step.tolist(), c.tokens.tolist()
+    window = phase_change.rise_window(steps, c.max_induction.tolist(), min_rise=cfg.min_rise)
+    icl_from, icl_to, icl_rate = phase_change.fastest_drop(steps, c.icl_score.tolist())
+    row: dict[str, Any] = {
+        "detected": window is not None, "icl_jump_start": icl_from, "icl_jump_end": icl_to,
+        "icl_jump_per_1000_steps": icl_rate,
+        "induction_initial": float(c.max_induction.iloc[0]),
+        "induction_final": float(c.max_induction.iloc[-1]),
+        "icl_initial": float(c.icl_score.iloc[0]), "icl_final": float(c.icl_score.iloc[-1]),
+        "first_repeat_final": float(c.first_repeat_loss.iloc[-1]),
+        "second_repeat_final": float(c.second_repeat_loss.iloc[-1]),
+    }
+    if window is None:
+        return row
+    lo, hi = window.widened(cfg.window_slack, steps)
+    bump = phase_change.loss_bump(steps, tokens, c.heldout_loss.tolist(), lo, hi)
+    at = c.set_index("step")
+    row.update({
+        "start_step": window.start_step, "end_step": window.end_step,
+        "mid_step": window.mid_step, "start_tokens": cfg.tokens(window.start_step),
+        "end_tokens": cfg.tokens(window.end_step), "mid_tokens": cfg.tokens(window.mid_step),
+        "induction_before": window.base, "induction_after": window.peak,
+        "icl_before": float(at.icl_score[lo]), "icl_after": float(at.icl_score[hi]),
+        "icl_jump_in_window": lo <= icl_from and icl_to <= hi,
+        "loss_bump": bump.present, "loss_bump_step": bump.step,
+        "loss_rate_in_window": bump.rate_in, "loss_rate_before": bump.rate_before,
+    })
+    row["coincide"] = bool(row["icl_jump_in_window"] and bump.present
+                           and lo <= bump.step <= hi)
+    return row
+
+
+def composition(model: Model, table: pd.DataFrame, prompts: Sequence[Prompt],
+                cfg: Config) -> pd.DataFrame:
+    """Zero-ablate each layer-0 head; the strongest induction head above layer 0 again."""
+    ind = table[(table.metric == "induction") & (table.layer > 0)]
+    best = ind.loc[ind.score.idxmax()]
+    layer, head_, before = int(best["layer"]), int(best["head"]), float(best["score"])
+    prev = table[(table.metric == "previous_token") & (table.layer == 0)].set_index("head")
+    rows = []
+    for head in range(model.info.n_heads):
+        with ablated(model, [(0, head)]):
+            after = head_scores(model, prompts, cfg)
+        hit = after[(after.metric == "induction") & (after.layer == layer)
+                    & (after["head"] == head_)].score.iloc[0]
+        rows.append({"ablated_layer": 0, "ablated_head": head,
+                     "ablated_previous_token": float(prev.score[head]),
+                     "target_layer": layer, "target_head": head_,
+                     "induction_before": before, "induction_after": float(hit)})
+    return pd.DataFrame(rows)
+
+
+# ---- result ----------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    training_curve: pd.DataFrame
+    head_scores: pd.DataFrame
+    phase_change: pd.DataFrame
+    checkpoint_patterns: pd.DataFrame
+    pattern_tokens: pd.DataFrame
+    checkpoints: pd.DataFrame
+    composition: pd.DataFrame
+    corpus: pd.DataFrame
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"training_curve": self.training_curve, "head_scores": self.head_scores,
+                "phase_change": self.phase_change,
+                "checkpoint_patterns": self.checkpoint_patterns,
+                "pattern_tokens": self.pattern_tokens, "checkpoints": self.checkpoints,
+                "composition": self.composition, "corpus": self.corpus}
+
+    def summary(self) -> list[str]:
+        lines = [_summary_line(r) for r in self.phase_change.itertuples()]
+        if not self.composition.empty:
+            worst = self.composition.loc[self.composition.induction_after.idxmin()]
+            lines.append(
+                f"K-composition: ablating L0H{worst.ablated_head} (previous_token "
+                f"{worst.ablated_previous_token:.2f}) takes L{worst.target_layer}H"
+                f"{worst.target_head}'s induction from {worst.induction_before:.2f} to "
+                f"{worst.induction_after:.2f}")
+        return lines
+
+
+def _summary_line(r: Any) -> str:
+    repeat = (f"second-repeat loss {r.second_repeat_final:.2f} vs first "
+              f"{r.first_repeat_final:.2f}; ICL {r.icl_initial:+.2f} -> {r.icl_final:+.2f}")
+    if not r.detected:
+        return (f"{r.model}: no phase change (max induction {r.induction_initial:.2f} -> "
+                f"{r.induction_final:.2f}); {repeat}")
+    return (f"{r.model}: phase change at steps {r.start_step}-{r.end_step} "
+            f"({r.start_tokens / 1e6:.2f}M-{r.end_tokens / 1e6:.2f}M tokens), max induction "
+            f"{r.induction_before:.2f} -> {r.induction_after:.2f}; ICL jump at "
+            f"{r.icl_jump_start}-{r.icl_jump_end} ({'in' if r.icl_jump_in_window else 'not in'}"
+            f" window), loss bump {'yes' if r.loss_bump else 'no'}; "
+            f"{'coincide' if r.coincide else 'do not coincide'}; {repeat}")
+
+
+def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,
+           trained: dict[int, Model], measured: dict[int, Measured],
+           workdir: Path | None) -> Result:
+    """The result's tables from every model's measurements."""
+    layers = sorted(measured)
+    curve = _first(pd.DataFrame([row for n in layers for row in measured[n].curve]), TAG)
+    scores = _first(pd.concat([t for n in layers for t in measured[n].scores],
+                              ignore_index=True), [*TAG, "layer", "head", "metric", "score"])
+    phase = _typed(pd.DataFrame([{"model": f"L{n}", "n_layers": n,
+                                  **detect(curve[curve.n_layers == n], cfg)} for n in layers]),
+                   PHASE_CHANGE)
+    comp = [composition(trained[n], scores[(scores.n_layers == n) & (scores.step == cfg.steps)],
+                        probes.repeated, cfg).assign(model=f"L{n}", n_layers=n)
+            for n in layers if cfg.composition and n >= 2]
+    display = list(probes.display.token_ids)
+    return Result(
+        training_curve=curve,
+        head_scores=scores,
+        phase_change=phase,
+        checkpoint_patterns=_first(pd.concat([t for n in layers for t in measured[n].patterns],
+                                             ignore_index=True), TAG),
+        pattern_tokens=pd.DataFrame({"position": range(len(display)), "token_id": display,
+                                     "token": probes.vocab.str_tokens(display)}),
+        checkpoints=_checkpoint_table(workdir),
+        composition=pd.concat(comp, ignore_index=True) if comp else _typed(None, COMPOSITION),
+        corpus=pd.DataFrame([{**corpus.describe(), "sources": ",".join(corpus.sources),
+                              "fit_tokens": len(probes.stream),
+                              "vocab": len(probes.vocab.tokenizer)}]),
+    )
+
+
+def _checkpoint_table(workdir: Path | None) -> pd.DataFrame:
+    if workdir is None:
+        return _typed(None, CHECKPOINTS)
+    return _typed(pd.DataFrame([
+        {"model": f"L{c.n_layers}", "n_layers": c.n_layers, "step": c.step,
+         "name": checkpoints.checkpoint_name(workdir.name, c.n_layers, c.step),
+         "path": str(c.path.relative_to(workdir))}
+        for c in checkpoints.list_checkpoints(workdir)]), CHECKPOINTS)
+
+
+def _first(df: pd.DataFrame, first: Sequence[str]) -> pd.DataFrame:
+    return df[[*first, *(c for c in df.columns if c not in first)]]
+
+
+_DTYPES = {"int": "int64", "float": "float64", "str": "object", "bool": "bool"}
+
+
+def _typed(df: pd.DataFrame | None, table: Table) -> pd.DataFrame:
+    """``df`` with exactly ``table``'s columns in its order: a column no row has (the
+    phase-change window when none was found) is all missing, and a table with no rows
+    still has every column, of its declared kind."""
+    if df is None or df.empty:
+        return pd.DataFrame({c.name: pd.Series(dtype=_DTYPES[c.kind]) for c in table.columns})
+    df = df.reindex(columns=table.names)
+    for c in table.columns:
+        if c.kind == "bool" and df[c.name].dtype != bool:
+            df[c.name] = df[c.name].astype(object)  # True, False or missing
+    return df

@@ -1,0 +1,132 @@
+"""The tables of the induction-formation experiment."""
+
+from __future__ import annotations
+
+from workbench.store.schema import HEAD_KEYS, NULL_COLUMNS, SCORE_COLUMNS, Table, columns, tables
+
+MODEL = columns(
+    ("model", "str", "the trained model, 'L<n_layers>' (e.g. L2)"),
+    ("n_layers", "int", "its number of layers"),
+)
+CHECKPOINT = (*MODEL, *columns(
+    ("step", "int", "training step of the checkpoint (0 is the initialisation)"),
+    ("tokens", "int", "training tokens seen: step x batch_size x n_ctx"),
+))
+
+
+def _losses(prefix: str, texts: str) -> tuple:
+    return columns(
+        (f"{prefix}heldout_loss", "float", f"mean next-token loss (nats) on the {texts}"),
+        (f"{prefix}loss_early", "float", "mean loss (nats) on positions icl_early +- icl_band"),
+        (f"{prefix}loss_late", "float", "mean loss (nats) on positions icl_late +- icl_band"),
+        (f"{prefix}icl_score", "float", "ICL score: loss_late - loss_early (nats; negative "
+                                        "means it learns in context)"),
+    )
+
+
+TRAINING_CURVE = Table("training_curve", "what every checkpoint of every model measured", (
+    *CHECKPOINT,
+    *columns(("train_loss", "float", "mean training loss (nats) of the batches since the "
+                                     "previous checkpoint; NaN at step 0")),
+    *_losses("", "held-out windows (with repeated passages like the training windows)"),
+    *_losses("natural_", "same held-out text without repeated passages"),
+    *columns(
+        ("first_repeat_loss", "float", "mean loss (nats) on the first copy of the repeated "
+                                       "random sequences, without its first token"),
+        ("second_repeat_loss", "float", "the same on the second copy"),
+        ("max_induction", "float", "largest induction score of any head"),
+        ("max_previous_token", "float", "largest previous_token score of any head"),
+    ),
+))
+HEAD_SCORES = Table(
+    "head_scores", "previous_token and induction of every head at every checkpoint, on the "
+    "repeated random sequences", (*CHECKPOINT, *HEAD_KEYS, *SCORE_COLUMNS, NULL_COLUMNS[0]))
+PHASE_CHANGE = Table("phase_change", "each model's phase change, found from its curve; the "
+                     "window's columns are missing values when none was found", (
+    *MODEL,
+    *columns(
+        ("detected", "bool", "the max induction score rose by at least min_rise"),
+        ("icl_jump_start", "int", "step where the fastest fall of icl_score starts"),
+        ("icl_jump_end", "int", "step where it ends (the next checkpoint)"),
+        ("icl_jump_per_1000_steps", "float", "that fall's rate: icl_score change per 1000 "
+                                             "steps (nats)"),
+        ("induction_initial", "float", "max induction score at step 0"),
+        ("induction_final", "float", "max induction score at the last step"),
+        ("icl_initial", "float", "icl_score at step 0 (nats)"),
+        ("icl_final", "float", "icl_score at the last step (nats)"),
+        ("first_repeat_final", "float", "first_repeat_loss at the last step (nats)"),
+        ("second_repeat_final", "float", "second_repeat_loss at the last step (nats)"),
+        ("start_step", "float", "the window's first step: the last checkpoint at or below "
+                                "20% of the rise"),
+        ("end_step", "float", "the window's last step: the first at or above 80%"),
+        ("mid_step", "float", "the step that ends the steepest interval of the rise"),
+        ("start_tokens", "float", "tokens seen at start_step"),
+        ("end_tokens", "float", "tokens seen at end_step"),
+        ("mid_tokens", "float", "tokens seen at mid_step"),
+        ("induction_before", "float", "max induction score before the rise (its base)"),
+        ("induction_after", "float", "max induction score after the rise (its peak)"),
+        ("icl_before", "float", "icl_score at the start of the widened window (nats)"),
+        ("icl_after", "float", "icl_score at the end of the widened window (nats)"),
+        ("icl_jump_in_window", "bool", "the ICL jump lies in the window widened by "
+                                       "window_slack checkpoints"),
+        ("loss_bump", "bool", "the held-out loss falls faster per e-fold of tokens in the "
+                              "widened window than on average in the two intervals before"),
+        ("loss_bump_step", "float", "the step that ends the fastest held-out loss descent in "
+                                    "the widened window"),
+        ("loss_rate_in_window", "float", "that descent (nats per e-fold of tokens)"),
+        ("loss_rate_before", "float", "the mean descent of the two intervals before the "
+                                      "window (nats per e-fold of tokens)"),
+        ("coincide", "bool", "the ICL jump and the loss bump both lie in the widened window"),
+    ),
+))
+COMPOSITION = Table("composition", "K-composition: each layer-0 head of a final model "
+                    "zero-ablated in turn, and the strongest induction head measured again", (
+    *columns(
+        ("ablated_layer", "int", "layer of the ablated head (0)"),
+        ("ablated_head", "int", "the ablated head"),
+        ("ablated_previous_token", "float", "its previous_token score before ablation"),
+        ("target_layer", "int", "layer of the strongest induction head above layer 0"),
+        ("target_head", "int", "that head"),
+        ("induction_before", "float", "its induction score with nothing ablated"),
+        ("induction_after", "float", "its induction score with the head ablated"),
+    ),
+    *MODEL,
+))
+CHECKPOINTS = Table("checkpoints", "the checkpoints saved in the run folder (none when run "
+                    "outside a run store)", (
+    *MODEL,
+    *columns(
+        ("step", "int", "training step"),
+        ("name", "str", "its MODEL name, '<run-id>/L<n>:<step>'"),
+        ("path", "str", "its folder, relative to the run folder"),
+    ),
+))
+CHECKPOINT_PATTERNS = Table("checkpoint_patterns", "every head's attention on one repeated "
+                            "random sequence at every checkpoint (lower triangle)", (
+    *CHECKPOINT,
+    *HEAD_KEYS,
+    *columns(
+        ("query", "int", "query position (0 is BOS)"),
+        ("key", "int", "key position, at most the query's"),
+        ("weight", "float", "attention weight, 0..1; each query's row sums to 1"),
+    ),
+))
+PATTERN_TOKENS = Table("pattern_tokens", "the tokens of the sequence in checkpoint_patterns",
+                       columns(
+    ("position", "int", "position, from 0 (BOS)"),
+    ("token_id", "int", "token id"),
+    ("token", "str", "the token as text"),
+))
+CORPUS = Table("corpus", "the training text", columns(
+    ("sources", "str", "built-in sources and text files, comma-separated"),
+    ("sha256", "str", "fingerprint of the whole corpus"),
+    ("fit_documents", "int", "documents trained on"),
+    ("heldout_documents", "int", "documents held out"),
+    ("fit_chars", "int", "characters trained on"),
+    ("heldout_chars", "int", "characters held out"),
+    ("fit_tokens", "int", "tokens of the training text, document separators included"),
+    ("vocab", "int", "tokenizer vocabulary, special tokens included"),
+))
+
+TABLES = tables(TRAINING_CURVE, HEAD_SCORES, PHASE_CHANGE, COMPOSITION, CHECKPOINTS,
+                CHECKPOINT_PATTERNS, PATTERN_TOKENS, CORPUS)

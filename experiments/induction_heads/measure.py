@@ -1,0 +1,176 @@
+"""What the induction-heads experiment measures: head scores, repeat losses, the
+K-composition ablation and the in-context-learning score."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workbench.inputs.corpus import python_docs, token_chunks
+from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.interventions.ablation import Head, ablated, random_same_layer
+from workbench.interventions.masks import head_means
+from workbench.models.base import Model
+from workbench.recording.reductions import reduce_patterns
+from workbench.scores import patterns
+from workbench.scores.heads import copying_scores, score_heads, summarize_tokens, top_heads
+from workbench.scores.losses import repeat_losses, token_losses
+from workbench.scores.stats import bootstrap_mean_ci
+
+if TYPE_CHECKING:
+    from experiments.induction_heads import Config
+
+
+@dataclass
+class Result:
+    head_scores: pd.DataFrame
+    repeat_loss: pd.DataFrame
+    ablation: pd.DataFrame
+    icl: pd.DataFrame
+    loss_by_position: pd.DataFrame
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"head_scores": self.head_scores, "repeat_loss": self.repeat_loss,
+                "ablation": self.ablation, "icl": self.icl,
+                "loss_by_position": self.loss_by_position}
+
+    def summary(self) -> list[str]:
+        top = self.head_scores[self.head_scores.metric == "induction"].nlargest(3, "score")
+        lines = ["top induction heads: " + ", ".join(
+            f"L{r.layer}H{r.head} {r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+            for r in top.itertuples()) + f" (uniform null {top.null.iloc[0]:.3f})"]
+        lines.append("loss by repeat: " + ", ".join(
+            f"#{r.repeat} {r.loss:.2f}" for r in self.repeat_loss.itertuples()))
+        for kind in ("zero", "mean"):
+            lines.append(_ablation_line(self.ablation, kind))
+        for icl in self.icl.itertuples():
+            lines.append(f"{icl.metric} ({icl.definition}): {icl.value:.3f} "
+                         f"[{icl.ci_low:.3f}, {icl.ci_high:.3f}] nats")
+        return lines
+
+
+def _ablation_line(table: pd.DataFrame, kind: str) -> str:
+    clean = table[table.condition == "clean"].iloc[0]
+    prev = table[(table.condition == "previous-token") & (table.kind == kind)].iloc[0]
+    rand = table[(table.condition == "random") & (table.kind == kind)]
+    return (f"{kind} ablation of {prev.heads}: tracked induction score "
+            f"{clean.induction_tracked:.2f} -> {prev.induction_tracked:.2f} "
+            f"(random same-layer heads: {rand.induction_tracked.mean():.2f} "
+            f"+- {rand.induction_tracked.std(ddof=0):.2f}); second-repeat loss "
+            f"{clean.second_repeat_loss:.2f} -> {prev.second_repeat_loss:.2f} "
+            f"(random: {rand.second_repeat_loss.mean():.2f})")
+
+
+# ---- head scores -------------------------------------------------------------------------
+
+def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence[Prompt],
+                     cfg: Config) -> pd.DataFrame:
+    """induction on the repeated sequences, copying on random tokens, previous_token on
+    natural text."""
+    common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
+    gen = torch.Generator().manual_seed(cfg.seed)
+    tokens = torch.tensor(random_token_ids(model, cfg.copying_tokens, gen))
+    return pd.concat([
+        score_heads(model, repeated, {"induction": patterns.induction},
+                    inputs="repeated random tokens", **common),
+        summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
+                         inputs="random tokens (direct path)", n_boot=cfg.n_boot,
+                         seed=cfg.seed),
+        score_heads(model, natural, {"previous_token": patterns.previous_token},
+                    inputs="natural text", **common),
+    ], ignore_index=True)
+
+
+def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:
+    """Mean loss per repeat, with a bootstrap interval over prompts, from ``[prompt,
+    repeat]`` losses."""
+    low, high = bootstrap_mean_ci(losses, n_boot=cfg.n_boot, seed=cfg.seed)
+    return pd.DataFrame({"repeat": np.arange(1, losses.shape[1] + 1),
+                         "loss": losses.mean(0), "ci_low": low, "ci_high": high,
+                         "n_prompts": losses.shape[0]})
+
+
+# ---- K-composition ablation --------------------------------------------------------------
+
+def _tracked(model: Model, prompts: Sequence[Prompt], tracked: list[Head], cfg: Config
+             ) -> tuple[float, np.ndarray]:
+    """Mean induction score of the tracked heads, and ``[prompt, repeat]`` losses."""
+    layers = sorted({layer for layer, _ in tracked})
+    per_prompt = reduce_patterns(model, prompts, {"induction": patterns.induction},
+                                 max_batch_tokens=cfg.max_batch_tokens, layers=layers,
+                                 desc="induction")
+    keep = per_prompt.set_index(["layer", "head"]).index.isin(tracked)
+    induction = float(per_prompt[keep].groupby(["layer", "head"]).score.mean().mean())
+    losses = token_losses(model, prompts, max_batch_tokens=1024)
+    return induction, repeat_losses(losses, cfg.seq_len, cfg.repeats)
+
+
+def choose_ablation(head_scores: pd.DataFrame, tracked: list[Head], k: int) -> list[Head]:
+    """Top previous-token heads that can feed a tracked induction head (earlier layer)."""
+    deepest = max(layer for layer, _ in tracked)
+    prev = head_scores[(head_scores.metric == "previous_token") & (head_scores.layer < deepest)]
+    return top_heads(prev, "previous_token", k, exclude=tracked)
+
+
+def _labels(heads: Sequence[Head]) -> str:
+    return " ".join(f"L{layer}H{h}" for layer, h in heads)
+
+
+def ablation_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.DataFrame,
+                   cfg: Config) -> pd.DataFrame:
+    """Clean, previous-token-ablated and random-ablated measurements."""
+    tracked = top_heads(head_scores, "induction", cfg.n_track)
+    chosen = choose_ablation(head_scores, tracked, cfg.n_ablate)
+    means = head_means(model, load_prompt_set("natural", model))
+    rng = random.Random(cfg.seed)
+    draws = [random_same_layer(chosen, tracked, model.info.n_heads, rng)
+             for _ in range(cfg.n_random)]
+    conditions: list[tuple[str, str, int, list[Head]]] = [("clean", "none", -1, [])]
+    for kind in ("zero", "mean"):
+        conditions.append(("previous-token", kind, -1, chosen))
+        conditions += [("random", kind, i, heads) for i, heads in enumerate(draws)]
+    rows = []
+    for condition, kind, draw, heads in conditions:
+        with ablated(model, heads, kind="mean" if kind == "mean" else "zero", means=means):
+            induction, losses = _tracked(model, prompts, tracked, cfg)
+        rows.append({"condition": condition, "kind": kind, "draw": draw,
+                     "heads": _labels(heads) or "-", "tracked": _labels(tracked),
+                     "induction_tracked": induction,
+                     "first_repeat_loss": float(losses[:, 0].mean()),
+                     "second_repeat_loss": float(losses[:, 1].mean())})
+    return pd.DataFrame(rows)
+
+
+# ---- in-context learning -----------------------------------------------------------------
+
+def icl_rows(losses: np.ndarray, halfwidth: int, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """ICL scores from ``[prompt, position - 1]`` per-token losses (both estimators)."""
+    rows = []
+    for metric, w in (("icl_score", 0), ("icl_score_window", halfwidth)):
+        # entry t - 1 of a loss vector is the loss on the token at position t
+        early = losses[:, 50 - w - 1: 50 + w].mean(1)
+        late = losses[:, 500 - w - 1: 500 + w].mean(1)
+        diff = late - early
+        low, high = bootstrap_mean_ci(diff[:, None], n_boot=n_boot, seed=seed)
+        rows.append({"metric": metric, "value": float(diff.mean()), "ci_low": float(low[0]),
+                     "ci_high": float(high[0]), "loss_at_50": float(early.mean()),
+                     "loss_at_500": float(late.mean()), "n_prompts": len(diff),
+                     "definition": "loss@500 - loss@50" if w == 0 else
+                     f"mean loss@500+-{w} - mean loss@50+-{w}"})
+    return pd.DataFrame(rows)
+
+
+def icl_tables(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The in-context-learning scores and the mean loss at every position."""
+    windows = token_chunks(model, python_docs(), n_chunks=cfg.icl_prompts,
+                           n_tokens=min(cfg.icl_tokens, model.info.n_ctx), label="docs")
+    losses = torch.stack(token_losses(model, windows, desc="icl loss")).numpy()  # [P, T-1]
+    by_pos = pd.DataFrame({"position": np.arange(1, losses.shape[1] + 1),
+                           "loss": losses.mean(0)})
+    return icl_rows(losses, cfg.icl_halfwidth, n_boot=cfg.n_boot, seed=cfg.seed), by_pos

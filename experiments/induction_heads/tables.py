@@ -1,0 +1,46 @@
+"""The tables of the induction-heads experiment."""
+
+from __future__ import annotations
+
+from workbench.store.schema import Table, columns, head_scores, tables
+
+HEAD_SCORES = head_scores(
+    "induction (repeated random tokens), copying (direct path, random tokens; n_prompts "
+    "counts tokens) and previous_token (natural text) of every head")
+REPEAT_LOSS = Table("repeat_loss", "next-token loss on each repeat of the random sequences",
+                    columns(
+    ("repeat", "int", "which repeat, from 1 (the first occurrence)"),
+    ("loss", "float", "mean next-token loss (nats), each repeat's first token left out"),
+    ("ci_low", "float", "95% bootstrap interval over prompts, low end"),
+    ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
+    ("n_prompts", "int", "repeated random sequences"),
+))
+LOSS_BY_POSITION = Table("loss_by_position", "mean next-token loss at every position of "
+                         "the natural-text ICL windows", columns(
+    ("position", "int", "position of the predicted token (0 is BOS, never predicted)"),
+    ("loss", "float", "mean loss (nats) over the ICL windows"),
+))
+ABLATION = Table("ablation", "K-composition: the tracked induction heads with "
+                 "previous-token heads, or random same-layer heads, ablated", columns(
+    ("condition", "str", "clean, previous-token (the chosen heads) or random (the control)"),
+    ("kind", "str", "zero or mean ablation of the heads' output z; none when clean"),
+    ("draw", "int", "which random draw, from 0; -1 for clean and previous-token"),
+    ("heads", "str", "the ablated heads, e.g. 'L3H1 L4H0'; '-' when clean"),
+    ("tracked", "str", "the top induction heads whose score is measured"),
+    ("induction_tracked", "float", "mean induction score of the tracked heads"),
+    ("first_repeat_loss", "float", "mean loss (nats) on the first repeat"),
+    ("second_repeat_loss", "float", "mean loss (nats) on the second repeat"),
+))
+ICL = Table("icl", "in-context learning score (Olsson et al. 2022): loss late in the "
+            "context minus loss early, by two estimators", columns(
+    ("metric", "str", "icl_score (single tokens) or icl_score_window (mean over a band)"),
+    ("value", "float", "mean over windows (nats); negative means it learns in context"),
+    ("ci_low", "float", "95% bootstrap interval over windows, low end"),
+    ("ci_high", "float", "95% bootstrap interval over windows, high end"),
+    ("loss_at_50", "float", "mean loss (nats) at position 50 (or the band around it)"),
+    ("loss_at_500", "float", "mean loss (nats) at position 500 (or the band around it)"),
+    ("n_prompts", "int", "natural-text windows"),
+    ("definition", "str", "the estimator, in words"),
+))
+
+TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL)
