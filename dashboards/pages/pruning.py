@@ -11,7 +11,15 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
-from experiments import head_pruning as hp
+from experiments.head_pruning.tables import (
+    HEAD_SCORES,
+    KIND_EXPERIMENTS,
+    MASKS,
+    PRUNING_CURVE,
+    PRUNING_ORDER,
+    SPEEDUP,
+    SURVIVAL,
+)
 
 dash.register_page(__name__, path="/pruning", name="Pruning", order=6,
                    experiments=["head-pruning"])
@@ -57,11 +65,11 @@ def layout(run: str | None = None, **_: str) -> html.Div:
           Input("pruning-run", "value"))
 def choose_run(run_id: str):
     run = data.get_run(run_id)
-    kinds = sorted(run.table("head_scores").metric.unique())
-    curve = run.table("pruning_curve")
+    kinds = sorted(run.table(HEAD_SCORES.name).metric.unique())
+    curve = run.table(PRUNING_CURVE.name)
     metrics = list(dict.fromkeys(curve.metric))
     budgets = [{"label": f"{b:.0%}", "value": float(b)}
-               for b in sorted(run.table("masks").budget.unique())]
+               for b in sorted(run.table(MASKS.name).budget.unique())]
     orders = [o for o in dict.fromkeys(curve.order) if o != "random"]
     summary = [html.Li(line) for line in run.meta.get("summary", [])]
     return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
@@ -75,7 +83,7 @@ def draw_importance(run_id: str, kind: str | None):
     if kind is None:
         return no_update
     run = data.get_run(run_id)
-    return figures.head_heatmap(run.table("head_scores"), kind,
+    return figures.head_heatmap(run.table(HEAD_SCORES.name), kind,
                                 title=f"{kind} · {run.model_name} (unpruned model)")
 
 
@@ -117,7 +125,7 @@ def draw_curves(run_id: str, metric: str | None):
     if metric is None:
         return no_update
     run = data.get_run(run_id)
-    return curves_figure(run.table("pruning_curve"), metric, run.model_name or "")
+    return curves_figure(run.table(PRUNING_CURVE.name), metric, run.model_name or "")
 
 
 @callback(Output("pruning-mask", "figure"),
@@ -125,7 +133,7 @@ def draw_curves(run_id: str, metric: str | None):
 def draw_mask(run_id: str, budget: float | None):
     if budget is None:
         return no_update
-    masks = data.get_run(run_id).table("masks")
+    masks = data.get_run(run_id).table(MASKS.name)
     at = masks[np.isclose(masks.budget, budget)]
     scores = at.assign(metric="keep", score=at.keep)
     title = (f"mask at budget {budget:.0%} ({at.order.iloc[0]} order): "
@@ -145,7 +153,7 @@ def _survival_scores(order: pd.DataFrame) -> pd.DataFrame:
 def draw_survival(run_id: str, order: str | None):
     if order is None:
         return no_update
-    table = data.get_run(run_id).table("pruning_order")
+    table = data.get_run(run_id).table(PRUNING_ORDER.name)
     mine = table[table.order == order]
     scores = _survival_scores(mine)
     last = int(scores.score.max())
@@ -165,7 +173,7 @@ def describe_head(click_importance: dict | None, click_survival: dict | None, ru
     point = click["points"][0]
     layer, head = int(point["y"]), int(point["x"])
     run = data.get_run(run_id)
-    return head_history(run.table("pruning_order"), run.table("head_scores"), layer, head)
+    return head_history(run.table(PRUNING_ORDER.name), run.table(HEAD_SCORES.name), layer, head)
 
 
 def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: int) -> str:
@@ -181,33 +189,26 @@ def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: in
     return f"L{layer}H{head} — " + "; ".join(parts) + " — " + ", ".join(values)
 
 
-@callback(Output("pruning-kinds", "children"),
-          Input("pruning-run", "value"), Input("pruning-order", "value"))
-def draw_kinds(run_id: str, order: str | None):
-    """The join with head-finding and sink runs, made now, so that runs made after this
-    pruning run count too."""
-    if order is None:
-        return no_update
-    run = data.get_run(run_id)
-    kinds = hp.kind_scores(data.store(), run.meta.get("model") or {})
-    table = run.table("pruning_order")
-    survival = hp.survival_table(table[table.order == order], kinds,
-                                 int(run.config.get("top_k", 10)))
+@callback(Output("pruning-kinds", "children"), Input("pruning-run", "value"))
+def draw_kinds(run_id: str):
+    """The run's join with the head-finding and sink runs it found on the same weights."""
+    survival = data.get_run(run_id).table(SURVIVAL.name)
     if survival.empty:
-        return html.P(f"No complete run of {', '.join(hp.KIND_EXPERIMENTS)} on these "
-                      "weights yet.", className="wb-note")
+        return html.P(f"No complete run of {', '.join(KIND_EXPERIMENTS)} on these weights "
+                      "when this run was made.", className="wb-note")
     return [html.P(f"Top heads of each metric of the newest runs of "
-                   f"{', '.join(sorted(set(survival.experiment)))} on these weights: "
-                   "survival 1 = pruned last, 0.5 = what chance gives.", className="wb-note"),
-            _table("pruning-kinds-table", survival.round(3))]
+                   f"{', '.join(sorted(set(survival.experiment)))} on these weights, in the "
+                   f"{survival.order.iloc[0]} order: survival 1 = pruned last, 0.5 = what "
+                   "chance gives.", className="wb-note"),
+            _table("pruning-kinds-table", survival[SURVIVAL.names].round(3))]
 
 
 @callback(Output("pruning-speed", "children"), Input("pruning-run", "value"))
 def draw_speed(run_id: str):
-    speed = data.get_run(run_id).table("speedup")
+    speed = data.get_run(run_id).table(SPEEDUP.name)
     if speed.empty:
         return html.P("Not measured in this run.", className="wb-note")
-    return _table("pruning-speed-table", speed.round(4))
+    return _table("pruning-speed-table", speed[SPEEDUP.names].round(4))
 
 
 def _table(component_id: str, df: pd.DataFrame) -> dash_table.DataTable:

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import torch
 
-from experiments import head_pruning as hp
+from experiments.head_pruning import Config
+from experiments.head_pruning.measure import make_objective
 from workbench.harness.experiment import run_experiment
 from workbench.interventions.masks import HeadMask
 from workbench.scores.losses import token_losses
@@ -34,7 +35,7 @@ def test_smollm2_metrics_and_removal(smollm2, runs_dir):
     step0 = curve[curve.step == 0]
     assert step0.groupby("metric").value.nunique().eq(1).all()
     start = step0.groupby("metric").value.first()
-    objective = hp.make_objective(smollm2, hp.Config(**SMOLLM2))
+    objective = make_objective(smollm2, Config(**SMOLLM2))
     held = token_losses(smollm2, objective.heldout)
     np.testing.assert_allclose(start["heldout_loss"], np.mean([t.mean() for t in held]),
                                rtol=1e-5)

@@ -1,5 +1,6 @@
 """Head pruning on tiny random models: gradients against the chain rule, ablation
-importance against a hand-made mask, pruning orders, weight removal against masking."""
+importance against a hand-made mask, pruning orders, the run's tables and claim checks.
+Removing heads from the weights is tested in ``test_surgery.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,29 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments import head_pruning as hp
+from experiments.head_pruning import DEMO, Config
+from experiments.head_pruning.checks import prunable_fraction_at_least, pruning_beats_random
+from experiments.head_pruning.measure import (
+    SIMILARITY,
+    CausalObjective,
+    EncoderObjective,
+    PrunedOrder,
+    Pruner,
+    budget_masks,
+    by_importance,
+    curve_summary,
+    in_order,
+    kind_scores,
+    make_objective,
+    order_table,
+    prunable_fraction,
+    pruning_path,
+    random_order,
+    schedule,
+    survival_table,
+)
+from workbench.core.errors import ConfigError
+from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
 from workbench.interventions.importance import (
@@ -22,7 +45,8 @@ from workbench.interventions.importance import (
 )
 from workbench.interventions.masks import HeadMask, applied, head_means, mask_hooks
 from workbench.recording import hooks
-from workbench.scores.losses import token_losses
+from workbench.scores.embeddings import sentence_embeddings
+from workbench.scores.losses import row_losses, token_losses
 from workbench.store.runs import RunStore
 
 TEXTS = ["the cat sat on the mat and the dog sat on the rug",
@@ -36,15 +60,15 @@ SMALL = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tok
 
 
 def causal_objective(model, prompts=PROMPTS, ablation=PROMPTS[:2]):
-    return hp.CausalObjective(list(prompts), list(ablation), list(prompts), [], 4, True, 1024)
+    return CausalObjective(list(prompts), list(ablation), list(prompts), [], 4, True, 1024)
 
 
 def encoder_objective(model, prompts=PROMPTS, n_probes=3, seed=0):
     gen = torch.Generator().manual_seed(seed)
     probes = torch.randn(len(prompts), n_probes, model.info.d_model, generator=gen)
-    ref = hp.sentence_embeddings(model, prompts)
-    return hp.EncoderObjective(list(prompts), list(prompts[:2]), list(prompts), ref, ref,
-                               probes, 1024)
+    ref = sentence_embeddings(model, prompts)
+    return EncoderObjective(list(prompts), list(prompts[:2]), list(prompts), ref, ref,
+                            probes, 1024)
 
 
 # ---- gradient importance ---------------------------------------------------------------------
@@ -90,6 +114,14 @@ def test_mask_gradient_is_the_chain_rule_form(llama, values):
     for i, prompt in enumerate(PROMPTS[:2]):
         torch.testing.assert_close(grads[i, 0], chain_rule_gradient(llama, prompt, values),
                                    atol=1e-5, rtol=1e-4)
+
+
+def test_row_losses_are_the_mean_token_losses_of_each_prompt(llama):
+    """The example loss of gradient importance, in a padded batch, against token_losses."""
+    batch = llama.batches(PROMPTS)[0]
+    by_prompt = torch.stack([t.mean() for t in token_losses(llama, PROMPTS)])
+    torch.testing.assert_close(row_losses(llama, batch), by_prompt[batch.indices],
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_per_example_gradients_do_not_depend_on_the_batch(llama):
@@ -171,8 +203,8 @@ def test_encoder_ablation_importance_is_one_minus_cosine(bert):
     diffs = ablation_importance(bert, PROMPTS[:2], objective.row_degradation,
                                 HeadMask.for_model(bert))
     with applied(bert, HeadMask.for_model(bert).without([(1, 1)])):
-        emb = hp.sentence_embeddings(bert, PROMPTS[:2])
-    ref = hp.sentence_embeddings(bert, PROMPTS[:2])
+        emb = sentence_embeddings(bert, PROMPTS[:2])
+    ref = sentence_embeddings(bert, PROMPTS[:2])
     expected = 1 - (emb * ref).sum(-1) / (emb.norm(dim=-1) * ref.norm(dim=-1))
     torch.testing.assert_close(diffs[:, 1, 1], expected, atol=1e-6, rtol=1e-5)
 
@@ -182,17 +214,17 @@ def test_sentence_embedding_is_the_mean_of_the_final_residual_stream(bert):
     with torch.inference_mode():
         _, cache = bert.bridge.run_with_cache(ids)
     expected = cache[hooks.resid(2, 2)][0].mean(0)
-    torch.testing.assert_close(hp.sentence_embeddings(bert, PROMPTS[:1])[0], expected,
+    torch.testing.assert_close(sentence_embeddings(bert, PROMPTS[:1])[0], expected,
                                atol=1e-6, rtol=1e-5)
 
 
 # ---- pruning orders --------------------------------------------------------------------------
 
 def test_schedule_removes_a_fixed_fraction_of_all_heads_per_step():
-    assert hp.schedule(270, 0.1, 1.0) == list(range(0, 271, 27))
-    assert hp.schedule(72, 0.1, 0.5) == [0, 7, 14, 22, 29, 36]
-    assert hp.schedule(8, 0.25, 0.75) == [0, 2, 4, 6]
-    assert hp.schedule(3, 0.1, 1.0) == [0, 1, 2, 3]  # never a step that removes nothing
+    assert schedule(270, 0.1, 1.0) == list(range(0, 271, 27))
+    assert schedule(72, 0.1, 0.5) == [0, 7, 14, 22, 29, 36]
+    assert schedule(8, 0.25, 0.75) == [0, 2, 4, 6]
+    assert schedule(3, 0.1, 1.0) == [0, 1, 2, 3]  # never a step that removes nothing
 
 
 def test_importance_order_removes_the_least_important_and_re_estimates():
@@ -203,87 +235,51 @@ def test_importance_order_removes_the_least_important_and_re_estimates():
         left = mask.sum(1, keepdim=True)
         return 10 - left + 0.01 * torch.arange(3)[None, :].float()
 
-    masks, removed = hp.pruning_path(torch.ones(2, 3), [0, 1, 2, 4],
-                                     hp.by_importance(importance))
+    masks, removed = pruning_path(torch.ones(2, 3), [0, 1, 2, 4],
+                                     by_importance(importance))
     # layer counts tie at first, so head (0, 0); then layer 0 has fewer left, so layer 1
     assert removed[:2] == [(0, 0), (1, 0)]
     assert len(seen) == 3 and all(torch.equal(a, b) for a, b in zip(seen, masks, strict=False))
     assert [int((m == 0).sum()) for m in masks] == [0, 1, 2, 4]
     assert len(set(removed)) == len(removed)
-    reverse = hp.pruning_path(torch.ones(2, 3), [0, 2],
-                              hp.by_importance(lambda m: torch.arange(6.0).reshape(2, 3),
+    reverse = pruning_path(torch.ones(2, 3), [0, 2],
+                              by_importance(lambda m: torch.arange(6.0).reshape(2, 3),
                                                reverse=True))[1]
     assert reverse == [(1, 2), (1, 1)]
 
 
 def test_random_orders_are_reproducible_permutations():
-    a, b = hp.random_order(3, 4, seed=1), hp.random_order(3, 4, seed=2)
+    a, b = random_order(3, 4, seed=1), random_order(3, 4, seed=2)
     assert sorted(a) == [(layer, head) for layer in range(3) for head in range(4)]
-    assert a == hp.random_order(3, 4, seed=1) and a != b
-    masks, removed = hp.pruning_path(torch.ones(3, 4), [0, 5, 12], hp.in_order(a))
+    assert a == random_order(3, 4, seed=1) and a != b
+    masks, removed = pruning_path(torch.ones(3, 4), [0, 5, 12], in_order(a))
     assert removed == a and (masks[-1] == 0).all()
 
 
 def test_a_chooser_that_removes_a_removed_head_is_refused():
     with pytest.raises(Exception, match="distinct heads still in the model"):
-        hp.pruning_path(torch.ones(1, 3), [0, 1, 2], lambda mask, k: [(0, 0)])
+        pruning_path(torch.ones(1, 3), [0, 1, 2], lambda mask, k: [(0, 0)])
 
 
 def test_order_table_and_budget_masks():
-    masks, removed = hp.pruning_path(torch.ones(2, 2), [0, 1, 3], hp.in_order(
+    masks, removed = pruning_path(torch.ones(2, 2), [0, 1, 3], in_order(
         [(1, 1), (0, 0), (1, 0), (0, 1)]))
-    po = hp.PrunedOrder("x", "", None, masks, removed)
-    table = hp.order_table([po], [0, 1, 3], 2, 2).set_index(["layer", "head"])
+    po = PrunedOrder("x", "", None, masks, removed)
+    table = order_table([po], [0, 1, 3], 2, 2).set_index(["layer", "head"])
     assert table.loc[(1, 1)].step == 1 and table.loc[(1, 0)].step == 2
     assert table.loc[(1, 0)].fraction_pruned == 0.75
     assert pd.isna(table.loc[(0, 1)].step) and table.loc[(0, 1)].survival == 3.5 / 4
     assert table.survival.mean() == pytest.approx(0.5)
-    got = hp.budget_masks(po, [0, 1, 3], [0.25, 0.5, 1.0], 4)
+    got = budget_masks(po, [0, 1, 3], [0.25, 0.5, 1.0], 4)
     assert [int((m == 0).sum()) for m in got.values()] == [1, 1, 3]
 
 
 def test_prunable_fraction_stops_at_the_first_step_beyond_tolerance():
     curve = pd.DataFrame({"metric": "heldout_loss", "fraction_pruned": [0, .1, .2, .3, .4],
                           "value": [2.0, 2.05, 2.3, 2.08, 3.0]})
-    assert hp.prunable_fraction(curve, "heldout_loss", 0.05) == pytest.approx(0.1)
-    sim = curve.assign(metric=hp.SIMILARITY, value=[1.0, 0.99, 0.97, 0.9, 0.8])
-    assert hp.prunable_fraction(sim, hp.SIMILARITY, 0.05) == pytest.approx(0.2)
-
-
-# ---- removing heads from the weights -----------------------------------------------------------
-
-@pytest.mark.parametrize("which", ["llama", "bert"])
-def test_removing_heads_from_the_weights_equals_masking(which, request):
-    model = request.getfixturevalue(which)
-    # llama layer 0 keeps heads 0, 1 and 3: kv head 0 serves two of them, kv head 1 one
-    values = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    plain = hp.plain_copy(model)
-    removed = hp.remove_heads(hp.plain_copy(model), values)
-    assert sum(p.numel() for p in removed.parameters()) < sum(
-        p.numel() for p in plain.parameters())
-    prompts = PROMPTS[:2]
-    batch = next(hp.make_batches([model.encode(p) for p in prompts], pad_id=3, max_tokens=512))
-    with torch.inference_mode():
-        full = hp._hf_forward(plain, batch, model.info.causal)
-        cut = hp._hf_forward(removed, batch, model.info.causal)
-        with applied(model, HeadMask(values)):
-            masked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-                      if model.info.causal else hp._pooled(model, batch))
-        unmasked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-                    if model.info.causal else hp._pooled(model, batch))
-    real = batch.attention_mask.bool() if model.info.causal else slice(None)
-    torch.testing.assert_close(full[real], unmasked[real], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(cut[real], masked[real], atol=1e-5, rtol=1e-4)
-    assert not torch.allclose(cut[real], full[real], atol=1e-4)
-
-
-def test_even_grouped_query_layers_stay_grouped(llama):
-    values = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-    removed = hp.remove_heads(hp.plain_copy(llama), values)
-    first, second = removed.model.layers[0].self_attn, removed.model.layers[1].self_attn
-    d_head = llama.info.d_head
-    assert first.k_proj.out_features == 2 * d_head and first.num_key_value_groups == 1
-    assert second.k_proj.out_features == d_head and second.num_key_value_groups == 2
+    assert prunable_fraction(curve, "heldout_loss", 0.05) == pytest.approx(0.1)
+    sim = curve.assign(metric=SIMILARITY, value=[1.0, 0.99, 0.97, 0.9, 0.8])
+    assert prunable_fraction(sim, SIMILARITY, 0.05) == pytest.approx(0.2)
 
 
 # ---- the experiment --------------------------------------------------------------------------
@@ -308,8 +304,8 @@ def test_run_tables_on_a_tiny_llama(llama, llama_run):
     assert sorted(curve[curve.order == "random"].seed.unique()) == [1, 2, 3]
     assert sorted(curve.n_pruned.unique()) == [0, 2, 4, 6]
     # step 0 is the unpruned model: its held-out loss, computed independently
-    cfg = hp.Config(**SMALL)
-    objective = hp.make_objective(llama, cfg)
+    cfg = Config(**SMALL)
+    objective = make_objective(llama, cfg)
     expected = np.mean([t.mean().item() for t in token_losses(llama, objective.heldout)])
     start = curve[(curve.step == 0) & (curve.metric == "heldout_loss")]
     np.testing.assert_allclose(start.value, expected, rtol=1e-5)
@@ -332,16 +328,16 @@ def test_run_saves_masks_that_load_as_head_masks(llama_run):
 
 
 def test_claim_checks_read_the_curves(llama_run):
-    beats = hp.pruning_beats_random(llama_run, order="gradient", metric="heldout_loss",
+    beats = pruning_beats_random(llama_run, order="gradient", metric="heldout_loss",
                                     fractions=[0.25])
-    curve = hp.curve_summary(llama_run.table("pruning_curve"), "heldout_loss")
+    curve = curve_summary(llama_run.table("pruning_curve"), "heldout_loss")
     row = curve[curve.fraction_pruned == 0.25].iloc[0]
     assert beats.passed == bool(row.gradient < row.random_mean)
     assert "25%:" in beats.measured
-    frac = hp.prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
+    frac = prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
                                          tolerance=0.5, fraction=0.5)
     assert frac.passed and frac.value == 0.75
-    more = hp.prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
+    more = prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
                                          tolerance=0.5, fraction=0.9)
     assert not more.passed and "cannot decide" in more.measured
 
@@ -351,7 +347,7 @@ def test_encoder_run(bert, tmp_path):
                                                 "n_random": 1, "reverse": False},
                          runs_dir=tmp_path)
     curve = run.table("pruning_curve")
-    assert set(curve.metric) == {hp.SIMILARITY}
+    assert set(curve.metric) == {SIMILARITY}
     assert curve[curve.step == 0].value.tolist() == pytest.approx([1.0, 1.0])
     speed = run.table("speedup")
     assert len(speed) == 2 and (speed.max_abs_diff < 1e-4).all()
@@ -368,11 +364,11 @@ def test_survival_join_finds_matching_runs_only(llama, tmp_path):
                          ) as run:
             run.save_table("head_scores", heads.assign(score=heads.score * (
                 1 if model is info and interventions is None else -1)))
-    kinds = hp.kind_scores(store, info)
+    kinds = kind_scores(store, info)
     assert kinds.run.nunique() == 1 and (kinds.score >= 0).all()
     order = pd.DataFrame({"order": "gradient", "layer": heads.layer, "head": heads["head"],
                           "survival": (np.arange(8) + 0.5) / 8})
-    table = hp.survival_table(order, kinds, top_k=2)
+    table = survival_table(order, kinds, top_k=2)
     row = table.iloc[0]
     assert row.heads == "L1H3, L1H2" and row.spearman == pytest.approx(1.0)
     assert row.top_mean_survival == pytest.approx((7.5 + 6.5) / 16) and row.z > 0
@@ -380,29 +376,33 @@ def test_survival_join_finds_matching_runs_only(llama, tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ({"importance": ("gradient", "gradient")}, "distinct kinds"),
+    ({"importance": ()}, "distinct kinds"),
+    ({"importance": ("gradient", "magnitude")}, "expected one of"),
     ({"ablation_tokens": 4096}, "at most fit_tokens"),
-    ({"max_fraction": 1.5}, "in \\(0, 1\\]"),
-    ({"budgets": (0.0,)}, "budgets"),
+    ({"max_fraction": 1.5}, "max_fraction: expected at most 1"),
+    ({"step_fraction": 0.0}, "step_fraction: expected at least"),
+    ({"budgets": (0.3, 0.0)}, "budgets: expected at least"),
     ({"eval_tokens": 16}, "at least chunk_tokens"),
+    ({"n_random": -1}, "n_random: expected at least 0"),
 ])
 def test_bad_configs_are_refused(override, message):
-    with pytest.raises(ValueError, match=message):
-        hp.Config(**override)
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(Config, override)
 
 
 def test_config_parses_from_the_command_line_form():
-    from workbench.harness.config import apply_overrides
-
-    cfg = apply_overrides(hp.Config, ["importance=ablation,gradient", "budgets=0.2,0.4"])
+    cfg = apply_overrides(Config, ["importance=ablation,gradient", "budgets=0.2,0.4"])
     assert cfg.importance == ("ablation", "gradient") and cfg.budgets == (0.2, 0.4)
-    assert json.loads(json.dumps(hp.DEMO, default=list))["importance"] == ["gradient"]
+    assert json.loads(json.dumps(DEMO, default=list))["importance"] == ["gradient"]
+    assert apply_overrides(Config, json.loads(json.dumps(DEMO, default=list))).budgets == (
+        0.1, 0.3)
 
 
 def test_unnormalised_ranking_and_skipping_ablation(llama, tmp_path):
-    cfg = hp.Config(**{**SMALL, "normalize": False, "ablation_tokens": 0,
-                       "importance": ("gradient",)})
-    objective = hp.make_objective(llama, cfg)
-    pruner = hp.Pruner(llama, objective, cfg)
+    cfg = Config(**{**SMALL, "normalize": False, "ablation_tokens": 0,
+                    "importance": ("gradient",)})
+    objective = make_objective(llama, cfg)
+    pruner = Pruner(llama, objective, cfg)
     values = torch.ones(2, 4)
     values[0, 1] = 0
     grads = mask_gradients(llama, objective.fit, objective.example_loss, values)
@@ -414,4 +414,15 @@ def test_unnormalised_ranking_and_skipping_ablation(llama, tmp_path):
     scores = pruner.head_scores()
     assert set(scores.metric) == {"importance_gradient", "importance_gradient_raw"}
     with pytest.raises(ValueError, match="ablation_tokens > 0"):
-        hp.Config(ablation_tokens=0)
+        Config(ablation_tokens=0)
+
+
+def test_tables_left_empty_still_match_their_declarations(llama, tmp_path):
+    """No speed-up asked for and no run to join: the empty tables are stored, typed."""
+    run = run_experiment("head-pruning", llama, {**SMALL, "importance": ("gradient",),
+                                                 "ablation_tokens": 0, "reverse": False,
+                                                 "n_random": 0, "speed_repeats": 0},
+                         runs_dir=tmp_path)
+    assert run.table("speedup").empty and run.table("survival").empty
+    assert set(run.table("pruning_curve").order) == {"gradient"}
+    assert any("survival by kind of head skipped" in line for line in run.meta["summary"])

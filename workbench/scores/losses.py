@@ -1,4 +1,9 @@
-"""Next-token losses of a causal language model, per token."""
+"""Next-token losses of a causal language model: per token, per example, per repeat.
+
+:func:`token_losses` gives every token's loss without gradients; :func:`row_losses` gives
+each row's mean loss of a batch, differentiable, as an example loss for gradient
+importance (:func:`workbench.interventions.importance.mask_gradients`).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.core import progress
+from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 
@@ -32,11 +38,41 @@ def token_losses(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: i
     with torch.inference_mode():
         for batch in progress.track(batches, desc=desc):
             logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-            nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(),
-                                  batch.input_ids[:, 1:], reduction="none")
+            nll = next_token_nll(logits, batch.input_ids)
             for row, (index, n) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
                 out[index] = nll[row, : n - 1].clone()
     return [t for t in out if t is not None]
+
+
+def row_losses(model: Model, batch: Batch) -> Float[Tensor, " batch"]:
+    """Each row's mean next-token cross-entropy (nats) over its real tokens.
+
+    Differentiable (call it with grad enabled); any hooks or head masks active on the
+    bridge apply, so it serves as the per-example loss ``L(x)`` of gradient importance.
+
+    Args:
+        model: a causal LM with a trained head.
+        batch: right-padded inputs (:meth:`Model.batches`).
+
+    Returns:
+        ``[batch]``, row ``b`` the mean over positions ``1 .. lengths[b] - 1`` of the loss
+        of predicting each token from the ones before it.
+
+    Raises:
+        ModelCapabilityError: the model is not a causal LM with a trained head.
+    """
+    model.require(causal=True, lm_head=True, what="next-token loss")
+    logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+    nll = next_token_nll(logits, batch.input_ids)
+    real = batch.attention_mask[:, 1:].float()  # padded targets do not count
+    return (nll * real).sum(1) / real.sum(1)
+
+
+def next_token_nll(logits: Float[Tensor, "batch pos d_vocab"],
+                   input_ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
+    """Cross-entropy (nats, in float32) of the logits at ``t`` against the token at ``t + 1``."""
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), input_ids[:, 1:],
+                           reduction="none")
 
 
 def repeat_losses(losses: Sequence[Tensor], seq_len: int, repeats: int, *, start: int = 1

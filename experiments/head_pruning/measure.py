@@ -1,77 +1,6 @@
-"""Head pruning: how many attention heads can a trained model lose, and which ones survive?
+"""What head-pruning measures: objectives, importance at a mask, pruning orders, the tables.
 
-Reproduces the pruning experiments of Michel, Levy & Neubig 2019 ("Are Sixteen Heads Really
-Better than One?", NeurIPS; section 4, figure 3) on the workbench's models, with the
-published context of Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized
-Heads Do the Heavy Lifting, the Rest Can Be Pruned", ACL; section 6). Michel et al. prune
-20% of the heads of a WMT transformer and 40% of BERT's heads (on MNLI) with no noticeable
-impact; Voita et al. prune 38 of 48 encoder heads for a loss of 0.15 BLEU (with gates
-trained jointly with the model, so not directly comparable with pruning without retraining,
-as done here).
-
-Definitions (``workbench.interventions.importance`` implements the estimators):
-
-- **Head mask** ``xi[layer, head]`` multiplies each query head's output before the output
-  projection (Michel et al., eq. 1; :mod:`workbench.interventions`). ``ablation=zero``
-  removes a head; ``ablation=mean`` replaces its output by its mean on the fit text.
-- **Texts.** Importance is estimated on the ``fit`` part of the Python documentation prose
-  and evaluated on the ``heldout`` part (:func:`workbench.inputs.corpus.python_docs`), so that no
-  evaluation text is ever used to choose heads. Causal models read ``chunk_tokens``-token
-  windows (:func:`workbench.inputs.corpus.token_chunks`); encoders read sentences of 6 to 40 words
-  from the same splits, drawn in a seeded order until the token budget is used.
-- **Evaluation metric**, causal LM: ``heldout_loss``, the mean next-token cross-entropy
-  (nats) on ``eval_tokens`` held-out tokens, and ``second_repeat_loss``, the mean loss on
-  the second half of ``repeat_prompts`` sequences of ``repeat_len`` random tokens repeated
-  twice (:func:`workbench.inputs.prompts.repeated_random`), leaving out the first token of the
-  repeat, which cannot be copied. It is low only while induction works (Olsson et al. 2022,
-  "In-context Learning and Induction Heads"). Encoder: ``cosine_similarity``, the mean over
-  held-out sentences of ``cos(e_pruned(x), e_full(x))``, with the sentence embedding ``e``
-  the mean over real tokens of the final residual stream (mean pooling, as in
-  sentence-transformers). Every value has a 95% bootstrap interval over texts.
-- **Degradation** ``D``, what importance is about: the next-token loss (causal LM) or
-  ``1 - cos(e_pruned, e_full)`` (encoder) on the fit text.
-- **Ablation importance** of head ``h`` at mask ``xi``: ``D(xi without h) - D(xi)`` on the
-  first ``ablation_tokens`` of the fit text, one forward pass per remaining head
-  (``ablation_tokens=0`` skips it unless it orders pruning).
-- **Gradient importance** (Michel et al., eq. 2): ``I_h = E_x |dL(x)/dxi_h|``, the absolute
-  value taken per example (``accumulate=example``; ``batch`` takes it per batch as in the
-  authors' code, which lets opposite-signed examples cancel), normalised per layer by the
-  L2 norm over the remaining heads before heads are ranked globally (``normalize=false``
-  ranks by the raw value; ``importance_gradient_raw`` in the tables). For a causal LM,
-  ``L(x)`` is the example's mean next-token loss. For the encoder, ``D = 1 - cos`` has a
-  zero gradient at the unpruned mask (it is at its minimum there), so Michel's ``|dD/dxi|``
-  is uninformative; and a masked-LM loss does not exist (the head is random). We use
-  ``L(x) = g . u(x)``, a random Gaussian probe ``g ~ N(0, I)`` (``probes`` per sentence) of
-  the unit-normalised embedding ``u = e / |e|``. Then ``E_g |dL/dxi_h| = sqrt(2/pi) |du/dxi_h|``,
-  and since ``1 - cos = |u(xi) - u(1)|^2 / 2``, whose gradient vanishes at ``xi = 1``,
-  removing head ``h`` changes the metric by ``|du/dxi_h|^2 / 2`` to second order: the
-  ranking is the exact second-order (Gauss-Newton) Taylor estimate of the metric drop.
-- **Iterative pruning** (Michel et al., section 4.2): from the full model, remove the
-  ``step_fraction`` least important of all heads, re-estimate importance on the pruned
-  model, and repeat up to ``max_fraction``; evaluate after every step. Orders: each kind
-  in ``importance`` (least important first), ``reverse-<kind>`` (most important first,
-  also re-estimated), and ``n_random`` uniformly random orders (seeds ``seed+1...``).
-- **Prunable fraction** of an order: the largest fraction pruned before the metric first
-  degrades by more than ``tolerance``: a relative increase ``(L - L_0) / L_0`` of a loss,
-  or a drop ``1 - cos`` of the similarity.
-- **Survival**: a head's position in an order (0 = removed first) as a percentile. When
-  complete runs of ``previous-token-heads``, ``induction-heads`` or ``attention-sinks`` on
-  the same model weights exist in the run store, the top ``top_k`` heads of each of their
-  metrics are joined with the first importance order: are induction heads pruned late,
-  sink heads early? (Spearman correlation of score and survival percentile.)
-
-Tables: ``head_scores`` (``importance_gradient``, normalised per layer;
-``importance_gradient_raw``; ``importance_ablation``; each at the unpruned model with a 95%
-bootstrap interval over fit texts), ``pruning_curve`` (order, importance, seed, step,
-n_pruned, fraction_pruned, metric, value, ci_low, ci_high), ``pruning_order`` (when each
-head was removed in each order), ``masks`` (the first importance order's masks at
-``budgets``, also written to ``masks/<order>-<budget>.json`` in the run folder for
-``--heads-mask``), ``survival`` (the join above), ``speedup`` (encoders: wall-clock time of
-the model with heads removed from its weights against masked).
-
-Example:
-    workbench run head-pruning --model minilm --set max_fraction=0.8
-    workbench run head-overview --model minilm --heads-mask data/runs/<run>/masks/gradient-0.30.json
+Every definition is in the package docstring (:mod:`experiments.head_pruning`).
 """
 
 from __future__ import annotations
@@ -80,13 +9,11 @@ import copy
 import itertools
 import logging
 import math
-import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -95,184 +22,44 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments.head_pruning.tables import (
+    HEAD_SCORES,
+    KIND_EXPERIMENTS,
+    SPEEDUP,
+    SURVIVAL,
+)
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
-from workbench.harness.claims import Measurement, claim_check
-from workbench.harness.experiment import Context, experiment
-from workbench.inputs.batching import Batch, make_batches
+from workbench.inputs.batching import Batch
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, repeated_random
+from workbench.inputs.sentences import prefix_holding, sentence_prompts
 from workbench.interventions.importance import (
-    Accumulation,
     ablation_importance,
     gradient_importance,
     mask_gradients,
     normalize_by_layer,
 )
-from workbench.interventions.masks import Ablation, HeadMask, applied, head_means
+from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Model
-from workbench.recording import hooks
-from workbench.scores.losses import repeat_losses, token_losses
+from workbench.models.surgery import hf_forward, plain_copy, remove_heads
+from workbench.scores.embeddings import batch_embeddings, mean_pool, sentence_embeddings
+from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
-from workbench.store.runs import Run, RunStore
+from workbench.store.runs import RunStore
+from workbench.store.schema import Table
+
+if TYPE_CHECKING:
+    from experiments.head_pruning import Config
 
 log = logging.getLogger(__name__)
 
 ImportanceKind = Literal["gradient", "ablation"]
-KINDS: tuple[ImportanceKind, ...] = ("gradient", "ablation")
-KIND_EXPERIMENTS = ("previous-token-heads", "induction-heads", "attention-sinks")
 LOSS_METRICS = ("heldout_loss", "second_repeat_loss")
 SIMILARITY = "cosine_similarity"
-DEMO = {"chunk_tokens": 64, "fit_tokens": 512, "ablation_tokens": 64, "eval_tokens": 512,
-        "repeat_prompts": 4, "repeat_len": 24, "importance": ("gradient",),
-        "max_fraction": 0.3, "probes": 4, "budgets": (0.1, 0.3), "speed_repeats": 1,
-        "n_boot": 200}
-
-
-@dataclass(frozen=True)
-class Config:
-    fit_tokens: int = field(default=2048, metadata={
-        "help": "tokens of fit text for gradient importance (never used for evaluation)"})
-    ablation_tokens: int = field(default=512, metadata={
-        "help": "tokens of the fit text for ablation importance (a forward pass per head; "
-                "0 skips it)"})
-    eval_tokens: int = field(default=4096, metadata={
-        "help": "tokens of held-out text for the evaluation metric"})
-    chunk_tokens: int = field(default=128, metadata={
-        "help": "tokens per natural-text window (causal models)"})
-    repeat_prompts: int = field(default=8, metadata={
-        "help": "repeated-random prompts for the second-repeat loss (causal models)"})
-    repeat_len: int = field(default=32, metadata={
-        "help": "random tokens per repeat in those prompts"})
-    importance: tuple[ImportanceKind, ...] = field(default=("gradient", "ablation"), metadata={
-        "help": "importance kinds that order iterative pruning (each is one order)"})
-    reverse: bool = field(default=True, metadata={
-        "help": "also prune most-important-first, by the first importance kind"})
-    n_random: int = field(default=3, metadata={"help": "random pruning orders (seeds)"})
-    step_fraction: float = field(default=0.1, metadata={
-        "help": "fraction of all heads removed per pruning step"})
-    max_fraction: float = field(default=1.0, metadata={
-        "help": "stop once this fraction of all heads is removed"})
-    ablation: Ablation = field(default="zero", metadata={
-        "help": "what a removed head becomes: zero, or its mean output on the fit text"})
-    normalize: bool = field(default=True, metadata={
-        "help": "rank by gradient importance normalised per layer (Michel et al.) or raw"})
-    accumulate: Accumulation = field(default="example", metadata={
-        "help": "gradient importance: |dL/dxi| per example (Michel's definition) or per batch"})
-    probes: int = field(default=8, metadata={
-        "help": "random probes of the embedding per sentence (encoder gradient importance)"})
-    budgets: tuple[float, ...] = field(default=(0.1, 0.2, 0.3, 0.5), metadata={
-        "help": "pruned fractions whose masks are saved (first importance order)"})
-    tolerance: float = field(default=0.05, metadata={
-        "help": "degradation allowed for the prunable fraction (relative loss increase, "
-                "or 1 - cosine similarity)"})
-    top_k: int = field(default=10, metadata={
-        "help": "heads per metric of other experiments joined with the survival order"})
-    speed_repeats: int = field(default=3, metadata={
-        "help": "timed runs of the models with heads removed from the weights (0: skip)"})
-    batch_tokens: int = field(default=1024, metadata={"help": "tokens per forward batch"})
-    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples for intervals"})
-    seed: int = field(default=0, metadata={
-        "help": "seed of text selection, random orders, probes and bootstrap"})
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "importance", tuple(self.importance))
-        object.__setattr__(self, "budgets", tuple(float(b) for b in self.budgets))
-        positive = ("fit_tokens", "eval_tokens", "chunk_tokens", "repeat_prompts",
-                    "repeat_len", "probes", "batch_tokens", "n_boot", "top_k")
-        if any(getattr(self, name) < 1 for name in positive):
-            raise ValueError(f"{', '.join(positive)} must be positive")
-        if min(self.fit_tokens, self.ablation_tokens or self.chunk_tokens,
-               self.eval_tokens) < self.chunk_tokens:
-            raise ValueError("fit_tokens, ablation_tokens (unless 0) and eval_tokens must "
-                             "each be at least chunk_tokens")
-        if "ablation" in self.importance and self.ablation_tokens == 0:
-            raise ValueError("ablation importance orders pruning, so ablation_tokens > 0")
-        if self.ablation_tokens > self.fit_tokens:
-            raise ValueError("ablation_tokens is a part of the fit text: at most fit_tokens")
-        if not self.importance or len(set(self.importance)) != len(self.importance) or any(
-                k not in KINDS for k in self.importance):
-            raise ValueError(f"importance: distinct kinds among {', '.join(KINDS)}, "
-                             f"got {self.importance}")
-        if not 0 < self.step_fraction <= 1 or not 0 < self.max_fraction <= 1:
-            raise ValueError("step_fraction and max_fraction must be in (0, 1]")
-        if any(not 0 < b <= 1 for b in self.budgets):
-            raise ValueError("budgets must be fractions in (0, 1]")
-        if self.n_random < 0 or self.speed_repeats < 0 or not 0 < self.tolerance < 1:
-            raise ValueError("n_random and speed_repeats must be >= 0, tolerance in (0, 1)")
-        if self.ablation not in ("zero", "mean") or self.accumulate not in ("example", "batch"):
-            raise ValueError("ablation must be zero or mean; accumulate example or batch")
-
-
-# ---- texts --------------------------------------------------------------------------------
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-
-
-def corpus_sentences(split: Literal["fit", "heldout"]) -> list[str]:
-    """Sentences of 6 to 40 words from the Python documentation prose of one split."""
-    return [s for doc in python_docs(split) for paragraph in doc.split("\n\n")
-            for s in _SENTENCE_END.split(paragraph) if 6 <= len(s.split()) <= 40]
-
-
-def sentence_prompts(model: Model, split: Literal["fit", "heldout"], n_tokens: int,
-                     seed: int) -> list[Prompt]:
-    """Sentences in a seeded order until they hold ``n_tokens`` tokens (with specials).
-
-    Raises:
-        WorkbenchError: the split has fewer tokens than asked for.
-    """
-    sentences = corpus_sentences(split)
-    order = np.random.default_rng(seed).permutation(len(sentences))
-    prompts, total = [], 0
-    for i in order:
-        prompt = Prompt(text=sentences[i], label=f"python-docs-{split}[{i}]")
-        prompts.append(prompt)
-        total += len(model.encode(prompt)[0])
-        if total >= n_tokens:
-            return prompts
-    raise WorkbenchError(f"the {split} sentences hold {total} tokens, fewer than {n_tokens}")
-
-
-def _prefix(prompts: Sequence[Prompt], model: Model, n_tokens: int) -> list[Prompt]:
-    """The first prompts that together hold at least ``n_tokens`` tokens."""
-    total = 0
-    for i, prompt in enumerate(prompts):
-        total += len(model.encode(prompt)[0])
-        if total >= n_tokens:
-            return list(prompts[: i + 1])
-    return list(prompts)
 
 
 # ---- what is measured ----------------------------------------------------------------------
-
-def sentence_embeddings(model: Model, prompts: Sequence[Prompt], *,
-                        max_batch_tokens: int = 1024) -> Float[Tensor, "prompt d_model"]:
-    """Mean over real tokens of the final residual stream (sentence-transformers pooling).
-
-    Any head mask active on the bridge applies.
-    """
-    encoded = [model.encode(p) for p in prompts]
-    out = torch.zeros(len(prompts), model.info.d_model)
-    pad = model.tokenizer.pad_token_id or 0
-    with torch.inference_mode():
-        for batch in make_batches(encoded, pad_id=pad, max_tokens=max_batch_tokens):
-            out[batch.indices] = _pooled(model, batch).float()
-    return out
-
-
-def _pooled(model: Model, batch: Batch) -> Float[Tensor, "batch d_model"]:
-    """Mean-pooled final residual stream of a batch (differentiable when grad is on)."""
-    name = hooks.resid(model.info.n_layers, model.info.n_layers)
-    seen: dict[str, Tensor] = {}
-
-    def keep(resid: Tensor, hook: Any) -> None:
-        seen["resid"] = resid
-
-    hooks.run_hooked(model.bridge, batch, [(name, keep)], stop_after=name)
-    mask = batch.attention_mask[:, :, None].to(seen["resid"].dtype)  # [B, T, 1]
-    return (seen["resid"] * mask).sum(1) / mask.sum(1)
-
 
 @dataclass
 class CausalObjective:
@@ -297,14 +84,11 @@ class CausalObjective:
 
     def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         """Each row's mean next-token loss."""
-        return self.example_loss(model, batch)[:, 0]
+        return row_losses(model, batch)
 
     def example_loss(self, model: Model, batch: Batch) -> Float[Tensor, "batch 1"]:
-        logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), batch.input_ids[:, 1:],
-                              reduction="none")
-        real = batch.attention_mask[:, 1:].float()
-        return ((nll * real).sum(1) / real.sum(1))[:, None]
+        """Each row's mean next-token loss, the one output of gradient importance."""
+        return row_losses(model, batch)[:, None]
 
 
 @dataclass
@@ -327,11 +111,12 @@ class EncoderObjective:
     def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         """One minus each row's cosine similarity to the unpruned embedding (the ablation
         sentences are the first fit sentences, so ``batch.indices`` index both)."""
-        pooled = _pooled(model, batch).float()
+        pooled = batch_embeddings(model, batch).float()
         return 1 - F.cosine_similarity(pooled, self.reference_fit[batch.indices], dim=-1)
 
     def example_loss(self, model: Model, batch: Batch) -> Float[Tensor, "batch probe"]:
-        unit = F.normalize(_pooled(model, batch).float(), dim=-1)  # u = e / |e|
+        """``g . u`` for each random probe ``g`` of the row's unit embedding ``u``."""
+        unit = F.normalize(batch_embeddings(model, batch).float(), dim=-1)  # u = e / |e|
         return torch.einsum("bd,bpd->bp", unit, self.probes[batch.indices])
 
 
@@ -354,15 +139,15 @@ def make_objective(model: Model, cfg: Config) -> Objective:
                                n_tokens=cfg.chunk_tokens, label="python-docs-heldout")
         repeats = repeated_random(model, n_prompts=cfg.repeat_prompts, seq_len=cfg.repeat_len,
                                   seed=cfg.seed)
-        return CausalObjective(fit, _prefix(fit, model, cfg.ablation_tokens), heldout, repeats,
-                               cfg.repeat_len, model.info.bos_token_id is not None,
+        return CausalObjective(fit, prefix_holding(fit, model, cfg.ablation_tokens), heldout,
+                               repeats, cfg.repeat_len, model.info.bos_token_id is not None,
                                cfg.batch_tokens)
     fit = sentence_prompts(model, "fit", cfg.fit_tokens, cfg.seed)
     heldout = sentence_prompts(model, "heldout", cfg.eval_tokens, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     probes = torch.randn(len(fit), cfg.probes, model.info.d_model, generator=gen)
     return EncoderObjective(
-        fit, _prefix(fit, model, cfg.ablation_tokens), heldout,
+        fit, prefix_holding(fit, model, cfg.ablation_tokens), heldout,
         sentence_embeddings(model, fit, max_batch_tokens=cfg.batch_tokens),
         sentence_embeddings(model, heldout, max_batch_tokens=cfg.batch_tokens),
         probes, cfg.batch_tokens)
@@ -396,6 +181,12 @@ def pruning_path(values: Float[Tensor, "layer head_index"], counts: Sequence[int
         values: the starting mask (all ones for the full model).
         counts: cumulative numbers of removed heads, from :func:`schedule`.
         choose: ``choose(mask, k)`` returns ``k`` distinct heads still in ``mask``.
+
+    Returns:
+        The masks (the first is ``values``) and the removed heads, first removed first.
+
+    Raises:
+        WorkbenchError: ``choose`` returned a removed head, or not ``k`` distinct heads.
     """
     masks, removed = [values.clone()], []
     for before, after in itertools.pairwise(counts):
@@ -545,7 +336,7 @@ def _score_frame(metric: str, score: np.ndarray, low: np.ndarray, high: np.ndarr
     layers, heads = np.indices(score.shape)
     return pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "metric": metric,
                          "score": score.ravel(), "ci_low": low.ravel(),
-                         "ci_high": high.ravel(), "n_prompts": n})
+                         "ci_high": high.ravel(), "n_prompts": n}, columns=HEAD_SCORES.names)
 
 
 # ---- orders and their tables ----------------------------------------------------------------
@@ -647,6 +438,7 @@ def budget_masks(po: PrunedOrder, counts: Sequence[int], budgets: Sequence[float
 
 
 def mask_table(po: PrunedOrder, masks: dict[float, Tensor]) -> pd.DataFrame:
+    """The masks of :func:`budget_masks` in long format, one row per head and budget."""
     frames = []
     for budget, values in masks.items():
         layers, heads = np.indices(values.shape)
@@ -673,6 +465,12 @@ def save_masks(pruner: Pruner, po: PrunedOrder, masks: dict[float, Tensor],
     return written
 
 
+def _empty(table: Table) -> pd.DataFrame:
+    """A table with no rows whose columns already have their declared kinds."""
+    dtypes = {"int": "int64", "float": "float64", "str": "object", "bool": "bool"}
+    return pd.DataFrame({c.name: pd.Series(dtype=dtypes[c.kind]) for c in table.columns})
+
+
 # ---- which kinds of heads survive -----------------------------------------------------------
 
 def spearman(a: pd.Series, b: pd.Series) -> float:
@@ -681,11 +479,11 @@ def spearman(a: pd.Series, b: pd.Series) -> float:
 
 
 def kind_scores(store: RunStore | None, model: dict[str, Any]) -> pd.DataFrame:
-    """Head scores of the newest complete, unmasked run of each head-finding and sink
-    experiment on the same model weights (empty when there are none).
+    """Head scores of the newest complete, unmasked run of each experiment of
+    ``KIND_EXPERIMENTS`` on the same model weights (empty when there are none).
 
     Args:
-        store: the run store to search.
+        store: the run store to search (``None``: outside a store, nothing to join).
         model: ``ModelInfo.to_dict()`` (or a run's ``model`` record): name and checksum.
     """
     frames = []
@@ -714,15 +512,13 @@ def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.D
         top_k: heads per metric.
 
     Returns:
-        experiment, run, metric, order, top_k, heads, top_mean_survival (1 = removed last,
-        0.5 expected for heads unrelated to the order), z (its distance from 0.5 in
-        standard errors of the mean of ``top_k`` positions drawn without replacement) and
-        spearman (score against survival over all heads).
+        The ``survival`` table (see ``tables.SURVIVAL``): experiment, run, metric, order,
+        top_k, heads, top_mean_survival (1 = removed last, 0.5 expected for heads unrelated
+        to the order), z (its distance from 0.5 in standard errors of the mean of ``top_k``
+        positions drawn without replacement) and spearman (score against survival).
     """
-    columns = ["experiment", "run", "metric", "order", "top_k", "heads",
-               "top_mean_survival", "z", "spearman"]
     if kinds.empty or order.empty:
-        return pd.DataFrame(columns=columns)
+        return _empty(SURVIVAL)
     n = len(order)
     rows = []
     for (experiment_name, run_id, metric), group in kinds.groupby(
@@ -740,128 +536,20 @@ def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.D
                      "top_mean_survival": float(top.survival.mean()),
                      "z": float((top.survival.mean() - 0.5) / se) if se == se else np.nan,
                      "spearman": spearman(joined.score, joined.survival)})
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=SURVIVAL.names) if rows else _empty(SURVIVAL)
 
 
-# ---- removing heads from the weights -----------------------------------------------------------
+# ---- heads removed from the weights ------------------------------------------------------------
 
-class _NoHeads(torch.nn.Module):
-    """An attention with every head removed: it adds only the output projection's bias."""
-
-    def __init__(self, width: int, bias: Tensor | None) -> None:
-        super().__init__()
-        self.width = width  # 0 for BERT's self-attention, d_model for a Llama attention
-        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone())
-
-    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, None]:
-        out = hidden_states.new_zeros(*hidden_states.shape[:-1], self.width)
-        return (out if self.bias is None else out + self.bias), None
-
-
-def plain_copy(model: Model) -> torch.nn.Module:
-    """The bridge's Hugging Face model as a plain module sharing no storage with it.
-
-    The bridge swaps its own components into the model it holds, so it is rebuilt from
-    the config and its weights are copied (parameter names resolve through the bridge).
-    """
-    original = model.bridge.original_model
-    with torch.random.fork_rng():
-        fresh = type(original)(original.config)
-    state = {}
-    for name in fresh.state_dict():
-        try:
-            state[name] = original.get_parameter(name).detach().clone()
-        except AttributeError:
-            state[name] = original.get_buffer(name).detach().clone()
-    fresh.load_state_dict(state)
-    return fresh.eval()
-
-
-def _rows(heads: Sequence[int], d_head: int) -> Tensor:
-    if not heads:
-        return torch.zeros(0, dtype=torch.long)
-    return torch.cat([torch.arange(h * d_head, (h + 1) * d_head) for h in heads])
-
-
-def remove_heads(hf_model: torch.nn.Module, values: Float[Tensor, "layer head_index"]
-                 ) -> torch.nn.Module:
-    """Slice the removed heads (mask value 0) out of a Llama or BERT model, in place.
-
-    Query heads go from the query and output projections. In a grouped-query layer a
-    key-value head stays as long as one of its query heads does; if the surviving query
-    heads are spread unevenly over the key-value heads, the layer becomes multi-head
-    (one key-value head per surviving query head), since Hugging Face's attention needs
-    the same number of query heads per key-value head. A layer with no heads left adds
-    only the output bias.
-
-    Raises:
-        WorkbenchError: another architecture.
-    """
-    from transformers.pytorch_utils import prune_linear_layer
-
-    with warnings.catch_warnings():  # a layer with no heads left makes empty weights
-        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        return _remove(hf_model, values, prune_linear_layer)
-
-
-def _remove(hf_model: torch.nn.Module, values: Tensor, prune_linear_layer: Callable
-            ) -> torch.nn.Module:
-    inner = getattr(hf_model, "model", None)
-    if inner is not None and hasattr(inner, "layers"):  # Llama
-        for layer, block in enumerate(inner.layers):
-            _remove_llama(block, [int(h) for h in (values[layer] != 0).nonzero().flatten()],
-                          prune_linear_layer)
-    elif hasattr(hf_model, "bert"):
-        for layer, block in enumerate(hf_model.bert.encoder.layer):
-            keep = [int(h) for h in (values[layer] != 0).nonzero().flatten()]
-            attn = block.attention
-            rows = _rows(keep, attn.self.attention_head_size)
-            for name in ("query", "key", "value"):
-                setattr(attn.self, name, prune_linear_layer(getattr(attn.self, name), rows, 0))
-            attn.output.dense = prune_linear_layer(attn.output.dense, rows, 1)
-            attn.self.num_attention_heads = len(keep)
-            attn.self.all_head_size = len(rows)
-            if not keep:
-                attn.self = _NoHeads(0, None)
-    else:
-        raise WorkbenchError(f"removing heads is implemented for Llama and BERT models, "
-                             f"not {type(hf_model).__name__}")
-    return hf_model
-
-
-def _remove_llama(block: torch.nn.Module, keep: list[int], prune: Callable) -> None:
-    attn = block.self_attn
-    cfg = attn.config
-    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    if not keep:
-        block.self_attn = _NoHeads(cfg.hidden_size, attn.o_proj.bias)
-        return
-    kv_of = [h // (n_heads // n_kv) for h in keep]
-    per_kv = {kv: kv_of.count(kv) for kv in kv_of}
-    if len(set(per_kv.values())) == 1:  # even groups stay grouped
-        kv_heads, groups = sorted(per_kv), next(iter(per_kv.values()))
-    else:
-        kv_heads, groups = kv_of, 1
-    attn.q_proj = prune(attn.q_proj, _rows(keep, attn.head_dim), 0)
-    attn.k_proj = prune(attn.k_proj, _rows(kv_heads, attn.head_dim), 0)
-    attn.v_proj = prune(attn.v_proj, _rows(kv_heads, attn.head_dim), 0)
-    attn.o_proj = prune(attn.o_proj, _rows(keep, attn.head_dim), 1)
-    attn.num_key_value_groups = groups
-
-
-def _hf_forward(hf_model: torch.nn.Module, batch: Batch, causal: bool) -> Tensor:
-    """Logits (causal LM) or mean-pooled final hidden states (encoder, body only)."""
-    if causal:
-        return hf_model(batch.input_ids, attention_mask=batch.attention_mask).logits
-    body = getattr(hf_model, "bert", hf_model)
-    hidden = body(batch.input_ids, **batch.forward_kwargs()).last_hidden_state
-    mask = batch.attention_mask[:, :, None].to(hidden.dtype)
-    return (hidden * mask).sum(1) / mask.sum(1)
+def _forward(hf_model: torch.nn.Module, batch: Batch, causal: bool) -> Tensor:
+    """Logits (causal LM) or mean-pooled final hidden states (encoder)."""
+    out = hf_forward(hf_model, batch, causal=causal)
+    return out if causal else mean_pool(out, batch.attention_mask)
 
 
 def _seconds(hf_model: torch.nn.Module, batch: Batch, causal: bool) -> float:
     start = time.perf_counter()
-    _hf_forward(hf_model, batch, causal)
+    _forward(hf_model, batch, causal)
     return time.perf_counter() - start
 
 
@@ -869,40 +557,42 @@ def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> p
     """Wall-clock time of one held-out batch through the model with heads removed from its
     weights, against the full model (the fastest of ``repeats`` interleaved runs each),
     and the largest difference between the removed model's output and the masked one's."""
-    columns = ["budget", "n_removed", "params_full", "params_removed", "seconds_full",
-               "seconds_removed", "speedup", "max_abs_diff", "batch_tokens"]
-    model, causal = pruner.model, pruner.model.info.causal
+    model = pruner.model
     if repeats < 1 or not masks or pruner.cfg.ablation != "zero":
-        return pd.DataFrame(columns=columns)
+        return _empty(SPEEDUP)
     plain = plain_copy(model)
-    prompts = pruner.objective.heldout
-    pad = model.tokenizer.pad_token_id or 0
-    batch = next(make_batches([model.encode(p) for p in prompts], pad_id=pad,
-                              max_tokens=pruner.cfg.batch_tokens))
+    batch = model.batches(pruner.objective.heldout, max_tokens=pruner.cfg.batch_tokens)[0]
     rows = []
     with torch.inference_mode():
-        _seconds(plain, batch, causal)  # warm up
+        _seconds(plain, batch, model.info.causal)  # warm up
         for budget, values in progress.track(list(masks.items()), desc="removal speed-up"):
-            removed = remove_heads(copy.deepcopy(plain), values)
-            _seconds(removed, batch, causal)  # warm up
-            full_s, removed_s = [], []
-            for _ in range(repeats):
-                full_s.append(_seconds(plain, batch, causal))
-                removed_s.append(_seconds(removed, batch, causal))
-            with applied(model, pruner.head_mask(values)):
-                masked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-                          if causal else _pooled(model, batch))
-            diff = (masked.float() - _hf_forward(removed, batch, causal).float())
-            real = batch.attention_mask.bool() if causal else slice(None)
             rows.append({"budget": budget, "n_removed": int((values == 0).sum()),
-                         "params_full": sum(p.numel() for p in plain.parameters()),
-                         "params_removed": sum(p.numel() for p in removed.parameters()),
-                         "seconds_full": min(full_s), "seconds_removed": min(removed_s),
-                         "speedup": min(full_s) / min(removed_s),
-                         "max_abs_diff": float(diff[real].abs().max()),
-                         "batch_tokens": int(batch.attention_mask.sum())})
-            del removed
-    return pd.DataFrame(rows, columns=columns)
+                         **_time_removed(pruner, plain, batch, values, repeats)})
+    return pd.DataFrame(rows, columns=SPEEDUP.names)
+
+
+def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
+                  values: Tensor, repeats: int) -> dict[str, float | int]:
+    """Parameters, fastest times and the largest output difference from masking, for the
+    heads of ``values`` removed from a copy of ``plain``."""
+    model, causal = pruner.model, pruner.model.info.causal
+    removed = remove_heads(copy.deepcopy(plain), values)
+    _seconds(removed, batch, causal)  # warm up
+    full_s, removed_s = [], []
+    for _ in range(repeats):  # interleaved, so that a slow moment hits both alike
+        full_s.append(_seconds(plain, batch, causal))
+        removed_s.append(_seconds(removed, batch, causal))
+    with applied(model, pruner.head_mask(values)):
+        masked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+                  if causal else batch_embeddings(model, batch))
+    diff = masked.float() - _forward(removed, batch, causal).float()
+    real = batch.attention_mask.bool() if causal else slice(None)
+    return {"params_full": sum(p.numel() for p in plain.parameters()),
+            "params_removed": sum(p.numel() for p in removed.parameters()),
+            "seconds_full": min(full_s), "seconds_removed": min(removed_s),
+            "speedup": min(full_s) / min(removed_s),
+            "max_abs_diff": float(diff[real].abs().max()),
+            "batch_tokens": int(batch.attention_mask.sum())}
 
 
 # ---- reading curves ----------------------------------------------------------------------------
@@ -942,7 +632,8 @@ def curve_summary(curve: pd.DataFrame, metric: str) -> pd.DataFrame:
     return wide.reset_index()
 
 
-def _nearest(table: pd.DataFrame, fraction: float) -> pd.Series:
+def nearest(table: pd.DataFrame, fraction: float) -> pd.Series:
+    """The row of a :func:`curve_summary` whose fraction pruned is nearest ``fraction``."""
     return table.iloc[int((table.fraction_pruned - fraction).abs().to_numpy().argmin())]
 
 
@@ -951,6 +642,8 @@ def _heads(scores: pd.DataFrame, metric: str, n: int, largest: bool) -> str:
     picked = df.nlargest(n, "score") if largest else df.nsmallest(n, "score")
     return ", ".join(f"L{r.layer}H{r.head} ({r.score:.3g})" for r in picked.itertuples())
 
+
+# ---- the result --------------------------------------------------------------------------------
 
 @dataclass
 class Result:
@@ -980,7 +673,7 @@ class Result:
             orders = [c for c in table.columns if c not in ("fraction_pruned", "random_sd",
                                                            "random_min", "random_max")]
             lines.append(f"{metric}, unpruned: {table.iloc[0][orders[0]]:.4f}")
-            shown = sorted({int(_nearest(table, f).name) for f in (0.1, 0.2, 0.3, 0.5)})
+            shown = sorted({int(nearest(table, f).name) for f in (0.1, 0.2, 0.3, 0.5)})
             for index in shown:
                 row = table.loc[index]
                 parts = [f"{o} {row[o]:.3f}" for o in orders if o != "random_mean"]
@@ -1033,88 +726,3 @@ class Result:
                 f"{r.seconds_full * 1000:.0f} ms -> {r.seconds_removed * 1000:.0f} ms per "
                 f"{r.batch_tokens} tokens ({r.speedup:.2f}x), output within "
                 f"{r.max_abs_diff:.1e} of masking" for r in self.speedup.itertuples()]
-
-
-# ---- the experiment ----------------------------------------------------------------------------
-
-@experiment("head-pruning", config=Config, tables=None, demo=DEMO)
-def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
-    ctx = ctx or Context()
-    workdir = ctx.workdir
-    """Importance of every head, iterative pruning curves, and the heads that survive."""
-    info = model.info
-    objective = make_objective(model, cfg)
-    means = (head_means(model, objective.fit, max_batch_tokens=cfg.batch_tokens)
-             if cfg.ablation == "mean" else None)
-    pruner = Pruner(model, objective, cfg, means)
-    head_scores = pruner.head_scores()
-    counts = schedule(info.n_layers * info.n_heads, cfg.step_fraction, cfg.max_fraction)
-    orders = prune_all(pruner, counts)
-    curve = curve_table(pruner, orders, counts)
-    order = order_table(orders, counts, info.n_layers, info.n_heads)
-    first = orders[0]
-    masks = budget_masks(first, counts, cfg.budgets, info.n_layers * info.n_heads)
-    notes = []
-    if workdir is not None:
-        written = save_masks(pruner, first, masks, workdir / "masks")
-        notes.append(f"masks for --heads-mask: {', '.join(p.name for p in written)} "
-                     "in the run folder's masks/")
-    kinds = kind_scores(ctx.store, info.to_dict())
-    survival = survival_table(order[order.order == first.order], kinds, cfg.top_k)
-    speed = speedup_table(pruner, masks, cfg.speed_repeats)
-    if cfg.ablation != "zero":
-        notes.append("no removal speed-up: removing heads equals zero ablation, not mean")
-    return Result(head_scores, curve, order, mask_table(first, masks), survival, speed,
-                  objective.metrics, cfg.tolerance, notes)
-
-
-# ---- claim checks ------------------------------------------------------------------------------
-
-def _better(metric: str, value: float, other: float) -> bool:
-    return value > other if metric == SIMILARITY else value < other
-
-
-@claim_check("pruning_beats_random")
-def pruning_beats_random(run: Run, *, order: str, metric: str,
-                         fractions: list[float]) -> Measurement:
-    """At each fraction pruned, ``order`` leaves a better ``metric`` than the mean of the
-    random orders (the pruning step nearest each fraction)."""
-    table = curve_summary(run.table("pruning_curve"), metric)
-    if order not in table.columns or "random_mean" not in table.columns:
-        raise WorkbenchError(f"run {run.id} has no '{order}' and random pruning curves")
-    parts, passed = [], True
-    for fraction in fractions:
-        row = _nearest(table, fraction)
-        passed &= _better(metric, row[order], row.random_mean)
-        parts.append(f"{row.fraction_pruned:.0%}: {row[order]:.3f} vs random "
-                     f"{row.random_mean:.3f} ± {row.random_sd:.3f}")
-    return Measurement(f"{metric}, {order} order vs random: " + "; ".join(parts), passed)
-
-
-@claim_check("prunable_fraction_at_least")
-def prunable_fraction_at_least(run: Run, *, order: str, metric: str, tolerance: float,
-                               fraction: float) -> Measurement:
-    """Along ``order``, at least ``fraction`` of the heads go before ``metric`` degrades by
-    more than ``tolerance`` (relative increase of a loss, drop of the similarity)."""
-    curve = run.table("pruning_curve")
-    mine = curve[curve.order == order]
-    if mine.empty:
-        raise WorkbenchError(f"run {run.id} has no '{order}' pruning curve")
-    found = prunable_fraction(mine, metric, tolerance)
-    random = [prunable_fraction(g, metric, tolerance)
-              for _, g in curve[curve.order == "random"].groupby("seed")]
-    tail = f"; random orders {np.mean(random):.0%}" if random else ""
-    reached = mine.fraction_pruned.max()
-    cap = (" (as far as the run pruned: it cannot decide more)"
-           if found >= reached and fraction > reached else "")
-    return Measurement(f"{found:.0%} of heads{cap} pruned in the {order} order before "
-                       f"{metric} degraded by more than {tolerance:g}{tail} "
-                       f"(needed {fraction:.0%})", bool(found >= fraction - 1e-9), found)
-
-
-if __name__ == "__main__":
-    import sys
-
-    from workbench.cli import main
-
-    main(["run", "head-pruning", *sys.argv[1:]])

@@ -1,0 +1,86 @@
+"""The tables of head-pruning (see the package docstring for every definition)."""
+
+from __future__ import annotations
+
+from workbench.store.schema import HEAD_KEYS, Table, columns, head_scores, tables
+
+KIND_EXPERIMENTS = ("previous-token-heads", "induction-heads", "attention-sinks")
+"""Experiments whose head scores the ``survival`` table joins with the pruning order."""
+
+ORDER_KEYS = columns(
+    ("order", "str", "pruning order: an importance kind, reverse-<kind>, or random"),
+    ("importance", "str", "the importance kind that ranks heads in this order ('' if random)"),
+    ("seed", "int", "seed of a random order (missing for the others)"),
+)
+
+HEAD_SCORES = head_scores(
+    "importance of every head of the unpruned model, estimated on the fit text: "
+    "importance_gradient (normalised per layer), importance_gradient_raw, importance_ablation",
+    null=False)
+
+PRUNING_CURVE = Table("pruning_curve", "evaluation metrics after every step of every order", (
+    *ORDER_KEYS,
+    *columns(
+        ("step", "int", "pruning step, 0 = the unpruned model"),
+        ("n_pruned", "int", "heads removed after this step"),
+        ("fraction_pruned", "float", "n_pruned over all heads, in [0, 1]"),
+        ("metric", "str", "heldout_loss, second_repeat_loss (nats) or cosine_similarity"),
+        ("value", "float", "the metric's mean over held-out texts"),
+        ("ci_low", "float", "95% bootstrap interval over texts, low end"),
+        ("ci_high", "float", "95% bootstrap interval over texts, high end"),
+        ("n_prompts", "int", "held-out texts the metric is averaged over"),
+    ),
+))
+
+PRUNING_ORDER = Table("pruning_order", "when each head was removed in each order", (
+    *ORDER_KEYS,
+    *HEAD_KEYS,
+    *columns(
+        ("position", "int", "removals before this head's, 0 = removed first (missing: never)"),
+        ("step", "int", "the pruning step that removed it (missing: never removed)"),
+        ("fraction_pruned", "float", "fraction of heads removed after that step (NaN: never)"),
+        ("survival", "float", "position as a percentile in (0, 1), 1 = removed last; heads "
+                              "never removed share the mean of the remaining positions"),
+    ),
+))
+
+MASKS = Table("masks", "the first importance order's head masks at each budget", (
+    *columns(
+        ("order", "str", "the pruning order the mask comes from"),
+        ("budget", "float", "the fraction of heads asked for (config budgets)"),
+        ("fraction_pruned", "float", "fraction of heads the mask removes (nearest step)"),
+    ),
+    *HEAD_KEYS,
+    *columns(("keep", "int", "1 = the head stays, 0 = removed")),
+))
+
+SURVIVAL = Table("survival", "do the top heads of other experiments' metrics (newest complete, "
+                 f"unmasked runs of {', '.join(KIND_EXPERIMENTS)} on the same weights when "
+                 "this run was made) survive longer in the first importance order?", columns(
+    ("experiment", "str", "the experiment whose head scores are joined"),
+    ("run", "str", "the id of its run"),
+    ("metric", "str", "its head score"),
+    ("order", "str", "the pruning order (the first importance kind)"),
+    ("top_k", "int", "heads with the highest score taken"),
+    ("heads", "str", "those heads, highest score first, as L<layer>H<head>"),
+    ("top_mean_survival", "float", "their mean survival; 0.5 expected for unrelated heads"),
+    ("z", "float", "its distance from 0.5 in standard errors of a mean of top_k positions "
+                   "drawn without replacement (NaN when top_k is every head)"),
+    ("spearman", "float", "Spearman correlation of score and survival over all heads"),
+))
+
+SPEEDUP = Table("speedup", "the model with heads removed from its weights against the full "
+                "model, timed on one held-out batch (zero ablation only)", columns(
+    ("budget", "float", "the budget of the mask removed"),
+    ("n_removed", "int", "heads removed from the weights"),
+    ("params_full", "int", "parameters of the full model"),
+    ("params_removed", "int", "parameters with the heads removed"),
+    ("seconds_full", "float", "wall-clock seconds of the full model, fastest of the repeats"),
+    ("seconds_removed", "float", "the same with the heads removed"),
+    ("speedup", "float", "seconds_full / seconds_removed"),
+    ("max_abs_diff", "float", "largest |output removed - output masked| over real tokens "
+                              "(logits, or mean-pooled embeddings)"),
+    ("batch_tokens", "int", "real tokens in the timed batch"),
+))
+
+TABLES = tables(HEAD_SCORES, PRUNING_CURVE, PRUNING_ORDER, MASKS, SURVIVAL, SPEEDUP)
