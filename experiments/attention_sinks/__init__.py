@@ -118,7 +118,7 @@ class Config:
     seq_len: int = param(64, "tokens per sequence, special tokens included (Gu et al.: "
                              "T = 64)", min=4)
     eps: float = param(0.3, "sink threshold on alpha_1 (Gu et al.: 0.3)", min=0.0, max=1.0)
-    corpus_split: Split = param(  # noqa: RUF009 (a str default; ruff cannot see the alias)
+    corpus_split: Split = param(
         "all", "part of the Python documentation used as natural text")
     compare_bos: bool = param(True, "causal models: also run every input without its BOS token")
     n_massive_prompts: int = param(20, "sequences per input kind scanned for massive "

@@ -10,6 +10,7 @@ import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve
 from workbench.harness.experiment import run_experiment
+from workbench.store import schema
 from workbench.store.runs import RunStore
 
 CONFIG = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
@@ -18,11 +19,18 @@ CONFIG = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_to
           "importance": ("gradient",), "top_k": 2}
 
 
+# head scores as a head-finding run stores them, reduced to what the join reads
+HEAD_SCORES = schema.tables(schema.Table("head_scores", "scores per head", schema.columns(
+    ("layer", "int", "layer"), ("head", "int", "head"), ("metric", "str", "metric"),
+    ("score", "float", "score"))))
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama):
     runs = tmp_path_factory.mktemp("runs")
     # a head-finding run on the same weights, which the pruning run joins and stores
-    with RunStore(runs).start("induction-heads", llama.info.to_dict(), {}) as found:
+    with RunStore(runs).start("induction-heads", llama.info.to_dict(), {},
+                              tables=HEAD_SCORES) as found:
         found.save_table("head_scores", pd.DataFrame({
             "layer": np.repeat([0, 1], 4), "head": np.tile(np.arange(4), 2),
             "metric": "induction", "score": np.arange(8.0)}))

@@ -47,6 +47,7 @@ from workbench.interventions.masks import HeadMask, applied, head_means, mask_ho
 from workbench.recording import hooks
 from workbench.scores.embeddings import sentence_embeddings
 from workbench.scores.losses import row_losses, token_losses
+from workbench.store import schema
 from workbench.store.runs import RunStore
 
 TEXTS = ["the cat sat on the mat and the dog sat on the rug",
@@ -353,6 +354,12 @@ def test_encoder_run(bert, tmp_path):
     assert len(speed) == 2 and (speed.max_abs_diff < 1e-4).all()
 
 
+# head scores as a head-finding run stores them, reduced to what the join reads
+HEAD_SCORES = schema.tables(schema.Table("head_scores", "scores per head", schema.columns(
+    ("layer", "int", "layer"), ("head", "int", "head"), ("metric", "str", "metric"),
+    ("score", "float", "score"))))
+
+
 def test_survival_join_finds_matching_runs_only(llama, tmp_path):
     store = RunStore(tmp_path)
     info = llama.info.to_dict()
@@ -360,8 +367,8 @@ def test_survival_join_finds_matching_runs_only(llama, tmp_path):
                           "metric": "induction", "score": np.arange(8.0)})
     for model, interventions in [(info, None), ({**info, "checksum": "other"}, None),
                                  (info, {"heads_mask": {}})]:
-        with store.start("induction-heads", model, {}, extra={"interventions": interventions}
-                         ) as run:
+        with store.start("induction-heads", model, {}, tables=HEAD_SCORES,
+                         extra={"interventions": interventions}) as run:
             run.save_table("head_scores", heads.assign(score=heads.score * (
                 1 if model is info and interventions is None else -1)))
     kinds = kind_scores(store, info)

@@ -74,7 +74,7 @@ class Experiment:
     config: type
     description: str
     module: str
-    tables: Mapping[str, Table] | None = None
+    tables: Mapping[str, Table] = field(default_factory=dict)
     """The declarations of every table ``run`` may return (its ``tables.py``)."""
     needs_model: bool = True
     demo: Mapping[str, Any] = field(default_factory=dict)
@@ -104,7 +104,7 @@ class Experiment:
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
 
-def experiment(name: str, *, config: type, tables: Mapping[str, Table] | None,
+def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                needs_model: bool = True, demo: Mapping[str, Any] | None = None,
                demo_models: tuple[str, ...] = ("smollm2", "minilm"),
                requires: Requirement = "any",
@@ -130,7 +130,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table] | None,
         apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
-            module=fn.__module__, tables=tables, needs_model=needs_model,
+            module=fn.__module__, tables=dict(tables), needs_model=needs_model,
             demo=dict(demo or {}), demo_models=demo_models, requires=requires,
         ))
         return fn

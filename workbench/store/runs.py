@@ -133,11 +133,11 @@ class ActiveRun:
     """A run being written. Use through :meth:`RunStore.start`."""
 
     def __init__(self, staging: Path, final: Path, meta: dict[str, Any],
-                 tables: Mapping[str, Table] | None) -> None:
+                 tables: Mapping[str, Table]) -> None:
         self.dir = staging
         self.final = final
         self.meta = meta
-        self.declared = None if tables is None else dict(tables)
+        self.declared = dict(tables)
 
     @property
     def id(self) -> str:
@@ -150,13 +150,10 @@ class ActiveRun:
         Raises:
             SchemaError: the run declares no table ``name``, or ``df`` does not match it.
         """
-        if self.declared is None:  # TODO(layout): every experiment declares its tables
-            pass
-        elif name not in self.declared:
+        if name not in self.declared:
             known = ", ".join(self.declared) or "none"
             raise SchemaError(f"run {self.id} declares no table '{name}'; declared: {known}")
-        else:
-            self.declared[name].check(df)
+        self.declared[name].check(df)
         path = self.dir / f"{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
         df.to_parquet(tmp, index=False)
@@ -222,7 +219,7 @@ class RunStore:
             "pid": os.getpid(),
             **(extra or {}),
         }
-        active = ActiveRun(staging, self.root / run_id, meta, tables)
+        active = ActiveRun(staging, self.root / run_id, meta, tables or {})
         active._write()
         try:
             yield active
