@@ -47,7 +47,6 @@ from workbench.scores.embeddings import batch_embeddings, mean_pool, sentence_em
 from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
 from workbench.store.runs import RunStore
-from workbench.store.schema import Table
 
 if TYPE_CHECKING:
     from experiments.head_pruning import Config
@@ -465,12 +464,6 @@ def save_masks(pruner: Pruner, po: PrunedOrder, masks: dict[float, Tensor],
     return written
 
 
-def _empty(table: Table) -> pd.DataFrame:
-    """A table with no rows whose columns already have their declared kinds."""
-    dtypes = {"int": "int64", "float": "float64", "str": "object", "bool": "bool"}
-    return pd.DataFrame({c.name: pd.Series(dtype=dtypes[c.kind]) for c in table.columns})
-
-
 # ---- which kinds of heads survive -----------------------------------------------------------
 
 def spearman(a: pd.Series, b: pd.Series) -> float:
@@ -518,7 +511,7 @@ def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.D
         positions drawn without replacement) and spearman (score against survival).
     """
     if kinds.empty or order.empty:
-        return _empty(SURVIVAL)
+        return SURVIVAL.empty()
     n = len(order)
     rows = []
     for (experiment_name, run_id, metric), group in kinds.groupby(
@@ -536,7 +529,7 @@ def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.D
                      "top_mean_survival": float(top.survival.mean()),
                      "z": float((top.survival.mean() - 0.5) / se) if se == se else np.nan,
                      "spearman": spearman(joined.score, joined.survival)})
-    return pd.DataFrame(rows, columns=SURVIVAL.names) if rows else _empty(SURVIVAL)
+    return pd.DataFrame(rows, columns=SURVIVAL.names) if rows else SURVIVAL.empty()
 
 
 # ---- heads removed from the weights ------------------------------------------------------------
@@ -559,7 +552,7 @@ def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> p
     and the largest difference between the removed model's output and the masked one's."""
     model = pruner.model
     if repeats < 1 or not masks or pruner.cfg.ablation != "zero":
-        return _empty(SPEEDUP)
+        return SPEEDUP.empty()
     plain = plain_copy(model)
     batch = model.batches(pruner.objective.heldout, max_tokens=pruner.cfg.batch_tokens)[0]
     rows = []

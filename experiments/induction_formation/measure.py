@@ -315,15 +315,12 @@ def _first(df: pd.DataFrame, first: Sequence[str]) -> pd.DataFrame:
     return df[[*first, *(c for c in df.columns if c not in first)]]
 
 
-_DTYPES = {"int": "int64", "float": "float64", "str": "object", "bool": "bool"}
-
-
 def _typed(df: pd.DataFrame | None, table: Table) -> pd.DataFrame:
     """``df`` with exactly ``table``'s columns in its order: a column no row has (the
     phase-change window when none was found) is all missing, and a table with no rows
     still has every column, of its declared kind."""
     if df is None or df.empty:
-        return pd.DataFrame({c.name: pd.Series(dtype=_DTYPES[c.kind]) for c in table.columns})
+        return table.empty()
     df = df.reindex(columns=table.names)
     for c in table.columns:
         if c.kind == "bool" and df[c.name].dtype != bool:

@@ -137,3 +137,10 @@ def test_declared_kinds_accept_missing_values_and_integer_floats(tmp_path):
                                  "s": ["a", None], "b": [True, None]}))
     with pytest.raises(SchemaError, match="column s is declared str"):
         nullable.check(pd.DataFrame({"i": [1], "x": [1.0], "s": [3], "b": [True]}))
+
+
+def test_an_empty_table_still_matches_its_declaration():
+    for table in TABLES.values():
+        empty = table.empty()
+        table.check(empty)
+        assert list(empty.columns) == table.names and len(empty) == 0

@@ -74,6 +74,14 @@ class Table:
         raise SchemaError(f"table {self.name} has no column '{name}'; "
                           f"columns: {', '.join(self.names)}")
 
+    def empty(self) -> pd.DataFrame:
+        """A table with no rows whose columns already have their declared kinds (what an
+        experiment stores when there is nothing to report, so it still matches)."""
+        import pandas as pd
+
+        dtypes = {"int": "int64", "float": "float64", "str": "object", "bool": "bool"}
+        return pd.DataFrame({c.name: pd.Series(dtype=dtypes[c.kind]) for c in self.columns})
+
     def check(self, df: pd.DataFrame) -> None:
         """Raise :class:`SchemaError` unless ``df`` has exactly the declared columns, each of
         its declared kind."""
