@@ -267,39 +267,40 @@ def cmd_prompts(args: argparse.Namespace) -> None:
 
 # ---- argument parsing ---------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="workbench",
-        description="Record, score and intervene on the attention heads of real transformers.",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or logs")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+Subparsers = Any  # argparse's private _SubParsersAction
 
-    def add(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(fn=fn)
-        return p
 
-    def out_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--out", metavar="DIR", help="run store (default: $WORKBENCH_RUNS_DIR "
-                       "or data/runs)")
+def _add(sub: Subparsers, name: str, fn: Any, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help)
+    p.set_defaults(fn=fn)
+    return p
 
-    def dtype_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dtype", default="float32", choices=get_args(Dtype),
-                       help="model parameter dtype (default float32)")
 
-    def mask_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
-                       "workbench.interventions) to every forward pass")
+def _out_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="DIR", help="run store (default: $WORKBENCH_RUNS_DIR "
+                   "or data/runs)")
 
-    add("models", cmd_models, "list the model zoo")
 
-    p = add("fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
+def _dtype_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=get_args(Dtype),
+                   help="model parameter dtype (default float32)")
+
+
+def _mask_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
+                   "workbench.interventions) to every forward pass")
+
+
+def _add_model_commands(sub: Subparsers) -> None:
+    _add(sub, "models", cmd_models, "list the model zoo")
+    p = _add(sub, "fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
     p.add_argument("names", nargs="*", metavar="NAME", help="models to fetch (default: all)")
     p.add_argument("--force", action="store_true", help="fetch again even if cached")
+    _add(sub, "prompts", cmd_prompts, "list named prompt sets")
 
-    p = add("record", cmd_record, "record residual streams and attention patterns to disk")
+
+def _add_record_command(sub: Subparsers) -> None:
+    p = _add(sub, "record", cmd_record, "record residual streams and attention patterns to disk")
     p.add_argument("model", metavar="MODEL")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a prompt (blank lines separate several)")
@@ -314,55 +315,67 @@ def build_parser() -> argparse.ArgumentParser:
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
     p.add_argument("--max-batch-tokens", type=int, default=2048, metavar="N",
                    help="tokens per forward batch (default 2048)")
-    mask_option(p)
-    dtype_option(p)
-    out_option(p)
+    _mask_option(p)
+    _dtype_option(p)
+    _out_option(p)
 
-    p = add("run", cmd_run, "run an experiment and store it as a run")
+
+def _add_experiment_commands(sub: Subparsers) -> None:
+    p = _add(sub, "run", cmd_run, "run an experiment and store it as a run")
     p.add_argument("experiment", metavar="EXPERIMENT")
     p.add_argument("--model", metavar="MODEL", help="model name, hub id, folder or .gguf")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field (repeatable); see `workbench experiments`")
     p.add_argument("--reuse", action="store_true",
                    help="return a matching complete run instead of running again")
-    mask_option(p)
-    dtype_option(p)
-    out_option(p)
-
-    add("experiments", cmd_experiments, "list experiments and their config fields")
-
-    p = add("runs", cmd_runs, "list stored runs")
-    p.add_argument("--experiment", help="only this experiment")
-    p.add_argument("--model", help="only this model")
-    p.add_argument("--status", choices=get_args(Status))
-    out_option(p)
-
-    p = add("show", cmd_show, "summarise one run")
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
-    p.add_argument("--table", help="also print the first rows of this table")
-    p.add_argument("--rows", type=int, default=20, help="rows of --table to print")
-    out_option(p)
-
-    p = add("demo", cmd_demo, "run every experiment's demo configuration on the bundled models")
+    _mask_option(p)
+    _dtype_option(p)
+    _out_option(p)
+    _add(sub, "experiments", cmd_experiments, "list experiments, their config fields and tables")
+    p = _add(sub, "demo", cmd_demo,
+             "run every experiment's demo configuration on the bundled models")
     p.add_argument("--models", default="smollm2,minilm", help="comma-separated model names")
     p.add_argument("--fresh", action="store_true", help="do not reuse matching runs")
-    out_option(p)
-
-    p = add("reproduce", cmd_reproduce, "check published claims against measured results")
+    _out_option(p)
+    p = _add(sub, "reproduce", cmd_reproduce, "check published claims against measured results")
     p.add_argument("claims", nargs="*", metavar="CLAIM_ID", help="claims to check (default: all)")
     p.add_argument("--model", help="check every claim that applies to this model instead of "
                    "each claim's default models")
     p.add_argument("--fresh", action="store_true", help="run again instead of reusing runs")
     p.add_argument("--list", action="store_true", help="list the claims without running")
-    out_option(p)
+    _out_option(p)
 
-    p = add("dashboard", cmd_dashboard, "serve the dashboard")
+
+def _add_store_commands(sub: Subparsers) -> None:
+    p = _add(sub, "runs", cmd_runs, "list stored runs")
+    p.add_argument("--experiment", help="only this experiment")
+    p.add_argument("--model", help="only this model")
+    p.add_argument("--status", choices=get_args(Status))
+    _out_option(p)
+    p = _add(sub, "show", cmd_show, "summarise one run")
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
+    p.add_argument("--table", help="also print the first rows of this table")
+    p.add_argument("--rows", type=int, default=20, help="rows of --table to print")
+    _out_option(p)
+    p = _add(sub, "dashboard", cmd_dashboard, "serve the dashboard")
     p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--debug", action="store_true", help="Dash debug mode (hot reload)")
 
-    add("prompts", cmd_prompts, "list named prompt sets")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Record, score and intervene on the attention heads of real transformers.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_model_commands(sub)
+    _add_record_command(sub)
+    _add_experiment_commands(sub)
+    _add_store_commands(sub)
     return parser
 
 
