@@ -14,5 +14,6 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 StoreDtype = Literal["float16", "float32"]
 """Storage dtype of a recording (float16 falls back to float32 per block on overflow)."""
 
-Status = Literal["running", "complete", "failed", "interrupted"]
-"""How a run ended (``running`` while it is written; ``interrupted`` when its process died)."""
+Status = Literal["running", "complete", "failed", "interrupted", "damaged"]
+"""How a run ended: ``running`` while it is written, ``interrupted`` when its process died,
+``damaged`` when its stored files fail their checks (the run's ``error`` says which)."""
