@@ -1,21 +1,42 @@
 """The ``workbench`` command line.
 
 Every command that produces results creates a run and prints its folder as the last line
-of its output. Bad input gets a one-line ``error: ...`` and exit status 2.
+of its output. Run ``workbench --help`` or ``workbench COMMAND --help`` for the options.
 
-Run ``workbench --help`` or ``workbench COMMAND --help`` for the options.
+:func:`main` is the one boundary between the library and the terminal. Whatever goes
+wrong ends in a single line on stderr, ``error: ...``, and one of three exit statuses;
+never a Python traceback unless ``-v`` asks for it (it is then printed above the line):
+
+- **2, bad input**: the command as given cannot run. A usage error or an option out of
+  range (``--limit``, ``--max-batch-tokens`` and ``--rows`` below 1, ``--port`` outside
+  1..65535), a run store (``--out``, ``--runs``, ``WORKBENCH_RUNS_DIR``) that is not a
+  folder or cannot be written, and every :class:`WorkbenchError` the library raises: an
+  unknown name, a ``--set`` value of the wrong type or out of range, a malformed head
+  mask, an unreadable ``--file``, a model that cannot do what an experiment needs. These
+  are checked before a model loads or a run exists, so bad input leaves no run behind.
+- **1, runtime failure**: the work started and the machine failed it: a full disk
+  (ENOSPC), a read-only file system (EROFS), a permission denied or any other
+  :class:`OSError`, text that is not valid UTF-8, out of memory. The line says what
+  failed and where ("cannot write the run store /x: [Errno 28] No space left on
+  device"); a run that had started is stored as ``failed`` with the cause. Any other
+  exception is a bug and also exits 1, as ``error: internal error: <type>: <message>``.
+- **130, interrupted**: Ctrl-C or SIGTERM; a run that had started is stored as failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
+import os
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NoReturn, get_args
 
 from workbench.core import paths, progress
 from workbench.core.errors import WorkbenchError
@@ -77,38 +98,39 @@ def cmd_fetch(args: argparse.Namespace) -> None:
 
 # ---- record -------------------------------------------------------------------------------
 
-def _prompts_from_args(args: argparse.Namespace, model: Any) -> tuple[list[Any], str]:
+def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any], list[Any]], str]:
+    """The prompts of ``record`` as a function of the model, and their source; text, files
+    and prompt-set parameters are read and checked here, before the model loads."""
     from workbench.harness.config import split_overrides
-    from workbench.inputs.prompts import load_prompt_set, prompts_from_text
+    from workbench.inputs.prompts import check_prompt_params, load_prompt_set, prompts_from_text
 
+    if args.set and args.prompt_set is None:
+        raise WorkbenchError("--set sets parameters of a generated prompt set; it needs "
+                             "--prompt-set NAME")
     if args.text is not None:
         if not args.text.strip():
             raise WorkbenchError("--text is empty")
-        return prompts_from_text(args.text, label="text"), "text"
+        prompts = prompts_from_text(args.text, label="text")
+        return lambda model: prompts, "text"
     if args.file is not None:
         try:
             text = Path(args.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise WorkbenchError(f"cannot read {args.file}: {exc}") from None
-        return prompts_from_text(text, label=Path(args.file).stem), f"file:{args.file}"
-    params = {k: int(v) if v.lstrip("-").isdigit() else v
-              for k, v in split_overrides(args.set or []).items()}
-    try:
-        prompts = load_prompt_set(args.prompt_set, model, **params)
-    except TypeError as exc:
-        raise WorkbenchError(f"prompt set '{args.prompt_set}': {exc}") from None
-    return prompts, f"prompt-set:{args.prompt_set}"
+        prompts = prompts_from_text(text, label=Path(args.file).stem)
+        return lambda model: prompts, f"file:{args.file}"
+    name = args.prompt_set
+    params = check_prompt_params(name, split_overrides(args.set or []))
+    return lambda model: load_prompt_set(name, model, **params), f"prompt-set:{name}"
 
 
-def _heads_mask(args: argparse.Namespace, model: Any = None) -> Any:
+def _heads_mask(args: argparse.Namespace) -> Any:
+    """The ``--heads-mask`` file, read and checked (before any model loads), or ``None``."""
     if not getattr(args, "heads_mask", None):
         return None
     from workbench.interventions.masks import HeadMask
 
-    mask = HeadMask.load(args.heads_mask)
-    if model is not None:
-        mask.check(model)
-    return mask
+    return HeadMask.load(args.heads_mask)
 
 
 def cmd_record(args: argparse.Namespace) -> None:
@@ -117,11 +139,12 @@ def cmd_record(args: argparse.Namespace) -> None:
     from workbench.recording.record import record
     from workbench.store.runs import RunStore
 
+    mask = _heads_mask(args)
+    make_prompts, source = _prompt_source(args)
     model = load_model(args.model, dtype=args.dtype)
-    mask = _heads_mask(args, model)
-    prompts, source = _prompts_from_args(args, model)
-    if args.limit:
-        prompts = prompts[: args.limit]
+    if mask is not None:
+        mask.check(model)
+    prompts = make_prompts(model)[: args.limit]
     for p in prompts:  # check every prompt before a run is created
         model.encode(p)
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
@@ -270,15 +293,47 @@ def cmd_prompts(args: argparse.Namespace) -> None:
 Subparsers = Any  # argparse's private _SubParsersAction
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, ``error: ...``, exit status 2, like all bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
+    return value
+
+
 def _add(sub: Subparsers, name: str, fn: Any, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help)
-    p.set_defaults(fn=fn)
+    p.set_defaults(fn=fn, store=None)
     return p
 
 
-def _out_option(p: argparse.ArgumentParser) -> None:
+def _out_option(p: argparse.ArgumentParser, store: str = "write") -> None:
+    """``--out``; ``store`` says whether the command writes the run store or only reads
+    it (checked by :func:`_check_store` before the command starts)."""
     p.add_argument("--out", metavar="DIR", help="run store (default: $WORKBENCH_RUNS_DIR "
                    "or data/runs)")
+    p.set_defaults(store=store)
 
 
 def _dtype_option(p: argparse.ArgumentParser) -> None:
@@ -310,10 +365,11 @@ def _add_record_command(sub: Subparsers) -> None:
                      "(`workbench prompts` lists them)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="parameter of a generated prompt set, e.g. seq_len=64")
-    p.add_argument("--limit", type=int, metavar="N", help="record only the first N prompts")
+    p.add_argument("--limit", type=_at_least_one, metavar="N",
+                   help="record only the first N prompts")
     p.add_argument("--store-dtype", default="float16", choices=get_args(StoreDtype),
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
-    p.add_argument("--max-batch-tokens", type=int, default=2048, metavar="N",
+    p.add_argument("--max-batch-tokens", type=_at_least_one, default=2048, metavar="N",
                    help="tokens per forward batch (default 2048)")
     _mask_option(p)
     _dtype_option(p)
@@ -351,25 +407,27 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.add_argument("--experiment", help="only this experiment")
     p.add_argument("--model", help="only this model")
     p.add_argument("--status", choices=get_args(Status))
-    _out_option(p)
+    _out_option(p, store="read")
     p = _add(sub, "show", cmd_show, "summarise one run")
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
     p.add_argument("--table", help="also print the first rows of this table")
-    p.add_argument("--rows", type=int, default=20, help="rows of --table to print")
-    _out_option(p)
+    p.add_argument("--rows", type=_at_least_one, default=20, help="rows of --table to print")
+    _out_option(p, store="read")
     p = _add(sub, "dashboard", cmd_dashboard, "serve the dashboard")
     p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
+    p.set_defaults(store="read")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--port", type=_port, default=8050, help="TCP port, 1..65535 (default 8050)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode (hot reload)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workbench",
         description="Record, score and intervene on the attention heads of real transformers.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and the traceback of an error")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_model_commands(sub)
@@ -379,26 +437,141 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so that it unwinds like Ctrl-C (a running run
+    is stored as failed) and exits 130."""
+
+
 def _terminate(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so a running run is marked failed
+    raise Terminated(f"terminated by signal {signum}")
+
+
+# ---- the boundary: every failure as one line and an exit status ---------------------------
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
+"""Errors of writing: the line names the place written (the run store, the model cache)."""
+
+
+def _store_root(args: argparse.Namespace) -> tuple[Path, str]:
+    """The run store the command uses, and where that choice came from."""
+    given = getattr(args, "runs", None) if args.command == "dashboard" else getattr(
+        args, "out", None)
+    if given is not None:
+        origin = "--runs" if args.command == "dashboard" else "--out"
+    else:
+        origin = "WORKBENCH_RUNS_DIR" if os.environ.get("WORKBENCH_RUNS_DIR") else "default"
+    return paths.runs_dir(given), origin
+
+
+def _check_store(args: argparse.Namespace) -> None:
+    """Refuse a run store that is not a folder, or cannot be written by a command that
+    writes one, before anything else happens (before a model loads)."""
+    mode = args.store
+    if mode is None:
+        return
+    if getattr(args, "list", False):
+        mode = "read"  # reproduce --list only reads
+    root, origin = _store_root(args)
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == root else f": {existing} is a file"
+        raise WorkbenchError(f"the run store {root} ({origin}) is not a folder{where}")
+    if mode != "write":
+        return
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise WorkbenchError(f"cannot write the run store {root} ({origin}): {existing} is on "
+                             f"a read-only file system")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise WorkbenchError(f"cannot write the run store {root} ({origin}): no permission "
+                             f"to write in {existing}")
+
+
+def _inside(path: str, folder: Path) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
+
+
+def _filename(value: Any) -> str | None:
+    return os.fsdecode(value) if isinstance(value, (str, bytes, os.PathLike)) else None
+
+
+def _os_error_line(exc: OSError, args: argparse.Namespace) -> str:
+    """What failed and where: ``cannot write the run store /x: [Errno 28] No space left
+    on device``, with the file when the error names one."""
+    reason = (f"[Errno {exc.errno}] {exc.strerror}" if exc.errno is not None and exc.strerror
+              else str(exc) or type(exc).__name__)
+    places = [(paths.cache_dir(), f"the model cache {paths.cache_dir()}")]
+    if args.store is not None:
+        root, _ = _store_root(args)
+        places.insert(0, (root, f"the run store {root}"))
+    name, other = _filename(exc.filename), _filename(exc.filename2)
+    verb = "cannot write" if exc.errno in _WRITE_ERRNOS else "cannot use"
+    if name is None:
+        if exc.errno not in _WRITE_ERRNOS:
+            return reason
+        # a writer library's error names no file: the place this command writes
+        return f"{verb} {places[-1 if args.command == 'fetch' else 0][1]}: {reason}"
+    files = name if other is None else f"{name} -> {other}"
+    place = next((label for folder, label in places if _inside(name, folder)), None)
+    return f"{verb} {place}: {reason} ({files})" if place else f"{verb} {files}: {reason}"
+
+
+def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+    """The one line (without ``error: ``) and the exit status for ``exc``."""
+    if isinstance(exc, WorkbenchError):
+        return str(exc), 2
+    if isinstance(exc, KeyboardInterrupt):
+        return ("terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"), 130
+    if isinstance(exc, OSError):
+        return _os_error_line(exc, args), 1
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"cannot decode text as {exc.encoding}: {exc.reason} at byte {exc.start}; "
+                f"expected UTF-8 text"), 1
+    if isinstance(exc, UnicodeEncodeError):  # e.g. printing to a terminal that is not UTF-8
+        return (f"cannot encode text as {exc.encoding}: {exc.reason}; set a UTF-8 locale "
+                f"(PYTHONIOENCODING=utf-8)"), 1
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":  # torch's
+        return f"out of memory{f': {exc}' if str(exc) else ''}", 1
+    hint = "" if args.verbose else " (run with -v for the traceback)"
+    return f"internal error: {type(exc).__name__}: {exc}{hint}", 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _report(exc: BaseException, args: argparse.Namespace) -> int:
+    """Write ``exc`` to stderr as one ``error:`` line (the traceback first with ``-v``)."""
+    line, status = _failure(exc, args)
+    if args.verbose and not isinstance(exc, KeyboardInterrupt):
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.write(f"error: {_one_line(line)}\n")
+    sys.stderr.flush()
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command line; exits with status 2 (bad input), 1 (runtime failure or
+    internal error) or 130 (interrupted) after a one-line ``error: ...``."""
     args = build_parser().parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     progress.enable(not args.quiet)
-    signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
+        _check_store(args)
         args.fn(args)
-    except WorkbenchError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+    except BrokenPipeError:
+        # stdout closed early (`workbench runs | head`): nothing more to say, and no
+        # second error when Python flushes stdout at exit
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except (Exception, KeyboardInterrupt) as exc:  # the one boundary: see the docstring
+        sys.exit(_report(exc, args))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ METRICS: dict[str, reductions.Reduction] = {
 class Config:
     prompt_set: str = param("natural", "prompt set to score on")
     n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of the bootstrap")
+    seed: int = param(0, "seed of the bootstrap", min=0)
     max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
 
     def __post_init__(self) -> None:

@@ -162,7 +162,8 @@ class Config:
         3, "timed runs of the models with heads removed from the weights (0: skip)", min=0)
     batch_tokens: int = param(1024, "tokens per forward batch", min=1)
     n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of text selection, random orders, probes and bootstrap")
+    seed: int = param(0, "seed of text selection, random orders, probes and bootstrap",
+                      min=0)
 
     def __post_init__(self) -> None:
         if not self.importance or len(set(self.importance)) != len(self.importance):

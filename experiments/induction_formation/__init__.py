@@ -138,7 +138,7 @@ class Config:
         min=0, max=1)
     steps: int = param(1000, "training steps (optimizer updates)", min=1)
     batch_size: int = param(32, "sequences per step", min=1)
-    lr: float = param(3e-3, "peak learning rate (AdamW)", min=0)
+    lr: float = param(3e-3, "peak learning rate (AdamW)", above=0)
     warmup_steps: int = param(100, "linear warm-up steps", min=0)
     lr_schedule: loop.LrSchedule = param(
         "cosine", "cosine decay to min_lr_fraction after warm-up, or constant")
@@ -166,7 +166,8 @@ class Config:
     composition: bool = param(
         True, "K-composition check: ablate each layer-0 head of the final models")
     n_boot: int = param(200, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of the weights, the data order and the probe sequences")
+    seed: int = param(0, "seed of the weights, the data order and the probe sequences",
+                      min=0)
 
     def __post_init__(self) -> None:
         if not self.layers or len(set(self.layers)) != len(self.layers):
@@ -182,6 +183,9 @@ class Config:
                              f"({self.n_ctx})")
         if not self.sources and not self.text_files:
             raise ValueError("the corpus needs at least one source or text file")
+        missing = [f for f in self.text_files if not Path(f).expanduser().is_file()]
+        if missing:  # refused before a run exists; an unreadable file still fails the run
+            raise ValueError(f"text_files: no such file: {', '.join(missing)}")
 
     def model_spec(self, n_layers: int, d_vocab: int) -> native.ModelSpec:
         return native.ModelSpec(

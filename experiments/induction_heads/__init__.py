@@ -89,12 +89,12 @@ class Config:
     n_track: int = param(3, "top induction heads to track", min=1)
     n_random: int = param(5, "random same-layer ablation draws", min=1)
     icl_prompts: int = param(96, "natural-text windows for ICL", min=2)
-    icl_tokens: int = param(512, "tokens per ICL window (> 500 + icl_halfwidth)")
+    icl_tokens: int = param(512, "tokens per ICL window (> 500 + icl_halfwidth)", min=501)
     icl_halfwidth: int = param(
         10, "icl_score_window averages positions 50 +- this and 500 +- this", min=0, max=40)
     copying_tokens: int = param(200, "tokens for the copying score", min=2)
     n_boot: int = param(1000, "bootstrap resamples", min=1)
-    seed: int = param(0, "seed for tokens, draws and bootstrap")
+    seed: int = param(0, "seed for tokens, draws and bootstrap", min=0)
     max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
 
     def __post_init__(self) -> None:

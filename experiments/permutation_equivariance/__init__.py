@@ -140,15 +140,15 @@ class Config:
     max_tokens: int = param(32, "prompts are cut to this many tokens (encoders keep their "
                             "final [SEP]); at least 4, so a prefix permutation has room", min=4)
     seeds: tuple[int, ...] = param((0, 1, 2), "permutation seeds (distinct); each draws a "
-                                   "permutation per prompt and layer")
+                                   "permutation per prompt and layer", min=0)
     layers: tuple[int, ...] = param((), "layers for the sublayer and head checks (empty: "
-                                    "every layer)", min=0)
+                                    "every layer)", min=0, layer=True)
     shifts: tuple[int, ...] = param((1, 10, 100, 1000), "constants c added to every position "
                                     "id", min=1)
     view_prompts: int = param(2, "prompts (at most) whose patterns are stored for the "
                               "dashboard", min=0)
     view_layers: tuple[int, ...] = param((), "layers whose patterns are stored (empty: first, "
-                                         "middle and last)", min=0)
+                                         "middle and last)", min=0, layer=True)
     sublayer_tolerance: float = param(1e-5, "max relative error of an equivariant sublayer or "
                                       "head permutation", min=1e-12, max=0.5)
     model_tolerance: float = param(1e-3, "max relative error of an equivariant whole-model "

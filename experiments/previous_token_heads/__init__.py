@@ -57,7 +57,7 @@ class Config:
     n_repeated: int = param(32, "repeated random sequences", min=2)
     seq_len: int = param(40, "length of each random sequence", min=2)
     n_boot: int = param(1000, "bootstrap resamples", min=2)
-    seed: int = param(0, "seed for random tokens and bootstrap")
+    seed: int = param(0, "seed for random tokens and bootstrap", min=0)
     max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
 
     def __post_init__(self) -> None:

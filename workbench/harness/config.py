@@ -5,9 +5,12 @@ drives the checks (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``,
 ``tuple[X, ...]``, ``X | None``). Values reach a config from the command line as text
 (``--set n_prompts=16``, ``--set layers=1,2,3``, ``--set limit=none``), from Python as a
 dict of values, or from a claim file as JSON (lists for tuples): :func:`apply_overrides`
-takes all three and :func:`check_value` is the one rule for each field, so a wrong type,
+takes all three and :func:`workbench.core.values.check_value` is the one rule for each
+field (the same rule checks the parameters of generated prompt sets), so a wrong type,
 a value out of range, a NaN or an unknown field is refused before anything runs, with a
-message naming the field and what it expects. Checks that relate several fields stay in
+message naming the field and what it expects. A field of layer indices
+(``param(..., layer=True)``) is checked against the model by :func:`check_layers` once
+the model is known, still before a run exists. Checks that relate several fields stay in
 the config's ``__post_init__``.
 
 Examples:
@@ -25,24 +28,34 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
+from workbench.core import values as value_rules
 from workbench.core.errors import ConfigError
+from workbench.core.values import check_value, describe_type, literal_choices, parse_value
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+__all__ = ["FieldInfo", "apply_overrides", "check_config", "check_layers", "check_value",
+           "describe_range", "describe_type", "fields", "literal_choices", "param",
+           "parse_value", "split_overrides"]
 
 
-def param(default: Any, help: str, *, min: float | None = None, max: float | None = None
-          ) -> Any:
-    """A config field: its default, one line of help, and an inclusive range for numbers
-    (for a tuple, the range of each item)."""
-    metadata = {"help": help, "min": min, "max": max}
+def param(default: Any, help: str, *, min: float | None = None, max: float | None = None,
+          above: float | None = None, layer: bool = False) -> Any:
+    """A config field: its default, one line of help, and its range.
+
+    Args:
+        default: the default value.
+        help: one line for ``workbench experiments``.
+        min: inclusive lower bound of a number (for a tuple, of each item).
+        max: inclusive upper bound.
+        above: exclusive lower bound (a learning rate is ``above=0``).
+        layer: the field holds layer indices of the model (an int or a tuple of them),
+            checked against the model's layers by :func:`check_layers`.
+    """
+    metadata = {"help": help, "min": min, "max": max, "above": above, "layer": layer}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -73,137 +86,11 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-def describe_type(tp: Any) -> str:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (Union, types.UnionType):
-        return " | ".join(describe_type(a) for a in args)
-    if origin is tuple:
-        return f"tuple[{describe_type(args[0])}, ...]" if args else "tuple"
-    if tp is type(None):
-        return "None"
-    return getattr(tp, "__name__", str(tp))
-
-
 def describe_range(metadata: Mapping[str, Any]) -> str:
-    """``">= 1"``, ``"<= 0.5"``, ``"0 .. 1"`` or ``""``."""
-    low, high = metadata.get("min"), metadata.get("max")
-    if low is not None and high is not None:
-        return f"{low} .. {high}"
-    if low is not None:
-        return f">= {low}"
-    if high is not None:
-        return f"<= {high}"
-    return ""
-
-
-def literal_choices(tp: Any) -> list[str]:
-    """The options of a ``Literal`` type as strings (for command-line ``choices=``)."""
-    if get_origin(tp) is not Literal:
-        raise TypeError(f"{tp} is not a Literal type")
-    return [str(a) for a in get_args(tp)]
-
-
-def parse_value(raw: str, tp: Any, name: str) -> Any:
-    """Parse command-line text ``raw`` as a value of type ``tp`` (not yet range-checked).
-
-    Raises:
-        ConfigError: saying which field expected which type.
-    """
-    origin, args = get_origin(tp), get_args(tp)
-    text = raw.strip()
-    if origin in (Union, types.UnionType):
-        if type(None) in args and text.lower() in ("none", "null", ""):
-            return None
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return parse_value(text, arg, name)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{name}: expected {describe_type(tp)}, got {raw!r}")
-    if origin is Literal:
-        for option in args:
-            if str(option) == text:
-                return option
-        raise ConfigError(f"{name}: expected one of {describe_type(tp)}, got {raw!r}")
-    if origin is tuple:
-        items = [t for t in text.split(",") if t.strip()] if text else []
-        return tuple(parse_value(t, args[0], name) for t in items)
-    if tp is bool:
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise ConfigError(f"{name}: expected a boolean (true/false), got {raw!r}")
-    if tp in (int, float):
-        try:
-            return tp(text)
-        except ValueError:
-            raise ConfigError(f"{name}: expected {tp.__name__}, got {raw!r}") from None
-    if tp is str:
-        return text
-    raise ConfigError(f"{name}: fields of type {describe_type(tp)} cannot be set from text")
-
-
-def check_value(value: Any, tp: Any, name: str, metadata: Mapping[str, Any] | None = None
-                ) -> Any:
-    """``value`` as a value of field type ``tp``, or a :class:`ConfigError`.
-
-    The one rule every value passes, from text, Python or JSON: lists become tuples, ints
-    become floats where a float is declared, and nothing else is converted; a bool is not
-    an int, a float must be finite, and numbers must lie in the field's ``min``/``max``.
-    """
-    metadata = metadata or {}
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return check_value(value, arg, name, metadata)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[-1] if len(errors) == 1 else
-                          f"{name}: expected {describe_type(tp)}, got {value!r}")
-    if origin is Literal:
-        if value in args and type(value) in {type(a) for a in args}:
-            return value
-        raise ConfigError(f"{name}: expected one of {describe_type(tp)}, got {value!r}")
-    if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list of {describe_type(args[0])}, "
-                              f"got {value!r}")
-        return tuple(check_value(v, args[0], name, metadata) for v in value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{name}: expected a boolean (true/false), got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name}: expected int, got {value!r}")
-        return _in_range(value, name, metadata)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{name}: expected float, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{name}: expected a finite number, got {value!r}")
-        return _in_range(float(value), name, metadata)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{name}: expected str, got {value!r}")
-    raise ConfigError(f"{name}: fields of type {describe_type(tp)} are not supported")
-
-
-def _in_range(value: float, name: str, metadata: Mapping[str, Any]) -> Any:
-    low, high = metadata.get("min"), metadata.get("max")
-    if low is not None and value < low:
-        raise ConfigError(f"{name}: expected at least {low}, got {value}")
-    if high is not None and value > high:
-        raise ConfigError(f"{name}: expected at most {high}, got {value}")
-    return value
+    """``">= 1"``, ``"<= 0.5"``, ``"0 .. 1"``, ``"> 0"``, ``"a layer of the model"`` or ``""``."""
+    if metadata.get("layer"):
+        return "a layer of the model (0 .. n_layers - 1)"
+    return value_rules.describe_range(metadata)
 
 
 def split_overrides(pairs: Iterable[str]) -> dict[str, str]:
@@ -264,3 +151,20 @@ def check_config(cfg: Any) -> Any:
               for f in dataclasses.fields(cfg)}
     changed = {k: v for k, v in values.items() if v is not getattr(cfg, k)}
     return dataclasses.replace(cfg, **changed) if changed else cfg
+
+
+def check_layers(cfg: Any, n_layers: int, model: str = "the model") -> None:
+    """Raise unless every layer index in ``cfg``'s ``layer=True`` fields is a layer of a
+    model with ``n_layers`` layers. Call it once the model is known, before a run exists.
+
+    Raises:
+        ConfigError: naming the field, the layer and the model's layers.
+    """
+    for f in dataclasses.fields(cfg):
+        if not f.metadata.get("layer"):
+            continue
+        value = getattr(cfg, f.name)
+        for layer in value if isinstance(value, (tuple, list)) else (value,):
+            if layer is not None and not 0 <= layer < n_layers:
+                raise ConfigError(f"{f.name}: layer {layer} is out of range; {model} has "
+                                  f"{n_layers} layers (0 .. {n_layers - 1})")

@@ -3,7 +3,10 @@
 A prompt set is either a file in ``data/prompts/`` (the folder is its registry: ``NAME.txt``
 holds one prompt per paragraph, ``NAME.tsv`` one sentence pair per line, separated by a tab)
 or a generator registered with :func:`prompt_set`, which may depend on the model (random
-token ids are drawn from its vocabulary).
+token ids are drawn from its vocabulary). A generator's parameters are typed like config
+fields, ranges included (``seq_len: Annotated[int, Range(min=1)] = 32``), and every value
+given by name is checked against them (:func:`check_prompt_params`) before the model is
+needed: ``--set seq_len=-5`` is refused with a message naming the parameter.
 
 Examples:
     >>> from workbench.inputs.prompts import load_prompt_set
@@ -16,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 
 from workbench.core import paths
-from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
 from workbench.core.registry import Registry
+from workbench.core.values import Range, check_keywords, keyword_types
 
 if TYPE_CHECKING:
     from workbench.models.base import Model
@@ -43,8 +47,20 @@ GENERATORS: Registry[Generator] = Registry("prompt set")
 
 
 def prompt_set(name: str) -> Callable[[Generator], Generator]:
-    """Register a generated prompt set: ``fn(model, **params) -> list[Prompt]``."""
-    return GENERATORS.decorator(name)
+    """Register a generated prompt set: ``fn(model, **params) -> list[Prompt]``.
+
+    Every parameter after ``model`` needs a type annotation and a default; numbers carry
+    their range as ``Annotated[int, Range(min=1)]``. A parameter without an annotation is
+    a programming error, raised at registration.
+    """
+
+    def wrap(fn: Generator) -> Generator:
+        untyped = [k for k, tp in keyword_types(fn, skip=1).items() if tp is Any]
+        if untyped:
+            raise TypeError(f"prompt set '{name}': parameters without a type: {untyped}")
+        return GENERATORS.register(name, fn)
+
+    return wrap
 
 
 def file_sets() -> dict[str, Path]:
@@ -66,18 +82,45 @@ def check_prompt_set(name: str) -> None:
         )
 
 
+def check_prompt_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of prompt set ``name``, typed and checked (no model needed).
+
+    Args:
+        name: a prompt set (a file set takes no parameters).
+        params: ``{name: value}``; text (from ``--set``) is parsed by the parameter's type.
+
+    Returns:
+        The values as the generator takes them.
+
+    Raises:
+        UnknownNameError: an unknown prompt set (listing the known ones).
+        ConfigError: an unknown parameter (listing the known ones), a value of the wrong
+            type or out of range (naming the parameter and what it expects), or any
+            parameter for a file set.
+    """
+    check_prompt_set(name)
+    if name in file_sets():
+        if params:
+            raise ConfigError(f"prompt set '{name}' is a file and takes no parameters "
+                              f"(got {', '.join(params)})")
+        return {}
+    return check_keywords(GENERATORS.get(name), params, what=f"prompt set '{name}'", skip=1)
+
+
 def load_prompt_set(name: str, model: Model | None = None, **params: Any) -> list[Prompt]:
     """The prompts of a named set.
 
     Args:
         name: a file in ``data/prompts`` or a registered generator.
         model: needed by generators that draw token ids.
-        params: generator parameters (e.g. ``n_prompts``, ``seed``).
+        params: generator parameters (e.g. ``n_prompts``, ``seed``), checked by
+            :func:`check_prompt_params`.
 
     Raises:
         UnknownNameError: listing the known prompt sets.
+        ConfigError: a parameter that is unknown, of the wrong type or out of range.
     """
-    check_prompt_set(name)
+    params = check_prompt_params(name, params)
     files = file_sets()
     if name in files:
         return read_prompt_file(files[name])
@@ -87,8 +130,15 @@ def load_prompt_set(name: str, model: Model | None = None, **params: Any) -> lis
 
 
 def read_prompt_file(path: Path) -> list[Prompt]:
-    """Read a ``.txt`` (paragraphs) or ``.tsv`` (sentence pairs) prompt file."""
-    text = path.read_text(encoding="utf-8")
+    """Read a ``.txt`` (paragraphs) or ``.tsv`` (sentence pairs) prompt file.
+
+    Raises:
+        WorkbenchError: the file cannot be read, is not UTF-8, or has a malformed line.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkbenchError(f"cannot read prompt set {path}: {exc}") from None
     if path.suffix == ".tsv":
         prompts = []
         for i, line in enumerate(ln for ln in text.splitlines() if ln.strip()):
@@ -132,8 +182,10 @@ def random_token_ids(model: Model, n: int, generator: torch.Generator) -> list[i
 
 
 @prompt_set("repeated-random")
-def repeated_random(model: Model, n_prompts: int = 8, seq_len: int = 32, repeats: int = 2,
-                    seed: int = 0) -> list[Prompt]:
+def repeated_random(model: Model, n_prompts: Annotated[int, Range(min=1)] = 8,
+                    seq_len: Annotated[int, Range(min=1)] = 32,
+                    repeats: Annotated[int, Range(min=1)] = 2,
+                    seed: Annotated[int, Range(min=0)] = 0) -> list[Prompt]:
     """Random token sequences repeated ``repeats`` times, after BOS (causal models) or
     framed as ``[CLS] ... [SEP]`` (encoders).
 

@@ -38,8 +38,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from workbench.core import progress
-from workbench.core.errors import WorkbenchError
-from workbench.inputs.prompts import Prompt, load_prompt_set
+from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.inputs.prompts import Prompt, load_prompt_set, prompt_set_names
 from workbench.models.base import Model
 from workbench.recording import hooks
 
@@ -73,6 +73,13 @@ class HeadMask:
         if self.values.ndim != 2:
             raise WorkbenchError(f"a head mask is [layer, head]; got shape "
                                  f"{tuple(self.values.shape)}")
+        values = self.values.detach()
+        bad = ~torch.isfinite(values) | (values < 0) | (values > 1)
+        if bool(bad.any()):
+            layer, head = (int(i) for i in bad.nonzero()[0])
+            raise WorkbenchError(
+                f"head mask value at layer {layer}, head {head} is "
+                f"{float(values[layer, head])}; every value must be a number in [0, 1]")
 
     @classmethod
     def ones(cls, n_layers: int, n_heads: int, **kwargs: Any) -> HeadMask:
@@ -119,36 +126,113 @@ class HeadMask:
         return path
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HeadMask:
+    def from_json(cls, data: Any, source: str = "head mask") -> HeadMask:
+        """A mask from its JSON form (:meth:`to_json`), every part checked.
+
+        Args:
+            data: the parsed JSON.
+            source: what the data is, for messages (``"head mask prune.json"``).
+
+        Raises:
+            WorkbenchError: one line naming what is wrong: not an object, another format,
+                a missing key, a size that is not a whole number >= 1, ``mask`` rows that
+                are ragged or do not match the sizes, a value that is not a number, NaN,
+                infinite or outside [0, 1], an unknown ablation, or a mean ablation whose
+                reference is not a prompt set.
+        """
+        if not isinstance(data, dict):
+            raise WorkbenchError(f"{source}: expected a JSON object with format '{FORMAT}', "
+                                 f"got {_json_kind(data)}")
         if data.get("format") != FORMAT:
-            raise WorkbenchError(f"not a head mask file (expected format '{FORMAT}')")
-        values = torch.tensor(data["mask"], dtype=torch.float32)
-        if tuple(values.shape) != (data["n_layers"], data["n_heads"]):
-            raise WorkbenchError("head mask: 'mask' does not match n_layers x n_heads")
-        return cls(values, data.get("ablation", "zero"), data.get("reference", "natural"),
-                   data.get("model"), data.get("note", ""), data.get("extra", {}))
+            raise WorkbenchError(f"{source}: not a head mask file (expected format '{FORMAT}')")
+        missing = [k for k in ("n_layers", "n_heads", "mask") if k not in data]
+        if missing:
+            raise WorkbenchError(f"{source}: missing {', '.join(repr(k) for k in missing)}; a "
+                                 f"head mask has n_layers, n_heads and mask")
+        n_layers, n_heads = (_size(data[k], k, source) for k in ("n_layers", "n_heads"))
+        rows = _mask_rows(data["mask"], n_layers, n_heads, source)
+        for key, kinds in (("ablation", str), ("reference", str), ("model", (str, type(None))),
+                           ("note", str), ("extra", dict)):
+            if key in data and not isinstance(data[key], kinds):
+                raise WorkbenchError(f"{source}: '{key}' is {_json_kind(data[key])}; expected "
+                                     f"{'an object' if key == 'extra' else 'a string'}")
+        if data.get("ablation", "zero") not in ABLATIONS:
+            raise WorkbenchError(f"{source}: unknown ablation '{data['ablation']}'; expected one "
+                                 f"of {', '.join(ABLATIONS)}")
+        mask = cls(torch.tensor(rows, dtype=torch.float32), data.get("ablation", "zero"),
+                   data.get("reference", "natural"), data.get("model"), data.get("note", ""),
+                   data.get("extra", {}))
+        mask.check_reference(source)
+        return mask
 
     @classmethod
     def load(cls, path: str | Path) -> HeadMask:
         """Read a mask file.
 
         Raises:
-            WorkbenchError: unreadable, not a mask, or inconsistent.
+            WorkbenchError: unreadable, not a mask, or inconsistent (see :meth:`from_json`).
         """
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8 or JSON
             raise WorkbenchError(f"cannot read head mask {path}: {exc}") from None
-        return cls.from_json(data)
+        return cls.from_json(data, source=f"head mask {path}")
+
+    def check_reference(self, source: str = "head mask") -> None:
+        """Raise unless a ``mean`` mask's reference is a known prompt set."""
+        if self.ablation == "mean" and self.reference not in prompt_set_names():
+            raise UnknownNameError(
+                f"{source}: the mean ablation's reference '{self.reference}' is not a prompt "
+                f"set; known prompt sets: {', '.join(prompt_set_names())}")
 
     def check(self, model: Model) -> None:
-        """Raise unless the mask fits ``model``'s layers and query heads."""
+        """Raise unless the mask fits ``model``'s layers and query heads (and a ``mean``
+        mask's reference prompt set exists): call it before a run is created."""
         want = (model.info.n_layers, model.info.n_heads)
         if self.shape != want:
             raise WorkbenchError(
                 f"head mask is {self.shape[0]} layers x {self.shape[1]} heads"
                 f"{f' (made for {self.model})' if self.model else ''}; {model.info.name} "
                 f"has {want[0]} x {want[1]} query heads")
+        self.check_reference()
+
+
+def _json_kind(value: Any) -> str:
+    """``a list``, ``null``, ``a string ("x")``: what a JSON value is, for messages."""
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "a list"
+    if value is None:
+        return "null"
+    kind = ("a boolean" if isinstance(value, bool) else "a string" if isinstance(value, str)
+            else "a number")
+    return f"{kind} ({json.dumps(value)[:40]})"
+
+
+def _size(value: Any, key: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise WorkbenchError(f"{source}: '{key}' must be a whole number >= 1, got "
+                             f"{json.dumps(value)[:40]}")
+    return value
+
+
+def _mask_rows(rows: Any, n_layers: int, n_heads: int, source: str) -> list[list[float]]:
+    """``mask`` checked to be ``n_layers`` rows of ``n_heads`` finite numbers in [0, 1]."""
+    if not isinstance(rows, list) or len(rows) != n_layers:
+        got = f"{len(rows)} rows" if isinstance(rows, list) else _json_kind(rows)
+        raise WorkbenchError(f"{source}: 'mask' must be a list of n_layers = {n_layers} rows, "
+                             f"got {got}")
+    for layer, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != n_heads:
+            got = f"{len(row)} values" if isinstance(row, list) else _json_kind(row)
+            raise WorkbenchError(f"{source}: 'mask' row {layer} must hold n_heads = {n_heads} "
+                                 f"values, got {got}")
+        for head, value in enumerate(row):
+            # NaN fails both comparisons and infinities one; a huge int compares exactly
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 <= value <= 1):
+                raise WorkbenchError(f"{source}: 'mask' value at layer {layer}, head {head} is "
+                                     f"{json.dumps(value)[:40]}; expected a number in [0, 1]")
+    return rows
 
 
 def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int = 2048
