@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
@@ -31,7 +32,7 @@ from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.options import Dtype
 from workbench.core.registry import Registry
-from workbench.harness.config import apply_overrides, check_config
+from workbench.harness.config import apply_overrides, check_config, check_layers
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Model
 from workbench.models.load import load_model
@@ -198,13 +199,16 @@ def run_experiment(name: str, model: str | Model | None,
     if loaded is not None and exp.requires != "any":
         loaded.require(causal=True, lm_head=exp.requires == "causal_lm",
                        what=f"experiment '{name}'")
+    if loaded is not None:  # layer fields must name layers this model has
+        check_layers(cfg, loaded.info.n_layers, loaded.info.name)
     info = loaded.info.to_dict() if loaded is not None else None
     if heads_mask is not None:
         if loaded is None:
             raise WorkbenchError(f"experiment '{name}' takes no model, so no head mask")
         heads_mask.check(loaded)
     interventions = {"heads_mask": heads_mask.to_json()} if heads_mask is not None else None
-    if reuse and (found := store.find_matching(name, info, cfg, interventions)) is not None:
+    if reuse and (found := store.find_matching(name, info, cfg, interventions,
+                                               check=verify_stored_files)) is not None:
         log.info("reusing run %s", found.id)
         return found
     with store.start(name, info, cfg, tables=exp.tables,
@@ -215,3 +219,21 @@ def run_experiment(name: str, model: str | Model | None,
             active.save_table(table_name, df)
         active.set("summary", result.summary())
     return store.get(active.final)
+
+
+def verify_stored_files(run: Run) -> None:
+    """Re-hash the recordings and checkpoints a run holds, as ``--reuse`` does before it
+    returns the run (the store itself re-hashes its tables).
+
+    Raises:
+        WorkbenchError / ChecksumError: the first file that fails its check.
+    """
+    from workbench.models import checkpoints
+    from workbench.recording.record import INDEX, Recording
+
+    for folder, dirs, files in os.walk(run.path, followlinks=False):
+        dirs.sort()
+        if INDEX in files:
+            Recording.open(folder).verify()
+    for ref in checkpoints.list_checkpoints(run.path):
+        checkpoints.verify(ref.path)

@@ -41,6 +41,7 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models.base import Model
 from workbench.models.native import ModelSpec, as_model, build_bridge
+from workbench.store.validate import confined_file, real
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ CHECKPOINTS = "checkpoints"
 TOKENIZER = "tokenizer"
 _MODEL_DIR = re.compile(r"^L(?P<layers>\d+)$")
 _STEP_DIR = re.compile(r"^step_(?P<step>\d+)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MAX_META = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -108,31 +111,103 @@ def save(run_dir: str | Path, bridge: Any, spec: ModelSpec, *, step: int, tokens
 
 
 def verify(folder: str | Path) -> dict[str, Any]:
-    """Read ``checkpoint.json`` and re-hash every file it lists.
+    """Read ``checkpoint.json``, check its shape, and re-hash every file it lists.
+
+    Every path it names (the files hashed, the tokenizer folder) must stay inside the run
+    folder that holds the checkpoint (``<run>/checkpoints/L<n>/step_<s>/``), or inside the
+    checkpoint folder itself when it is not in a run.
 
     Returns:
         The checkpoint's metadata.
 
     Raises:
-        WorkbenchError: not a checkpoint folder.
+        WorkbenchError: not a checkpoint folder, or a ``checkpoint.json`` with missing keys,
+            wrong types or paths leading outside (the message names the file).
         ChecksumError: a file is missing, or changed since the checkpoint was written.
     """
     folder = Path(folder)
-    try:
-        meta = json.loads((folder / META).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise WorkbenchError(f"{folder} is not a readable checkpoint ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise WorkbenchError(f"{folder / META} is not a workbench checkpoint")
+    meta = _read_meta(folder)
+    root = _checkpoint_root(folder)
+    where = f"checkpoint {folder}"
+    if (problem := _meta_problem(meta, folder, root)) is not None:
+        raise WorkbenchError(f"{folder / META}: {problem}")
     for rel, expected in meta["sha256"].items():
-        path = (folder / rel).resolve()
-        if not path.is_file():
-            raise ChecksumError(f"checkpoint {folder}: {rel} is missing")
-        if checksums.sha256_file(path) != expected:
+        path = confined_file(root, os.path.relpath(folder / rel, root), what=where)
+        try:
+            actual = checksums.sha256_file(path)
+        except OSError as exc:
+            raise ChecksumError(f"{where}: cannot read {rel} ({exc.strerror})") from None
+        if actual != expected:
             raise ChecksumError(
-                f"checkpoint {folder}: {rel} does not match the SHA-256 recorded when it was "
+                f"{where}: {rel} does not match the SHA-256 recorded when it was "
                 "saved (the file is damaged or was changed); restore it or train again")
     return meta
+
+
+def _read_meta(folder: Path) -> Any:
+    try:
+        file = confined_file(folder, META, what=f"checkpoint {folder}")
+        with open(file, "rb") as fh:
+            data = fh.read(_MAX_META + 1)
+        if len(data) > _MAX_META:
+            raise WorkbenchError(f"{folder / META} is larger than {_MAX_META >> 20} MiB")
+        meta = json.loads(data)
+    except (OSError, ValueError, RecursionError, WorkbenchError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise WorkbenchError(f"{folder} is not a readable checkpoint ({reason})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise WorkbenchError(f"{folder / META} is not a workbench checkpoint")
+    return meta
+
+
+def _checkpoint_root(folder: Path) -> Path:
+    """The folder a checkpoint's paths must stay in: its run folder, when it is one of
+    ``<run>/checkpoints/L<n>/step_<s>``, else the checkpoint folder itself."""
+    if (_STEP_DIR.match(folder.name) and _MODEL_DIR.match(folder.parent.name)
+            and folder.parent.parent.name == CHECKPOINTS):
+        return folder.parent.parent.parent
+    return folder
+
+
+def _meta_problem(meta: dict[str, Any], folder: Path, root: Path) -> str | None:
+    """What is wrong with a ``checkpoint.json`` whose format is right (``None`` if nothing)."""
+    for key, kind in (("version", int), ("step", int), ("tokens", int), ("model", dict),
+                      ("tokenizer", str), ("sha256", dict)):
+        if key not in meta:
+            return f"no '{key}'"
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            return f"'{key}' is {type(meta[key]).__name__}, expected {kind.__name__}"
+    if meta["version"] != VERSION:
+        return f"version {meta['version']} is not supported (expected {VERSION})"
+    if min(meta["step"], meta["tokens"]) < 0:
+        return "'step' and 'tokens' must not be negative"
+    try:
+        ModelSpec.from_dict(meta["model"])
+    except (TypeError, ValueError) as exc:
+        return f"'model' is not a model spec ({exc})"
+    if WEIGHTS not in meta["sha256"]:
+        return f"'sha256' does not list {WEIGHTS}"
+    for rel, digest in meta["sha256"].items():
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            return f"'sha256' of {rel!r} is not 64 hex digits"
+        if (problem := _leads_out(folder, rel, root)) is not None:
+            return problem
+    if (problem := _leads_out(folder, meta["tokenizer"], root)) is not None:
+        return f"tokenizer: {problem}"
+    tokenizer = real(folder / meta["tokenizer"])
+    if not tokenizer.is_dir():
+        return f"tokenizer folder {meta['tokenizer']!r} is missing"
+    return None
+
+
+def _leads_out(folder: Path, rel: Any, root: Path) -> str | None:
+    """Whether ``rel`` (relative to ``folder``) is a path that stays inside ``root``."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+        return f"{rel!r} is not a relative path"
+    target, base = real(folder / rel), real(root)
+    if target != base and not target.is_relative_to(base):
+        return f"{rel!r} leads outside {root}"
+    return None
 
 
 def load_folder(folder: str | Path, *, name: str | None = None, dtype: Dtype = "float32",

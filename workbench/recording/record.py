@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.recording import hooks
+from workbench.store.validate import confined_file, real
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 INDEX = "index.json"
@@ -175,6 +177,115 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     return Recording.open(root)
 
 
+MAX_INDEX = 256 << 20
+"""An ``index.json`` larger than this is not one (a big recording's is tens of megabytes)."""
+_BLOCK_DTYPES = {"float16": 2, "float32": 4}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _read_index(root: Path) -> dict[str, Any]:
+    """``index.json`` of recording folder ``root``, parsed and checked.
+
+    Raises:
+        WorkbenchError: unreadable, not JSON, or not the shape of an index.
+    """
+    where = root / INDEX
+    file = confined_file(root, INDEX, what=f"recording {root}")
+    try:
+        with open(file, "rb") as fh:
+            data = fh.read(MAX_INDEX + 1)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {where} ({exc.strerror})") from None
+    if len(data) > MAX_INDEX:
+        raise WorkbenchError(f"{where} is larger than {MAX_INDEX >> 20} MiB: not an index")
+    try:
+        index = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WorkbenchError(f"{where} is not valid JSON ({first}): the recording is "
+                             "damaged") from None
+    if (problem := _index_problem(index)) is not None:
+        raise WorkbenchError(f"{where}: {problem}: the recording is damaged")
+    return index
+
+
+def _count(value: Any, *, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _index_problem(index: Any) -> str | None:
+    """What is wrong with a parsed ``index.json`` (``None`` if nothing)."""
+    if not isinstance(index, dict):
+        return f"holds {type(index).__name__}, expected an object"
+    if index.get("format_version") != FORMAT_VERSION:
+        return (f"format_version {index.get('format_version')!r} is not supported "
+                f"(expected {FORMAT_VERSION})")
+    if not isinstance(index.get("model"), dict):
+        return "'model' is not an object"
+    for key in ("n_layers", "n_heads", "d_model"):
+        if not _count(index.get(key), least=1):
+            return f"'{key}' is not a positive integer"
+    prompts = index.get("prompts")
+    if not isinstance(prompts, list) or not prompts:
+        return "'prompts' is not a non-empty list"
+    for i, prompt in enumerate(prompts):
+        if (problem := _prompt_problem(prompt)) is not None:
+            return f"prompt {i}: {problem}"
+    files = index.get("files")
+    if not isinstance(files, dict):
+        return "'files' is not an object"
+    for rel, entry in files.items():
+        if not (isinstance(entry, dict) and _count(entry.get("size"))
+                and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
+            return f"file {rel!r} has no size and sha256"
+    return _blocks_problem(index)
+
+
+def _prompt_problem(prompt: Any) -> str | None:
+    if not isinstance(prompt, dict):
+        return "not an object"
+    if not isinstance(prompt.get("label"), str):
+        return "'label' is not a string"
+    for key in ("text", "pair"):
+        if prompt.get(key) is not None and not isinstance(prompt[key], str):
+            return f"'{key}' is not a string or null"
+    ids, tokens = prompt.get("token_ids"), prompt.get("tokens")
+    if not isinstance(ids, list) or not ids or not all(_count(t) for t in ids):
+        return "'token_ids' is not a non-empty list of token ids"
+    if not isinstance(tokens, list) or len(tokens) != len(ids) \
+            or not all(isinstance(t, str) for t in tokens):
+        return "'tokens' is not a list of strings, one per token id"
+    return None
+
+
+def _blocks_problem(index: dict[str, Any]) -> str | None:
+    """Every layer has one block per prompt, of a known dtype, inside its listed file."""
+    blocks, files = index.get("blocks"), index["files"]
+    n_layers, n_heads, d_model = index["n_layers"], index["n_heads"], index["d_model"]
+    if not isinstance(blocks, dict):
+        return "'blocks' is not an object"
+    kinds = {"attn": n_layers}
+    if "resid/0" in blocks:
+        kinds["resid"] = n_layers + 1
+    lengths = [len(p["token_ids"]) for p in index["prompts"]]
+    for kind, count in kinds.items():
+        for layer in range(count):
+            rel = f"{kind}/{'L' if kind == 'attn' else 'B'}{layer:03d}.bin"
+            entries = blocks.get(f"{kind}/{layer}")
+            if rel not in files:
+                return f"data file {rel} is not listed in 'files'"
+            if not isinstance(entries, list) or len(entries) != len(lengths):
+                return f"'blocks' has no {kind}/{layer} entry for each prompt"
+            for n, entry in zip(lengths, entries, strict=True):
+                if not (isinstance(entry, list) and len(entry) == 2 and _count(entry[0])
+                        and entry[1] in _BLOCK_DTYPES):
+                    return f"block {kind}/{layer} is not [offset, float16|float32]"
+                size = n_heads * n * n if kind == "attn" else n * d_model
+                if entry[0] + size * _BLOCK_DTYPES[entry[1]] > files[rel]["size"]:
+                    return f"a block of {kind}/{layer} lies beyond the end of {rel}"
+    return None
+
+
 @dataclass(frozen=True)
 class RecordedPrompt:
     label: str
@@ -203,18 +314,31 @@ class Recording:
     def open(cls, path: str | Path) -> Recording:
         """Open a recording folder, or the run folder that holds one.
 
+        ``index.json`` is checked before anything else is read: its shape and types, every
+        data file it lists being a regular file inside the recording folder (symlinks
+        resolved) with the recorded size, and every block lying within its file. A
+        recording folder inside a run folder must resolve inside that run folder.
+
         Raises:
-            WorkbenchError: no recording there, or a data file has the wrong size
-                (truncated or replaced; :meth:`verify` also checks the SHA-256).
+            WorkbenchError: no recording there, or an ``index.json`` that is not one (the
+                message names the file and what is wrong).
+            ChecksumError: a data file is missing or has the wrong size (truncated or
+                replaced; :meth:`verify` also checks the SHA-256).
         """
         root = Path(path)
         if (root / "recording" / INDEX).is_file():
             root = root / "recording"
         if not (root / INDEX).is_file():
             raise WorkbenchError(f"no recording in {path} (expected {INDEX})")
-        index = json.loads((root / INDEX).read_text())
+        # a recording inside a run (recording/, example/) must not be a symlink out of it
+        run_dir = root.parent if (root.parent / "run.json").is_file() else root
+        if not real(root).is_relative_to(real(run_dir)):
+            raise WorkbenchError(f"recording {root} leads outside its run folder {run_dir} "
+                                 "(through a symlink)")
+        index = _read_index(root)
         for rel, entry in index["files"].items():
-            size = (root / rel).stat().st_size if (root / rel).is_file() else -1
+            file = confined_file(root, rel, what=f"{root / INDEX} file")
+            size = file.stat().st_size
             if size != entry["size"]:
                 raise ChecksumError(
                     f"{root / rel} has {size} bytes, expected {entry['size']}: "

@@ -6,6 +6,26 @@ config, the seed, library versions, the git revision) and how it ended: ``comple
 ``failed`` with the error. A run killed outright stays in ``.incomplete`` and is listed as
 ``interrupted``; no reader mistakes it, or a failed run, for a finished one.
 
+What the store promises, and where it is enforced:
+
+- **Completion cannot lie.** ``status: complete`` is written in the staging folder, then
+  every file and folder in it is flushed to disk, then it is renamed into place and the
+  parent flushed (:meth:`ActiveRun._complete`). A reader never believes ``complete`` of a
+  folder still under ``.incomplete/`` (:meth:`Run.load`: ``running`` while its process
+  lives, ``interrupted`` after).
+- **A failure records its cause**, a full disk (ENOSPC) or a read-only filesystem (EROFS)
+  included: when ``run.json`` itself cannot be written, a small file reserved when the run
+  started is overwritten in place with the ``failed`` record (:meth:`ActiveRun._fail`), and
+  the error reaches the caller. No temporary file is left behind.
+- **Nothing outside the store is served.** :meth:`RunStore.get` resolves a reference only
+  to a folder directly inside the store (or in its ``.incomplete/``), after resolving
+  symlinks; :meth:`RunStore.runs` lists only such folders; a table path in ``run.json`` must
+  name a regular file inside its run folder (:func:`workbench.store.validate.confined_file`).
+- **A malformed ``run.json`` damages one run, not the store.** It is checked on read
+  (:func:`workbench.store.validate.run_meta_problem`); a run that fails is listed with
+  ``status == "damaged"`` and ``meta["error"]`` saying why, and is never returned by
+  :meth:`RunStore.latest` or :meth:`RunStore.find_matching`.
+
 Tables are Parquet files whose SHA-256 is kept in ``run.json`` and checked on every read.
 A run is started with the declarations of the tables it may write
 (:mod:`workbench.store.schema`); a table that does not match its declaration is refused.
@@ -20,30 +40,38 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import logging
 import os
 import secrets
 import shutil
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow
 
-from workbench.core import checksums
+from workbench.core import checksums, durable
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.options import Status
-from workbench.store import provenance
+from workbench.store import provenance, validate
 from workbench.store.schema import SchemaError, Table
 
 log = logging.getLogger(__name__)
 
 RUN_JSON = "run.json"
 INCOMPLETE = ".incomplete"
+RESERVE = ".run.json.reserve"
+"""Room for the ``failed`` record, taken when a run starts, for when the disk fills up."""
+RESERVE_BYTES = 64 * 1024
+MAX_RUN_JSON = 32 << 20
+"""A ``run.json`` larger than this is damaged (a real one is a few kilobytes)."""
 
 
 def _now() -> str:
@@ -55,23 +83,72 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in base)[:40].strip("-") or "x"
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _read_meta(path: Path) -> tuple[Any, str | None]:
+    """``run.json`` of folder ``path`` parsed, and what is wrong with it (``None`` if
+    nothing)."""
+    try:
+        file = validate.confined_file(path, RUN_JSON, what=f"run {path.name}")
+        with open(file, "rb") as fh:
+            data = fh.read(MAX_RUN_JSON + 1)
+    except WorkbenchError as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, f"cannot read {path / RUN_JSON} ({exc.strerror})"
+    if len(data) > MAX_RUN_JSON:
+        return None, f"run.json is larger than {MAX_RUN_JSON >> 20} MiB"
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+        return None, f"run.json is not valid JSON ({_one_line(exc)})"
+    return meta, validate.run_meta_problem(meta, path)
+
+
 class Run:
-    """A stored run, read-only."""
+    """A stored run, read-only.
+
+    ``meta`` is its ``run.json``, checked on read: a run whose file fails the check has
+    ``status == "damaged"`` and ``meta["error"]`` saying why (and no tables).
+    """
 
     def __init__(self, path: Path, meta: dict[str, Any]) -> None:
         self.path = path
         self.meta = meta
 
     @classmethod
-    def load(cls, path: Path) -> Run:
-        try:
-            meta = json.loads((path / RUN_JSON).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise WorkbenchError(f"{path} is not a readable run ({exc})") from None
-        if meta.get("status") == "running" and not _alive(meta.get("pid")):
-            meta["status"] = "interrupted"
-            meta.setdefault("error", "the process ended without finishing the run")
+    def load(cls, path: str | Path) -> Run:
+        """Read the run in folder ``path``. Never raises for a bad ``run.json``: such a run
+        is returned as ``damaged``. A folder still under ``.incomplete/`` is ``running``
+        while its process lives and ``interrupted`` after, whatever its ``status`` says
+        (``failed`` excepted: that is already the truth)."""
+        path = Path(path)
+        meta, problem = _read_meta(path)
+        if problem is not None:
+            log.info("run %s is damaged: %s", path.name, problem)
+            return cls._damaged(path, meta, problem)
+        staged = path.parent.name == INCOMPLETE
+        if meta["status"] == "running" or (staged and meta["status"] == "complete"):
+            if _alive(meta.get("pid")):
+                meta["status"] = "running"
+            else:
+                meta["status"] = "interrupted"
+                meta.setdefault("error", "the process ended without finishing the run")
         return cls(path, meta)
+
+    @classmethod
+    def _damaged(cls, path: Path, raw: Any, problem: str) -> Run:
+        raw = raw if isinstance(raw, dict) else {}
+
+        def text(key: str, default: str) -> str:
+            return raw[key] if isinstance(raw.get(key), str) else default
+
+        return cls(path, {"run_id": path.name, "experiment": text("experiment", "unknown"),
+                          "status": "damaged", "error": problem, "model": None, "config": {},
+                          "started_at": text("started_at", ""), "tables": {}})
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, {self.status})"
@@ -100,25 +177,63 @@ class Run:
     def table_names(self) -> list[str]:
         return sorted(self.meta.get("tables", {}))
 
-    def table(self, name: str) -> pd.DataFrame:
-        """Read a table, checking its SHA-256.
-
-        Raises:
-            WorkbenchError: no such table (the message lists the run's tables).
-            ChecksumError: the file changed since the run wrote it.
-        """
+    def _entry(self, name: str) -> dict[str, Any]:
+        if self.status == "damaged":
+            raise WorkbenchError(f"run {self.id} is damaged: "
+                                 f"{self.meta.get('error', 'no reason recorded')}")
         tables = self.meta.get("tables", {})
         if name not in tables:
             known = ", ".join(sorted(tables)) or "none"
             raise WorkbenchError(f"run {self.id} has no table '{name}'; its tables: {known}")
-        path = self.path / tables[name]["file"]
-        if checksums.sha256_file(path) != tables[name]["sha256"]:
+        return tables[name]
+
+    def _file(self, name: str) -> Path:
+        return validate.confined_file(self.path, self._entry(name)["file"],
+                                      what=f"run {self.id} table '{name}'")
+
+    def table(self, name: str) -> pd.DataFrame:
+        """Read a table, checking its SHA-256.
+
+        The file is read once, and the bytes that were hashed are the bytes parsed.
+
+        Raises:
+            WorkbenchError: no such table (the message lists the run's tables), a damaged
+                run, a path that leads outside the run folder or to something that is not a
+                regular file, or a file that is not Parquet.
+            ChecksumError: the file is missing, or changed since the run wrote it.
+        """
+        path = self._file(name)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ChecksumError(f"cannot read {path} ({exc.strerror})") from None
+        if hashlib.sha256(data).hexdigest() != self._entry(name)["sha256"]:
             raise ChecksumError(f"checksum mismatch for {path}: the table was changed or damaged")
-        return pd.read_parquet(path)
+        try:
+            return pd.read_parquet(io.BytesIO(data))
+        except (OSError, ValueError, pyarrow.ArrowException) as exc:
+            raise WorkbenchError(f"table '{name}' of run {self.id} is not readable Parquet "
+                                 f"({_one_line(exc)})") from None
+
+    def verify(self) -> None:
+        """Re-hash every table of the run against ``run.json``.
+
+        Raises:
+            WorkbenchError / ChecksumError: as :meth:`table`, for the first table that fails.
+        """
+        for name in self.table_names():
+            path = self._file(name)
+            try:
+                actual = checksums.sha256_file(path)
+            except OSError as exc:
+                raise ChecksumError(f"cannot read {path} ({exc.strerror})") from None
+            if actual != self._entry(name)["sha256"]:
+                raise ChecksumError(f"checksum mismatch for {path}: the table was changed "
+                                    "or damaged")
 
 
 def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -126,11 +241,20 @@ def _alive(pid: Any) -> bool:
         return False
     except PermissionError:
         return True
+    except OSError:
+        return False
     return True
 
 
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".rstrip(": ")
+
+
 class ActiveRun:
-    """A run being written. Use through :meth:`RunStore.start`."""
+    """A run being written. Use through :meth:`RunStore.start`.
+
+    ``dir`` is the staging folder the run writes into; ``final`` where it goes when it ends.
+    """
 
     def __init__(self, staging: Path, final: Path, meta: dict[str, Any],
                  tables: Mapping[str, Table]) -> None:
@@ -138,6 +262,7 @@ class ActiveRun:
         self.final = final
         self.meta = meta
         self.declared = dict(tables)
+        self._at = staging  # where the folder is now
 
     @property
     def id(self) -> str:
@@ -149,6 +274,7 @@ class ActiveRun:
 
         Raises:
             SchemaError: the run declares no table ``name``, or ``df`` does not match it.
+            OSError: the file could not be written (nothing partial is left).
         """
         if name not in self.declared:
             known = ", ".join(self.declared) or "none"
@@ -156,8 +282,12 @@ class ActiveRun:
         self.declared[name].check(df)
         path = self.dir / f"{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        try:
+            df.to_parquet(tmp, index=False)
+            os.replace(tmp, path)
+        except BaseException:
+            durable.remove_quietly(tmp)
+            raise
         self.meta.setdefault("tables", {})[name] = {
             "file": path.name, "rows": len(df), "sha256": checksums.sha256_file(path),
         }
@@ -166,19 +296,72 @@ class ActiveRun:
         """Record extra facts in ``run.json`` (e.g. a summary)."""
         self.meta[key] = value
 
-    def _write(self) -> None:
-        checksums.write_json_atomic(self.dir / RUN_JSON, self.meta)
+    def _encode(self, meta: Mapping[str, Any]) -> bytes:
+        return (json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n").encode()
 
-    def _finish(self, status: Status, error: BaseException | None = None) -> Run:
-        self.meta["status"] = status
+    def _write(self) -> None:
+        durable.write_atomic(self._at / RUN_JSON, self._encode(self.meta))
+
+    def _move_into_place(self) -> None:
+        os.replace(self._at, self.final)
+        self._at = self.final
+        durable.fsync_dir(self.final.parent)
+        durable.fsync_dir(self.dir.parent)
+
+    def _complete(self) -> Run:
+        """Mark the run complete, flush it, move it into place: in that order, so that a
+        kill at any step leaves a folder under ``.incomplete/`` (which no reader believes)
+        or a complete run whose every byte is on disk."""
+        self.meta["status"] = "complete"
         self.meta["ended_at"] = _now()
-        self.meta.pop("pid", None)
-        if error is not None:
-            self.meta["error"] = f"{type(error).__name__}: {error}".rstrip(": ")
-            self.meta["traceback"] = "".join(traceback.format_exception(error))[-8000:]
         self._write()
-        os.replace(self.dir, self.final)
+        durable.remove_quietly(self._at / RESERVE)
+        durable.fsync_tree(self._at)
+        self._move_into_place()
         return Run(self.final, self.meta)
+
+    def _fail(self, error: BaseException) -> None:
+        """Record ``error`` as the run's cause of failure, by any means the disk allows.
+
+        Never raises: the caller re-raises ``error`` itself.
+        """
+        self.meta.update(status="failed", ended_at=_now(), error=_describe(error),
+                         traceback="".join(traceback.format_exception(error))[-8000:])
+        try:
+            self._write()
+        except OSError as exc:  # a full disk or a read-only filesystem
+            log.warning("run %s: cannot write run.json (%s); using the reserved space",
+                        self.id, exc)
+            if not self._write_reserved():
+                return
+        durable.remove_quietly(self._at / RESERVE)
+        try:
+            durable.fsync_tree(self._at)
+            if self._at != self.final:
+                self._move_into_place()
+        except OSError as exc:  # marked failed where it is; readers trust "failed"
+            log.warning("failed run %s stays in %s: %s", self.id, self._at, exc)
+
+    def _write_reserved(self) -> bool:
+        """Overwrite the reserved file with the ``failed`` record, then rename it to
+        ``run.json``; ``False`` if even that was impossible (logged)."""
+        essential = {k: self.meta.get(k) for k in (
+            "run_id", "experiment", "model", "config", "seed", "started_at", "ended_at",
+            "status", "error", "pid", "workbench_version")}
+        brief = {**essential, "model": None, "config": {}, "error": self.meta["error"][:2000]}
+        full = {k: v for k, v in self.meta.items() if k != "traceback"}
+        data = next(d for d in map(self._encode, (full, essential, brief))
+                    if len(d) <= RESERVE_BYTES)
+        reserve = self._at / RESERVE
+        try:
+            durable.overwrite_reserved(reserve, data)
+            os.replace(reserve, self._at / RUN_JSON)
+            durable.fsync_dir(self._at)
+        except (OSError, ValueError) as exc:
+            log.error("run %s failed (%s) and cannot be marked failed on disk: %s",
+                      self.id, self.meta["error"], exc)
+            return False
+        return True
 
 
 class RunStore:
@@ -199,6 +382,10 @@ class RunStore:
             config: the experiment's config dataclass (or a dict).
             tables: the declarations of the tables the run may save (none by default).
             extra: more facts for ``run.json``.
+
+        Raises:
+            OSError: the run could not be created (nothing is left behind), or could not
+                be completed (it is then marked failed with this error, if the disk allows).
         """
         cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -217,34 +404,57 @@ class RunStore:
             "started_at": _now(),
             "status": "running",
             "pid": os.getpid(),
+            "tables": {},
             **(extra or {}),
         }
         active = ActiveRun(staging, self.root / run_id, meta, tables or {})
-        active._write()
+        try:
+            durable.reserve(staging / RESERVE, RESERVE_BYTES)
+            active._write()
+        except BaseException:  # no room even to start: leave no trace of a run
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         try:
             yield active
         except BaseException as exc:  # Ctrl-C and SystemExit too: never leave it "running"
-            run = active._finish("failed", exc)
-            log.error("run %s failed: %s", run.id, run.meta["error"])
+            active._fail(exc)
+            log.error("run %s failed: %s", active.id, active.meta["error"])
             raise
-        active._finish("complete")
+        try:
+            active._complete()
+        except BaseException as exc:  # the disk filled up or went read-only while finishing
+            active._fail(exc)
+            log.error("run %s could not be completed: %s", active.id, active.meta["error"])
+            raise
+
+    def _run_folders(self) -> list[Path]:
+        """Folders directly inside the store (and its ``.incomplete/``) that hold a
+        ``run.json``; symlinks are not followed, so nothing outside is listed."""
+        found = []
+        for parent in (self.root, self.root / INCOMPLETE):
+            if parent.is_symlink() or not parent.is_dir():
+                continue
+            try:
+                entries = sorted(parent.iterdir())
+            except OSError as exc:
+                log.warning("cannot list %s: %s", parent, exc.strerror)
+                continue
+            for path in entries:
+                if parent == self.root and path.name.startswith("."):
+                    continue
+                if path.is_symlink() or not path.is_dir():
+                    continue
+                if os.path.lexists(path / RUN_JSON):
+                    found.append(path)
+        return found
 
     def runs(self, *, experiment: str | None = None, model: str | None = None,
              status: Status | None = None) -> list[Run]:
-        """Stored runs, oldest first, optionally filtered."""
-        if not self.root.is_dir():
-            return []
-        candidates = [p for p in self.root.iterdir() if (p / RUN_JSON).is_file()]
-        incomplete = self.root / INCOMPLETE
-        if incomplete.is_dir():
-            candidates += [p for p in incomplete.iterdir() if (p / RUN_JSON).is_file()]
+        """Stored runs, oldest first, optionally filtered. Damaged runs are listed too,
+        with ``status == "damaged"`` and the reason in ``meta["error"]``."""
         found = []
-        for path in candidates:
-            try:
-                run = Run.load(path)
-            except WorkbenchError as exc:
-                log.warning("skipping %s", exc)
-                continue
+        for path in self._run_folders():
+            run = Run.load(path)
             if experiment and run.experiment != experiment:
                 continue
             if model and run.model_name != model:
@@ -255,24 +465,51 @@ class RunStore:
         return sorted(found, key=lambda r: (r.meta.get("started_at", ""), r.id))
 
     def get(self, ref: str | Path) -> Run:
-        """A run by id, id prefix or folder path.
+        """A run by id, id prefix, or the path of its folder, which must be directly inside
+        the store (``data/runs/<id>``, ``<store>/.incomplete/<id>``), symlinks resolved.
 
         Raises:
-            WorkbenchError: no such run (the message lists the most recent ids).
+            WorkbenchError: a path outside the store, or no such run (the message lists the
+                most recent ids).
         """
-        path = Path(ref)
-        if (path / RUN_JSON).is_file():
-            return Run.load(path)
+        text = str(ref)
+        if not text or "\0" in text:
+            raise WorkbenchError(f"run reference {text!r} is empty or not a name; "
+                                 "give a run id, an id prefix or a run folder in the store")
+        if isinstance(ref, Path) or _is_path(text):
+            return Run.load(self._folder(ref))
         runs = self.runs()
-        matches = [r for r in runs if r.id == str(ref)] or [
-            r for r in runs if r.id.startswith(str(ref))
-        ]
+        matches = [r for r in runs if r.id == text] or [r for r in runs if r.id.startswith(text)]
         if len(matches) == 1:
             return matches[0]
         recent = ", ".join(r.id for r in runs[-5:]) or "none"
         if matches:
             raise WorkbenchError(f"run '{ref}' is ambiguous: {', '.join(r.id for r in matches)}")
         raise WorkbenchError(f"no run '{ref}' in {self.root}; most recent: {recent}")
+
+    def _folder(self, ref: str | Path) -> Path:
+        """The run folder a path reference names, in the store's own spelling."""
+        path = Path(ref).expanduser()
+        outside = WorkbenchError(
+            f"run '{ref}' is outside the run store {self.root}; expected a run id or a "
+            "folder directly inside the store")
+        if os.pardir in path.parts:
+            raise outside
+        base = validate.real(self.root)
+        staging = base / INCOMPLETE
+        tries = [path] if path.is_absolute() else [path, self.root / path]
+        for candidate in tries:
+            real = validate.real(candidate)
+            if real.parent == base and not real.name.startswith("."):
+                folder = self.root / real.name
+            elif real.parent == staging and not (self.root / INCOMPLETE).is_symlink():
+                folder = self.root / INCOMPLETE / real.name
+            else:
+                continue
+            if not real.is_dir() or not os.path.lexists(real / RUN_JSON):
+                raise WorkbenchError(f"no run at {folder} (expected a folder with {RUN_JSON})")
+            return folder
+        raise outside
 
     def latest(self, *, experiment: str | None = None, model: str | None = None) -> Run | None:
         """The newest complete run matching the filters, if any."""
@@ -295,9 +532,15 @@ class RunStore:
         return None
 
     def find_matching(self, experiment: str, model: dict[str, Any] | None, config: Any,
-                      interventions: dict[str, Any] | None = None) -> Run | None:
+                      interventions: dict[str, Any] | None = None, *,
+                      check: Callable[[Run], None] | None = None) -> Run | None:
         """The newest complete run with the same experiment, model weights, config,
-        interventions and workbench version, for reuse instead of a recomputation."""
+        interventions and workbench version, for reuse instead of a recomputation.
+
+        A candidate is re-verified before it is returned: every table is re-hashed (and
+        ``check(run)`` called, if given, to verify more of its files); one that fails is
+        skipped with a warning and the next older match is tried.
+        """
         cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
         cfg = json.loads(json.dumps(cfg, default=str))
         version = provenance.workbench_version()
@@ -307,9 +550,17 @@ class RunStore:
                 model["name"], model["checksum"]
             ):
                 continue
-            if (run.config == cfg and run.meta.get("workbench_version") == version
+            if not (run.config == cfg and run.meta.get("workbench_version") == version
                     and run.meta.get("interventions") == interventions):
-                return run
+                continue
+            try:
+                run.verify()
+                if check is not None:
+                    check(run)
+            except WorkbenchError as exc:
+                log.warning("not reusing run %s: %s", run.id, exc)
+                continue
+            return run
         return None
 
     def remove_incomplete(self) -> int:
@@ -319,3 +570,10 @@ class RunStore:
             shutil.rmtree(run.path)
             removed += 1
         return removed
+
+
+def _is_path(text: str) -> bool:
+    """Whether a run reference is written as a path rather than an id."""
+    seps = {"/", os.sep, os.altsep} - {None}
+    return any(sep in text for sep in seps) or text in (os.curdir, os.pardir) \
+        or text.startswith("~")
