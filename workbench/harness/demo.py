@@ -13,7 +13,7 @@ from pathlib import Path
 from workbench.core import paths
 from workbench.core.errors import ModelCapabilityError
 from workbench.harness import claims
-from workbench.harness.experiment import all_experiments, run_experiment
+from workbench.harness.experiment import all_experiments, run_experiment, verify_stored_files
 from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
 from workbench.models.load import load_model
@@ -26,7 +26,8 @@ def demo_recording(model: Model, store: RunStore, fresh: bool) -> str:
     prompts = load_prompt_set("natural" if model.info.causal else "sentence-pairs")[:6]
     config = {"source": "demo", "n_prompts": len(prompts), "store_dtype": "float16",
               "max_batch_tokens": 2048, "dtype": model.info.dtype}
-    found = None if fresh else store.find_matching("record", model.info.to_dict(), config)
+    found = None if fresh else store.find_matching("record", model.info.to_dict(), config,
+                                                   check=verify_stored_files)
     if found is not None:
         return found.id
     with store.start("record", model.info.to_dict(), config) as run:
