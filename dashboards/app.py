@@ -1,20 +1,34 @@
-"""Build the Dash app; the pages in ``pages/`` register themselves."""
+"""Build the Dash app (the pages in ``pages/`` register themselves) and serve it safely."""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from pathlib import Path
 
 import dash
 from dash import Dash, dcc, html
 
+from workbench.core.errors import WorkbenchError
+
+log = logging.getLogger(__name__)
+
 PAGES = Path(__file__).parent / "pages"
+
+DEBUG_REFUSED = ("--debug serves an interactive debugger; it is refused on a non-loopback "
+                 "host")
+# Dash's debug mode turns all of these on; each is named off so no DASH_* variable of the
+# environment turns one back on behind a server that is not in debug mode.
+DEV_TOOLS_OFF = {"dev_tools_ui": False, "dev_tools_props_check": False,
+                 "dev_tools_serve_dev_bundles": False, "dev_tools_hot_reload": False,
+                 "dev_tools_prune_errors": False}
 
 
 def create_app(runs_dir: str | Path) -> Dash:
     """The dashboard over the run store in ``runs_dir``.
 
     Example:
-        >>> create_app("data/runs").run(port=8050)   # doctest: +SKIP
+        >>> serve(create_app("data/runs"), "127.0.0.1", 8050)   # doctest: +SKIP
     """
     app = Dash(__name__, use_pages=True, pages_folder=str(PAGES), title="workbench",
                suppress_callback_exceptions=True)
@@ -30,3 +44,65 @@ def create_app(runs_dir: str | Path) -> Dash:
         html.Main(dash.page_container),
     ])
     return app
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only: ``localhost``, 127.0.0.0/8 or
+    ``::1``. Any other name, and ``0.0.0.0`` or ``""`` (every interface), is not."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, debug: bool) -> str | None:
+    """Whether the dashboard may be served on ``host``, before anything is built.
+
+    Returns:
+        ``None`` for a loopback host, else the warning to show: the runs become readable
+        to the network.
+
+    Raises:
+        WorkbenchError: ``debug`` with a host that is not loopback (the debugger runs code
+            for whoever reaches it).
+    """
+    if is_loopback(host):
+        return None
+    if debug:
+        raise WorkbenchError(f"{DEBUG_REFUSED} (--host {host}); use --host 127.0.0.1")
+    return (f"--host {host} is not a loopback address: every run in the store becomes "
+            "readable to anyone on the network who can reach this port")
+
+
+def serve(app: Dash, host: str, port: int, debug: bool = False) -> None:
+    """Serve ``app`` until interrupted.
+
+    The Werkzeug debugger and Dash's dev tools are on only with ``debug`` on a loopback
+    host; otherwise a callback that fails answers a bare HTTP 500 (its traceback goes to
+    the log, not to the client). A host that is not loopback is logged as a warning.
+
+    Raises:
+        WorkbenchError: ``debug`` on a host that is not loopback, or a port outside
+            1..65535.
+    """
+    warning = check_host(host, debug)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise WorkbenchError(f"--port {port} is not a port; expected 1..65535")
+    if warning:
+        log.warning("%s", warning)
+    if debug:
+        app.run(host=host, port=port, debug=True)
+        return
+    without_debugger(app)
+    app.run(host=host, port=port, debug=False, **DEV_TOOLS_OFF,
+            use_reloader=False, use_debugger=False, use_evalex=False)
+
+
+def without_debugger(app: Dash) -> None:
+    """Make ``app`` answer an unhandled error with Flask's plain 500 page: no debugger,
+    no traceback, whatever ``FLASK_DEBUG`` or ``DASH_DEBUG`` say."""
+    app.server.debug = False
+    app.server.config.update(DEBUG=False, PROPAGATE_EXCEPTIONS=False,
+                             TRAP_HTTP_EXCEPTIONS=False, TRAP_BAD_REQUEST_ERRORS=False)

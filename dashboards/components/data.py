@@ -1,14 +1,28 @@
-"""Read the run store from inside a request (pages never read data at import time)."""
+"""Read the run store from inside a request (pages never read data at import time).
+
+A page opens only runs the store lists. A run id from the client (a dropdown value, a
+``?run=`` in the URL, or a request crafted by hand) is matched exactly against the ids of
+the listed runs and never resolved as a path: an absolute or relative path, ``..``, an id
+prefix, or a folder inside the store that is a symlink leading out of it is refused with a
+:class:`WorkbenchError`, which the page shows as a message (:mod:`.messages`).
+
+Examples:
+    >>> run = get_run(run_id, shows=["record"])       # doctest: +SKIP
+    >>> rec = recording(run_id)                         # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 import flask
 
+from workbench.core.errors import WorkbenchError
+from workbench.core.options import Status
 from workbench.recording.record import Recording
-from workbench.store.runs import Run, RunStore
+from workbench.store.runs import INCOMPLETE, Run, RunStore
 
 
 def store() -> RunStore:
@@ -16,19 +30,131 @@ def store() -> RunStore:
     return RunStore(flask.current_app.config["WORKBENCH_RUNS_DIR"])
 
 
-def runs(experiment: str | None = None, status: str | None = "complete") -> list[Run]:
-    """Runs, newest first."""
-    return list(reversed(store().runs(experiment=experiment, status=status)))
+def _resolved(path: Path) -> Path | None:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
 
 
-def get_run(run_id: str) -> Run:
-    return store().get(run_id)
+def _inside(root: Path, run: Run) -> bool:
+    """Whether the run's folder, symlinks resolved, is a direct child of the store (or of
+    its ``.incomplete`` folder): a folder linking out of the store is not one of its runs."""
+    base, path = _resolved(root), _resolved(run.path)
+    return (base is not None and path is not None
+            and path.parent in (base, base / INCOMPLETE) and path.name == run.path.name)
 
 
-def recording(run_id: str) -> Recording:
-    """The recording of a run, opened once per process and run folder."""
-    path = get_run(run_id).path
-    return _open_recording(str(path), (path / "recording" / "index.json").stat().st_mtime_ns)
+def _listed(experiment: str | None = None, status: Status | None = None) -> list[Run]:
+    st = store()
+    return [r for r in st.runs(experiment=experiment, status=status) if _inside(st.root, r)]
+
+
+def listed() -> list[Run]:
+    """Every run the store lists, damaged ones too, oldest first (read once per request)."""
+    if "workbench_listed" not in flask.g:
+        flask.g.workbench_listed = _listed()
+    return flask.g.workbench_listed
+
+
+def runs(experiment: str | None = None, status: Status | None = "complete") -> list[Run]:
+    """Runs, newest first: complete ones unless ``status`` says otherwise (``None``: all,
+    damaged ones included)."""
+    return list(reversed(_listed(experiment, status)))
+
+
+def _shown(run_id: object) -> str:
+    text = run_id if isinstance(run_id, str) else repr(run_id)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def listed_run(run_id: object) -> Run:
+    """The listed run whose id is exactly ``run_id``, whatever its status.
+
+    Raises:
+        WorkbenchError: the store lists no run with that id (a path, a prefix and a
+            symlink leading out of the store are never one).
+    """
+    if isinstance(run_id, str) and run_id:
+        for run in listed():
+            if run.id == run_id:
+                return run
+    raise WorkbenchError(f"no such run '{_shown(run_id)}' in {store().root}; "
+                         "choose one of the runs the store lists")
+
+
+def get_run(run_id: object, *, shows: Sequence[str] | None = None) -> Run:
+    """The complete, listed run ``run_id``, for reading its tables.
+
+    Args:
+        run_id: a run id exactly as the store lists it.
+        shows: the experiments the asking page shows (``None``: any).
+
+    Raises:
+        WorkbenchError: no such run; the run is damaged, failed, interrupted or still
+            running; or it is a run of an experiment the page does not show.
+    """
+    run = listed_run(run_id)
+    if run.status == "damaged":
+        raise WorkbenchError(f"run {run.id} is damaged: {run.meta.get('error', 'no reason')}")
+    if run.status != "complete":
+        why = f" ({run.meta['error']})" if run.meta.get("error") else ""
+        raise WorkbenchError(f"run {run.id} is {run.status}{why}; pages show complete runs")
+    if shows is not None and run.experiment not in shows:
+        article = "an" if run.experiment[:1] in tuple("aeiou") else "a"
+        raise WorkbenchError(f"run {run.id} is {article} {run.experiment} run; this page "
+                             f"shows {' or '.join(shows)} runs")
+    return run
+
+
+def choose(requested: object, runs: Sequence[Run], *, shows: Sequence[str]) -> str:
+    """The run a page opens with: ``requested`` (its ``?run=``) if it is one of ``runs``,
+    else the first of ``runs`` (the newest complete one) when nothing was requested.
+
+    Raises:
+        WorkbenchError: ``requested`` is not a complete run the page shows (the message
+            says why, as :func:`get_run` does).
+    """
+    if requested is None and runs:
+        return runs[0].id
+    if any(r.id == requested for r in runs):
+        return str(requested)
+    return get_run(requested, shows=shows).id
+
+
+def open_recording(run: Run, part: str = "recording") -> Recording:
+    """The recording in folder ``part`` of a listed run, opened once per process and
+    version of its index.
+
+    Raises:
+        WorkbenchError: the folder or its index leads outside the run's folder, there is
+            no recording, or its index is unreadable or does not match its files.
+    """
+    folder = run.path / part
+    base, target = _resolved(run.path), _resolved(folder)
+    index = _resolved(folder / "index.json")
+    if base is None or target is None or index is None or not (
+            target.is_relative_to(base) and index.is_relative_to(base)):
+        raise WorkbenchError(f"run {run.id}: its {part} folder leads outside the run")
+    try:
+        version = (folder / "index.json").stat().st_mtime_ns
+    except FileNotFoundError:
+        raise WorkbenchError(f"run {run.id} has no {part}") from None
+    except OSError as exc:
+        raise WorkbenchError(f"run {run.id}: cannot read its {part} ({exc.strerror})") from None
+    try:
+        return _open_recording(str(folder), version)
+    except WorkbenchError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        # an index.json that is not JSON or lacks its keys is damage, not a bug here
+        raise WorkbenchError(f"run {run.id}: its {part} is damaged "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
+def recording(run_id: object) -> Recording:
+    """The recording of the complete ``record`` run ``run_id`` (see :func:`get_run`)."""
+    return open_recording(get_run(run_id, shows=["record"]))
 
 
 @lru_cache(maxsize=8)

@@ -18,29 +18,34 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.messages import safe, safe_layout
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
 from workbench.scores.attention import worked_example
 from workbench.store.runs import Run
 
-dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
-                   experiments=["permutation-equivariance"])
-
 EXPERIMENT = "permutation-equivariance"
+SHOWS = [EXPERIMENT]
+dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
+                   experiments=SHOWS)
+
 EMPTY = ("No permutation-equivariance runs yet. Make one with "
          "`workbench run permutation-equivariance --model smollm2`.")
 VERDICT_COLUMNS = [c for c in VERDICTS.names if c not in ("model", "n_failed", "source")]
 DEFAULT_CONDITION = "no positions, no mask"
 
 
+@safe_layout("Equivariance")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs(EXPERIMENT)
     body: list = [html.H2("Equivariance")]
     if not runs:
         body.append(html.P(EMPTY, className="wb-note"))
     else:
+        chosen = data.choose(run, runs, shows=SHOWS)
         body += [
+            html.Div(id="equivariance-error"),
             html.Div(className="wb-controls", children=[
-                labelled("run", run_dropdown("equivariance-run", runs, run), "34em")]),
+                labelled("run", run_dropdown("equivariance-run", runs, chosen), "34em")]),
             html.H3("Verdicts"),
             html.P("Each row: the largest (for equivariant / unchanged) or smallest (for not "
                    "equivariant / changes) of max|f(PX) - P f(X)| / max|f(X)| over prompts, "
@@ -83,8 +88,11 @@ def _read(path: str, name: str, sha: str) -> pd.DataFrame:
 
 def table(run_id: str, name: str) -> pd.DataFrame:
     """A run's table, read (and checksummed) once per process and file version."""
-    run = data.get_run(run_id)
-    return _read(str(run.path), name, run.meta["tables"][name]["sha256"])
+    run = data.get_run(run_id, shows=SHOWS)
+    entry = run.meta.get("tables", {}).get(name)
+    if entry is None:
+        return run.table(name)  # raises: no such table (the message lists the run's)
+    return _read(str(run.path), name, entry["sha256"])
 
 
 @callback(Output("equivariance-verdicts", "data"),
@@ -93,10 +101,11 @@ def table(run_id: str, name: str) -> pd.DataFrame:
           Output("equivariance-seed", "options"), Output("equivariance-seed", "value"),
           Output("equivariance-layer", "options"), Output("equivariance-layer", "value"),
           Output("equivariance-head", "options"), Output("equivariance-head", "value"),
-          Input("equivariance-run", "value"))
+          Output("equivariance-error", "children"), Input("equivariance-run", "value"))
+@safe
 def choose_run(run_id: str | None):
     if run_id is None:
-        return (no_update,) * 11
+        return (no_update,) * 12
     verdicts = table(run_id, VERDICTS.name)
     shown = verdicts[VERDICT_COLUMNS].copy()
     for col in ("max_rel_error", "min_rel_error", "tolerance"):
@@ -117,7 +126,7 @@ def choose_run(run_id: str | None):
 
     return (shown.to_dict("records"), conditions, first(conditions, DEFAULT_CONDITION),
             prompt_opts, first(prompts), [{"label": str(s), "value": s} for s in seeds],
-            first(seeds), layers, first(layers), heads, first(heads))
+            first(seeds), layers, first(layers), heads, first(heads), None)
 
 
 def _preview(tokens: list[str], n: int = 12) -> str:
@@ -138,6 +147,7 @@ def _matrix(patterns: pd.DataFrame, n: int) -> np.ndarray:
           Input("equivariance-run", "value"), Input("equivariance-condition", "value"),
           Input("equivariance-prompt", "value"), Input("equivariance-seed", "value"),
           Input("equivariance-layer", "value"), Input("equivariance-head", "value"))
+@safe
 def draw(run_id, condition, prompt, seed, layer, head):
     if None in (run_id, condition, prompt, seed, layer, head):
         return (no_update,) * 5

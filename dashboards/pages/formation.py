@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.messages import message, safe, safe_layout
 from experiments.induction_formation.tables import (
     CHECKPOINT_PATTERNS,
     HEAD_SCORES,
@@ -24,21 +25,24 @@ from experiments.induction_formation.tables import (
 )
 from workbench.store.schema import Table
 
-dash.register_page(__name__, path="/formation", name="Formation", order=7,
-                   experiments=["induction-formation"])
+SHOWS = ["induction-formation"]
+dash.register_page(__name__, path="/formation", name="Formation", order=7, experiments=SHOWS)
 
 EMPTY = "No training runs yet. Train the models with `workbench run induction-formation`."
 WINDOW_COLOUR = "rgba(234, 179, 8, 0.25)"
 
 
+@safe_layout("Formation")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("induction-formation")
     if not runs:
         return html.Div([html.H2("Formation"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
         html.H2("Formation"),
+        html.Div(id="formation-error"),
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("formation-run", runs, run), "34em"),
+            labelled("run", run_dropdown("formation-run", runs, chosen), "34em"),
             labelled("model", dcc.Dropdown(id="formation-model", clearable=False)),
             labelled("head", dcc.Dropdown(id="formation-head", clearable=False), "10em"),
         ]),
@@ -57,7 +61,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 def _table(run_id: str, table: Table) -> pd.DataFrame:
     """A stored table with exactly its declared columns (one a run did not write, such as
     the phase-change window of an older run that found none, is all missing)."""
-    return data.get_run(run_id).table(table.name).reindex(columns=table.names)
+    return data.get_run(run_id, shows=SHOWS).table(table.name).reindex(columns=table.names)
 
 
 def _steps(run_id: str, model: str) -> list[int]:
@@ -66,18 +70,22 @@ def _steps(run_id: str, model: str) -> list[int]:
 
 
 @callback(Output("formation-model", "options"), Output("formation-model", "value"),
-          Input("formation-run", "value"))
+          Output("formation-error", "children"), Input("formation-run", "value"))
+@safe
 def choose_run(run_id: str):
     phase = _table(run_id, PHASE_CHANGE)
     models = phase.sort_values("n_layers").model.tolist()
+    if not models:
+        return [], None, message(f"run {run_id} trained no models")
     detected = phase[phase.detected].model.tolist()
-    return models, (detected or models)[-1]
+    return models, (detected or models)[-1], None
 
 
 @callback(Output("formation-head", "options"), Output("formation-head", "value"),
           Output("formation-step", "max"), Output("formation-step", "marks"),
           Output("formation-step", "value"),
           Input("formation-run", "value"), Input("formation-model", "value"))
+@safe
 def choose_model(run_id: str, model: str | None):
     if model is None:
         return no_update, no_update, no_update, no_update, no_update
@@ -112,6 +120,7 @@ def _shade(fig: go.Figure, window: pd.Series | None, tokens_per_step: float | No
 
 @callback(Output("formation-curves", "figure"), Output("formation-summary", "children"),
           Input("formation-run", "value"), Input("formation-model", "value"))
+@safe
 def draw_curves(run_id: str, model: str | None):
     if model is None:
         return no_update, no_update
@@ -155,6 +164,7 @@ def _describe(row: pd.Series) -> str:
 
 @callback(Output("formation-heads", "figure"),
           Input("formation-run", "value"), Input("formation-model", "value"))
+@safe
 def draw_heads(run_id: str, model: str | None):
     if model is None:
         return no_update
@@ -182,6 +192,7 @@ def draw_heads(run_id: str, model: str | None):
 @callback(Output("formation-pattern", "figure"),
           Input("formation-run", "value"), Input("formation-model", "value"),
           Input("formation-head", "value"), Input("formation-step", "value"))
+@safe
 def draw_pattern(run_id: str, model: str | None, head: str | None, index: int | None):
     if model is None or head is None or index is None:
         return no_update

@@ -12,6 +12,7 @@ from dash import Input, Output, State, callback, ctx, dash_table, dcc, html, no_
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown, run_options
+from dashboards.components.messages import message, one_line, safe, safe_layout
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
@@ -24,8 +25,8 @@ EXPERIMENTS: dict[str, Table] = {
     "previous-token-heads": PREVIOUS_TOKEN_HEADS,
     "induction-heads": INDUCTION_HEADS,
 }
-dash.register_page(__name__, path="/heads", name="Heads", order=3,
-                   experiments=list(EXPERIMENTS))
+SHOWS = list(EXPERIMENTS)
+dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=SHOWS)
 
 
 def _runs() -> list:
@@ -43,16 +44,27 @@ def table_columns(declared: Table) -> list[str]:
     return [c for c in declared.names if c != "metric"]
 
 
+@safe_layout("Heads")
 def layout(run: str | None = None, compare: str | None = None, **_: str) -> html.Div:
     runs = sorted(_runs(), key=lambda r: r.meta.get("started_at", ""), reverse=True)
     if not runs:
         return html.Div([html.H2("Heads"), html.P(
             "No head-finding runs yet: `workbench run induction-heads --model smollm2`.",
             className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
+    problems = []
+    if compare is not None:
+        try:
+            compare = data.choose(compare, runs, shows=SHOWS)
+        except WorkbenchError as exc:  # the page still shows the run; only the comparison goes
+            problems.append(message(f"compare: {one_line(exc)}"))
+            compare = None
     return html.Div([
         html.H2("Heads"),
+        *problems,
+        html.Div(id="heads-error"),
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("heads-run", runs, run), "34em"),
+            labelled("run", run_dropdown("heads-run", runs, chosen), "34em"),
             labelled("metric", dcc.Dropdown(id="heads-metric", clearable=False)),
             labelled("compare with", dcc.Dropdown(run_options(runs), compare,
                                                   id="heads-compare",
@@ -75,19 +87,24 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
 
 
 @callback(Output("heads-metric", "options"), Output("heads-metric", "value"),
+          Output("heads-error", "children"),
           Input("heads-run", "value"), State("heads-metric", "value"))
+@safe
 def choose_run(run_id: str, metric: str | None):
-    metrics = list(dict.fromkeys(_scores(data.get_run(run_id)).metric))
-    return metrics, metric if metric in metrics else metrics[0]
+    metrics = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
+    if not metrics:
+        return [], None, message(f"run {run_id} has no head scores")
+    return metrics, metric if metric in metrics else metrics[0], None
 
 
 @callback(Output("heads-heatmap", "figure"), Output("heads-table", "data"),
           Output("heads-table", "columns"), Output("heads-table", "tooltip_header"),
           Input("heads-run", "value"), Input("heads-metric", "value"), Input("heads-k", "value"))
+@safe
 def draw_run(run_id: str, metric: str | None, k: int | None):
     if metric is None:
         return no_update, no_update, no_update, no_update
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     declared = EXPERIMENTS[run.experiment]
     shown = table_columns(declared)
     scores = _scores(run)
@@ -101,10 +118,11 @@ def draw_run(run_id: str, metric: str | None, k: int | None):
 
 @callback(Output("heads-compare-heatmap", "figure"), Output("heads-compare-heatmap", "style"),
           Input("heads-compare", "value"), Input("heads-metric", "value"))
+@safe
 def draw_compare(run_id: str | None, metric: str | None):
     if not run_id or metric is None:
         return {}, {"display": "none"}
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
     if metric not in set(scores.metric):
         return {}, {"display": "none"}
@@ -138,8 +156,9 @@ def example_prompt(rec: Recording, inputs: str) -> int:
 @callback(Output("heads-example", "figure"),
           Input("heads-selected", "data"), Input("heads-run", "value"),
           Input("heads-metric", "value"))
+@safe
 def draw_example(selected: dict | None, run_id: str, metric: str | None):
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
     picked = scores[scores.metric == metric]
     if picked.empty:
@@ -147,10 +166,9 @@ def draw_example(selected: dict | None, run_id: str, metric: str | None):
     if not selected:
         best = picked.nlargest(1, "score").iloc[0]
         selected = {"layer": int(best["layer"]), "head": int(best["head"])}
-    try:
-        rec = Recording.open(run.path / "example")
-    except WorkbenchError:
-        return {}
+    if not (run.path / "example").is_dir():
+        return {}  # the run recorded no example prompts
+    rec = data.open_recording(run, "example")
     p = example_prompt(rec, str(picked.inputs.iloc[0]))
     layer, head = selected["layer"], selected["head"]
     score = picked[(picked["layer"] == layer) & (picked["head"] == head)].score

@@ -11,6 +11,7 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.messages import safe, safe_layout
 from experiments.head_pruning.tables import (
     HEAD_SCORES,
     KIND_EXPERIMENTS,
@@ -21,8 +22,8 @@ from experiments.head_pruning.tables import (
     SURVIVAL,
 )
 
-dash.register_page(__name__, path="/pruning", name="Pruning", order=6,
-                   experiments=["head-pruning"])
+SHOWS = ["head-pruning"]
+dash.register_page(__name__, path="/pruning", name="Pruning", order=6, experiments=SHOWS)
 
 EMPTY = "No head-pruning runs yet: `workbench run head-pruning --model minilm`."
 LINE_COLOURS = {"gradient": "#2563eb", "ablation": "#059669", "reverse-gradient": "#dc2626",
@@ -30,14 +31,17 @@ LINE_COLOURS = {"gradient": "#2563eb", "ablation": "#059669", "reverse-gradient"
 TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}
 
 
+@safe_layout("Pruning")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("head-pruning")
     if not runs:
         return html.Div([html.H2("Pruning"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
         html.H2("Pruning"),
+        html.Div(id="pruning-error"),
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("pruning-run", runs, run), "34em"),
+            labelled("run", run_dropdown("pruning-run", runs, chosen), "34em"),
             labelled("importance", dcc.Dropdown(id="pruning-kind", clearable=False), "16em"),
             labelled("metric", dcc.Dropdown(id="pruning-metric", clearable=False), "16em"),
             labelled("budget", dcc.Dropdown(id="pruning-budget", clearable=False)),
@@ -61,10 +65,11 @@ def layout(run: str | None = None, **_: str) -> html.Div:
           Output("pruning-metric", "options"), Output("pruning-metric", "value"),
           Output("pruning-budget", "options"), Output("pruning-budget", "value"),
           Output("pruning-order", "options"), Output("pruning-order", "value"),
-          Output("pruning-summary", "children"),
+          Output("pruning-summary", "children"), Output("pruning-error", "children"),
           Input("pruning-run", "value"))
+@safe
 def choose_run(run_id: str):
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     kinds = sorted(run.table(HEAD_SCORES.name).metric.unique())
     curve = run.table(PRUNING_CURVE.name)
     metrics = list(dict.fromkeys(curve.metric))
@@ -74,15 +79,16 @@ def choose_run(run_id: str):
     summary = [html.Li(line) for line in run.meta.get("summary", [])]
     return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
             metrics, metrics[0], budgets, budgets[0]["value"] if budgets else None,
-            orders, orders[0], summary)
+            orders, orders[0], summary, None)
 
 
 @callback(Output("pruning-importance", "figure"),
           Input("pruning-run", "value"), Input("pruning-kind", "value"))
+@safe
 def draw_importance(run_id: str, kind: str | None):
     if kind is None:
         return no_update
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     return figures.head_heatmap(run.table(HEAD_SCORES.name), kind,
                                 title=f"{kind} · {run.model_name} (unpruned model)")
 
@@ -121,19 +127,21 @@ def curves_figure(curve: pd.DataFrame, metric: str, model: str) -> go.Figure:
 
 @callback(Output("pruning-curves", "figure"),
           Input("pruning-run", "value"), Input("pruning-metric", "value"))
+@safe
 def draw_curves(run_id: str, metric: str | None):
     if metric is None:
         return no_update
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     return curves_figure(run.table(PRUNING_CURVE.name), metric, run.model_name or "")
 
 
 @callback(Output("pruning-mask", "figure"),
           Input("pruning-run", "value"), Input("pruning-budget", "value"))
+@safe
 def draw_mask(run_id: str, budget: float | None):
     if budget is None:
         return no_update
-    masks = data.get_run(run_id).table(MASKS.name)
+    masks = data.get_run(run_id, shows=SHOWS).table(MASKS.name)
     at = masks[np.isclose(masks.budget, budget)]
     scores = at.assign(metric="keep", score=at.keep)
     title = (f"mask at budget {budget:.0%} ({at.order.iloc[0]} order): "
@@ -150,10 +158,11 @@ def _survival_scores(order: pd.DataFrame) -> pd.DataFrame:
 
 @callback(Output("pruning-survival", "figure"),
           Input("pruning-run", "value"), Input("pruning-order", "value"))
+@safe
 def draw_survival(run_id: str, order: str | None):
     if order is None:
         return no_update
-    table = data.get_run(run_id).table(PRUNING_ORDER.name)
+    table = data.get_run(run_id, shows=SHOWS).table(PRUNING_ORDER.name)
     mine = table[table.order == order]
     scores = _survival_scores(mine)
     last = int(scores.score.max())
@@ -164,6 +173,7 @@ def draw_survival(run_id: str, order: str | None):
 @callback(Output("pruning-head", "children"),
           Input("pruning-importance", "clickData"), Input("pruning-survival", "clickData"),
           Input("pruning-run", "value"), Input("pruning-order", "value"))
+@safe
 def describe_head(click_importance: dict | None, click_survival: dict | None, run_id: str,
                   order: str | None):
     trigger = dash.ctx.triggered_id
@@ -172,7 +182,7 @@ def describe_head(click_importance: dict | None, click_survival: dict | None, ru
         return "Click a head in the importance or survival map to see its history."
     point = click["points"][0]
     layer, head = int(point["y"]), int(point["x"])
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     return head_history(run.table(PRUNING_ORDER.name), run.table(HEAD_SCORES.name), layer, head)
 
 
@@ -190,9 +200,10 @@ def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: in
 
 
 @callback(Output("pruning-kinds", "children"), Input("pruning-run", "value"))
+@safe
 def draw_kinds(run_id: str):
     """The run's join with the head-finding and sink runs it found on the same weights."""
-    survival = data.get_run(run_id).table(SURVIVAL.name)
+    survival = data.get_run(run_id, shows=SHOWS).table(SURVIVAL.name)
     if survival.empty:
         return html.P(f"No complete run of {', '.join(KIND_EXPERIMENTS)} on these weights "
                       "when this run was made.", className="wb-note")
@@ -204,8 +215,9 @@ def draw_kinds(run_id: str):
 
 
 @callback(Output("pruning-speed", "children"), Input("pruning-run", "value"))
+@safe
 def draw_speed(run_id: str):
-    speed = data.get_run(run_id).table(SPEEDUP.name)
+    speed = data.get_run(run_id, shows=SHOWS).table(SPEEDUP.name)
     if speed.empty:
         return html.P("Not measured in this run.", className="wb-note")
     return _table("pruning-speed-table", speed[SPEEDUP.names].round(4))

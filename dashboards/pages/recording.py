@@ -9,22 +9,26 @@ from dash import Input, Output, State, callback, ctx, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, prompt_options, run_dropdown
+from dashboards.components.messages import safe, safe_layout
 
-dash.register_page(__name__, path="/recording", name="Recording", order=1,
-                   experiments=["record"])
+SHOWS = ["record"]
+dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")
 
 
+@safe_layout("Recording")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("record")
     if not runs:
         return html.Div([html.H2("Recording"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
         html.H2("Recording"),
+        html.Div(id="recording-error"),
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("recording-run", runs, run), "34em"),
+            labelled("run", run_dropdown("recording-run", runs, chosen), "34em"),
             labelled("prompt", dcc.Dropdown(id="recording-prompt", clearable=False), "28em"),
             labelled("layer", dcc.Dropdown(id="recording-layer", clearable=False, value=0)),
             labelled("head", dcc.Dropdown(id="recording-head", clearable=False, value=0)),
@@ -38,16 +42,18 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 @callback(Output("recording-prompt", "options"), Output("recording-prompt", "value"),
           Output("recording-layer", "options"), Output("recording-head", "options"),
-          Input("recording-run", "value"))
+          Output("recording-error", "children"), Input("recording-run", "value"))
+@safe
 def choose_run(run_id: str):
     rec = data.recording(run_id)
     prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
-    return prompts, 0, list(range(rec.n_layers)), list(range(rec.n_heads))
+    return prompts, 0, list(range(rec.n_layers)), list(range(rec.n_heads)), None
 
 
 @callback(Output("recording-layer", "value"), Output("recording-head", "value"),
           Input("recording-grid", "clickData"), Input("recording-run", "value"),
           State("recording-layer", "value"), State("recording-head", "value"))
+@safe
 def choose_head(click: dict | None, run_id: str, layer: int | None, head: int | None):
     if ctx.triggered_id == "recording-grid" and click:
         point = click["points"][0]  # grid coordinates are in units of heads and layers
@@ -61,6 +67,7 @@ def choose_head(click: dict | None, run_id: str, layer: int | None, head: int | 
 @callback(Output("recording-pattern", "figure"),
           Input("recording-run", "value"), Input("recording-prompt", "value"),
           Input("recording-layer", "value"), Input("recording-head", "value"))
+@safe
 def draw_pattern(run_id: str, prompt: int | None, layer: int | None, head: int | None):
     if prompt is None or layer is None or head is None:
         return no_update
@@ -73,6 +80,7 @@ def draw_pattern(run_id: str, prompt: int | None, layer: int | None, head: int |
 
 @callback(Output("recording-grid", "figure"),
           Input("recording-run", "value"), Input("recording-prompt", "value"))
+@safe
 def draw_grid(run_id: str, prompt: int | None):
     rec = data.recording(run_id)
     if prompt is None or prompt >= len(rec):

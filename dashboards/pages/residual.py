@@ -8,21 +8,26 @@ from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, prompt_options, run_dropdown
+from dashboards.components.messages import safe, safe_layout
 
+SHOWS = ["record"]
 dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
-                   experiments=["record"])
+                   experiments=SHOWS)
 
 
+@safe_layout("Residual stream")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("record")
     if not runs:
         return html.Div([html.H2("Residual stream"), html.P(
             "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`.",
             className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
         html.H2("Residual stream"),
+        html.Div(id="residual-error"),
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("residual-run", runs, run), "34em"),
+            labelled("run", run_dropdown("residual-run", runs, chosen), "34em"),
             labelled("prompt", dcc.Dropdown(id="residual-prompt", clearable=False), "28em"),
         ]),
         html.P(id="residual-stats", className="wb-note"),
@@ -32,15 +37,18 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 
 @callback(Output("residual-prompt", "options"), Output("residual-prompt", "value"),
-          Input("residual-run", "value"))
+          Output("residual-error", "children"), Input("residual-run", "value"))
+@safe
 def choose_run(run_id: str):
     rec = data.recording(run_id)
-    return prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts]), 0
+    prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
+    return prompts, 0, None
 
 
 @callback(Output("residual-heatmap", "figure"), Output("residual-lines", "figure"),
           Output("residual-stats", "children"),
           Input("residual-run", "value"), Input("residual-prompt", "value"))
+@safe
 def draw(run_id: str, prompt: int | None):
     rec = data.recording(run_id)
     if prompt is None or prompt >= len(rec):

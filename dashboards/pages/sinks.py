@@ -16,6 +16,7 @@ from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.messages import safe, safe_layout
 from experiments.attention_sinks.tables import (
     HEAD_SCORES,
     INPUT_SCORES,
@@ -28,8 +29,8 @@ from experiments.attention_sinks.tables import (
 )
 from workbench.store.runs import Run
 
-dash.register_page(__name__, path="/sinks", name="Sinks", order=4,
-                   experiments=["attention-sinks"])
+SHOWS = ["attention-sinks"]
+dash.register_page(__name__, path="/sinks", name="Sinks", order=4, experiments=SHOWS)
 
 EMPTY = ("No attention-sinks runs yet. Make one with "
          "`workbench run attention-sinks --model smollm2`.")
@@ -43,14 +44,17 @@ STREAMING_SHOWN = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_w
 HIDDEN = {"display": "none"}
 
 
+@safe_layout("Attention sinks")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("attention-sinks")
     if not runs:
         return html.Div([html.H2("Attention sinks"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
         html.H2("Attention sinks"),
+        html.Div(id="sinks-error"),
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("sinks-run", runs, run), "34em"),
+            labelled("run", run_dropdown("sinks-run", runs, chosen), "34em"),
             labelled("input", dcc.Dropdown(id="sinks-input", clearable=False), "16em"),
             labelled("heatmap metric", dcc.Dropdown(id="sinks-metric", clearable=False),
                      "16em"),
@@ -76,23 +80,26 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 @callback(Output("sinks-input", "options"), Output("sinks-input", "value"),
           Output("sinks-metric", "options"), Output("sinks-metric", "value"),
-          Output("sinks-summary", "children"), Input("sinks-run", "value"))
+          Output("sinks-summary", "children"), Output("sinks-error", "children"),
+          Input("sinks-run", "value"))
+@safe
 def choose_run(run_id: str | None):
     if not run_id:
-        return no_update, no_update, no_update, no_update, no_update
-    run = data.get_run(run_id)
+        return (no_update,) * 6
+    run = data.get_run(run_id, shows=SHOWS)
     inputs = list(run.table(SINK_RATES.name).input)
     metrics = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != "sink", m))
     return (inputs, inputs[0], metrics, "sink",
-            [html.Li(line) for line in run.meta.get("summary", [])])
+            [html.Li(line) for line in run.meta.get("summary", [])], None)
 
 
 @callback(Output("sinks-heatmap", "figure"), Input("sinks-run", "value"),
           Input("sinks-input", "value"), Input("sinks-metric", "value"))
+@safe
 def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None):
     if not run_id or not input_name or not metric:
         return no_update
-    scores = data.get_run(run_id).table(INPUT_SCORES.name)
+    scores = data.get_run(run_id, shows=SHOWS).table(INPUT_SCORES.name)
     scores = scores[scores.input == input_name]
     if scores.empty or metric not in set(scores.metric):
         return no_update
@@ -108,10 +115,11 @@ def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None)
 @callback(Output("sinks-mass", "figure"), Output("sinks-receivers", "figure"),
           Output("sinks-massive", "figure"),
           Input("sinks-run", "value"), Input("sinks-input", "value"))
+@safe
 def draw_input(run_id: str | None, input_name: str | None):
     if not run_id or not input_name:
         return no_update, no_update, no_update
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     scores = run.table(INPUT_SCORES.name)
     scores = scores[scores.input == input_name]
     if scores.empty:
@@ -125,10 +133,11 @@ def draw_input(run_id: str | None, input_name: str | None):
 @callback(Output("sinks-rates", "figure"), Output("sinks-streaming-table", "data"),
           Output("sinks-streaming-table", "columns"), Output("sinks-streaming-note", "children"),
           Output("sinks-streaming-box", "style"), Input("sinks-run", "value"))
+@safe
 def draw_run(run_id: str | None):
     if not run_id:
         return no_update, no_update, no_update, no_update, no_update
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     rates = rates_figure(run.table(SINK_RATES.name))
     if STREAMING_PERPLEXITY.name not in run.table_names():
         why = skip_reason(run, "streaming") or "the run records no reason"
@@ -154,10 +163,11 @@ def skip_reason(run: Run, part: str) -> str | None:
 
 @callback(Output("sinks-streaming", "figure"), Input("sinks-run", "value"),
           Input("sinks-curve", "value"))
+@safe
 def draw_streaming(run_id: str | None, curve: str | None):
     if not run_id:
         return no_update
-    run = data.get_run(run_id)
+    run = data.get_run(run_id, shows=SHOWS)
     if STREAMING_PERPLEXITY.name not in run.table_names():
         return no_update  # the section is hidden and the note says why
     table = run.table(STREAMING_PERPLEXITY.name)

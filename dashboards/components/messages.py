@@ -1,0 +1,120 @@
+"""A run that cannot be read becomes a one-line message in the page, never an HTTP 500.
+
+:func:`safe` wraps a callback: a :class:`WorkbenchError` (a :class:`ChecksumError` too) or
+an ``OSError`` raised while it reads a run becomes a one-line message, in the page's
+``<page>-error`` banner if the callback writes one, else in each of its outputs: a
+``figure`` becomes an empty figure titled with the message (no bare axes), a ``children`` a
+``wb-error`` line. Other outputs are left as they were. :func:`safe_layout` does the same
+for a page's ``layout``. Any other exception is a bug and still raises.
+
+Examples:
+    >>> @callback(Output("x-graph", "figure"), Input("x-run", "value"))  # doctest: +SKIP
+    ... @safe
+    ... def draw(run_id):
+    ...     return figure_of(data.get_run(run_id, shows=["x"]))
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import dash
+import plotly.graph_objects as go
+from dash import dcc, html, no_update
+
+from workbench.core.errors import WorkbenchError
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+READ_ERRORS = (WorkbenchError, OSError)
+"""What reading a run may raise for reasons outside the dashboard's code."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The error as one line (an OSError without a message names its type)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and not isinstance(exc, WorkbenchError):
+        text = f"cannot read the run's files ({text or type(exc).__name__})"
+    return text or type(exc).__name__
+
+
+def message(text: str) -> html.Div:
+    """A one-line error shown in the page."""
+    return html.Div(text, className="wb-error")
+
+
+def message_figure(text: str) -> go.Figure:
+    """An empty figure that says why it is empty, instead of bare axes."""
+    fig = go.Figure()
+    fig.update_layout(title={"text": text, "font": {"color": "#b91c1c", "size": 14}},
+                      xaxis={"visible": False}, yaxis={"visible": False}, height=160,
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+def _is_banner(spec: Any) -> bool:
+    return isinstance(spec, dict) and str(spec["id"]).endswith("-error")
+
+
+def _fill(spec: Any, text: str, banner: bool) -> Any:
+    if isinstance(spec, list):  # a pattern-matching output: one spec per component
+        return [_fill(s, text, banner) for s in spec]
+    if banner and not _is_banner(spec):
+        return no_update
+    if spec["property"] == "figure":
+        return message_figure(text)
+    if spec["property"] == "children":
+        return message(text)
+    return no_update
+
+
+def failed(text: str) -> Any:
+    """The return value of the current callback that shows ``text`` in its outputs: in its
+    page's ``<page>-error`` banner if it writes one, else in each figure and text."""
+    spec = dash.callback_context.outputs_list
+    if isinstance(spec, dict):
+        return _fill(spec, text, banner=False)
+    banner = any(_is_banner(s) for s in spec)
+    return tuple(_fill(s, text, banner) for s in spec)
+
+
+def safe(fn: F) -> F:
+    """Show a failure to read a run in the callback's outputs instead of raising."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except READ_ERRORS as exc:
+            text = one_line(exc)
+            log.warning("%s: %s", fn.__qualname__, text)
+            return failed(text)
+    return cast(F, wrapper)
+
+
+def refused(title: str, text: str) -> html.Div:
+    """A page that could not be built: its heading, why, and the way back to the runs."""
+    return html.Div([
+        html.H2(title), message(text),
+        html.P(["Open the ", dcc.Link("Runs", href=dash.get_relative_path("/")),
+                " page to choose another run."], className="wb-note"),
+    ])
+
+
+def safe_layout(title: str) -> Callable[[F], F]:
+    """Show a failure to read the store (a bad ``?run=``, an unreadable store) as the
+    page's content instead of raising."""
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except READ_ERRORS as exc:
+                text = one_line(exc)
+                log.warning("%s page: %s", title, text)
+                return refused(title, text)
+        return cast(F, wrapper)
+    return decorate
