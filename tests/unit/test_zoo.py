@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 import zipfile
 from dataclasses import replace
 
@@ -97,12 +99,25 @@ def test_not_fetched_message(tmp_path, monkeypatch):
         zoo.read_manifest("minilm")
 
 
-def test_stamp_trusts_unchanged_files_and_rehashes_changed_ones(tmp_path):
+def test_stamp_trusts_unchanged_files_and_rehashes_changed_ones(tmp_path, monkeypatch):
     f = tmp_path / "w.bin"
     f.write_bytes(b"abc")
     entry = checksums.stamp(f, sha(b"abc"))
-    checksums.verify(f, entry)
-    f.write_bytes(b"abd")
+    assert set(entry) == {"sha256", "size", "mtime_ns", "ctime_ns", "inode", "stamped_ns"}
+    hashed: list[str] = []
+    real = checksums.sha256_file
+    monkeypatch.setattr(checksums, "sha256_file", lambda p: hashed.append(p) or real(p))
+    assert checksums.verify(f, entry)["sha256"] == sha(b"abc")  # too fresh to trust yet
+    assert len(hashed) == 1
+    monkeypatch.setattr(checksums, "RACY_NS", 0)  # as if the stamp were a second older
+    assert checksums.verify(f, entry) is None and len(hashed) == 1  # the stamp holds
+    old = {k: v for k, v in entry.items() if k not in ("ctime_ns", "inode")}
+    assert checksums.verify(f, old)["sha256"] == sha(b"abc") and len(hashed) == 2
+    st = f.stat()
+    time.sleep(0.05)  # past the file system's clock tick
+    f.write_bytes(b"abd")  # same size, and the modification time set back
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_mtime_ns == entry["mtime_ns"] and f.stat().st_size == entry["size"]
     with pytest.raises(ChecksumError, match="checksum mismatch"):
         checksums.verify(f, entry)
     f.unlink()

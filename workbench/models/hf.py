@@ -10,15 +10,61 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import pickle
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub.errors
 import torch
+from safetensors import SafetensorError
 
 from workbench.core import checksums
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models.base import DTYPES, Model, ModelInfo
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_MAX_CONFIG_BYTES = 16 << 20
+# What transformers raises on a damaged local folder: unreadable or truncated files, JSON
+# that is not a config, a config that fails its own checks (huggingface_hub's strict
+# dataclasses), safetensors or pickled weights that are not weights, shapes that do not
+# fit the config.
+_BAD_FOLDER_ERRORS = (OSError, ValueError, KeyError, EOFError, RuntimeError, SafetensorError,
+                      pickle.UnpicklingError,
+                      getattr(huggingface_hub.errors, "StrictDataclassError", ValueError))
+
+
+def check_folder(path: Path) -> None:
+    """Refuse a local model folder whose ``config.json`` is not a model config or that has
+    no weights, before ``transformers`` reads it.
+
+    Raises:
+        WorkbenchError: what is wrong with the folder, and what is expected.
+    """
+    config = path / "config.json"
+    try:
+        if not config.is_file() or config.stat().st_size > _MAX_CONFIG_BYTES:
+            raise WorkbenchError(f"{config} is not a config file of a sensible size")
+        data = json.loads(config.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {config}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise WorkbenchError(f"{config} is not UTF-8 text; expected a Hugging Face model "
+                             "config (JSON)") from None
+    except json.JSONDecodeError as exc:
+        raise WorkbenchError(f"{config} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                             "expected a Hugging Face model config") from None
+    except RecursionError:
+        raise WorkbenchError(f"{config} is JSON nested too deeply; expected a Hugging Face "
+                             "model config") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise WorkbenchError(f"{config} is not a Hugging Face model config (no 'model_type'); "
+                             "expected the config.json saved with the model")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise WorkbenchError(f"{path} has no weights; expected {' or '.join(WEIGHT_FILES[::2])} "
+                             "next to config.json")
 
 
 def folder_checksum(path: Path) -> str:
@@ -45,9 +91,18 @@ def boot_folder(src: str | Path, *, name: str, source: str, checksum: str,
     from transformers import AutoConfig, AutoTokenizer
 
     hub = {"local_files_only": local_files_only}
-    config = AutoConfig.from_pretrained(str(src), **hub)
-    tokenizer = AutoTokenizer.from_pretrained(str(src), **hub)
-    hf_model, head_missing = _load_hf(src, config, DTYPES[dtype], device, hub)
+    try:
+        config = AutoConfig.from_pretrained(str(src), **hub)
+        tokenizer = AutoTokenizer.from_pretrained(str(src), **hub)
+        hf_model, head_missing = _load_hf(src, config, DTYPES[dtype], device, hub)
+    except WorkbenchError:
+        raise
+    except _BAD_FOLDER_ERRORS as exc:
+        if not Path(src).is_dir():  # a hub id: the caller explains what went wrong
+            raise
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise WorkbenchError(f"{src} could not be loaded as a Hugging Face model "
+                             f"({type(exc).__name__}: {said[:300]})") from exc
     return wrap_hf_model(
         hf_model, tokenizer, name=name, source=source, checksum=checksum, dtype=dtype,
         bos_token=bos_token,

@@ -4,8 +4,9 @@ A model argument may be a bundled model (:data:`workbench.models.zoo.MODELS`), a
 Face hub id (needs a network the first time), a local Hugging Face folder, a local
 ``.gguf`` file, or a checkpoint the workbench trained (``<run-id>:<step>``, or
 ``<run-id>/L<n>:<step>`` for the n-layer model of a run that trained several; see
-:mod:`workbench.models.checkpoints`). Every route ends in the same place: a
-:class:`~workbench.models.base.Model`.
+:mod:`workbench.models.checkpoints`), looked up in the run store the command uses. Hub ids
+never contain ``:``, so a name with one is always read as a checkpoint. Every route ends
+in the same place: a :class:`~workbench.models.base.Model`.
 
 Examples:
     >>> model = load_model("smollm2")                      # doctest: +SKIP
@@ -22,39 +23,42 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.core import checksums, paths
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models import checkpoints, zoo
 from workbench.models.base import DTYPES, Model, ModelInfo
-from workbench.models.hf import boot_folder, folder_checksum
+from workbench.models.hf import boot_folder, check_folder, folder_checksum
 
 log = logging.getLogger(__name__)
 
-_CHECKPOINT = re.compile(r"^(?P<run>[\w.\-]+(?:/L\d+)?):(?P<step>\d+)$")
+_STEP = re.compile(r"[0-9]+")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]{0,95}(/[\w.\-]{1,96})?", re.ASCII)
 _HUB_HOST = ("huggingface.co", 443)
 
 
-def load_model(name: str, *, dtype: Dtype = "float32", device: str = "cpu") -> Model:
+def load_model(name: str, *, dtype: Dtype = "float32", device: str = "cpu",
+               runs_dir: str | Path | None = None) -> Model:
     """Load a model by name (see the module docstring for the accepted forms).
 
     Args:
         name: bundled name, hub id, local folder, ``.gguf`` file, or ``<run-id>:<step>``.
         dtype: parameter dtype; float32 by default.
         device: torch device, ``"cpu"`` by default.
+        runs_dir: the run store a checkpoint name is looked up in (``--out``); default
+            :func:`workbench.core.paths.runs_dir`.
 
     Raises:
         UnknownNameError / WorkbenchError: with the known names, or why the model cannot
-            be loaded (not fetched, corrupt, no network for a hub id).
+            be loaded (not fetched, corrupt, no such run or step, no network for a hub id).
     """
     if dtype not in DTYPES:
         raise WorkbenchError(f"unknown dtype '{dtype}'; expected one of {', '.join(DTYPES)}")
     start = time.perf_counter()
     if name in zoo.MODELS:
         model = _load_bundled(name, dtype, device)
-    elif (m := _CHECKPOINT.match(name)) and not Path(name).exists():
-        model = checkpoints.load(m["run"], int(m["step"]), dtype=dtype, device=device)
-    elif Path(name).expanduser().exists():
+    elif ":" in name and not _exists(name):
+        model = _load_checkpoint(name, dtype, device, runs_dir)
+    elif _exists(name):
         model = _load_path(Path(name).expanduser(), dtype, device)
     else:
         model = _load_hub(name, dtype, device)
@@ -64,31 +68,47 @@ def load_model(name: str, *, dtype: Dtype = "float32", device: str = "cpu") -> M
     return model
 
 
+def _exists(name: str) -> bool:
+    """Whether ``name`` is an existing path (``False`` for names no path can have)."""
+    try:
+        return Path(name).expanduser().exists()
+    except (OSError, ValueError):  # too long for a file name, or a NUL byte in it
+        return False
+
+
 def _replace(info: ModelInfo, **changes: Any) -> ModelInfo:
     return ModelInfo(**{**info.to_dict(), **changes})
 
 
 def _load_bundled(name: str, dtype: Dtype, device: str) -> Model:
     spec = zoo.MODELS.get(name)
-    if not zoo.is_cached(name):
-        log.info("%s is not in the cache yet; fetching it", name)
-        zoo.fetch(name)
-    manifest = zoo.verify_cached(name)
-    return boot_folder(
-        zoo.hf_dir(name), name=name, source=spec.source, checksum=manifest["weights_sha256"],
-        dtype=dtype, device=device, bos_token=spec.bos_token, has_lm_head=spec.has_lm_head,
-    )
+    # Fetches when not cached, re-hashes what changed, and keeps a fetch --force from
+    # swapping the files while they are read.
+    with zoo.open_cached(name) as manifest:
+        return boot_folder(
+            zoo.hf_dir(name), name=name, source=spec.source,
+            checksum=manifest["weights_sha256"], dtype=dtype, device=device,
+            bos_token=spec.bos_token, has_lm_head=spec.has_lm_head,
+        )
+
+
+def _load_checkpoint(name: str, dtype: Dtype, device: str,
+                     runs_dir: str | Path | None) -> Model:
+    run_ref, _, step = name.rpartition(":")
+    if not run_ref or not _STEP.fullmatch(step):
+        raise WorkbenchError(
+            f"{name!r} is not a checkpoint name: the step {step!r} is not a whole number; "
+            "expected <run-id>:<step> or <run-id>/L<n>:<step> (or an existing path)")
+    return checkpoints.load(run_ref, int(step), dtype=dtype, device=device, runs_dir=runs_dir)
 
 
 def _load_path(path: Path, dtype: Dtype, device: str) -> Model:
     if path.is_file() and path.suffix == ".gguf":
-        digest = checksums.sha256_file(path)
-        out = paths.cache_dir() / "models" / f"gguf-{digest[:16]}" / "hf"
-        if not (out / "config.json").is_file():
-            zoo.convert_gguf(path, out)
-        return boot_folder(out, name=str(path), source="local GGUF file", checksum=digest,
-                           dtype=dtype, device=device)
+        with zoo.open_gguf(path) as (folder, digest):
+            return boot_folder(folder, name=str(path), source="local GGUF file",
+                               checksum=digest, dtype=dtype, device=device)
     if path.is_dir() and (path / "config.json").is_file():
+        check_folder(path)
         return boot_folder(path, name=str(path), source="local folder",
                            checksum=folder_checksum(path), dtype=dtype, device=device)
     raise WorkbenchError(
@@ -100,6 +120,10 @@ def _load_hub(name: str, dtype: Dtype, device: str) -> Model:
     from transformers import AutoConfig
 
     known = ", ".join(zoo.MODELS.names())
+    if not _HUB_ID.fullmatch(name):
+        raise WorkbenchError(
+            f"{name[:80]!r} is not a bundled model ({known}), an existing folder or .gguf file, "
+            "a checkpoint name (<run-id>/L<n>:<step>) or a Hugging Face hub id (org/name)")
     try:  # a model already in the Hugging Face cache loads without a network
         AutoConfig.from_pretrained(name, local_files_only=True)
         cached = True
@@ -113,7 +137,7 @@ def _load_hub(name: str, dtype: Dtype, device: str) -> Model:
     try:
         return boot_folder(name, name=name, source="Hugging Face hub", checksum="",
                            dtype=dtype, device=device, local_files_only=cached)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise WorkbenchError(
             f"'{name}' is not a bundled model ({known}) and could not be loaded from the "
             f"Hugging Face hub: {str(exc).splitlines()[0]}"
