@@ -83,6 +83,19 @@ def cmd_models(args: argparse.Namespace) -> None:
          "folder, a .gguf file, or <run-id>:<step> for a trained checkpoint")
 
 
+def cmd_verify(args: argparse.Namespace) -> None:
+    from workbench.models import zoo
+
+    results = zoo.verify_all(args.names or None)
+    _out(_table([{"name": n, "status": s, "detail": d} for n, s, d in results],
+                ["name", "status", "detail"]))
+    damaged = [n for n, status, _ in results if status == "damaged"]
+    if damaged:
+        sys.stderr.write(f"error: damaged in the model cache: {', '.join(damaged)}; run "
+                         f"`workbench fetch {' '.join(damaged)} --force`\n")
+        sys.exit(1)
+
+
 def cmd_fetch(args: argparse.Namespace) -> None:
     from workbench.models import zoo
 
@@ -141,7 +154,7 @@ def cmd_record(args: argparse.Namespace) -> None:
 
     mask = _heads_mask(args)
     make_prompts, source = _prompt_source(args)
-    model = load_model(args.model, dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, runs_dir=args.out)
     if mask is not None:
         mask.check(model)
     prompts = make_prompts(model)[: args.limit]
@@ -270,12 +283,13 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> None:
-    from dashboards.app import create_app
+    from dashboards.app import check_host, create_app, serve
 
+    check_host(args.host, args.debug)  # refuses --debug off loopback before anything is built
     runs = paths.runs_dir(args.runs)
     app = create_app(runs)
     _out(f"serving runs from {runs} at http://{args.host}:{args.port}/  (Ctrl-C stops)")
-    app.run(host=args.host, port=args.port, debug=args.debug)
+    serve(app, args.host, args.port, args.debug)  # warns when the host is not loopback
 
 
 def cmd_prompts(args: argparse.Namespace) -> None:
@@ -351,6 +365,8 @@ def _add_model_commands(sub: Subparsers) -> None:
     p = _add(sub, "fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
     p.add_argument("names", nargs="*", metavar="NAME", help="models to fetch (default: all)")
     p.add_argument("--force", action="store_true", help="fetch again even if cached")
+    p = _add(sub, "verify", cmd_verify, "re-hash every file of the cached bundled models")
+    p.add_argument("names", nargs="*", metavar="NAME", help="models to verify (default: all)")
     _add(sub, "prompts", cmd_prompts, "list named prompt sets")
 
 
@@ -418,7 +434,8 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.set_defaults(store="read")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8050, help="TCP port, 1..65535 (default 8050)")
-    p.add_argument("--debug", action="store_true", help="Dash debug mode (hot reload)")
+    p.add_argument("--debug", action="store_true", help="Dash debug mode: hot reload and the "
+                   "interactive debugger (loopback --host only)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -218,7 +218,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             rows.append(row)
             try:
                 if name not in loaded:
-                    loaded[name] = load_model(name)
+                    loaded[name] = load_model(name, runs_dir=runs_dir)
             except WorkbenchError as exc:
                 loaded[name] = exc
             target = loaded[name]

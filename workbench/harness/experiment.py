@@ -195,7 +195,7 @@ def run_experiment(name: str, model: str | Model | None,
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))
-    loaded = load_model(model, dtype=dtype) if isinstance(model, str) else model
+    loaded = load_model(model, dtype=dtype, runs_dir=runs_dir) if isinstance(model, str) else model
     if loaded is not None and exp.requires != "any":
         loaded.require(causal=True, lm_head=exp.requires == "causal_lm",
                        what=f"experiment '{name}'")
