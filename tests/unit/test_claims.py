@@ -142,3 +142,15 @@ def test_model_free_claims_name_no_models(tmp_path):
     bad = claim(id="x", applies_to="none", models=["smollm2"])
     with pytest.raises(WorkbenchError, match='goes with "models": \\[\\]'):
         claims.load_claims(write(tmp_path, [bad]))
+
+
+@pytest.mark.parametrize("low, high, side, verdict", [
+    (0.6, 0.7, "above", "pass"), (0.4, 0.45, "above", "fail"), (0.45, 0.55, "above", "undecided"),
+    (0.5, 0.6, "above", "pass"),  # the threshold itself counts as reached
+    (0.2, 0.3, "below", "pass"), (0.6, 0.7, "below", "fail"), (0.4, 0.6, "below", "undecided"),
+    (float("nan"), 0.7, "above", "undecided"), (0.7, 0.6, "above", "undecided"),
+])
+def test_an_interval_is_judged_against_the_threshold(low, high, side, verdict):
+    assert claims.judge(low, high, 0.5, side) == verdict
+    m = claims.Measurement.compare("x", (low + high) / 2, low, high, 0.5, side)
+    assert m.outcome == verdict and m.threshold == 0.5 and m.ci_low == low

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -55,20 +56,66 @@ CLAIMS_TABLE = Table("claims", "one verdict per (claim, model)", columns(
     ("statement", "str", "what the claim says"),
     ("published", "str", "the published figure"),
     ("measured", "str", "what the check measured, in words"),
-    ("verdict", "str", "pass, fail, skipped or error"),
+    ("verdict", "str", "pass, fail, undecided, skipped or error"),
     ("reason", "str", "why a claim was skipped or could not be checked"),
     ("run", "str", "id of the run the check read ('' when none)"),
 ))
 VERDICT_COLUMNS = CLAIMS_TABLE.names
 
 
+Verdict = Literal["pass", "fail", "undecided", "skipped", "error"]
+"""``undecided``: the run could not reach the claimed quantity, or the interval of the
+measured value straddles the threshold; ``error``: the check could not read the run."""
+Side = Literal["above", "below"]
+
+
+def judge(low: float, high: float, threshold: float, side: Side) -> Verdict:
+    """The verdict of an interval ``[low, high]`` against a threshold the claim says the
+    quantity lies ``above`` (``>=``) or ``below`` (``<=``): pass when the whole interval is
+    on the claimed side, fail when the whole interval is on the other side, undecided when
+    it straddles the threshold (or is not finite)."""
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        return "undecided"
+    if side == "above":
+        return "pass" if low >= threshold else "fail" if high < threshold else "undecided"
+    return "pass" if high <= threshold else "fail" if low > threshold else "undecided"
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """What a check measured, in words a reader can compare with the published figure."""
+    """What a check measured, in words a reader can compare with the published figure,
+    and its verdict.
+
+    A numeric check gives the measured ``value`` with its interval ``ci_low``..``ci_high``
+    and the ``threshold`` it was compared with (see :func:`judge` and :meth:`compare`);
+    ``passed`` is the older yes/no form, read as pass/fail when ``verdict`` is not given.
+    """
 
     measured: str
-    passed: bool
+    passed: bool | None = None
     value: float | None = None
+    verdict: Verdict | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdict is None and self.passed is None:
+            raise ValueError("a Measurement needs a verdict or passed")
+
+    @property
+    def outcome(self) -> Verdict:
+        if self.verdict is not None:
+            return self.verdict
+        return "pass" if self.passed else "fail"
+
+    @classmethod
+    def compare(cls, measured: str, value: float, low: float, high: float, threshold: float,
+                side: Side) -> Measurement:
+        """A numeric measurement judged by :func:`judge` on its interval."""
+        verdict = judge(low, high, threshold, side)
+        return cls(measured, value=value, verdict=verdict, ci_low=low, ci_high=high,
+                   threshold=threshold)
 
 
 Check = Callable[..., Measurement]
@@ -235,8 +282,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             except WorkbenchError as exc:
                 row.update(verdict="error", reason=str(exc))
                 continue
-            row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
-                       run=run.id)
+            row.update(measured=result.measured, verdict=result.outcome, run=run.id)
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
 
 
@@ -258,8 +304,7 @@ def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path 
     except WorkbenchError as exc:
         row.update(verdict="error", reason=str(exc))
         return row
-    row.update(measured=result.measured, verdict="pass" if result.passed else "fail",
-               run=run.id)
+    row.update(measured=result.measured, verdict=result.outcome, run=run.id)
     return row
 
 
