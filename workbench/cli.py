@@ -271,8 +271,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     store = RunStore(paths.runs_dir(args.out))
     run = claims_mod.reproduce_run(store, selected, model=args.model, fresh=args.fresh)
     table = run.table("claims")
-    rows = table.assign(measured=table.measured.where(table.verdict.isin(["pass", "fail", "undecided"]),
-                                                      table.reason)).to_dict("records")
+    judged = table.verdict.isin(["pass", "fail", "undecided"])
+    rows = table.assign(measured=table.measured.where(judged, table.reason)).to_dict("records")
     for row in rows:
         _out(f"{row['verdict'].upper():8s} {row['claim']}  [{row['model']}]")
         _out(textwrap.indent(textwrap.fill(f"source: {row['source']}", 96), "         "))

@@ -153,4 +153,4 @@ def test_model_free_claims_name_no_models(tmp_path):
 def test_an_interval_is_judged_against_the_threshold(low, high, side, verdict):
     assert claims.judge(low, high, 0.5, side) == verdict
     m = claims.Measurement.compare("x", (low + high) / 2, low, high, 0.5, side)
-    assert m.outcome == verdict and m.threshold == 0.5 and m.ci_low == low
+    assert m.outcome == verdict and m.threshold == 0.5 and m.ci_high == high
