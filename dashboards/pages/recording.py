@@ -24,14 +24,21 @@ def layout(run: str | None = None, **_: str) -> html.Div:
     if not runs:
         return html.Div([html.H2("Recording"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
+    # The dropdowns get their options here, with their values: a Dash dropdown drops a
+    # value that is not among its options, so options filled in later by a callback race
+    # the first render and can leave the layer or head blank.
+    prompts, layers, heads = _choices(chosen)
     return html.Div([
         html.H2("Recording"),
         html.Div(id="recording-error"),
         html.Div(className="wb-controls", children=[
             labelled("run", run_dropdown("recording-run", runs, chosen), "34em"),
-            labelled("prompt", dcc.Dropdown(id="recording-prompt", clearable=False), "28em"),
-            labelled("layer", dcc.Dropdown(id="recording-layer", clearable=False, value=0)),
-            labelled("head", dcc.Dropdown(id="recording-head", clearable=False, value=0)),
+            labelled("prompt", dcc.Dropdown(id="recording-prompt", options=prompts, value=0,
+                                            clearable=False), "28em"),
+            labelled("layer", dcc.Dropdown(id="recording-layer", options=layers, value=0,
+                                           clearable=False)),
+            labelled("head", dcc.Dropdown(id="recording-head", options=heads, value=0,
+                                          clearable=False)),
         ]),
         html.Div(className="wb-row", children=[
             dcc.Graph(id="recording-pattern"),
@@ -40,14 +47,23 @@ def layout(run: str | None = None, **_: str) -> html.Div:
     ])
 
 
-@callback(Output("recording-prompt", "options"), Output("recording-prompt", "value"),
-          Output("recording-layer", "options"), Output("recording-head", "options"),
-          Output("recording-error", "children"), Input("recording-run", "value"))
-@safe
-def choose_run(run_id: str):
+def _choices(run_id: str | None) -> tuple[list[dict], list[int], list[int]]:
+    """The prompt, layer and head options of a recording (all empty without one)."""
+    if run_id is None:
+        return [], [], []
     rec = data.recording(run_id)
     prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
-    return prompts, 0, list(range(rec.n_layers)), list(range(rec.n_heads)), None
+    return prompts, list(range(rec.n_layers)), list(range(rec.n_heads))
+
+
+@callback(Output("recording-prompt", "options"), Output("recording-prompt", "value"),
+          Output("recording-layer", "options"), Output("recording-head", "options"),
+          Output("recording-error", "children"), Input("recording-run", "value"),
+          prevent_initial_call=True)
+@safe
+def choose_run(run_id: str):
+    prompts, layers, heads = _choices(run_id)
+    return prompts, 0, layers, heads, None
 
 
 @callback(Output("recording-layer", "value"), Output("recording-head", "value"),
