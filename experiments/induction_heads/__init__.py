@@ -10,12 +10,29 @@ encoder every position already sees the answer, so the experiment refuses encode
 
 Head scores (``head_scores.parquet``), each with a 95% bootstrap interval and a null:
 
-- ``induction`` (prefix matching, Olsson et al. 2022): on ``n_prompts`` sequences of
-  ``seq_len`` random tokens (drawn from the middle 80% of the vocabulary, which excludes
-  the most and least frequent ids) repeated ``repeats`` times after BOS, the weight each
-  query puts on the tokens that followed earlier occurrences of its own token, averaged
-  over the queries that have an earlier occurrence; the BOS column never counts
-  (:func:`workbench.scores.patterns.induction`). Null: the same score for uniform attention.
+- ``induction`` (prefix matching, Olsson et al. 2022, as TransformerLens'
+  ``head_detector`` scores it): on ``n_prompts`` sequences of ``seq_len`` random tokens
+  (drawn from the middle 80% of the vocabulary, which excludes the most and least
+  frequent ids) repeated ``repeats`` times after BOS, the mean weight each query of the
+  *second* repeat puts on the token that followed its first occurrence. Generically, over
+  the queries ``i`` whose token occurred exactly once before, at ``j``::
+
+      induction = mean_{i : #{j < i : t_j = t_i} = 1} A[i, j + 1]
+
+  which is the second repeat for any ``repeats`` (:func:`workbench.scores.patterns.induction`).
+  The top heads, the tracked heads of the K-composition ablation and the claims
+  (``gpt2-induction-heads``, ``olsson2022-induction-stripe``, ``olsson2022-k-composition-*``)
+  all use this score.
+- ``induction_pooled``: on the same prompts, over every query with an earlier occurrence
+  (every repeat after the first), the total weight on all the earlier successors::
+
+      induction_pooled = mean_{i : exists j < i, t_j = t_i} sum_{j < i, t_j = t_i} A[i, j + 1]
+
+  (:func:`workbench.scores.patterns.induction_pooled`). It equals ``induction`` when
+  ``repeats=2``; with more repeats it also rewards heads that spread their weight over
+  several earlier copies. Shown next to ``induction`` (the heads page offers both), used
+  by no claim. The BOS column never counts in either; null of both: the same score for
+  uniform attention.
 - ``copying`` (Elhage et al. 2021, the OV circuit): the z-score of a token's own logit
   among all logits when the head attends to it, on the head's direct path to the
   unembedding, averaged over ``copying_tokens`` random tokens
@@ -30,9 +47,9 @@ Causal evidence (tables ``repeat_loss``, ``ablation``, ``icl``, ``loss_by_positi
   (the first token of each repeat is left out: nothing before it predicts it). A model
   with induction heads predicts the second repeat far better than the first.
 - K-composition: the ``n_ablate`` heads with the highest ``previous_token`` score among
-  layers below the deepest of the ``n_track`` top induction heads are ablated (zero and
+  layers below the deepest of the ``n_track`` top ``induction`` heads are ablated (zero and
   mean ablation of the head's output, through hooks on ``hook_z``; means over the
-  ``natural`` prompt set), and the tracked induction heads' mean score and the
+  ``natural`` prompt set), and the tracked heads' mean ``induction`` score and the
   second-repeat loss are measured again. The control ablates the same number of random
   heads from the same layers (``n_random`` draws; never a chosen or tracked head;
   :func:`workbench.interventions.ablation.random_same_layer`).

@@ -44,7 +44,13 @@ class Result:
         top = self.head_scores[self.head_scores.metric == "induction"].nlargest(3, "score")
         lines = ["top induction heads: " + ", ".join(
             f"L{r.layer}H{r.head} {r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
-            for r in top.itertuples()) + f" (uniform null {top.null.iloc[0]:.3f})"]
+            for r in top.itertuples()) + f" (uniform null {top.null.iloc[0]:.3f}; Olsson's "
+            f"second-repeat score)"]
+        pooled = self.head_scores[self.head_scores.metric == "induction_pooled"]
+        if len(pooled):
+            best = pooled.nlargest(3, "score")
+            lines.append("top induction_pooled heads (every repeat): " + ", ".join(
+                f"L{r.layer}H{r.head} {r.score:.2f}" for r in best.itertuples()))
         lines.append("loss by repeat: " + ", ".join(
             f"#{r.repeat} {r.loss:.2f}" for r in self.repeat_loss.itertuples()))
         for kind in ("zero", "mean"):
@@ -71,13 +77,14 @@ def _ablation_line(table: pd.DataFrame, kind: str) -> str:
 
 def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence[Prompt],
                      cfg: Config) -> pd.DataFrame:
-    """induction on the repeated sequences, copying on random tokens, previous_token on
-    natural text."""
+    """induction (Olsson et al.'s second-repeat score) and induction_pooled on the
+    repeated sequences, copying on random tokens, previous_token on natural text."""
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.tensor(random_token_ids(model, cfg.copying_tokens, gen))
     return pd.concat([
-        score_heads(model, repeated, {"induction": patterns.induction},
+        score_heads(model, repeated, {"induction": patterns.induction,
+                                      "induction_pooled": patterns.induction_pooled},
                     inputs="repeated random tokens", **common),
         summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
                          inputs="random tokens (direct path)", n_boot=cfg.n_boot,
@@ -100,7 +107,8 @@ def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:
 
 def _tracked(model: Model, prompts: Sequence[Prompt], tracked: list[Head], cfg: Config
              ) -> tuple[float, np.ndarray]:
-    """Mean induction score of the tracked heads, and ``[prompt, repeat]`` losses."""
+    """Mean ``induction`` (Olsson) score of the tracked heads, and ``[prompt, repeat]``
+    losses."""
     layers = sorted({layer for layer, _ in tracked})
     per_prompt = reduce_patterns(model, prompts, {"induction": patterns.induction},
                                  max_batch_tokens=cfg.max_batch_tokens, layers=layers,
@@ -124,7 +132,8 @@ def _labels(heads: Sequence[Head]) -> str:
 
 def ablation_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.DataFrame,
                    cfg: Config) -> pd.DataFrame:
-    """Clean, previous-token-ablated and random-ablated measurements."""
+    """Clean, previous-token-ablated and random-ablated measurements; the tracked heads
+    are the top ``induction`` (Olsson) heads, scored by ``induction`` again."""
     tracked = top_heads(head_scores, "induction", cfg.n_track)
     chosen = choose_ablation(head_scores, tracked, cfg.n_ablate)
     means = head_means(model, load_prompt_set("natural", model))

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import Table, columns, head_scores, tables
+from workbench.store.schema import Column, Table, columns, head_scores, tables
 
-HEAD_SCORES = head_scores(
-    "induction (repeated random tokens), copying (direct path, random tokens; n_prompts "
-    "counts tokens) and previous_token (natural text) of every head")
+METRIC_MEANING = (
+    "induction: Olsson et al.'s prefix-matching score, the mean weight from each query "
+    "whose token occurred exactly once before (the second repeat) on the token after that "
+    "occurrence, repeated random tokens; induction_pooled: over every query with an earlier "
+    "occurrence (every repeat after the first), the total weight on all earlier successors, "
+    "same prompts; copying: direct-path z-score of the attended token's own logit, random "
+    "tokens (n_prompts counts tokens); previous_token: mean weight on the previous token, "
+    "natural text")
+_BASE = head_scores("")
+HEAD_SCORES = Table(
+    "head_scores", "induction, induction_pooled, copying and previous_token of every head",
+    tuple(Column("metric", "str", METRIC_MEANING) if c.name == "metric" else c
+          for c in _BASE.columns))
 REPEAT_LOSS = Table("repeat_loss", "next-token loss on each repeat of the random sequences",
                     columns(
     ("repeat", "int", "which repeat, from 1 (the first occurrence)"),
@@ -26,8 +36,9 @@ ABLATION = Table("ablation", "K-composition: the tracked induction heads with "
     ("kind", "str", "zero or mean ablation of the heads' output z; none when clean"),
     ("draw", "int", "which random draw, from 0; -1 for clean and previous-token"),
     ("heads", "str", "the ablated heads, e.g. 'L3H1 L4H0'; '-' when clean"),
-    ("tracked", "str", "the top induction heads whose score is measured"),
-    ("induction_tracked", "float", "mean induction score of the tracked heads"),
+    ("tracked", "str", "the top heads by induction (Olsson) whose score is measured"),
+    ("induction_tracked", "float", "mean induction (Olsson, second repeat) score of the "
+     "tracked heads"),
     ("first_repeat_loss", "float", "mean loss (nats) on the first repeat"),
     ("second_repeat_loss", "float", "mean loss (nats) on the second repeat"),
 ))

@@ -45,12 +45,18 @@ def test_induction_heads_refuses_the_encoder(minilm, runs_dir):
 def test_induction_heads_on_smollm2(smollm2, runs_dir):
     run = run_experiment("induction-heads", smollm2, SMALL_INDUCTION, runs_dir=runs_dir)
     table = run.table("head_scores")
+    assert set(table.metric) == {"induction", "induction_pooled", "copying", "previous_token"}
     induction = table[table.metric == "induction"]
     assert induction.score.max() > 0.4 > induction.null.iloc[0]
+    pooled = table[table.metric == "induction_pooled"]
+    assert pooled.score.max() > 0.4 > pooled.null.iloc[0]
     repeat = run.table("repeat_loss").set_index("repeat").loss
     assert repeat[2] < 0.5 * repeat[1]
     ablation = run.table("ablation")
     assert set(ablation.condition) == {"clean", "previous-token", "random"}
+    # the tracked heads are the top three by Olsson's score, not by the pooled one
+    top = induction.nlargest(3, "score")
+    assert ablation.tracked.iloc[0] == " ".join(f"L{r.layer}H{r.head}" for r in top.itertuples())
     prev = ablation[ablation.condition == "previous-token"].set_index("kind")
     assert prev.induction_tracked["zero"] != prev.induction_tracked["mean"]
     icl = run.table("icl").iloc[0]

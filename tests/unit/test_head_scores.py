@@ -47,6 +47,7 @@ def test_exact_induction_stripe_scores_one():
     pattern = one_hot_pattern(targets, 9)
     ctx = ctx_for(REPEATED)
     assert patterns.induction(pattern, ctx).item() == pytest.approx(1.0)
+    assert patterns.induction_pooled(pattern, ctx).item() == pytest.approx(1.0)
     # the unnormalised stripe divides the same total by all 9 queries
     assert patterns.induction_stripe_sum(pattern, ctx).item() == pytest.approx(4 / 9)
 
@@ -98,6 +99,91 @@ def test_padding_is_ignored():
     pattern[1, 0, 5:] = 1 / 9  # junk in the padded rows
     out = patterns.induction(pattern, ctx_for(ids, lengths=[9, 5]))
     assert out[:, 0].tolist() == pytest.approx([1.0, 1.0])
+
+
+def random_causal_pattern(n, heads=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, heads, n, n, generator=gen)
+    logits = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return logits.softmax(-1)
+
+
+def second_repeat_reference(pattern, seq_len):
+    """Olsson et al.'s score on [BOS] + seq * R, by hand: second-repeat query q attends to
+    q - seq_len + 1, the token after its first occurrence."""
+    queries = range(1 + seq_len, 1 + 2 * seq_len)
+    return [float(np.mean([pattern[0, h, q, q - seq_len + 1].item() for q in queries]))
+            for h in range(pattern.shape[1])]
+
+
+def pooled_reference(pattern, seq_len, repeats):
+    """Every query after the first repeat: total weight on all earlier successors."""
+    n = 1 + seq_len * repeats
+    out = []
+    for h in range(pattern.shape[1]):
+        per_query = [sum(pattern[0, h, q, j + 1].item() for j in range(q - seq_len, 0, -seq_len))
+                     for q in range(1 + seq_len, n)]
+        out.append(float(np.mean(per_query)))
+    return out
+
+
+@pytest.mark.parametrize("repeats", [2, 3, 4])
+def test_induction_is_the_second_repeat_score_for_any_number_of_repeats(repeats):
+    seq = [21, 22, 23, 24, 25]  # distinct tokens
+    ids = [BOS] + seq * repeats
+    pattern = random_causal_pattern(len(ids), seed=repeats)
+    ctx = ctx_for(ids)
+    got = patterns.induction(pattern, ctx)[0].tolist()
+    assert got == pytest.approx(second_repeat_reference(pattern, len(seq)), abs=1e-6)
+    pooled = patterns.induction_pooled(pattern, ctx)[0].tolist()
+    assert pooled == pytest.approx(pooled_reference(pattern, len(seq), repeats), abs=1e-6)
+    if repeats == 2:
+        assert pooled == pytest.approx(got, abs=1e-6)
+    else:  # later repeats are pooled in, and their queries have several successors
+        assert max(abs(a - b) for a, b in zip(pooled, got, strict=True)) > 1e-3
+
+
+def test_induction_skips_queries_with_several_earlier_occurrences():
+    # A B A B A: the query at 3 (second A) sees one earlier A (-> B at 2); the query at 5
+    # (third A) sees two and is left out of induction, counted in induction_pooled
+    ids = [BOS, A, B, A, B, A]
+    pattern = torch.zeros(1, 1, 6, 6)
+    pattern[0, 0, :, 0] = 1.0
+    pattern[0, 0, 3] = 0
+    pattern[0, 0, 3, 2] = 1.0  # the one earlier successor of the second A
+    pattern[0, 0, 4] = 0
+    pattern[0, 0, 4, 3] = 0.5  # second B: its successor A at 3, half the weight
+    pattern[0, 0, 4, 0] = 0.5
+    pattern[0, 0, 5] = 0
+    pattern[0, 0, 5, 2], pattern[0, 0, 5, 4] = 0.25, 0.75  # third A, both successors
+    ctx = ctx_for(ids)
+    assert patterns.induction(pattern, ctx).item() == pytest.approx((1.0 + 0.5) / 2)
+    assert patterns.induction_pooled(pattern, ctx).item() == pytest.approx((1.0 + 0.5 + 1.0) / 3)
+
+
+DISTINCT_TEXT = " a and bread cat dog fox made on over rug salt sat the"  # 26 distinct tokens
+
+
+@pytest.mark.parametrize("repeats", [2, 3])
+def test_induction_agrees_with_transformer_lens_detect_head(llama, repeats):
+    text = DISTINCT_TEXT * repeats
+    ids = llama.bridge.to_tokens(text)[0]
+    seq_len = (len(ids) - 1) // repeats
+    assert ids[1:].tolist() == ids[1:1 + seq_len].tolist() * repeats
+    assert len(set(ids[1:1 + seq_len].tolist())) == seq_len  # the tokens are distinct
+    n = len(ids)
+    ours = reduce_patterns(llama, [Prompt(token_ids=tuple(ids.tolist()))],
+                           {"induction": patterns.induction})
+    ours = ours.set_index(["layer", "head"]).score.to_numpy()
+    if repeats == 2:  # TransformerLens' own induction pattern marks exactly the second repeat
+        detection = "induction_head"
+    else:  # its pattern would pool the third repeat: mark the second repeat by hand
+        detection = torch.zeros(n, n)
+        for q in range(1 + seq_len, 1 + 2 * seq_len):
+            detection[q, q - seq_len + 1] = 1.0
+    tl = detect_head(llama.bridge, text, detection, error_measure="mul")  # [layer, head]
+    # 'mul' divides the stripe by all n queries; Olsson's score by the seq_len of the stripe
+    np.testing.assert_allclose(ours.reshape(tl.shape), tl.numpy() * n / seq_len, atol=1e-5)
 
 
 def test_null_scores_are_uniform_pattern_scores(llama):
