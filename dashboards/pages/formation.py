@@ -154,8 +154,10 @@ def _describe(row: pd.Series) -> str:
         return (f"{row.model}: no phase change; the best head's induction score went from "
                 f"{row.induction_initial:.2f} to {row.induction_final:.2f}; {repeat}.")
     jump = "inside" if bool(row.icl_jump_in_window) else "outside"
-    bump = (f"a loss bump at step {int(row.loss_bump_step)}" if bool(row.loss_bump)
-            else "no loss bump")
+    # loss_bump is missing when the test could not run (too few checkpoints around)
+    tested = not pd.isna(row.loss_bump)
+    bump = (f"a loss bump at step {int(row.loss_bump_step)}" if tested and bool(row.loss_bump)
+            else "no loss bump" if tested else "no test of a loss bump")
     return (f"{row.model}: induction heads formed between steps {int(row.start_step)} and "
             f"{int(row.end_step)} (best head {row.induction_before:.2f} to "
             f"{row.induction_after:.2f}); the steepest ICL gain ({row.icl_jump_start}-"

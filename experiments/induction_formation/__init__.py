@@ -64,12 +64,18 @@ Definitions, measured at every checkpoint (step 0 is the initialisation; ``token
 The phase change (:mod:`workbench.scores.phase_change`) is found from the data, per model:
 
 - the *window* is where the largest ``induction`` score of any head rises fastest: from
-  the last checkpoint at or below 20% of its rise to the first at or above 80%, found only
-  when the rise is at least ``min_rise``;
+  the last checkpoint at or below 20% of its rise to the first at or above 80% (after a
+  running median of 3, so a one-checkpoint spike does not move it), found only when the
+  rise is at least ``min_rise``;
 - the *in-context-learning jump* is the checkpoint interval where ``icl_score`` falls
   fastest per step;
-- the *loss bump* is the held-out loss falling faster per e-fold of tokens inside the
-  window than in the two intervals before it (a smooth power-law curve never speeds up);
+- the *loss bump* is the held-out loss departing, inside the window, from a quadratic fit
+  in log tokens of the checkpoints around it by more than 3.5 times that fit's robust
+  residual noise (a pause or dip held for 2 checkpoints, or a level shift across the
+  window; :func:`workbench.scores.phase_change.loss_bump`, false-positive rate <= 3% on
+  smooth noisy curves); the ICL jump and the bump are found on the repeated-passage
+  held-out windows and on the plain held-out text (``natural_`` columns), and the
+  coincidence claim is judged on the plain text;
 - they *coincide* when the ICL jump and the bump both lie in the window widened by
   ``window_slack`` checkpoints on each side.
 

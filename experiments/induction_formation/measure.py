@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# induction is Olsson et al.'s second-repeat score; the probes repeat twice, so the pooled
+# variant (patterns.induction_pooled) would equal it and is not written
 METRICS = {"previous_token": patterns.previous_token, "induction": patterns.induction}
 TAG = ["model", "n_layers", "step", "tokens"]
 
@@ -169,38 +171,68 @@ def train_one(n_layers: int, tokenizer: Any, probes: Probes, cfg: Config,
 
 # ---- the phase change and K-composition ------------------------------------------------------
 
+TEXTS = {"": "repeated-passage held-out windows", "natural_": "plain held-out text"}
+"""The two kinds of held-out text, by the prefix of their training_curve columns."""
+
+
 def detect(curve: pd.DataFrame, cfg: Config) -> dict[str, Any]:
-    """The phase-change window, ICL jump and loss bump of one model's curve."""
+    """The phase-change window of one model's curve, and on each kind of held-out text
+    (:data:`TEXTS`) the ICL jump and the loss bump, and whether they coincide with it."""
     c = curve.sort_values("step")
-    steps, tokens = c.step.tolist(), c.tokens.tolist()
+    steps = c.step.tolist()
     window = phase_change.rise_window(steps, c.max_induction.tolist(), min_rise=cfg.min_rise)
-    icl_from, icl_to, icl_rate = phase_change.fastest_drop(steps, c.icl_score.tolist())
     row: dict[str, Any] = {
-        "detected": window is not None, "icl_jump_start": icl_from, "icl_jump_end": icl_to,
-        "icl_jump_per_1000_steps": icl_rate,
+        "detected": window is not None,
         "induction_initial": float(c.max_induction.iloc[0]),
         "induction_final": float(c.max_induction.iloc[-1]),
-        "icl_initial": float(c.icl_score.iloc[0]), "icl_final": float(c.icl_score.iloc[-1]),
         "first_repeat_final": float(c.first_repeat_loss.iloc[-1]),
         "second_repeat_final": float(c.second_repeat_loss.iloc[-1]),
+    }
+    if window is not None:
+        row.update({
+            "start_step": window.start_step, "end_step": window.end_step,
+            "mid_step": window.mid_step, "start_tokens": cfg.tokens(window.start_step),
+            "end_tokens": cfg.tokens(window.end_step),
+            "mid_tokens": cfg.tokens(window.mid_step),
+            "induction_before": window.base, "induction_after": window.peak,
+        })
+    for prefix in TEXTS:
+        row.update(_signals(c, window, cfg, prefix))
+    return row
+
+
+def _signals(c: pd.DataFrame, window: phase_change.Window | None, cfg: Config,
+             prefix: str) -> dict[str, Any]:
+    """The ICL jump and the loss bump on one kind of held-out text (columns ``prefix*``)."""
+    steps, tokens = c.step.tolist(), c.tokens.tolist()
+    icl = c[f"{prefix}icl_score"]
+    icl_from, icl_to, icl_rate = phase_change.fastest_drop(steps, icl.tolist())
+    row: dict[str, Any] = {
+        f"{prefix}icl_jump_start": icl_from, f"{prefix}icl_jump_end": icl_to,
+        f"{prefix}icl_jump_per_1000_steps": icl_rate,
+        f"{prefix}icl_initial": float(icl.iloc[0]), f"{prefix}icl_final": float(icl.iloc[-1]),
     }
     if window is None:
         return row
     lo, hi = window.widened(cfg.window_slack, steps)
-    bump = phase_change.loss_bump(steps, tokens, c.heldout_loss.tolist(), lo, hi)
+    bump = phase_change.loss_bump(steps, tokens, c[f"{prefix}heldout_loss"].tolist(), lo, hi)
     at = c.set_index("step")
+    in_window = lo <= icl_from and icl_to <= hi
     row.update({
-        "start_step": window.start_step, "end_step": window.end_step,
-        "mid_step": window.mid_step, "start_tokens": cfg.tokens(window.start_step),
-        "end_tokens": cfg.tokens(window.end_step), "mid_tokens": cfg.tokens(window.mid_step),
-        "induction_before": window.base, "induction_after": window.peak,
-        "icl_before": float(at.icl_score[lo]), "icl_after": float(at.icl_score[hi]),
-        "icl_jump_in_window": lo <= icl_from and icl_to <= hi,
-        "loss_bump": bump.present, "loss_bump_step": bump.step,
-        "loss_rate_in_window": bump.rate_in, "loss_rate_before": bump.rate_before,
+        f"{prefix}icl_before": float(at[f"{prefix}icl_score"][lo]),
+        f"{prefix}icl_after": float(at[f"{prefix}icl_score"][hi]),
+        f"{prefix}icl_jump_in_window": in_window,
+        f"{prefix}loss_bump_tested": bump.tested,
+        f"{prefix}loss_bump_threshold": bump.threshold,
     })
-    row["coincide"] = bool(row["icl_jump_in_window"] and bump.present
-                           and lo <= bump.step <= hi)
+    if not bump.tested:  # the bump and the coincidence stay missing: not known
+        return row
+    row.update({
+        f"{prefix}loss_bump": bump.present, f"{prefix}loss_bump_step": bump.step,
+        f"{prefix}loss_bump_excess": bump.excess, f"{prefix}loss_bump_shift": bump.shift,
+        f"{prefix}loss_bump_noise": bump.noise, f"{prefix}loss_bump_z": bump.z,
+        f"{prefix}coincide": bool(in_window and bump.present),
+    })
     return row
 
 
@@ -262,12 +294,31 @@ def _summary_line(r: Any) -> str:
     if not r.detected:
         return (f"{r.model}: no phase change (max induction {r.induction_initial:.2f} -> "
                 f"{r.induction_final:.2f}); {repeat}")
-    return (f"{r.model}: phase change at steps {r.start_step}-{r.end_step} "
+    signals = "; ".join(f"{text}: {signals_in_words(r, prefix)}"
+                        for prefix, text in TEXTS.items())
+    return (f"{r.model}: phase change at steps {r.start_step:.0f}-{r.end_step:.0f} "
             f"({r.start_tokens / 1e6:.2f}M-{r.end_tokens / 1e6:.2f}M tokens), max induction "
-            f"{r.induction_before:.2f} -> {r.induction_after:.2f}; ICL jump at "
-            f"{r.icl_jump_start}-{r.icl_jump_end} ({'in' if r.icl_jump_in_window else 'not in'}"
-            f" window), loss bump {'yes' if r.loss_bump else 'no'}; "
-            f"{'coincide' if r.coincide else 'do not coincide'}; {repeat}")
+            f"{r.induction_before:.2f} -> {r.induction_after:.2f}; {signals}; {repeat}")
+
+
+def signals_in_words(r: Any, prefix: str) -> str:
+    """The ICL jump and the loss bump on one kind of text, from a ``phase_change`` row."""
+    def get(name: str) -> Any:
+        return getattr(r, f"{prefix}{name}")
+
+    jump = (f"ICL jump at {get('icl_jump_start')}-{get('icl_jump_end')} "
+            f"({'in' if _true(get('icl_jump_in_window')) else 'not in'} window)")
+    if not _true(get("loss_bump_tested")):
+        return f"{jump}, loss bump not testable (too few checkpoints around the window)"
+    bump = (f"loss bump {'yes' if _true(get('loss_bump')) else 'no'} ({get('loss_bump_z'):.1f} "
+            f"noise SDs at step {get('loss_bump_step'):.0f}, needed > "
+            f"{get('loss_bump_threshold'):.1f})")
+    return f"{jump}, {bump}, {'coincide' if _true(get('coincide')) else 'do not coincide'}"
+
+
+def _true(value: Any) -> bool:
+    """A bool column's value that is present and true (missing reads as not true)."""
+    return value is not None and not pd.isna(value) and bool(value)
 
 
 def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,

@@ -41,43 +41,77 @@ TRAINING_CURVE = Table("training_curve", "what every checkpoint of every model m
 HEAD_SCORES = Table(
     "head_scores", "previous_token and induction of every head at every checkpoint, on the "
     "repeated random sequences", (*CHECKPOINT, *HEAD_KEYS, *SCORE_COLUMNS, NULL_COLUMNS[0]))
-PHASE_CHANGE = Table("phase_change", "each model's phase change, found from its curve; the "
-                     "window's columns are missing values when none was found", (
+def _signals(prefix: str, texts: str) -> tuple:
+    """The ICL jump and the loss bump on one kind of held-out text."""
+    return columns(
+        (f"{prefix}icl_jump_start", "int", f"step where the fastest fall of {prefix}icl_score "
+                                           f"({texts}) starts"),
+        (f"{prefix}icl_jump_end", "int", "step where it ends (the next checkpoint)"),
+        (f"{prefix}icl_jump_per_1000_steps", "float", "that fall's rate: ICL score change "
+                                                      "per 1000 steps (nats)"),
+        (f"{prefix}icl_initial", "float", f"{prefix}icl_score at step 0 (nats)"),
+        (f"{prefix}icl_final", "float", f"{prefix}icl_score at the last step (nats)"),
+        (f"{prefix}icl_before", "float", f"{prefix}icl_score at the start of the widened "
+                                         "window (nats)"),
+        (f"{prefix}icl_after", "float", f"{prefix}icl_score at its end (nats)"),
+        (f"{prefix}icl_jump_in_window", "bool", "the ICL jump lies in the window widened by "
+                                                "window_slack checkpoints"),
+        (f"{prefix}loss_bump_tested", "bool", f"the loss-bump test could run on "
+                                              f"{prefix}heldout_loss: at least 6 checkpoints "
+                                              "(after step 0) either side of the widened "
+                                              "window"),
+        (f"{prefix}loss_bump", "bool", f"{prefix}heldout_loss departs inside the widened "
+                                       "window from a quadratic fit in log tokens of up to 8 "
+                                       "checkpoints either side, by more than "
+                                       "loss_bump_threshold noise SDs (a pause or dip held "
+                                       "for 2 checkpoints, or a level shift across it; "
+                                       "workbench.scores.phase_change.loss_bump); missing "
+                                       "when not tested"),
+        (f"{prefix}loss_bump_threshold", "float", "noise SDs a departure must exceed (chosen "
+                                                  "for <= 3% false positives on smooth "
+                                                  "noisy curves)"),
+        (f"{prefix}loss_bump_z", "float", "the test statistic: the larger of the pause/dip "
+                                          "and the level shift, in noise SDs"),
+        (f"{prefix}loss_bump_step", "float", "the checkpoint in the window furthest from the "
+                                             "smooth fit"),
+        (f"{prefix}loss_bump_excess", "float", "the loss there minus the fit (nats; positive "
+                                               "is above the smooth curve)"),
+        (f"{prefix}loss_bump_shift", "float", "the loss after the window minus the smooth "
+                                              "trend before it (nats; negative: it fell "
+                                              "faster)"),
+        (f"{prefix}loss_bump_noise", "float", "robust residual SD of the fit outside the "
+                                              "window (nats)"),
+        (f"{prefix}coincide", "bool", "the ICL jump and a loss bump both lie in the widened "
+                                      "window; missing when the bump was not tested"),
+    )
+
+
+PHASE_CHANGE = Table("phase_change", "each model's phase change, found from its curve, and "
+                     "the ICL jump and loss bump on both kinds of held-out text (columns "
+                     "without prefix: the repeated-passage windows; natural_: plain text); "
+                     "the window's columns are missing values when none was found", (
     *MODEL,
     *columns(
-        ("detected", "bool", "the max induction score rose by at least min_rise"),
-        ("icl_jump_start", "int", "step where the fastest fall of icl_score starts"),
-        ("icl_jump_end", "int", "step where it ends (the next checkpoint)"),
-        ("icl_jump_per_1000_steps", "float", "that fall's rate: icl_score change per 1000 "
-                                             "steps (nats)"),
+        ("detected", "bool", "the max induction score (running median of 3) rose by at "
+                             "least min_rise"),
         ("induction_initial", "float", "max induction score at step 0"),
         ("induction_final", "float", "max induction score at the last step"),
-        ("icl_initial", "float", "icl_score at step 0 (nats)"),
-        ("icl_final", "float", "icl_score at the last step (nats)"),
         ("first_repeat_final", "float", "first_repeat_loss at the last step (nats)"),
         ("second_repeat_final", "float", "second_repeat_loss at the last step (nats)"),
         ("start_step", "float", "the window's first step: the last checkpoint at or below "
-                                "20% of the rise"),
+                                "20% of the rise (of the running median of 3)"),
         ("end_step", "float", "the window's last step: the first at or above 80%"),
         ("mid_step", "float", "the step that ends the steepest interval of the rise"),
         ("start_tokens", "float", "tokens seen at start_step"),
         ("end_tokens", "float", "tokens seen at end_step"),
         ("mid_tokens", "float", "tokens seen at mid_step"),
-        ("induction_before", "float", "max induction score before the rise (its base)"),
-        ("induction_after", "float", "max induction score after the rise (its peak)"),
-        ("icl_before", "float", "icl_score at the start of the widened window (nats)"),
-        ("icl_after", "float", "icl_score at the end of the widened window (nats)"),
-        ("icl_jump_in_window", "bool", "the ICL jump lies in the window widened by "
-                                       "window_slack checkpoints"),
-        ("loss_bump", "bool", "the held-out loss falls faster per e-fold of tokens in the "
-                              "widened window than on average in the two intervals before"),
-        ("loss_bump_step", "float", "the step that ends the fastest held-out loss descent in "
-                                    "the widened window"),
-        ("loss_rate_in_window", "float", "that descent (nats per e-fold of tokens)"),
-        ("loss_rate_before", "float", "the mean descent of the two intervals before the "
-                                      "window (nats per e-fold of tokens)"),
-        ("coincide", "bool", "the ICL jump and the loss bump both lie in the widened window"),
+        ("induction_before", "float", "max induction score before the rise (its base, "
+                                      "running median of 3)"),
+        ("induction_after", "float", "max induction score after the rise (its peak, "
+                                     "running median of 3)"),
     ),
+    *_signals("", "repeated-passage held-out windows"),
+    *_signals("natural_", "plain held-out text"),
 ))
 COMPOSITION = Table("composition", "K-composition: each layer-0 head of a final model "
                     "zero-ablated in turn, and the strongest induction head measured again", (
