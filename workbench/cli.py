@@ -264,22 +264,30 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 
     selected = claims_mod.select(claims_mod.load_claims(), args.claims or [])
     if args.list:
-        rows = [{"claim": c.id, "source": c.source, "models": ",".join(c.models),
-                 "experiment": c.experiment} for c in selected]
-        _out(_table(rows, ["claim", "source", "models", "experiment"]))
+        for c in selected:
+            _out(f"{c.id}  [{c.kind}; {','.join(c.models) or '-'}]")
+            _out(textwrap.indent(textwrap.fill(c.statement, 88), "    "))
         return
     store = RunStore(paths.runs_dir(args.out))
     run = claims_mod.reproduce_run(store, selected, model=args.model, fresh=args.fresh)
     table = run.table("claims")
     judged = table.verdict.isin(["pass", "fail", "undecided"])
-    rows = table.assign(measured=table.measured.where(judged, table.reason)).to_dict("records")
-    for row in rows:
-        _out(f"{row['verdict'].upper():8s} {row['claim']}  [{row['model']}]")
-        _out(textwrap.indent(textwrap.fill(f"source: {row['source']}", 96), "         "))
-        _out(textwrap.indent(textwrap.fill(f"published: {row['published']}", 96), "         "))
-        _out(textwrap.indent(textwrap.fill(f"measured: {row['measured']}", 96), "         "))
-    _out(run.meta["summary"][0])
+    table = table.assign(measured=table.measured.where(judged, table.reason))
+    for kind, title in (("reproduction", "Reproductions"), ("invariant", "Invariants")):
+        group = table[table.kind == kind]
+        _out(f"== {title} (a paper's findings) ==" if kind == "reproduction"
+             else f"== {title} (mathematical properties, not counted as findings) ==")
+        for row in group.to_dict("records"):
+            _reproduce_row(row)
+        _out(f"{title}: {claims_mod.counts(group.verdict)}")
+        _out()
     _out(str(run.path))
+
+
+def _reproduce_row(row: dict[str, Any]) -> None:
+    _out(f"{row['verdict'].upper():9s} {row['claim']}  [{row['model']}]")
+    for label in ("source", "published", "measured"):
+        _out(textwrap.indent(textwrap.fill(f"{label}: {row[label]}", 96), " " * 10))
 
 
 def cmd_dashboard(args: argparse.Namespace) -> None:

@@ -1,13 +1,23 @@
-"""The claim checks of attention-sinks (``data/claims/attention_sinks.json``)."""
+"""The claim checks of attention-sinks (``data/claims/attention_sinks.json``).
+
+Each numeric check judges an interval against the claim's threshold
+(:meth:`Measurement.compare`): the sink rate's bootstrap interval over sequences, a paired
+bootstrap interval of a perplexity ratio over the matched positions, a bootstrap interval of
+the fraction of sequences whose largest activation is placed at the start or a delimiter.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
 
 from workbench.core.errors import WorkbenchError
-from workbench.harness.claims import Measurement, claim_check
+from workbench.harness.claims import Measurement, Side, claim_check, judge
 from workbench.inputs.token_types import is_delimiter
 from workbench.recording.residuals import is_massive
+from workbench.scores.stats import bootstrap_mean_ci
 from workbench.store.runs import Run
 
 
@@ -24,20 +34,29 @@ def _rate_text(row: pd.Series) -> str:
             f"[{row.ci_low:.1f}, {row.ci_high:.1f}] of {int(row.n_heads)} heads")
 
 
+def _rate(run: Run, input_name: str, threshold: float, side: Side,
+          report: list[str]) -> Measurement:
+    row = _rate_row(run, input_name)
+    also = "".join(f"; measured alongside: {_rate_text(_rate_row(run, r))}" for r in report)
+    need = "at least" if side == "above" else "at most"
+    return Measurement.compare(f"{_rate_text(row)} ({need} {threshold:g}% needed){also}",
+                               float(row.sink_rate), float(row.ci_low), float(row.ci_high),
+                               threshold, side)
+
+
 @claim_check("sink_rate_at_least")
-def sink_rate_at_least(run: Run, *, input: str, threshold: float) -> Measurement:
-    """The sink rate on ``input`` is at least ``threshold`` percent."""
-    row = _rate_row(run, input)
-    return Measurement(f"{_rate_text(row)} (at least {threshold}% needed)",
-                       bool(row.sink_rate >= threshold), float(row.sink_rate))
+def sink_rate_at_least(run: Run, *, input: str, threshold: float,
+                       report: tuple[str, ...] = ()) -> Measurement:
+    """The sink rate on ``input`` is at least ``threshold`` percent: its bootstrap interval
+    over sequences is judged. ``report`` names inputs whose rates are shown, not judged."""
+    return _rate(run, input, threshold, "above", list(report))
 
 
 @claim_check("sink_rate_at_most")
-def sink_rate_at_most(run: Run, *, input: str, threshold: float) -> Measurement:
-    """The sink rate on ``input`` is at most ``threshold`` percent."""
-    row = _rate_row(run, input)
-    return Measurement(f"{_rate_text(row)} (at most {threshold}% needed)",
-                       bool(row.sink_rate <= threshold), float(row.sink_rate))
+def sink_rate_at_most(run: Run, *, input: str, threshold: float,
+                      report: tuple[str, ...] = ()) -> Measurement:
+    """The sink rate on ``input`` is at most ``threshold`` percent (bootstrap interval)."""
+    return _rate(run, input, threshold, "below", list(report))
 
 
 @claim_check("repeated_states_identical")
@@ -49,10 +68,12 @@ def repeated_states_identical(run: Run, *, tolerance: float) -> Measurement:
                              f"({_skip_reason(run, 'repeated')})")
     table = run.table("repeated_token_check")
     worst = table.loc[table.relative_deviation.idxmax()]
-    return Measurement(
+    dev = float(worst.relative_deviation)
+    # a maximum over every position and boundary, not an estimate: no sampling interval
+    return Measurement.compare(
         f"max_t |h_t - h_0| = {worst.max_abs_deviation:.3g} at boundary {int(worst.layer)}, "
-        f"{worst.relative_deviation:.2g} of max |h| (tolerance {tolerance:g})",
-        bool(worst.relative_deviation <= tolerance), float(worst.relative_deviation))
+        f"{dev:.2g} of max |h| (tolerance {tolerance:g}; a maximum over every position "
+        f"and boundary, so no interval)", dev, dev, dev, tolerance, "below")
 
 
 def _skip_reason(run: Run, part: str) -> str:
@@ -79,21 +100,52 @@ def _stream_row(run: Run, spec: str) -> pd.Series:
     return picked.iloc[0]
 
 
+def _matched_nll(run: Run, row: pd.Series) -> pd.Series:
+    """The per-position loss of one variant on the positions where recompute is evaluated,
+    indexed by position."""
+    losses = run.table("streaming_losses")
+    matched = losses[losses.variant == "recompute"].position
+    mine = losses[(losses.label == row.label) & losses.position.isin(matched)]
+    return mine.set_index("position").nll.sort_index()
+
+
+def ratio_interval(num: pd.Series, den: pd.Series, *, n_boot: int = 1000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """The perplexity ratio exp(mean(num - den)) of two per-position losses on the same
+    positions, with a paired 95% percentile bootstrap interval over positions."""
+    diff = (num - den.reindex(num.index)).to_numpy(dtype=float)
+    if not len(diff) or not np.isfinite(diff).all():
+        return math.nan, math.nan, math.nan
+    low, high = bootstrap_mean_ci(diff, n_boot=n_boot, seed=seed)
+    return math.exp(diff.mean()), math.exp(float(low)), math.exp(float(high))
+
+
 @claim_check("streaming_ratio")
 def streaming_ratio(run: Run, *, numerator: str, denominator: str,
                     at_least: float | None = None, at_most: float | None = None
                     ) -> Measurement:
-    """Perplexity of ``numerator`` over that of ``denominator`` (on the positions where the
-    recompute reference is evaluated) lies within the given bounds."""
+    """Perplexity of ``numerator`` over that of ``denominator`` on the positions where the
+    recompute reference is evaluated lies within the given bounds: the paired bootstrap
+    interval of the ratio (over those positions) is judged against each bound, and the
+    verdict is the worse of the two (fail over undecided over pass)."""
     top, bottom = _stream_row(run, numerator), _stream_row(run, denominator)
-    ratio = top.ppl_matched / bottom.ppl_matched
-    passed = (at_least is None or ratio >= at_least) and (at_most is None or ratio <= at_most)
-    bounds = " and ".join(b for b in (f">= {at_least}" if at_least is not None else "",
-                                      f"<= {at_most}" if at_most is not None else "") if b)
-    return Measurement(
-        f"ppl {top.label} {top.ppl_matched:.2f} / {bottom.label} {bottom.ppl_matched:.2f} = "
-        f"{ratio:.3g} (needed {bounds}; {int(top.n_matched)} positions of "
-        f"{int(top.n_tokens)}-token text)", bool(passed), float(ratio))
+    ratio, low, high = ratio_interval(_matched_nll(run, top), _matched_nll(run, bottom))
+    bounds_sides: tuple[tuple[float | None, Side], ...] = ((at_least, "above"),
+                                                           (at_most, "below"))
+    sides = [(b, s) for b, s in bounds_sides if b is not None]
+    if not sides:
+        raise WorkbenchError("streaming_ratio needs at_least, at_most or both")
+    verdicts = [judge(low, high, b, s) for b, s in sides]
+    verdict = next((v for v in ("fail", "undecided") if v in verdicts), "pass")
+    bounds = " and ".join(f"{'>=' if s == 'above' else '<='} {b:g}" for b, s in sides)
+    text = (f"ppl {top.label} {top.ppl_matched:.2f} / {bottom.label} {bottom.ppl_matched:.2f}"
+            f" = {ratio:.3f} [{low:.3f}, {high:.3f}] (paired bootstrap over positions; "
+            f"needed {bounds}; {int(top.n_matched)} positions of {int(top.n_tokens)}-token "
+            "text)")
+    # one threshold fits the table's column: the bound nearest the interval
+    nearest = min(sides, key=lambda bs: min(abs(low - bs[0]), abs(high - bs[0])))[0]
+    return Measurement(text, value=ratio, verdict=verdict, ci_low=low, ci_high=high,
+                       threshold=nearest)
 
 
 def _at_start_or_delimiter(detail: pd.DataFrame) -> pd.Series:
@@ -122,11 +174,22 @@ def massive_at_start_or_delimiter(run: Run, *, min_magnitude: float, min_ratio: 
     peak = per_layer.loc[per_layer.ratio.idxmax()]
     where = (f"boundaries {int(hits.index.min())}..{int(hits.index.max())} qualify"
              if len(hits) else "no boundary qualifies")
-    return Measurement(
-        f"{where}; peak |h| {peak.magnitude:.3g} = {peak.ratio:.0f}x median at boundary "
-        f"{int(per_layer.ratio.idxmax())}, at position 0 in {peak.at_start:.0%} and at the "
-        f"first token or a delimiter in {peak.placed:.0%} of sequences",
-        bool(len(hits)), float(peak.ratio))
+    text = (f"{where}; peak |h| {peak.magnitude:.3g} = {peak.ratio:.0f}x median at boundary "
+            f"{int(per_layer.ratio.idxmax())}, at position 0 in {peak.at_start:.0%} and at the "
+            f"first token or a delimiter in {peak.placed:.0%} of sequences")
+    if not massive.any():
+        return Measurement(text + " (no boundary is massive)", verdict="fail",
+                           value=float(peak.ratio))
+    # the placed fraction of each massive boundary, with its bootstrap interval over
+    # sequences; the best one is judged against min_fraction
+    best = max(per_layer.index[massive], key=lambda b: per_layer.placed[b])
+    placed = top1[top1.layer == best].placed.to_numpy(dtype=float)
+    low, high = bootstrap_mean_ci(placed)
+    return Measurement.compare(
+        f"{text}; boundary {int(best)}: placed in {placed.mean():.0%} "
+        f"[{float(low):.0%}, {float(high):.0%}] of {len(placed)} sequences (at least "
+        f"{min_fraction:.0%} needed)", float(placed.mean()), float(low), float(high),
+        min_fraction, "above")
 
 
 @claim_check("layer_share_at_least")
@@ -137,9 +200,13 @@ def layer_share_at_least(run: Run, *, token_type: str, threshold: float) -> Meas
     share = scores[scores.metric == f"share_{token_type}"]
     if share.empty:
         raise WorkbenchError(f"run {run.id} has no '{token_type}' shares")
-    by_layer = share.groupby("layer").score.mean()
-    best = int(by_layer.idxmax())
-    return Measurement(
-        f"largest head-mean {token_type} share {by_layer[best]:.3f} in layer {best} "
-        f"(by layer: {', '.join(f'{v:.2f}' for v in by_layer)}; threshold {threshold})",
-        bool(by_layer[best] >= threshold), float(by_layer[best]))
+    by_layer = share.groupby("layer")[["score", "ci_low", "ci_high"]].mean()
+    best = int(by_layer.score.idxmax())
+    top = by_layer.loc[best]
+    # the head-mean of the heads' bootstrap bounds: wider than the bootstrap of the mean
+    return Measurement.compare(
+        f"largest head-mean {token_type} share {top.score:.3f} [{top.ci_low:.3f}, "
+        f"{top.ci_high:.3f}] in layer {best} (interval: mean of the heads' bootstrap "
+        f"bounds; by layer: {', '.join(f'{v:.2f}' for v in by_layer.score)}; threshold "
+        f"{threshold})", float(top.score), float(top.ci_low), float(top.ci_high), threshold,
+        "above")

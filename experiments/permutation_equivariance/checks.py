@@ -23,13 +23,16 @@ def equivariance_verdict(run: Run, *, component: str, condition: str | list[str]
 
     Returns:
         The largest error (for equivariant / unchanged) or the smallest (for not
-        equivariant / changes) of each condition; passed when no case failed.
+        equivariant / changes) of each condition, and the errors' range over the cases
+        (min..max) with the tolerance. An invariant admits no exception: it passes when no
+        case failed and fails otherwise (one failing case is a counterexample, so a range
+        that straddles the tolerance is a fail, not undecided).
 
     Raises:
         WorkbenchError: the run measured no case of a condition (it did not apply).
     """
     table = run.table(VERDICTS.name)
-    parts, passed, values = [], True, []
+    parts, passed, spans = [], True, []
     for name in [condition] if isinstance(condition, str) else condition:
         picked = table[(table.component == component) & (table.condition == name)
                        & (table.verdict != "n/a")]
@@ -42,9 +45,16 @@ def equivariance_verdict(run: Run, *, component: str, condition: str | list[str]
         holds = HOLDS[expected]
         err = picked.max_rel_error.max() if holds else picked.min_rel_error.min()
         n_failed = int(picked.n_failed.sum())
+        tolerance = float(picked.tolerance.iloc[0])
         parts.append(f"{name}: {expected}, {'max' if holds else 'min'} rel. error {err:.2g} "
-                     f"over {int(picked.n_cases.sum())} cases (tolerance "
-                     f"{picked.tolerance.iloc[0]:g}, {n_failed} failed)")
+                     f"over {int(picked.n_cases.sum())} cases (tolerance {tolerance:g}, "
+                     f"{n_failed} failed)")
         passed &= n_failed == 0
-        values.append(float(err))
-    return Measurement("; ".join(parts), passed, values[0] if len(values) == 1 else None)
+        spans.append((float(err), float(picked.min_rel_error.min()),
+                      float(picked.max_rel_error.max()), tolerance))
+    verdict = "pass" if passed else "fail"
+    if len(spans) != 1:
+        return Measurement("; ".join(parts), verdict=verdict)
+    err, low, high, tolerance = spans[0]
+    return Measurement("; ".join(parts), verdict=verdict, value=err, ci_low=low, ci_high=high,
+                       threshold=tolerance)

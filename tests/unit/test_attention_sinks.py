@@ -219,24 +219,44 @@ def test_encoder_run_skips_what_does_not_apply(tiny_runs):
 def test_claim_checks_on_tiny_runs(tiny_runs):
     llama_run, bert_run = tiny_runs
     rate = checks.sink_rate_at_most(llama_run, input="natural", threshold=100)
-    assert rate.passed and "Sink_1^0.3 on natural" in rate.measured
+    assert rate.outcome == "pass" and "Sink_1^0.3 on natural" in rate.measured
+    row = llama_run.table("sink_rates").set_index("input").loc["natural"]
+    assert (rate.ci_low, rate.ci_high, rate.threshold) == (row.ci_low, row.ci_high, 100)
     ratio = checks.streaming_ratio(llama_run, numerator="window", denominator="sinks:4",
                                    at_least=0.0)
     table = llama_run.table("streaming_perplexity").set_index("label")
     assert ratio.value == pytest.approx(table.loc["0+24", "ppl_matched"]
                                         / table.loc["4+20", "ppl_matched"])
-    assert checks.repeated_states_identical(llama_run, tolerance=1e-4).passed
+    assert ratio.ci_low <= ratio.value <= ratio.ci_high and ratio.outcome == "pass"
+    same = checks.streaming_ratio(llama_run, numerator="window", denominator="window",
+                                  at_least=0.9, at_most=1.1)  # ratio 1, on both sides
+    assert (same.value, same.ci_low, same.ci_high, same.outcome) == (1.0, 1.0, 1.0, "pass")
+    assert checks.repeated_states_identical(llama_run, tolerance=1e-4).outcome == "pass"
     with pytest.raises(WorkbenchError, match=r"no streaming perplexity .*no next-token"):
         checks.streaming_ratio(bert_run, numerator="window", denominator="dense")
     with pytest.raises(WorkbenchError, match=r"no repeated-token check .*learned absolute"):
         checks.repeated_states_identical(bert_run, tolerance=1e-4)
     sep = checks.layer_share_at_least(bert_run, token_type="sep", threshold=2.0)
-    assert not sep.passed and "layer" in sep.measured
+    assert sep.outcome == "fail" and "layer" in sep.measured and sep.ci_high < 2.0
     # a random model has no massive activations; with no bounds every boundary qualifies
     sun = {"min_magnitude": 100, "min_ratio": 1000, "min_fraction": 0.9}
     massive = checks.massive_at_start_or_delimiter(llama_run, **sun)
-    assert not massive.passed and "no boundary qualifies" in massive.measured
+    assert massive.outcome == "fail" and "no boundary qualifies" in massive.measured
     anything = checks.massive_at_start_or_delimiter(llama_run, min_magnitude=0, min_ratio=0,
                                                     min_fraction=0)
     n_boundaries = llama_run.table("massive_activations").layer.nunique()
-    assert anything.passed and f"boundaries 0..{n_boundaries - 1} qualify" in anything.measured
+    assert anything.outcome == "pass"
+    assert f"boundaries 0..{n_boundaries - 1} qualify" in anything.measured
+
+
+def test_ratio_interval_is_paired_over_positions():
+    # a constant gap of log 2 nats per position: perplexity ratio exactly 2 at every resample
+    num = pd.Series([1.0, 3.0, 2.0, 5.0]) + np.log(2)
+    ratio, low, high = checks.ratio_interval(num, pd.Series([1.0, 3.0, 2.0, 5.0]))
+    assert (ratio, low, high) == pytest.approx((2.0, 2.0, 2.0))
+    # gaps of 0 and log 4: the geometric mean 2, inside an interval within [1, 4]
+    ratio, low, high = checks.ratio_interval(pd.Series([0.0, np.log(4)] * 10),
+                                             pd.Series([0.0] * 20))
+    assert ratio == pytest.approx(2.0) and 1.0 <= low < 2.0 < high <= 4.0
+    assert np.isnan(checks.ratio_interval(pd.Series([], dtype=float),
+                                          pd.Series([], dtype=float))[0])

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
+from tests.tiny import cli
+from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.harness import claims
 from workbench.harness.experiment import experiment
@@ -16,8 +18,8 @@ from workbench.store.runs import RunStore
 
 
 def claim(**over):
-    base = {"id": "c1", "paper": "Someone 2020", "where": "Table 1", "statement": "s",
-            "published": "p", "applies_to": "any", "models": ["m"],
+    base = {"id": "c1", "kind": "reproduction", "paper": "Someone 2020", "where": "Table 1",
+            "statement": "s", "published": "p", "applies_to": "any", "models": ["m"],
             "experiment": "head-overview", "config": {"n_boot": 20},
             "check": {"name": "max_score_at_least", "metric": "self", "threshold": 0.0}}
     return {**base, **over}
@@ -42,7 +44,8 @@ def test_load_and_select(tmp_path):
 
 @pytest.mark.parametrize("entries, message", [
     ([claim(), claim()], "appears twice"),
-    ([{"id": "x"}], "lacks paper"),
+    ([{"id": "x"}], "lacks kind, paper"),
+    ([claim(kind="theorem")], "unknown kind 'theorem'; known kinds: reproduction, invariant"),
 ])
 def test_malformed_claim_files(tmp_path, entries, message):
     with pytest.raises(WorkbenchError, match=message):
@@ -75,6 +78,10 @@ def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):
                         "offline": "skipped"}
     row = table.set_index("claim").loc["fails"]
     assert "max self = " in row.measured and "(threshold 2.0)" in row.measured
+    # the stored row carries the interval and the threshold it was judged against
+    assert row.threshold == 2.0 and row.ci_low <= row.value <= row.ci_high < 2.0
+    assert set(table.kind) == {"reproduction"} and list(table.columns) == claims.VERDICT_COLUMNS
+    assert table.set_index("claim").loc["offline", ["value", "threshold"]].isna().all()
     assert "model unavailable" in table.set_index("claim").loc["offline"].reason
     # the two head-overview claims with the same config share one run
     assert table.run[table.run != ""].nunique() == 1
@@ -127,7 +134,8 @@ def test_model_free_claims_run_once_without_a_model(tmp_path):
     assert dict(zip(table.claim, table.verdict, strict=True)) == {"free-pass": "pass",
                                                                 "free-fail": "fail"}
     assert set(table.model) == {"-"} and (table.run != "").all()
-    assert "m = 0.700 at L0H2 (threshold 0.5)" in table.measured.iloc[0]
+    assert "m = 0.700 (no interval in the table) at L0H2 (threshold 0.5)" in table.measured.iloc[0]
+    assert (table.value.iloc[0], table.ci_low.iloc[0], table.ci_high.iloc[0]) == (0.7, 0.7, 0.7)
     run = RunStore(tmp_path / "runs").get(table.run.iloc[0])
     assert run.meta["model"] is None and run.config == {"value": 0.7}
     # a second reproduce reuses the runs; naming a model skips the model-free claims
@@ -154,3 +162,36 @@ def test_an_interval_is_judged_against_the_threshold(low, high, side, verdict):
     assert claims.judge(low, high, 0.5, side) == verdict
     m = claims.Measurement.compare("x", (low + high) / 2, low, high, 0.5, side)
     assert m.outcome == verdict and m.threshold == 0.5 and m.ci_high == high
+
+
+def test_summary_counts_each_kind_apart():
+    table = pd.DataFrame({"kind": ["reproduction", "reproduction", "invariant", "reproduction"],
+                          "verdict": ["pass", "undecided", "pass", "pass"]})
+    assert claims.summary(table) == ("reproductions: 2 pass, 1 undecided; "
+                                     "invariants: 1 pass")
+    assert claims.counts(table.verdict[table.kind == "none"]) == "none"
+
+
+def test_an_invariant_is_parsed_with_its_kind_and_quote(tmp_path):
+    entries = [claim(kind="invariant", quote="exact words")]
+    loaded = claims.load_claims(write(tmp_path, entries))[0]
+    assert (loaded.kind, loaded.quote) == ("invariant", "exact words")
+
+
+def test_reproduce_prints_reproductions_and_invariants_apart(tmp_path, monkeypatch, capsys):
+    free = {"applies_to": "none", "models": [], "experiment": "test-trains-its-own-models",
+            "check": {"name": "max_score_at_least", "metric": "m", "threshold": 0.5}}
+    write(tmp_path, [claim(id="finding", config={"value": 0.7}, **free),
+                     claim(id="theorem", kind="invariant", config={"value": 0.2}, **free)])
+    (tmp_path / "prompts").symlink_to(paths.data_dir() / "prompts")
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))
+    status, out, _ = cli(capsys, "reproduce", "--out", str(tmp_path / "runs"))
+    assert status == 0
+    head = out.index("== Reproductions (a paper's findings) ==")
+    tail = out.index("== Invariants (mathematical properties, not counted as findings) ==")
+    assert head < out.index("PASS      finding  [-]") < out.index("Reproductions: 1 pass") < tail
+    assert tail < out.index("FAIL      theorem  [-]") < out.index("Invariants: 1 fail")
+    stored = RunStore(tmp_path / "runs").get(out[-1].split("/")[-1])
+    assert stored.meta["summary"] == ["reproductions: 1 pass; invariants: 1 fail"]
+    assert dict(zip(stored.table("claims").claim, stored.table("claims").kind,
+                    strict=True)) == {"finding": "reproduction", "theorem": "invariant"}

@@ -26,8 +26,26 @@ def test_claim_names_a_registered_experiment_with_a_valid_config(claim):
     assert isinstance(claim.models, tuple)
 
 
+# mathematical properties that hold for any such model: kept as regression tests, never
+# counted as reproduced findings (issue 12, item 7)
+INVARIANTS = {"gu2024-repeated-token-identical-states"} | {
+    c.id for c in ALL if c.file == "permutation_equivariance.json"}
+
+
+def test_theorems_are_invariants_and_findings_are_reproductions():
+    assert {c.id for c in ALL if c.kind == "invariant"} == INVARIANTS
+    for c in ALL:
+        assert c.kind in claims.KINDS
+        if c.kind == "reproduction":  # a paper's finding names where the paper reports it
+            assert c.where, c.id
+        assert c.quote == c.quote.strip() and '"' not in c.quote, c.id
+
+
 def test_reproduce_list_and_unknown_claims(capsys):
     status, out, _ = cli(capsys, "reproduce", "--list")
-    assert status == 0 and sum(c.id in "\n".join(out) for c in ALL) == len(ALL)
+    text = "\n".join(out)
+    assert status == 0 and sum(c.id in text for c in ALL) == len(ALL)
+    assert "[invariant; smollm2,minilm]" in text and "[reproduction; smollm2]" in text
+    assert max(len(line) for line in out) <= 100  # narrow: the statement wraps below
     status, _, err = cli(capsys, "reproduce", "no-such-claim")
     assert status == 2 and "known claims:" in err

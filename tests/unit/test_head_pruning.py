@@ -333,14 +333,18 @@ def test_claim_checks_read_the_curves(llama_run):
                                     fractions=[0.25])
     curve = curve_summary(llama_run.table("pruning_curve"), "heldout_loss")
     row = curve[curve.fraction_pruned == 0.25].iloc[0]
-    assert beats.passed == bool(row.gradient < row.random_mean)
-    assert "25%:" in beats.measured
+    expected = ("pass" if row.gradient <= row.random_min else
+                "fail" if row.gradient > row.random_max else "undecided")
+    assert beats.outcome == expected and "25%:" in beats.measured
+    assert beats.ci_low == pytest.approx(row.random_min - row.gradient)
+    assert beats.ci_high == pytest.approx(row.random_max - row.gradient)
     frac = prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
                                          tolerance=0.5, fraction=0.5)
-    assert frac.passed and frac.value == 0.75
+    assert frac.value == 0.75 and frac.ci_low <= 0.75 <= frac.ci_high and frac.threshold == 0.5
     more = prunable_fraction_at_least(llama_run, order="gradient", metric="heldout_loss",
                                          tolerance=0.5, fraction=0.9)
-    assert not more.passed and "cannot decide" in more.measured
+    # the run pruned 75% at most: a claim about 90% is undecided, not failed
+    assert more.outcome == "undecided" and "cannot reach the claimed 90%" in more.measured
 
 
 def test_encoder_run(bert, tmp_path):
@@ -433,3 +437,56 @@ def test_tables_left_empty_still_match_their_declarations(llama, tmp_path):
     assert run.table("speedup").empty and run.table("survival").empty
     assert set(run.table("pruning_curve").order) == {"gradient"}
     assert any("survival by kind of head skipped" in line for line in run.meta["summary"])
+
+
+class _Curve:
+    """A stand-in run holding only a pruning curve (what the checks read)."""
+
+    id = "stub"
+
+    def __init__(self, curve):
+        self.curve = curve
+
+    def table(self, name):
+        assert name == "pruning_curve"
+        return self.curve
+
+
+def _curve(importance, randoms, metric="heldout_loss", base=1.0, spread=0.0):
+    """Two steps (0% and 50% pruned): the importance order and one row per random order."""
+    rows = []
+    for order, seed, value in [("gradient", None, importance),
+                               *[("random", i + 1, v) for i, v in enumerate(randoms)]]:
+        for step, fraction, v in ((0, 0.0, base), (1, 0.5, value)):
+            rows.append({"order": order, "importance": "gradient", "seed": seed, "step": step,
+                         "n_pruned": step, "fraction_pruned": fraction, "metric": metric,
+                         "value": v, "ci_low": v - spread if step else v,
+                         "ci_high": v + spread if step else v, "n_prompts": 4})
+    return _Curve(pd.DataFrame(rows))
+
+
+@pytest.mark.parametrize("importance, randoms, verdict", [
+    (2.0, [2.5, 3.0, 4.0], "pass"),       # below every random order
+    (2.0, [1.5, 2.5, 3.0], "undecided"),  # inside the random orders' spread
+    (2.0, [1.0, 1.2, 1.9], "fail"),       # above every random order
+])
+def test_pruning_beats_random_judges_the_random_spread(importance, randoms, verdict):
+    m = pruning_beats_random(_curve(importance, randoms), order="gradient",
+                             metric="heldout_loss", fractions=[0.5])
+    assert m.outcome == verdict and m.threshold == 0.0
+    assert (m.ci_low, m.ci_high) == pytest.approx((min(randoms) - 2.0, max(randoms) - 2.0))
+    # a similarity is better when higher: the same numbers read the other way round
+    sim = pruning_beats_random(_curve(importance, randoms, metric="cosine_similarity"),
+                               order="gradient", metric="cosine_similarity", fractions=[0.5])
+    assert sim.outcome == {"pass": "fail", "fail": "pass", "undecided": "undecided"}[verdict]
+
+
+@pytest.mark.parametrize("value, spread, verdict", [
+    (1.02, 0.01, "pass"),       # +2% loss, within 5% at both ends of the interval
+    (1.04, 0.03, "undecided"),  # the pessimistic end (+7%) fails 5%, the optimistic (+1%) passes
+    (1.20, 0.01, "fail"),       # +20% at both ends
+])
+def test_prunable_fraction_judges_the_bootstrap_ends(value, spread, verdict):
+    m = prunable_fraction_at_least(_curve(value, [], spread=spread), order="gradient",
+                                   metric="heldout_loss", tolerance=0.05, fraction=0.5)
+    assert m.outcome == verdict and m.threshold == 0.5

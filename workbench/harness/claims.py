@@ -6,8 +6,10 @@ experiment's run into a verdict::
 
     {
       "id": "olsson2022-induction-stripe",
+      "kind": "reproduction",            # or "invariant" (see KINDS)
       "paper": "Olsson et al. 2022, In-context Learning and Induction Heads",
       "where": "section 2, 'Induction heads'",
+      "quote": "...",                    # the paper's words, exactly; omitted when unverified
       "statement": "a trained causal LM has at least one head with a clear induction stripe",
       "published": "induction heads in every model with two or more layers",
       "applies_to": "causal",            # "causal", "encoder", "any", "none", or names
@@ -21,8 +23,18 @@ A claim about models that its experiment trains itself (``induction-formation``)
 ``"applies_to": "none"`` and ``"models": []``: :func:`reproduce` runs the experiment once
 with no model (and skips the claim when a ``--model`` is given).
 
+A claim's ``kind`` keeps two things apart: a *reproduction* is a paper's empirical finding,
+checked with the paper's protocol (its ``where`` names the table or figure and its ``quote``
+gives the paper's words); an *invariant* is a mathematical property that holds for any model
+of the kind (a theorem, kept as a regression test), and is never counted as a reproduced
+finding. ``workbench reproduce`` reports the two in separate groups.
+
 Checks are functions registered with :func:`claim_check`: ``check(run, **params) ->
 Measurement``. Generic ones live here; an experiment registers its own next to its code.
+A numeric check compares an interval (bootstrap, or across seeds or orders) with the
+claim's threshold (:meth:`Measurement.compare`), and a check whose run could not reach the
+claimed quantity says ``undecided`` and why.
+
 :func:`reproduce` runs what is needed (reusing matching complete runs), applies every
 check and returns the table that ``workbench reproduce`` prints and stores.
 """
@@ -35,7 +47,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pandas as pd
 
@@ -47,15 +59,24 @@ from workbench.store.schema import Table, columns, tables
 
 log = logging.getLogger(__name__)
 
-REQUIRED = ("id", "paper", "statement", "published", "applies_to", "models", "experiment",
-            "check")
+REQUIRED = ("id", "kind", "paper", "statement", "published", "applies_to", "models",
+            "experiment", "check")
+Kind = Literal["reproduction", "invariant"]
+KINDS: tuple[str, ...] = get_args(Kind)
+"""``reproduction``: a paper's empirical finding; ``invariant``: a mathematical property
+that follows for any such model."""
 CLAIMS_TABLE = Table("claims", "one verdict per (claim, model)", columns(
     ("claim", "str", "claim id (data/claims/*.json)"),
+    ("kind", "str", "reproduction (a paper's finding) or invariant (a mathematical property)"),
     ("source", "str", "paper and place (table, figure, section)"),
     ("model", "str", "model the claim was checked on ('-' for models an experiment trains)"),
     ("statement", "str", "what the claim says"),
     ("published", "str", "the published figure"),
     ("measured", "str", "what the check measured, in words"),
+    ("value", "float", "the measured value the verdict is about (NaN when not numeric)"),
+    ("ci_low", "float", "low end of the interval compared with the threshold (NaN: none)"),
+    ("ci_high", "float", "high end of that interval (NaN: none)"),
+    ("threshold", "float", "the claim's threshold (NaN when the check has none)"),
     ("verdict", "str", "pass, fail, undecided, skipped or error"),
     ("reason", "str", "why a claim was skipped or could not be checked"),
     ("run", "str", "id of the run the check read ('' when none)"),
@@ -130,6 +151,7 @@ def claim_check(name: str) -> Callable[[Check], Check]:
 @dataclass(frozen=True)
 class Claim:
     id: str
+    kind: Kind
     paper: str
     statement: str
     published: str
@@ -138,6 +160,8 @@ class Claim:
     experiment: str
     check: dict[str, Any]
     where: str = ""
+    quote: str = ""
+    """The paper's words, exactly (empty when they could not be verified)."""
     config: str | dict[str, Any] = "default"
     """A named config of the experiment, with pins (see ``Experiment.named_config``)."""
     file: str = ""
@@ -167,16 +191,19 @@ def _parse(entry: dict[str, Any], file: str) -> Claim:
     missing = [k for k in REQUIRED if k not in entry]
     if missing:
         raise WorkbenchError(f"{file}: claim {entry.get('id', '?')} lacks {', '.join(missing)}")
+    if entry["kind"] not in KINDS:
+        raise WorkbenchError(f"{file}: claim {entry['id']} has unknown kind "
+                             f"'{entry['kind']}'; known kinds: {', '.join(KINDS)}")
     applies = entry["applies_to"]
     if applies == "none" and entry["models"]:
         raise WorkbenchError(f"{file}: claim {entry['id']}: \"applies_to\": \"none\" (the "
                              "experiment trains its own models) goes with \"models\": []")
     return Claim(
-        id=entry["id"], paper=entry["paper"], statement=entry["statement"],
+        id=entry["id"], kind=entry["kind"], paper=entry["paper"], statement=entry["statement"],
         published=entry["published"],
         applies_to=tuple(applies) if isinstance(applies, list) else applies,
         models=tuple(entry["models"]), experiment=entry["experiment"],
-        check=dict(entry["check"]), where=entry.get("where", ""),
+        check=dict(entry["check"]), where=entry.get("where", ""), quote=entry.get("quote", ""),
         config=_config_spec(entry.get("config", "default")), file=file,
     )
 
@@ -189,7 +216,7 @@ def load_claims(folder: Path | None = None) -> list[Claim]:
     """Every claim in ``data/claims/*.json``.
 
     Raises:
-        WorkbenchError: a malformed file, a duplicate id, or an unknown check name.
+        WorkbenchError: a malformed file, a missing field, an unknown kind, a duplicate id.
     """
     folder = folder or paths.data_dir() / "claims"
     claims: dict[str, Claim] = {}
@@ -242,8 +269,9 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
         fresh: run again even when a matching complete run exists.
 
     Returns:
-        One row per (claim, model): claim, source, model, statement, published, measured,
-        verdict (pass / fail / skipped / error), reason, run.
+        One row per (claim, model), the columns of :data:`CLAIMS_TABLE`: the claim, its kind
+        and source, what was measured (value, interval, threshold) and the verdict (pass /
+        fail / undecided / skipped / error) with the reason and the run it read.
     """
     from workbench.harness.experiment import discover, run_experiment
     from workbench.harness.experiment import get as get_experiment
@@ -259,9 +287,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             rows.append(_reproduce_model_free(claim, model, runs_dir, fresh))
             continue
         for name in ([model] if model else claim.models):
-            row = {"claim": claim.id, "source": claim.source, "model": name,
-                   "statement": claim.statement, "published": claim.published,
-                   "measured": "", "verdict": "skipped", "reason": "", "run": ""}
+            row = _row(claim, name)
             rows.append(row)
             try:
                 if name not in loaded:
@@ -282,8 +308,26 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             except WorkbenchError as exc:
                 row.update(verdict="error", reason=str(exc))
                 continue
-            row.update(measured=result.measured, verdict=result.outcome, run=run.id)
+            row.update(_result(result), run=run.id)
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+def _row(claim: Claim, model: str) -> dict[str, Any]:
+    """A claims-table row not judged yet (skipped until a check says otherwise)."""
+    nan = float("nan")
+    return {"claim": claim.id, "kind": claim.kind, "source": claim.source, "model": model,
+            "statement": claim.statement, "published": claim.published, "measured": "",
+            "value": nan, "ci_low": nan, "ci_high": nan, "threshold": nan,
+            "verdict": "skipped", "reason": "", "run": ""}
+
+
+def _result(result: Measurement) -> dict[str, Any]:
+    def number(x: float | None) -> float:
+        return float("nan") if x is None else float(x)
+
+    return {"measured": result.measured, "verdict": result.outcome,
+            "value": number(result.value), "ci_low": number(result.ci_low),
+            "ci_high": number(result.ci_high), "threshold": number(result.threshold)}
 
 
 def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path | None,
@@ -291,9 +335,7 @@ def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path 
     """Judge a claim whose experiment trains its own models: run it with no model."""
     from workbench.harness.experiment import run_experiment
 
-    row = {"claim": claim.id, "source": claim.source, "model": "-",
-           "statement": claim.statement, "published": claim.published,
-           "measured": "", "verdict": "skipped", "reason": "", "run": ""}
+    row = _row(claim, "-")
     if model:
         row["reason"] = "the claim's experiment trains its own models"
         return row
@@ -304,7 +346,7 @@ def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path 
     except WorkbenchError as exc:
         row.update(verdict="error", reason=str(exc))
         return row
-    row.update(measured=result.measured, verdict=result.outcome, run=run.id)
+    row.update(_result(result), run=run.id)
     return row
 
 
@@ -315,9 +357,19 @@ def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None
     with store.start("reproduce", None, config, tables=tables(CLAIMS_TABLE)) as run:
         table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh)
         run.save_table("claims", table)
-        counts = table.verdict.value_counts().to_dict()
-        run.set("summary", [", ".join(f"{v} {k}" for k, v in sorted(counts.items()))])
+        run.set("summary", [summary(table)])
     return store.get(run.final)
+
+
+def counts(verdicts: pd.Series) -> str:
+    """``"3 pass, 1 undecided"``: how many of each verdict, in sorted order."""
+    tally = verdicts.value_counts().to_dict()
+    return ", ".join(f"{v} {k}" for k, v in sorted(tally.items())) or "none"
+
+
+def summary(table: pd.DataFrame) -> str:
+    """The verdict counts of each kind: ``"reproductions: ...; invariants: ..."``."""
+    return "; ".join(f"{kind}s: {counts(table.verdict[table.kind == kind])}" for kind in KINDS)
 
 
 # ---- generic checks -----------------------------------------------------------------------
@@ -332,12 +384,19 @@ def _head_scores(run: Run, metric: str) -> pd.DataFrame:
 
 @claim_check("max_score_at_least")
 def max_score_at_least(run: Run, *, metric: str, threshold: float) -> Measurement:
-    """The best head's ``metric`` is at least ``threshold``."""
+    """The best head's ``metric`` is at least ``threshold``: its bootstrap interval
+    (over prompts) is judged against the threshold. A table without intervals is judged
+    on the score alone, and the text says so."""
     top = _head_scores(run, metric).iloc[0]
-    ci = f" [{top.ci_low:.2f}, {top.ci_high:.2f}]" if "ci_low" in top else ""
-    return Measurement(f"max {metric} = {top.score:.3f}{ci} at L{top.layer}H{top['head']} "
-                       f"(threshold {threshold})", bool(top.score >= threshold),
-                       float(top.score))
+    score = float(top.score)
+    if "ci_low" in top and math.isfinite(top.ci_low) and math.isfinite(top.ci_high):
+        low, high = float(top.ci_low), float(top.ci_high)
+        ci = f" [{low:.2f}, {high:.2f}]"
+    else:
+        low = high = score
+        ci = " (no interval in the table)"
+    return Measurement.compare(f"max {metric} = {score:.3f}{ci} at L{top.layer}H{top['head']} "
+                               f"(threshold {threshold})", score, low, high, threshold, "above")
 
 
 @claim_check("heads_in_top_k")
@@ -348,7 +407,8 @@ def heads_in_top_k(run: Run, *, metric: str, heads: list[str], k: int) -> Measur
     ranks = {h: labels.index(h) + 1 if h in labels else None for h in heads}
     shown = ", ".join(f"{h}: rank {r}" for h, r in ranks.items())
     passed = all(r is not None and r <= k for r in ranks.values())
-    return Measurement(f"{shown} (top {k} needed)", passed)
+    # a rank, not an estimate: no interval to compare
+    return Measurement(f"{shown} (top {k} needed)", verdict="pass" if passed else "fail")
 
 
 def known_checks() -> list[str]:
