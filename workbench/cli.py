@@ -204,8 +204,11 @@ def cmd_experiments(args: argparse.Namespace) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
+    from workbench.harness.experiment import check_run_kind
     from workbench.store.runs import RunStore
 
+    if args.experiment is not None:
+        check_run_kind(args.experiment)
     store = RunStore(paths.runs_dir(args.out))
     runs = store.runs(experiment=args.experiment, model=args.model, status=args.status)
     if not runs:
@@ -380,7 +383,8 @@ def _add_model_commands(sub: Subparsers) -> None:
 
 def _add_record_command(sub: Subparsers) -> None:
     p = _add(sub, "record", cmd_record, "record residual streams and attention patterns to disk")
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", help="bundled name (`workbench models`), hub id, "
+                   "model folder, .gguf file or <run-id>/L<n>:<step>")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a prompt (blank lines separate several)")
     src.add_argument("--file", metavar="PATH", help="a UTF-8 text file; blank lines separate "
@@ -402,7 +406,8 @@ def _add_record_command(sub: Subparsers) -> None:
 
 def _add_experiment_commands(sub: Subparsers) -> None:
     p = _add(sub, "run", cmd_run, "run an experiment and store it as a run")
-    p.add_argument("experiment", metavar="EXPERIMENT")
+    p.add_argument("experiment", metavar="EXPERIMENT",
+                   help="an experiment name (`workbench experiments` lists them and their fields)")
     p.add_argument("--model", metavar="MODEL", help="model name, hub id, folder or .gguf")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field (repeatable); see `workbench experiments`")
@@ -440,7 +445,8 @@ def _add_store_commands(sub: Subparsers) -> None:
     p = _add(sub, "dashboard", cmd_dashboard, "serve the dashboard")
     p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
     p.set_defaults(store="read")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; "
+                   "another host makes the runs readable to the network)")
     p.add_argument("--port", type=_port, default=8050, help="TCP port, 1..65535 (default 8050)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode: hot reload and the "
                    "interactive debugger (loopback --host only)")

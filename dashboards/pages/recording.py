@@ -9,7 +9,8 @@ from dash import Input, Output, State, callback, ctx, dcc, html, no_update
 
 from dashboards.components import data, figures
 from dashboards.components.controls import labelled, prompt_options, run_dropdown
-from dashboards.components.messages import safe, safe_layout
+from dashboards.components.messages import message, one_line, safe, safe_layout
+from workbench.core.errors import WorkbenchError
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
@@ -27,10 +28,15 @@ def layout(run: str | None = None, **_: str) -> html.Div:
     # The dropdowns get their options here, with their values: a Dash dropdown drops a
     # value that is not among its options, so options filled in later by a callback race
     # the first render and can leave the layer or head blank.
-    prompts, layers, heads = _choices(chosen)
+    try:
+        prompts, layers, heads = _choices(chosen)
+        problem = None
+    except (WorkbenchError, OSError) as exc:  # the run list stays, to pick another run
+        prompts, layers, heads = [], [], []
+        problem = message(one_line(exc))
     return html.Div([
         html.H2("Recording"),
-        html.Div(id="recording-error"),
+        html.Div(problem, id="recording-error"),
         html.Div(className="wb-controls", children=[
             labelled("run", run_dropdown("recording-run", runs, chosen), "34em"),
             labelled("prompt", dcc.Dropdown(id="recording-prompt", options=prompts, value=0,

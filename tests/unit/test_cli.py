@@ -24,6 +24,14 @@ from workbench.store.runs import RunStore
      "'no-such-model-name' is not a bundled model (minilm, smollm2)"),
     (["fetch", "gpt5"], "unknown model 'gpt5'; known models: minilm, smollm2"),
     (["show", "nothing-here"], "no run 'nothing-here'"),
+    (["run", "head-overveiw", "--model", "x"], "unknown experiment 'head-overveiw' (did you mean "
+     "'head-overview'?)"),
+    (["run", "head-overview", "--model", "{folder}", "--set", "n_bot=3"],
+     "no config field 'n_bot' (did you mean 'n_boot'?)"),
+    (["record", "minilmm", "--text", "hi"], "'minilmm' (did you mean 'minilm'?) is not a bundled"),
+    (["record", "{folder}", "--prompt-set", "naturall"], "(did you mean 'natural'?)"),
+    (["runs", "--experiment", "nope"], "unknown experiment 'nope'; runs are of: "),
+    (["reproduce", "gu2024-sink-rate-natrual"], "(did you mean 'gu2024-sink-rate-natural' or"),
 ])
 def test_bad_input_is_one_clear_line(capsys, runs_dir, llama_folder, args, message):
     args = [a.replace("{folder}", str(llama_folder)) for a in args]

@@ -70,3 +70,19 @@ def test_registry_refuses_duplicates_and_lists_known_names():
         reg.register("a", 3)
     with pytest.raises(UnknownNameError, match="unknown widget 'c'; known widgets: a, b"):
         reg.get("c")
+
+
+@pytest.mark.parametrize("name, known, hint", [
+    ("minilmm", ["minilm", "smollm2"], " (did you mean 'minilm'?)"),
+    ("smolm2", ["minilm", "smollm2"], " (did you mean 'smollm2'?)"),
+    ("gpt5", ["minilm", "smollm2"], ""),
+])
+def test_unknown_names_suggest_the_closest_known_ones(name, known, hint):
+    from workbench.core.registry import did_you_mean
+
+    assert did_you_mean(name, known) == hint
+    registry: Registry[int] = Registry("model")
+    for n in known:
+        registry.register(n, 0)
+    assert registry.unknown_message(name) == (
+        f"unknown model '{name}'{hint}; known models: {', '.join(known)}")

@@ -17,12 +17,10 @@ import pytest
 from workbench.core.paths import REPO_ROOT
 from workbench.harness import claims
 from workbench.harness.config import apply_overrides, check_config
-from workbench.harness.experiment import all_experiments, get
+from workbench.harness.experiment import OTHER_RUN_KINDS, all_experiments, get
 
 PAGES = sorted((REPO_ROOT / "dashboards" / "pages").glob("*.py"))
 PACKAGES = sorted(p.parent for p in (REPO_ROOT / "experiments").glob("*/__init__.py"))
-# The two kinds of run that are not experiments: `workbench record` and `workbench reproduce`.
-OTHER_RUN_KINDS = {"record", "reproduce"}
 
 
 def _imports(path: Path) -> list[str]:
@@ -52,7 +50,7 @@ def test_every_experiment_a_page_or_claim_names_is_registered():
     from dashboards.app import create_app
 
     create_app("/nonexistent")  # registers the pages
-    known = {e.name for e in all_experiments()} | OTHER_RUN_KINDS
+    known = {e.name for e in all_experiments()} | set(OTHER_RUN_KINDS)
     named = {name for page in dash.page_registry.values()
              for name in page.get("experiments", [])}
     for path in PAGES:

@@ -15,12 +15,24 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from workbench.core.errors import UnknownNameError
 
 T = TypeVar("T")
+
+
+def did_you_mean(name: object, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest known names to a misspelt ``name``, or ``""``.
+
+    Examples:
+        >>> did_you_mean("minilmm", ["minilm", "smollm2"])
+        " (did you mean 'minilm'?)"
+    """
+    close = difflib.get_close_matches(str(name), list(known), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 class Registry(Generic[T]):
@@ -63,7 +75,8 @@ class Registry(Generic[T]):
 
     def unknown_message(self, name: str) -> str:
         known = ", ".join(sorted(self._items)) or "(none)"
-        return f"unknown {self.kind} '{name}'; known {self.plural}: {known}"
+        return (f"unknown {self.kind} '{name}'{did_you_mean(name, self._items)}; "
+                f"known {self.plural}: {known}")
 
     def names(self) -> list[str]:
         return sorted(self._items)

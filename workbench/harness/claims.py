@@ -53,7 +53,7 @@ import pandas as pd
 
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
-from workbench.core.registry import Registry
+from workbench.core.registry import Registry, did_you_mean
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table, columns, tables
 
@@ -241,7 +241,8 @@ def select(claims: Sequence[Claim], ids: Sequence[str]) -> list[Claim]:
     unknown = [i for i in ids if i not in by_id]
     if unknown:
         raise UnknownNameError(
-            f"unknown claim '{unknown[0]}'; known claims: {', '.join(sorted(by_id))}")
+            f"unknown claim '{unknown[0]}'{did_you_mean(unknown[0], by_id)}; "
+            f"known claims: {', '.join(sorted(by_id))}")
     return [by_id[i] for i in ids]
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from workbench.core import values as value_rules
 from workbench.core.errors import ConfigError
+from workbench.core.registry import did_you_mean
 from workbench.core.values import check_value, describe_type, literal_choices, parse_value
 
 __all__ = ["FieldInfo", "apply_overrides", "check_config", "check_layers", "check_value",
@@ -125,8 +126,8 @@ def apply_overrides(cls: type, overrides: Iterable[str] | Mapping[str, Any] = ()
     values = {}
     for key, value in pairs.items():
         if key not in by_name:
-            raise ConfigError(f"{cls.__module__.split('.')[-1]} has no config field '{key}'; "
-                              f"fields: {', '.join(by_name)}")
+            raise ConfigError(f"{cls.__module__.split('.')[-1]} has no config field '{key}'"
+                              f"{did_you_mean(key, by_name)}; fields: {', '.join(by_name)}")
         tp, meta = hints[key], by_name[key].metadata
         raw = parse_value(value, tp, key) if isinstance(value, str) else value
         values[key] = check_value(raw, tp, key, meta)

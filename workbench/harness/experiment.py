@@ -31,7 +31,7 @@ import pandas as pd
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.options import Dtype
-from workbench.core.registry import Registry
+from workbench.core.registry import Registry, did_you_mean
 from workbench.harness.config import apply_overrides, check_config, check_layers
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Model
@@ -153,6 +153,20 @@ def discover() -> None:
         if not info.name.startswith("_"):
             importlib.import_module(f"experiments.{info.name}")
     _discovered = True
+
+
+OTHER_RUN_KINDS = ("record", "reproduce")
+"""Runs that are not experiments: written by ``workbench record`` and ``workbench reproduce``."""
+
+
+def check_run_kind(name: str) -> None:
+    """Raise :class:`UnknownNameError` unless ``name`` is an experiment or another run kind
+    (the message lists them and suggests the closest)."""
+    discover()
+    known = sorted([*EXPERIMENTS.names(), *OTHER_RUN_KINDS])
+    if name not in known:
+        raise UnknownNameError(f"unknown experiment '{name}'{did_you_mean(name, known)}; "
+                               f"runs are of: {', '.join(known)}")
 
 
 def get(name: str) -> Experiment:

@@ -25,7 +25,7 @@ import torch
 
 from workbench.core import paths
 from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
-from workbench.core.registry import Registry
+from workbench.core.registry import Registry, did_you_mean
 from workbench.core.values import Range, check_keywords, keyword_types
 
 if TYPE_CHECKING:
@@ -78,7 +78,8 @@ def check_prompt_set(name: str) -> None:
     """Raise :class:`UnknownNameError` (listing the known sets) unless ``name`` exists."""
     if name not in prompt_set_names():
         raise UnknownNameError(
-            f"unknown prompt set '{name}'; known prompt sets: {', '.join(prompt_set_names())}"
+            f"unknown prompt set '{name}'{did_you_mean(name, prompt_set_names())}; "
+            f"known prompt sets: {', '.join(prompt_set_names())}"
         )
 
 

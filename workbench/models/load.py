@@ -25,6 +25,7 @@ from typing import Any
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
+from workbench.core.registry import did_you_mean
 from workbench.models import checkpoints, zoo
 from workbench.models.base import DTYPES, Model, ModelInfo
 from workbench.models.hf import boot_folder, check_folder, folder_checksum
@@ -120,10 +121,11 @@ def _load_hub(name: str, dtype: Dtype, device: str) -> Model:
     from transformers import AutoConfig
 
     known = ", ".join(zoo.MODELS.names())
+    hint = did_you_mean(name, zoo.MODELS.names())  # a typo of a bundled name says so first
     if not _HUB_ID.fullmatch(name):
         raise WorkbenchError(
-            f"{name[:80]!r} is not a bundled model ({known}), an existing folder or .gguf file, "
-            "a checkpoint name (<run-id>/L<n>:<step>) or a Hugging Face hub id (org/name)")
+            f"{name[:80]!r}{hint} is not a bundled model ({known}), an existing folder or .gguf "
+            "file, a checkpoint name (<run-id>/L<n>:<step>) or a Hugging Face hub id (org/name)")
     try:  # a model already in the Hugging Face cache loads without a network
         AutoConfig.from_pretrained(name, local_files_only=True)
         cached = True
@@ -131,7 +133,7 @@ def _load_hub(name: str, dtype: Dtype, device: str) -> Model:
         cached = False
     if not cached and not _hub_reachable():
         raise WorkbenchError(
-            f"'{name}' is not a bundled model ({known}), a local folder or a .gguf file, and "
+            f"'{name}'{hint} is not a bundled model ({known}), a local folder or a .gguf file, and "
             "the Hugging Face hub is unreachable (no network), so it cannot be downloaded"
         )
     try:
@@ -139,7 +141,7 @@ def _load_hub(name: str, dtype: Dtype, device: str) -> Model:
                            dtype=dtype, device=device, local_files_only=cached)
     except (OSError, ValueError) as exc:
         raise WorkbenchError(
-            f"'{name}' is not a bundled model ({known}) and could not be loaded from the "
+            f"'{name}'{hint} is not a bundled model ({known}) and could not be loaded from the "
             f"Hugging Face hub: {str(exc).splitlines()[0]}"
         ) from None
 
