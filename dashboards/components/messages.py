@@ -82,17 +82,23 @@ def failed(text: str) -> Any:
     return tuple(_fill(s, text, banner) for s in spec)
 
 
-def safe(fn: F) -> F:
-    """Show a failure to read a run in the callback's outputs instead of raising."""
+def _guarded(fn: F, label: str, on_error: Callable[[str], Any]) -> F:
+    """``fn`` with a failure to read a run logged under ``label`` and answered by
+    ``on_error(one line)`` instead of raised."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except READ_ERRORS as exc:
             text = one_line(exc)
-            log.warning("%s: %s", fn.__qualname__, text)
-            return failed(text)
+            log.warning("%s: %s", label, text)
+            return on_error(text)
     return cast(F, wrapper)
+
+
+def safe(fn: F) -> F:
+    """Show a failure to read a run in the callback's outputs instead of raising."""
+    return _guarded(fn, fn.__qualname__, failed)
 
 
 def refused(title: str, text: str) -> html.Div:
@@ -108,13 +114,5 @@ def safe_layout(title: str) -> Callable[[F], F]:
     """Show a failure to read the store (a bad ``?run=``, an unreadable store) as the
     page's content instead of raising."""
     def decorate(fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except READ_ERRORS as exc:
-                text = one_line(exc)
-                log.warning("%s page: %s", title, text)
-                return refused(title, text)
-        return cast(F, wrapper)
+        return _guarded(fn, f"{title} page", lambda text: refused(title, text))
     return decorate
