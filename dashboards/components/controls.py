@@ -6,6 +6,7 @@ from typing import Any
 
 from dash import dcc, html
 
+from dashboards.components import data
 from workbench.store.runs import Run
 
 
@@ -36,3 +37,17 @@ def prompt_options(tokens_by_prompt: list[list[str]], labels: list[str]) -> list
         preview = "".join(toks[:12]).replace("\n", " ")
         opts.append({"label": f"{i}: {label} ({len(toks)} tok) {preview}…", "value": i})
     return opts
+
+
+def recording_choices(run_id: str | None) -> tuple[list[dict], list[int], list[int]]:
+    """The prompt, layer and head options of the recording of run ``run_id`` (all empty
+    without a run).
+
+    Raises:
+        WorkbenchError: the run is not a readable complete recording.
+    """
+    if run_id is None:
+        return [], [], []
+    rec = data.recording(run_id)
+    prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
+    return prompts, list(range(rec.n_layers)), list(range(rec.n_heads))

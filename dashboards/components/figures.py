@@ -45,7 +45,7 @@ def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24) -> go.Figure
     cell = n + gap
     grid = np.full((rec.n_layers * cell, rec.n_heads * cell), np.nan)
     for layer in range(rec.n_layers):
-        block = rec.pattern(prompt, layer)[:, :n, :n]
+        block = rec.pattern(prompt, layer, queries=(0, n))[:, :, :n]  # reads n rows only
         for head in range(rec.n_heads):
             grid[layer * cell: layer * cell + n, head * cell: head * cell + n] = block[head]
     # Coordinates in units of heads/layers; customdata carries the exact (layer, head).

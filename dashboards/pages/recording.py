@@ -7,8 +7,8 @@ import math
 import dash
 from dash import Input, Output, State, callback, ctx, dcc, html, no_update
 
-from dashboards.components import data, figures
-from dashboards.components.controls import labelled, prompt_options, run_dropdown
+from dashboards.components import data, exports, figures
+from dashboards.components.controls import labelled, recording_choices, run_dropdown
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from workbench.core.errors import WorkbenchError
 
@@ -17,19 +17,21 @@ dash.register_page(__name__, path="/recording", name="Recording", order=1, exper
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")
+MAX_TOKENS = 512
+"""A longer prompt shows its first 512 tokens here; the Long context page shows it all."""
 
 
 @safe_layout("Recording")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("record")
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Recording"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
     # The dropdowns get their options here, with their values: a Dash dropdown drops a
     # value that is not among its options, so options filled in later by a callback race
     # the first render and can leave the layer or head blank.
     try:
-        prompts, layers, heads = _choices(chosen)
+        prompts, layers, heads = recording_choices(chosen)
         problem = None
     except (WorkbenchError, OSError) as exc:  # the run list stays, to pick another run
         prompts, layers, heads = [], [], []
@@ -47,19 +49,13 @@ def layout(run: str | None = None, **_: str) -> html.Div:
                                           clearable=False)),
         ]),
         html.Div(className="wb-row", children=[
-            dcc.Graph(id="recording-pattern"),
-            dcc.Graph(id="recording-grid"),
+            exports.graph("recording-pattern", chosen),
+            exports.graph("recording-grid", chosen),
         ]),
     ])
 
 
-def _choices(run_id: str | None) -> tuple[list[dict], list[int], list[int]]:
-    """The prompt, layer and head options of a recording (all empty without one)."""
-    if run_id is None:
-        return [], [], []
-    rec = data.recording(run_id)
-    prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
-    return prompts, list(range(rec.n_layers)), list(range(rec.n_heads))
+exports.follow("recording-run", page="recording", graphs=["recording-pattern", "recording-grid"])
 
 
 @callback(Output("recording-prompt", "options"), Output("recording-prompt", "value"),
@@ -68,7 +64,7 @@ def _choices(run_id: str | None) -> tuple[list[dict], list[int], list[int]]:
           prevent_initial_call=True)
 @safe
 def choose_run(run_id: str):
-    prompts, layers, heads = _choices(run_id)
+    prompts, layers, heads = recording_choices(run_id)
     return prompts, 0, layers, heads, None
 
 
@@ -96,8 +92,12 @@ def draw_pattern(run_id: str, prompt: int | None, layer: int | None, head: int |
     rec = data.recording(run_id)
     if prompt >= len(rec) or layer >= rec.n_layers or head >= rec.n_heads:
         return no_update
-    return figures.pattern_heatmap(rec.pattern(prompt, layer, head), rec.tokens(prompt),
-                                   f"layer {layer}, head {head} (L{layer}H{head})")
+    n = min(rec.length(prompt), MAX_TOKENS)
+    title = f"layer {layer}, head {head} (L{layer}H{head})"
+    if n < rec.length(prompt):
+        title += f": first {n} of {rec.length(prompt)} tokens (Long context shows them all)"
+    pattern = rec.pattern(prompt, layer, head, queries=(0, n))[:, :n]
+    return figures.pattern_heatmap(pattern, rec.tokens(prompt)[:n], title)
 
 
 @callback(Output("recording-grid", "figure"),

@@ -270,7 +270,7 @@ def test_a_damaged_table_is_a_message_in_the_page(app, run, fragment):
     assert fragment in payload["heads-error"]["children"]["props"]["children"]
 
 
-@pytest.mark.parametrize("path", ["/recording", "/residual"])
+@pytest.mark.parametrize("path", ["/recording", "/long-context", "/residual"])
 @pytest.mark.parametrize("case", ["absolute-path", "relative-to-cwd", "dotdot-from-store",
                                   "symlink-leading-out", "id-prefix", "damaged-run",
                                   "interrupted-run", "wrong-kind"])
@@ -292,7 +292,7 @@ def test_a_bad_compare_run_in_the_url_drops_only_the_comparison(app, hostile):
     assert find(content, "heads-run")["value"] == hostile.heads
 
 
-@pytest.mark.parametrize("path", ["/recording", "/residual"])
+@pytest.mark.parametrize("path", ["/recording", "/long-context", "/residual"])
 def test_the_recording_pages_default_to_the_newest_complete_run(app, hostile, path):
     # the damaged and the interrupted record runs are newer than the healthy one
     status, _, payload = page(app, path)
@@ -313,7 +313,8 @@ def test_the_runs_page_lists_damaged_runs_with_their_reason(app, hostile):
     assert rows[hostile.healthy]["problem"] == ""
 
 
-PAGES = {"/": "Runs", "/recording": "Recording", "/residual": "Residual stream",
+PAGES = {"/": "Runs", "/recording": "Recording", "/long-context": "Long context",
+         "/residual": "Residual stream",
          "/heads": "Heads", "/sinks": "Attention sinks", "/pruning": "Pruning",
          "/formation": "Formation", "/equivariance": "Equivariance"}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.recordings import write_format1
 from tests.tiny import cli
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
@@ -375,22 +376,29 @@ def _alter_recording(run_dir: Path) -> None:
     _altered(run_dir / "example" / "attn" / "L001.bin")
 
 
+def _alter_recording_chunk(run_dir: Path) -> None:
+    _altered(run_dir / "example_zarr" / "recording.zarr" / "attn" / "L001" / "c" / "1" / "0"
+             / "0" / "0")
+
+
 def _alter_checkpoint(run_dir: Path) -> None:
     _altered(checkpoints.step_dir(run_dir, 1, 0) / checkpoints.WEIGHTS)
 
 
 @pytest.mark.parametrize("alter, message", [
     (_alter_recording, "checksum mismatch for"),
+    (_alter_recording_chunk, "checksum mismatch for chunk file"),
     (_alter_checkpoint, "model.safetensors does not match the SHA-256"),
-], ids=["recording-block", "checkpoint-weights"])
+], ids=["recording-block", "recording-chunk", "checkpoint-weights"])
 def test_reuse_skips_a_run_whose_recording_or_checkpoint_was_altered(
-        store, recorded, trained, caplog, alter, message):
+        store, recorded, recorded_zarr, trained, caplog, alter, message):
     from workbench.harness.experiment import verify_stored_files
 
     def make(started_at):
         with store.start("exp", MODEL, {"n": 3}, tables=TABLES) as run:
             run.save_table("t", pd.DataFrame({"a": range(3)}))
             shutil.copytree(recorded, run.dir / "example")
+            shutil.copytree(recorded_zarr, run.dir / "example_zarr")
             shutil.copytree(trained / checkpoints.TOKENIZER, run.dir / checkpoints.TOKENIZER)
             shutil.copytree(trained / checkpoints.CHECKPOINTS, run.dir / checkpoints.CHECKPOINTS)
         rewrite(store.get(run.id), started_at=started_at)
@@ -408,10 +416,18 @@ def test_reuse_skips_a_run_whose_recording_or_checkpoint_was_altered(
 # ---- a damaged recording index is one clear error ------------------------------------------
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory, llama):
+def recorded_zarr(tmp_path_factory, llama):
     folder = tmp_path_factory.mktemp("recorded") / "recording"
     record(llama, [Prompt(text="the cat sat on the mat"), Prompt(text="bread")], folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, recorded_zarr):
+    """A format-1 recording (index.json + block files), whose index is checked field by
+    field (format 2's arrays are checked in tests/unit/test_recording_format.py)."""
+    folder = tmp_path_factory.mktemp("recorded1") / "recording"
+    return write_format1(Recording.open(recorded_zarr), folder)
 
 
 def _index(fn):

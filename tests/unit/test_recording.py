@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
+import zarr
 
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
@@ -89,19 +92,21 @@ def test_large_residuals_are_stored_exactly_not_as_inf(llama_hf, tokenizer, tmp_
     assert np.abs(boundary0).max() > FLOAT16_MAX
     ids = model.encode(Prompt(text="the cat"))[0]
     np.testing.assert_array_equal(boundary0, embed[ids].detach().numpy())
-    assert rec._index["blocks"]["resid/0"][0][1] == "float32"
-    assert rec._index["blocks"]["attn/0"][0][1] == "float16"
+    group = zarr.open_group(str(tmp_path / "rec" / "recording.zarr"), mode="r")
+    assert group["resid/B000"].dtype == np.float32 and group["attn/L000"].dtype == np.float16
 
 
 def test_truncated_or_changed_files_are_detected(llama, tmp_path):
     rec = record(llama, [Prompt(text=t) for t in TEXTS], tmp_path / "rec")
     rec.verify()
-    victim = tmp_path / "rec" / "attn" / "L001.bin"
+    victim = tmp_path / "rec" / "recording.zarr" / "attn" / "L001" / "c" / "1" / "0" / "0" / "0"
     data = bytearray(victim.read_bytes())
     data[10] ^= 0xFF
     victim.write_bytes(bytes(data))
-    with pytest.raises(ChecksumError):
+    with pytest.raises(ChecksumError, match=re.escape(str(victim))):  # names the chunk
         Recording.open(tmp_path / "rec").verify()
+    with pytest.raises(ChecksumError, match="a chunk is damaged"):  # its CRC-32C fails
+        Recording.open(tmp_path / "rec").pattern(1, 1)
     victim.write_bytes(bytes(data[:-2]))
     with pytest.raises(ChecksumError, match="damaged"):
         Recording.open(tmp_path / "rec")

@@ -12,7 +12,12 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 """Parameter dtype a model is loaded in."""
 
 StoreDtype = Literal["float16", "float32"]
-"""Storage dtype of a recording (float16 falls back to float32 per block on overflow)."""
+"""Storage dtype of a recording (float16 falls back to float32 per array on overflow)."""
+
+PatternStorage = Literal["auto", "dense", "topk", "none"]
+"""How a recording stores attention patterns: every weight, the k largest per query row
+plus exact first-token, diagonal, previous-token and left-out weights, or not at all;
+``auto`` is dense up to 1,024 tokens and topk above."""
 
 Status = Literal["running", "complete", "failed", "interrupted", "damaged"]
 """How a run ended: ``running`` while it is written, ``interrupted`` when its process died,

@@ -1,72 +1,58 @@
 """Record the residual stream and every attention pattern to disk, and read them back lazily.
 
 :func:`record` hooks the bridge so that each layer's attention patterns and residual stream
-are written to disk as soon as the forward pass produces them; nothing accumulates in
-memory, so peak memory does not grow with the number of layers or prompts. Blocks are
-stored as float16 unless a value would overflow it (smollm2's residual stream reaches about
-2.5e4 at the first token, near float16's limit of 65504): such a block is kept in float32,
-so nothing is ever silently clipped to infinity.
+are written to a chunked Zarr v3 store (:mod:`workbench.recording.zarr_store`) as soon as the
+forward pass produces them, one block of query rows at a time; nothing accumulates in
+memory, so peak memory does not grow with the number of layers or prompts, and no
+``[head, query, key]`` array is held beyond the one the model itself builds per layer.
 
-On disk (``recording/`` inside a run)::
+Patterns are stored ``dense``, as ``topk`` (:mod:`workbench.recording.sparse`: the k
+largest weights of each row and their keys, plus the exact weights on the first token,
+the diagonal and the previous token, and the mass left out), or not at all (``none``).
+``auto`` (the default) is dense when the longest prompt has at most
+:data:`DENSE_UP_TO` tokens and topk above: a dense 8,192-token smollm2 prompt would take
+36 GB.
 
-    index.json         prompts, tokens, shapes, and for every block its offset and dtype
-    attn/L{l:03d}.bin  layer l's patterns, prompt after prompt, each [head, query, key]
-    resid/B{b:03d}.bin boundary b's residual stream, each [pos, d_model]
+Dense patterns and residuals are stored as float16 unless a value would overflow it
+(smollm2's residual stream reaches about 2.5e4 at the first token, near float16's limit
+of 65504): such an array is kept in float32, so nothing is ever silently clipped to
+infinity. Recordings of format 1 (``index.json`` + ``attn/*.bin``, see
+:mod:`workbench.recording.legacy`) still open, read-only.
 
 Examples:
     >>> rec = Recording.open("data/runs/<run-id>")        # doctest: +SKIP
     >>> rec.tokens(0)[:3], rec.pattern(0, layer=3, head=1).shape   # doctest: +SKIP
+    >>> rec.pattern_sparse(0, layer=3, head=1).keys[:4]            # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
+import zarr
 from jaxtyping import Float
 
 from workbench.core import checksums, progress
 from workbench.core.errors import ChecksumError, WorkbenchError
-from workbench.core.options import StoreDtype
+from workbench.core.options import PatternStorage, StoreDtype
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
-from workbench.recording import hooks
+from workbench.recording import hooks, legacy, sparse, zarr_store
 from workbench.store.validate import confined_file, real
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 INDEX = "index.json"
-FORMAT_VERSION = 1
-
-
-class _BlockFile:
-    """An append-only binary file of blocks, hashed as it is written."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.fh: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed by close())
-        self.offset = 0
-        self.digest = hashlib.sha256()
-
-    def append(self, array: np.ndarray) -> int:
-        data = np.ascontiguousarray(array).tobytes()
-        start = self.offset
-        self.fh.write(data)
-        self.digest.update(data)
-        self.offset += len(data)
-        return start
-
-    def close(self) -> dict[str, Any]:
-        self.fh.close()
-        return {"sha256": self.digest.hexdigest(), "size": self.offset}
+FORMAT_VERSION = 2
+DENSE_UP_TO = 1024
+"""``auto`` stores patterns dense up to this many tokens (the longest prompt), topk above."""
+DEFAULT_TOPK = 16
 
 
 def _storable(block: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
@@ -77,110 +63,198 @@ def _storable(block: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
     return block.numpy()
 
 
-class _Writer:
-    """Hook functions that append each prompt's slice of a layer's tensors to disk."""
+def storage_for(patterns: PatternStorage, longest: int) -> PatternStorage:
+    """The storage ``patterns`` means for prompts of at most ``longest`` tokens (``auto``
+    resolved: dense up to :data:`DENSE_UP_TO` tokens, topk above).
 
-    def __init__(self, root: Path, n_layers: int, store_dtype: StoreDtype,
-                 include_resid: bool = True) -> None:
-        self.store_dtype = store_dtype
-        self.files = {("attn", layer): _BlockFile(root / "attn" / f"L{layer:03d}.bin")
-                      for layer in range(n_layers)}
+    Raises:
+        WorkbenchError: ``patterns`` is not one of :data:`PatternStorage`.
+    """
+    if patterns not in get_args(PatternStorage):
+        raise WorkbenchError(f"patterns must be one of {', '.join(get_args(PatternStorage))}, "
+                             f"got {patterns!r}")
+    if patterns == "auto":
+        return "dense" if longest <= DENSE_UP_TO else "topk"
+    return patterns
+
+
+class _Writer:
+    """Hook functions that write each prompt's slice of a layer's tensors to the group."""
+
+    def __init__(self, group: zarr.Group, shape: dict[str, int], storage: PatternStorage,
+                 store_dtype: StoreDtype, topk: int, include_resid: bool) -> None:
+        self.group, self.storage, self.store_dtype, self.k = group, storage, store_dtype, topk
+        p, h, t, d = shape["prompts"], shape["heads"], shape["longest"], shape["d_model"]
+        self.t_max = t
+        self.arrays: dict[tuple[str, int], zarr.Array] = {}
+        for layer in range(shape["layers"]):
+            if storage == "dense":
+                self._add("attn", layer, (p, h, t, t), store_dtype)
+            elif storage == "topk":
+                self._add("topk_weights", layer, (p, h, t, topk), "float32")
+                self._add("topk_keys", layer, (p, h, t, topk), sparse.key_dtype(t))
+                self._add("exact", layer, (p, h, t, len(sparse.CHANNELS)), "float32")
         if include_resid:
-            self.files.update({("resid", b): _BlockFile(root / "resid" / f"B{b:03d}.bin")
-                               for b in range(n_layers + 1)})
-        # (kind, layer) -> {prompt index: [offset, dtype]}
-        self.blocks: dict[tuple[str, int], dict[int, list[Any]]] = {k: {} for k in self.files}
+            for b in range(shape["layers"] + 1):
+                self._add("resid", b, (p, t, d), store_dtype)
         self.batch: Batch | None = None
 
+    def _add(self, kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> None:
+        self.arrays[(kind, layer)] = zarr_store.create(self.group, kind, layer, shape, dtype)
+
     def hook_fns(self, n_layers: int) -> list[tuple[str, Any]]:
-        fns = [(hooks.pattern(layer), self._make_hook("attn", layer)) for layer in range(n_layers)]
-        if ("resid", 0) in self.files:
-            fns += [(hooks.resid(b, n_layers), self._make_hook("resid", b))
-                    for b in range(n_layers + 1)]
+        fns = []
+        if self.storage != "none":
+            fns += [(hooks.pattern(layer), self._pattern_hook(layer)) for layer in range(n_layers)]
+        if ("resid", 0) in self.arrays:
+            fns += [(hooks.resid(b, n_layers), self._resid_hook(b)) for b in range(n_layers + 1)]
         return fns
 
     def last_hook(self, n_layers: int) -> str:
         """The last hook point whose tensor is written; the forward pass stops there."""
-        if ("resid", 0) in self.files:
+        if ("resid", 0) in self.arrays:
             return hooks.resid(n_layers, n_layers)
         return hooks.pattern(n_layers - 1)
 
-    def _make_hook(self, kind: str, layer: int):
+    def _rows(self):
+        assert self.batch is not None
+        return enumerate(zip(self.batch.indices, self.batch.lengths, strict=True))
+
+    def _pattern_hook(self, layer: int):
         def hook(tensor: torch.Tensor, hook: Any) -> None:
-            assert self.batch is not None
-            rows = zip(self.batch.indices, self.batch.lengths, strict=True)
-            for row, (index, n) in enumerate(rows):
-                part = tensor[row, :, :n, :n] if kind == "attn" else tensor[row, :n]
-                array = _storable(part, self.store_dtype)
-                offset = self.files[(kind, layer)].append(array)
-                self.blocks[(kind, layer)][index] = [offset, str(array.dtype)]
+            for row, (index, n) in self._rows():
+                # one block of query rows at a time: the only [head, T, T] array is the model's
+                for q0 in range(0, n, zarr_store.QUERY_BLOCK):
+                    q1 = min(q0 + zarr_store.QUERY_BLOCK, n)
+                    self._write_pattern(layer, index, q0, tensor[row, :, q0:q1, :n])
 
         return hook
 
-    def close(self) -> dict[str, Any]:
-        return {f"{kind}/{f.path.name}": f.close() for (kind, _), f in self.files.items()}
+    def _write_pattern(self, layer: int, index: int, q0: int, rows: torch.Tensor) -> None:
+        """Write one chunk of query rows (padded to the chunk, so no chunk is rewritten)."""
+        n_heads, n_rows, n = rows.shape
+        stop = min(q0 + zarr_store.QUERY_BLOCK, self.t_max)
+        if self.storage == "dense":
+            block = np.zeros((n_heads, stop - q0, self.t_max), dtype=self.store_dtype)
+            block[:, :n_rows, :n] = rows.detach().float().numpy()  # weights never overflow
+            self.arrays[("attn", layer)][index, :, q0:stop] = block
+            return
+        parts = sparse.topk_rows(rows, q0=q0, k=self.k)
+        for kind, part in (("topk_weights", parts["weights"]), ("exact", parts["exact"]),
+                           ("topk_keys", parts["keys"])):
+            array = self.arrays[(kind, layer)]
+            block = np.full((n_heads, stop - q0, array.shape[-1]), array.fill_value,
+                            dtype=array.dtype)
+            block[:, :n_rows] = part
+            array[index, :, q0:stop] = block
+
+    def _resid_hook(self, boundary: int):
+        def hook(tensor: torch.Tensor, hook: Any) -> None:
+            for row, (index, n) in self._rows():
+                step = zarr_store.RESID_BLOCK
+                for p0 in range(0, n, step):
+                    part = _storable(tensor[row, p0:min(p0 + step, n)], self.store_dtype)
+                    self._write_resid(boundary, index, p0, part)
+
+        return hook
+
+    def _write_resid(self, boundary: int, index: int, p0: int, part: np.ndarray) -> None:
+        array = self.arrays[("resid", boundary)]
+        if part.dtype == np.float32 and array.dtype == np.float16:
+            array = self._widen(boundary)
+        stop = min(p0 + zarr_store.RESID_BLOCK, self.t_max)
+        block = np.zeros((stop - p0, array.shape[-1]), dtype=array.dtype)
+        block[: len(part)] = part
+        array[index, p0:stop] = block
+
+    def _widen(self, boundary: int) -> zarr.Array:
+        """Rewrite a float16 residual array as float32 once a block would overflow float16
+        (rare; it costs one read of what that array holds so far)."""
+        old = self.arrays[("resid", boundary)]
+        kept = np.asarray(old[...], dtype=np.float32)
+        new = zarr_store.create(self.group, "resid", boundary, old.shape, "float32",
+                                overwrite=True)
+        new[...] = kept
+        self.arrays[("resid", boundary)] = new
+        return new
 
 
 def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
            store_dtype: StoreDtype = "float16", max_batch_tokens: int = 2048,
-           include_resid: bool = True) -> Recording:
+           include_resid: bool = True, patterns: PatternStorage = "auto",
+           topk: int = DEFAULT_TOPK) -> Recording:
     """Run ``model`` on ``prompts`` and write a recording into folder ``out``.
 
     Args:
         model: the model to record.
         prompts: texts, sentence pairs or token ids; lengths may differ.
-        out: a new or empty folder.
-        store_dtype: ``float16`` (default; falls back to float32 per block on overflow)
-            or ``float32``.
+        out: a new or empty folder (a non-empty one is refused, nothing is written).
+        store_dtype: ``float16`` (default; an array falls back to float32 if a value
+            would overflow) or ``float32``, for dense patterns and residuals.
         max_batch_tokens: prompts are right-padded into batches of at most this many tokens.
-        include_resid: also record the residual stream (patterns only when false).
+        include_resid: also record the residual stream.
+        patterns: ``dense``, ``topk``, ``none``, or ``auto`` (dense up to
+            :data:`DENSE_UP_TO` tokens, topk above).
+        topk: weights kept per query row when patterns are ``topk``.
 
     Returns:
         The recording, opened for reading.
 
     Raises:
-        WorkbenchError: an empty prompt, or one longer than the model's context.
+        WorkbenchError: a non-empty ``out``, an empty prompt or one longer than the
+            model's context, a bad ``patterns`` or ``topk``, or nothing to record.
     """
+    root = Path(out)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise WorkbenchError(f"{root} is not an empty folder: record into a new or empty one")
     if not prompts:
         raise WorkbenchError("no prompts to record")
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    if not isinstance(topk, int) or topk < 1:
+        raise WorkbenchError(f"topk must be a positive integer, got {topk!r}")
     encoded = [model.encode(p) for p in prompts]
-    n_layers = model.info.n_layers
-    writer = _Writer(root, n_layers, store_dtype, include_resid)
+    longest = max(len(ids) for ids, _ in encoded)
+    storage = storage_for(patterns, longest)
+    if storage == "none" and not include_resid:
+        raise WorkbenchError("nothing to record: patterns none and no residual stream")
+    info = model.info
+    shape = {"prompts": len(prompts), "heads": info.n_heads, "longest": longest,
+             "d_model": info.d_model, "layers": info.n_layers}
+    root.mkdir(parents=True, exist_ok=True)
+    group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
+    writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
     batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
-    try:
-        with torch.inference_mode():
-            for batch in progress.track(batches, desc="recording"):
-                writer.batch = batch
-                hooks.run_hooked(model.bridge, batch, writer.hook_fns(n_layers),
-                                 stop_after=writer.last_hook(n_layers))
-    finally:
-        files = writer.close()
-    index = {
-        "format_version": FORMAT_VERSION,
-        "model": model.info.to_dict(),
-        "n_layers": n_layers,
-        "n_heads": model.info.n_heads,
-        "d_model": model.info.d_model,
-        "store_dtype": store_dtype,
+    with torch.inference_mode():
+        for batch in progress.track(batches, desc="recording"):
+            writer.batch = batch
+            hooks.run_hooked(model.bridge, batch, writer.hook_fns(info.n_layers),
+                             stop_after=writer.last_hook(info.n_layers))
+    index = {"store_dtype": store_dtype, "patterns": storage,
+             "topk": topk if storage == "topk" else None, "resid": include_resid,
+             "longest": longest}
+    # the manifest is written last: a recording without one does not open
+    checksums.write_json_atomic(root / INDEX, _manifest(model, prompts, encoded, root, index))
+    return Recording.open(root)
+
+
+def _manifest(model: Model, prompts: Sequence[Prompt], encoded: list[Any], root: Path,
+              storage: dict[str, Any]) -> dict[str, Any]:
+    """``index.json`` of a recording just written: the model, the prompts, how patterns
+    are stored (``storage``), and the size and SHA-256 of every file of the group."""
+    info = model.info
+    return {
+        "format_version": FORMAT_VERSION, "model": info.to_dict(), "n_layers": info.n_layers,
+        "n_heads": info.n_heads, "d_model": info.d_model, **storage,
         "prompts": [
             {"label": p.label, "text": p.text, "pair": p.pair, "token_ids": ids,
              "tokens": model.str_tokens(ids)}
             for p, (ids, _) in zip(prompts, encoded, strict=True)
         ],
-        "blocks": {f"{kind}/{layer}": [writer.blocks[(kind, layer)][i] for i in range(len(prompts))]
-                   for (kind, layer) in writer.blocks},
-        "files": files,
+        "files": zarr_store.file_manifest(root),
     }
-    checksums.write_json_atomic(root / INDEX, index)
-    return Recording.open(root)
 
 
 MAX_INDEX = 256 << 20
 """An ``index.json`` larger than this is not one (a big recording's is tens of megabytes)."""
-_BLOCK_DTYPES = {"float16": 2, "float32": 4}
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _read_index(root: Path) -> dict[str, Any]:
@@ -209,80 +283,26 @@ def _read_index(root: Path) -> dict[str, Any]:
     return index
 
 
-def _count(value: Any, *, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
 def _index_problem(index: Any) -> str | None:
     """What is wrong with a parsed ``index.json`` (``None`` if nothing)."""
     if not isinstance(index, dict):
         return f"holds {type(index).__name__}, expected an object"
-    if index.get("format_version") != FORMAT_VERSION:
-        return (f"format_version {index.get('format_version')!r} is not supported "
-                f"(expected {FORMAT_VERSION})")
-    if not isinstance(index.get("model"), dict):
-        return "'model' is not an object"
-    for key in ("n_layers", "n_heads", "d_model"):
-        if not _count(index.get(key), least=1):
-            return f"'{key}' is not a positive integer"
-    prompts = index.get("prompts")
-    if not isinstance(prompts, list) or not prompts:
-        return "'prompts' is not a non-empty list"
-    for i, prompt in enumerate(prompts):
-        if (problem := _prompt_problem(prompt)) is not None:
-            return f"prompt {i}: {problem}"
-    files = index.get("files")
-    if not isinstance(files, dict):
-        return "'files' is not an object"
-    for rel, entry in files.items():
-        if not (isinstance(entry, dict) and _count(entry.get("size"))
-                and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
-            return f"file {rel!r} has no size and sha256"
-    return _blocks_problem(index)
-
-
-def _prompt_problem(prompt: Any) -> str | None:
-    if not isinstance(prompt, dict):
-        return "not an object"
-    if not isinstance(prompt.get("label"), str):
-        return "'label' is not a string"
-    for key in ("text", "pair"):
-        if prompt.get(key) is not None and not isinstance(prompt[key], str):
-            return f"'{key}' is not a string or null"
-    ids, tokens = prompt.get("token_ids"), prompt.get("tokens")
-    if not isinstance(ids, list) or not ids or not all(_count(t) for t in ids):
-        return "'token_ids' is not a non-empty list of token ids"
-    if not isinstance(tokens, list) or len(tokens) != len(ids) \
-            or not all(isinstance(t, str) for t in tokens):
-        return "'tokens' is not a list of strings, one per token id"
-    return None
-
-
-def _blocks_problem(index: dict[str, Any]) -> str | None:
-    """Every layer has one block per prompt, of a known dtype, inside its listed file."""
-    blocks, files = index.get("blocks"), index["files"]
-    n_layers, n_heads, d_model = index["n_layers"], index["n_heads"], index["d_model"]
-    if not isinstance(blocks, dict):
-        return "'blocks' is not an object"
-    kinds = {"attn": n_layers}
-    if "resid/0" in blocks:
-        kinds["resid"] = n_layers + 1
-    lengths = [len(p["token_ids"]) for p in index["prompts"]]
-    for kind, count in kinds.items():
-        for layer in range(count):
-            rel = f"{kind}/{'L' if kind == 'attn' else 'B'}{layer:03d}.bin"
-            entries = blocks.get(f"{kind}/{layer}")
-            if rel not in files:
-                return f"data file {rel} is not listed in 'files'"
-            if not isinstance(entries, list) or len(entries) != len(lengths):
-                return f"'blocks' has no {kind}/{layer} entry for each prompt"
-            for n, entry in zip(lengths, entries, strict=True):
-                if not (isinstance(entry, list) and len(entry) == 2 and _count(entry[0])
-                        and entry[1] in _BLOCK_DTYPES):
-                    return f"block {kind}/{layer} is not [offset, float16|float32]"
-                size = n_heads * n * n if kind == "attn" else n * d_model
-                if entry[0] + size * _BLOCK_DTYPES[entry[1]] > files[rel]["size"]:
-                    return f"a block of {kind}/{layer} lies beyond the end of {rel}"
+    version = index.get("format_version")
+    if version not in (legacy.FORMAT_VERSION, FORMAT_VERSION):
+        return (f"format_version {version!r} is not supported (expected "
+                f"{legacy.FORMAT_VERSION} or {FORMAT_VERSION})")
+    if (problem := legacy.header_problem(index)) is not None:
+        return problem
+    if version == legacy.FORMAT_VERSION:
+        return legacy.blocks_problem(index)
+    if index.get("patterns") not in ("dense", "topk", "none"):
+        return "'patterns' is not dense, topk or none"
+    if index["patterns"] == "topk" and not legacy.count(index.get("topk"), least=1):
+        return "'topk' is not a positive integer"
+    if not isinstance(index.get("resid"), bool):
+        return "'resid' is not true or false"
+    if index.get("longest") != max(len(p["token_ids"]) for p in index["prompts"]):
+        return "'longest' is not the length of the longest prompt"
     return None
 
 
@@ -295,12 +315,35 @@ class RecordedPrompt:
     tokens: list[str]
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """A window of one head's pattern pooled to screen resolution.
+
+    ``grid[i, j]`` pools queries ``q0 + i*factor ..`` and keys ``k0 + j*factor ..``
+    (``factor`` positions a side, ``how`` = max or sum); ``window`` is ``(q0, q1, k0, k1)``.
+    """
+
+    grid: Float[np.ndarray, "qcell kcell"]
+    factor: int
+    how: sparse.Pooling
+    window: tuple[int, int, int, int]
+
+
+Queries = tuple[int, int] | None
+"""Query rows ``(start, stop)`` of a read; ``None`` for every row of the prompt."""
+
+
 class Recording:
-    """Lazy, read-only access to a recording: each call reads one slice from disk."""
+    """Lazy, read-only access to a recording: each call reads only the chunks it needs.
+
+    ``patterns`` says how patterns were stored (``dense``, ``topk`` or ``none``);
+    ``format_version`` is 2 (Zarr) or 1 (the old block files, read-only).
+    """
 
     def __init__(self, root: Path, index: dict[str, Any]) -> None:
         self.root = root
         self._index = index
+        self.format_version: int = index["format_version"]
         self.model: dict[str, Any] = index["model"]
         self.n_layers: int = index["n_layers"]
         self.n_heads: int = index["n_heads"]
@@ -309,20 +352,25 @@ class Recording:
             RecordedPrompt(p["label"], p["text"], p["pair"], p["token_ids"], p["tokens"])
             for p in index["prompts"]
         ]
+        legacy_format = self.format_version == legacy.FORMAT_VERSION
+        self.patterns: str = "dense" if legacy_format else index["patterns"]
+        self.topk: int | None = None if legacy_format else index["topk"]
+        self._group = None if legacy_format else zarr_store.open_group(root)
 
     @classmethod
     def open(cls, path: str | Path) -> Recording:
         """Open a recording folder, or the run folder that holds one.
 
         ``index.json`` is checked before anything else is read: its shape and types, every
-        data file it lists being a regular file inside the recording folder (symlinks
-        resolved) with the recorded size, and every block lying within its file. A
-        recording folder inside a run folder must resolve inside that run folder.
+        file it lists being a regular file inside the recording folder (symlinks
+        resolved) with the recorded size, and (format 2) every array having the shape the
+        index implies, or (format 1) every block lying within its file. A recording folder
+        inside a run folder must resolve inside that run folder.
 
         Raises:
             WorkbenchError: no recording there, or an ``index.json`` that is not one (the
                 message names the file and what is wrong).
-            ChecksumError: a data file is missing or has the wrong size (truncated or
+            ChecksumError: a listed file is missing or has the wrong size (truncated or
                 replaced; :meth:`verify` also checks the SHA-256).
         """
         root = Path(path)
@@ -336,25 +384,41 @@ class Recording:
             raise WorkbenchError(f"recording {root} leads outside its run folder {run_dir} "
                                  "(through a symlink)")
         index = _read_index(root)
-        for rel, entry in index["files"].items():
-            file = confined_file(root, rel, what=f"{root / INDEX} file")
-            size = file.stat().st_size
-            if size != entry["size"]:
-                raise ChecksumError(
-                    f"{root / rel} has {size} bytes, expected {entry['size']}: "
-                    "the recording is damaged"
-                )
-        return cls(root, index)
+        zarr_store.check_files(root, index["files"], what=f"{root / INDEX} file")
+        rec = cls(root, index)
+        if rec._group is not None:
+            for kind, count, shape in rec._arrays():
+                for layer in range(count):
+                    zarr_store.check_array(rec._group, kind, layer, shape)
+        return rec
+
+    def _arrays(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """``(kind, how many layers, shape)`` of every array the index implies."""
+        p, h, t = len(self.prompts), self.n_heads, self._index["longest"]
+        kinds = {"dense": [("attn", (p, h, t, t))],
+                 "topk": [("topk_weights", (p, h, t, self.topk or 0)),
+                          ("topk_keys", (p, h, t, self.topk or 0)),
+                          ("exact", (p, h, t, len(sparse.CHANNELS)))],
+                 "none": []}[self.patterns]
+        out = [(kind, self.n_layers, shape) for kind, shape in kinds]
+        if self.has_resid:
+            out.append(("resid", self.n_layers + 1, (p, t, self.d_model)))
+        return out
 
     def verify(self) -> None:
-        """Check every data file's SHA-256 against the index.
+        """Check every file's SHA-256 against the index (each chunk file, for format 2).
 
         Raises:
-            ChecksumError: a file changed since it was written.
+            ChecksumError: a file changed since it was written, or (format 2) a file in
+                the group the index does not list; the message names the file.
         """
-        for rel, entry in self._index["files"].items():
-            actual = checksums.sha256_file(self.root / rel)
-            if actual != entry["sha256"]:
+        files = self._index["files"]
+        if self._group is not None:
+            if (problem := zarr_store.manifest_problem(self.root, files)) is not None:
+                raise ChecksumError(problem)
+            return
+        for rel, entry in files.items():
+            if checksums.sha256_file(self.root / rel) != entry["sha256"]:
                 raise ChecksumError(f"checksum mismatch for {self.root / rel}")
 
     def __len__(self) -> int:
@@ -364,28 +428,156 @@ class Recording:
         """Token strings of prompt ``prompt``."""
         return self._prompt(prompt).tokens
 
-    def pattern(self, prompt: int, layer: int, head: int | None = None
-                ) -> Float[np.ndarray, "*head query key"]:
-        """Attention weights ``[query, key]`` of one head, or ``[head, query, key]`` of all."""
-        self._check(layer, self.n_layers, "layer")
-        n = len(self._prompt(prompt).token_ids)
-        block = self._block("attn", layer, prompt, (self.n_heads, n, n))
-        if head is None:
-            return np.array(block, dtype=np.float32)
-        self._check(head, self.n_heads, "head")
-        return np.array(block[head], dtype=np.float32)
+    def length(self, prompt: int) -> int:
+        """The number of tokens of prompt ``prompt``."""
+        return len(self._prompt(prompt).token_ids)
 
     @property
     def has_resid(self) -> bool:
-        return "resid/0" in self._index["blocks"]
+        if self.format_version == legacy.FORMAT_VERSION:
+            return "resid/0" in self._index["blocks"]
+        return self._index["resid"]
+
+    def pattern(self, prompt: int, layer: int, head: int | None = None, *,
+                queries: Queries = None) -> Float[np.ndarray, "*head query key"]:
+        """Attention weights ``[query, key]`` of one head, or ``[head, query, key]`` of all.
+
+        Of a ``topk`` recording this is a dense view of the sparse form: the kept weights
+        and the exact first-token, diagonal and previous-token weights at their keys, and 0
+        elsewhere; the left-out mass is spread nowhere, so a row sums to less than 1.
+
+        Args:
+            prompt: the prompt.
+            layer: the layer.
+            head: one head, or all.
+            queries: only query rows ``(start, stop)`` (only their chunks are read).
+
+        Returns:
+            float32 weights over every key of the prompt.
+        """
+        n = self.length(prompt)
+        q0, q1 = self._query_range(prompt, layer, head, queries)
+        if self.patterns == "topk":
+            return self.pattern_sparse(prompt, layer, head, queries=queries).dense(n)
+        heads = slice(None) if head is None else head
+        if self._group is None:
+            block = legacy.block(self.root, self._index, "attn", layer, prompt,
+                                 (self.n_heads, n, n))
+            return np.array(block[heads, q0:q1], dtype=np.float32)
+        block = self._read(zarr_store.array_name("attn", layer),
+                           (prompt, heads, slice(q0, q1), slice(0, n)))
+        return block.astype(np.float32, copy=False)
+
+    def pattern_sparse(self, prompt: int, layer: int, head: int | None = None, *,
+                       queries: Queries = None) -> sparse.SparsePattern:
+        """The sparse form of one head's (or every head's) pattern rows.
+
+        A ``topk`` recording returns what it stored; a dense one computes the same form
+        from its rows (with k = 16), so both read alike.
+
+        Args:
+            prompt: the prompt.
+            layer: the layer.
+            head: one head, or all.
+            queries: only query rows ``(start, stop)``.
+
+        Returns:
+            The kept weights and keys and the exact channels of those rows.
+        """
+        q0, q1 = self._query_range(prompt, layer, head, queries)
+        heads = slice(None) if head is None else head
+        if self.patterns == "topk":
+            parts = {kind: self._read(zarr_store.array_name(kind, layer),
+                                      (prompt, heads, slice(q0, q1)))
+                     for kind in ("topk_weights", "topk_keys", "exact")}
+        else:
+            rows = torch.from_numpy(self.pattern(prompt, layer, queries=(q0, q1)))
+            found = sparse.topk_rows(rows, q0=q0, k=DEFAULT_TOPK)
+            parts = {"topk_weights": found["weights"][heads], "topk_keys": found["keys"][heads],
+                     "exact": found["exact"][heads]}
+        exact = parts["exact"]
+        return sparse.SparsePattern(
+            weights=parts["topk_weights"], keys=parts["topk_keys"], first=exact[..., 0],
+            diagonal=exact[..., 1], previous=exact[..., 2], left_out=exact[..., 3],
+            queries=np.arange(q0, q1))
+
+    def pooled(self, prompt: int, layer: int, head: int, *,
+               window: tuple[int, int, int, int] | None = None, max_cells: int = 512,
+               how: sparse.Pooling = "max") -> Pooled:
+        """One head's pattern over a window, pooled to at most ``max_cells`` a side.
+
+        Only the chunks of the window's query rows are read, one query block at a time, so
+        an 8,192-token overview never holds the dense ``[T, T]`` pattern. Of a ``topk``
+        recording the kept weights and exact channels are pooled (the left-out mass is in
+        no cell).
+
+        Args:
+            prompt: the prompt.
+            layer: the layer.
+            head: the head.
+            window: ``(q0, q1, k0, k1)``, query and key ranges; default the whole pattern.
+            max_cells: the largest number of cells a side.
+            how: ``max`` or ``sum`` pooling.
+
+        Returns:
+            The pooled grid and how it was made.
+        """
+        if how not in ("max", "sum"):
+            raise WorkbenchError(f"pooling must be max or sum, got {how!r}")
+        n = self.length(prompt)
+        q0, q1, k0, k1 = window if window is not None else (0, n, 0, n)
+        if not (0 <= q0 < q1 <= n and 0 <= k0 < k1 <= n):
+            raise WorkbenchError(f"window {(q0, q1, k0, k1)} is not inside 0..{n}")
+        factor = sparse.cells(max(q1 - q0, k1 - k0), max_cells)
+        shape = (q1 - q0, k1 - k0)
+        if self.patterns == "topk":
+            rows = self.pattern_sparse(prompt, layer, head, queries=(q0, q1))
+            grid = _pool_sparse(rows, (q0, k0), shape, factor, how)
+        else:
+            # row blocks that are whole multiples of the cell size, about one chunk each
+            step = factor * max(1, zarr_store.QUERY_BLOCK // factor)
+            parts = []
+            for r0 in range(q0, q1, step):
+                block = self.pattern(prompt, layer, head, queries=(r0, min(r0 + step, q1)))
+                parts.append(sparse.pool_dense(block[:, k0:k1], factor, how))
+            grid = np.concatenate(parts)
+        return Pooled(grid=grid, factor=factor, how=how, window=(q0, q1, k0, k1))
 
     def resid(self, prompt: int, layer: int) -> Float[np.ndarray, "pos d_model"]:
         """Residual stream ``[pos, d_model]`` at boundary ``layer`` (0 .. n_layers)."""
         if not self.has_resid:
             raise WorkbenchError(f"{self.root} recorded attention patterns only")
         self._check(layer, self.n_layers + 1, "layer boundary")
-        n = len(self._prompt(prompt).token_ids)
-        return np.array(self._block("resid", layer, prompt, (n, self.d_model)), dtype=np.float32)
+        n = self.length(prompt)
+        if self._group is None:
+            block = legacy.block(self.root, self._index, "resid", layer, prompt,
+                                 (n, self.d_model))
+            return np.array(block, dtype=np.float32)
+        block = self._read(zarr_store.array_name("resid", layer), (prompt, slice(0, n)))
+        return block.astype(np.float32, copy=False)
+
+    def _read(self, name: str, where: tuple[Any, ...]) -> np.ndarray:
+        """A slice of one array; a chunk that fails its CRC-32C is a ChecksumError."""
+        assert self._group is not None
+        try:
+            return np.asarray(self._group[name][where])
+        except ValueError as exc:  # Crc32cCodec: "Stored and computed checksum do not match"
+            raise ChecksumError(f"{self.root / zarr_store.GROUP / name}: a chunk is damaged "
+                                f"({exc}); `Recording.verify()` names it") from None
+
+    def _query_range(self, prompt: int, layer: int, head: int | None,
+                     queries: Queries) -> tuple[int, int]:
+        """Check a pattern read's arguments; its query rows ``(start, stop)``."""
+        if self.patterns == "none":
+            raise WorkbenchError(f"{self.root} recorded no attention patterns (patterns none)")
+        n = self.length(prompt)
+        self._check(layer, self.n_layers, "layer")
+        if head is not None:
+            self._check(head, self.n_heads, "head")
+        q0, q1 = (0, n) if queries is None else queries
+        if not 0 <= q0 < q1 <= n:
+            raise WorkbenchError(f"query rows {q0}..{q1} are not inside 0..{n}")
+        return q0, q1
 
     def _prompt(self, prompt: int) -> RecordedPrompt:
         self._check(prompt, len(self.prompts), "prompt")
@@ -396,8 +588,23 @@ class Recording:
         if not 0 <= value < bound:
             raise WorkbenchError(f"{what} {value} is out of range 0..{bound - 1}")
 
-    def _block(self, kind: str, layer: int, prompt: int, shape: tuple[int, ...]) -> np.memmap:
-        offset, dtype = self._index["blocks"][f"{kind}/{layer}"][prompt]
-        fname = f"L{layer:03d}.bin" if kind == "attn" else f"B{layer:03d}.bin"
-        return np.memmap(self.root / kind / fname, dtype=dtype, mode="r", offset=offset,
-                         shape=shape)
+
+def _pool_sparse(rows: sparse.SparsePattern, corner: tuple[int, int], shape: tuple[int, int],
+                 factor: int, how: sparse.Pooling) -> Float[np.ndarray, "qcell kcell"]:
+    """Pool one head's sparse rows: the kept weights, and each exact channel whose key is
+    not among the row's kept keys (so ``sum`` counts every position once)."""
+    q = rows.queries[:, None]
+    kept = rows.keys != rows.sentinel
+    r = [np.broadcast_to(q, rows.keys.shape)[kept]]
+    c, v = [rows.keys[kept].astype(np.int64)], [rows.weights[kept]]
+    for key, value in ((np.zeros_like(rows.queries), rows.first),
+                       (rows.queries, rows.diagonal), (rows.queries - 1, rows.previous)):
+        # key 0 is the first token's: the diagonal of query 0 and the previous token of
+        # query 1 are that same position, already placed as ``first``
+        fresh = ~(rows.keys == key[:, None]).any(-1) & (key >= (0 if value is rows.first else 1))
+        r.append(rows.queries[fresh])
+        c.append(key[fresh].astype(np.int64))
+        v.append(value[fresh])
+    q0, k0 = corner
+    return sparse.pool_entries(np.concatenate(r) - q0, np.concatenate(c) - k0,
+                               np.concatenate(v), shape, factor, how)

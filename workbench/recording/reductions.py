@@ -5,6 +5,13 @@ key_pos]`` to one number per prompt and head. :func:`reduce_patterns` runs the m
 hook on every layer's ``hook_pattern`` that applies the reductions and keeps only those
 numbers, so no pattern, and no activation cache, is ever held beyond the layer that made it.
 
+Memory: the hook receives the model's own pattern tensor (for smollm2 at 8,192 tokens,
+9 heads x 8192^2 x 4 B = 2.4 GB per layer: that eager pattern is the memory limit of a long
+prompt, and nothing here copies it). A reduction that builds a temporary of the pattern's
+size (entropy, mean distance, the induction stripe) is applied to a few heads at a time, so
+that a temporary never exceeds :data:`TEMPORARY_ELEMENTS`; every reduction is per head, so
+the result is the same, and prompts short enough for all heads at once take one call.
+
 Padding is handled here once: batches are right-padded, and a reduction receives a
 :class:`PatternContext` whose ``query_mask`` marks the real queries; padded keys already
 carry zero weight for every real query (causal models never look ahead, and padded keys
@@ -42,6 +49,16 @@ class PatternContext:
     causal: bool
 
 
+TEMPORARY_ELEMENTS = 1 << 27
+"""The most pattern elements a reduction is handed at once (512 MiB of float32)."""
+
+
+def heads_per_call(shape: torch.Size) -> int:
+    """How many heads of a ``[batch, head, query, key]`` pattern a reduction gets at once."""
+    batch, n_heads, n_query, n_key = shape
+    return max(1, min(n_heads, TEMPORARY_ELEMENTS // max(1, batch * n_query * n_key)))
+
+
 Reduction = Callable[[Float[Tensor, "batch head_index query_pos key_pos"], PatternContext],
                      Float[Tensor, "batch head_index"]]
 
@@ -74,8 +91,11 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
             ctx = state["ctx"]
             assert ctx is not None
             ctx.layer = layer
+            step = heads_per_call(pattern.shape)
             for metric, fn in reductions.items():
-                batch_out[(layer, metric)] = fn(pattern, ctx).detach().float()
+                parts = [fn(pattern[:, h:h + step], ctx)
+                         for h in range(0, pattern.shape[1], step)]
+                batch_out[(layer, metric)] = torch.cat(parts, dim=1).detach().float()
 
         return hook
 

@@ -1,0 +1,235 @@
+"""Long-context view: one head's whole T x T pattern pooled to screen resolution, a window
+zoomed down to single tokens, and the top-k keys of a chosen query.
+
+The pooling is done on the server (:meth:`workbench.recording.record.Recording.pooled`), so
+an 8,192-token pattern reaches the browser as at most 512 x 512 cells, and each figure reads
+only the chunks of the query rows it shows. Drag a box on the overview (Plotly's zoom) to
+open that window; click a cell of the window to list its query's top-k keys.
+"""
+
+from __future__ import annotations
+
+import dash
+import numpy as np
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dcc, html, no_update
+
+from dashboards.components import data, exports
+from dashboards.components.controls import labelled, recording_choices, run_dropdown
+from dashboards.components.messages import message, one_line, safe, safe_layout
+from workbench.core.errors import WorkbenchError
+
+SHOWS = ["record"]
+dash.register_page(__name__, path="/long-context", name="Long context", order=8,
+                   experiments=SHOWS)
+
+EMPTY = ("No recordings yet. Record a long document with "
+         "`workbench record smollm2 --file doc.txt --patterns topk`.")
+OVERVIEW_CELLS = 512
+"""Cells a side of the overview: about one per screen pixel of the figure."""
+WINDOW_CELLS = 256
+"""A window of up to this many tokens a side is drawn token by token, with labels."""
+TOP_ROWS = 16
+
+
+@safe_layout("Long context")
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("record")
+    if not runs and run is None:  # a requested run is checked, and refused, below
+        return html.Div([html.H2("Long context"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
+    try:
+        prompts, layers, heads = recording_choices(chosen)
+        problem = None
+    except (WorkbenchError, OSError) as exc:  # the run list stays, to pick another run
+        prompts, layers, heads = [], [], []
+        problem = message(one_line(exc))
+
+    def number(name: str, value: int, width: str = "7em") -> dcc.Input:
+        return dcc.Input(id=f"long-context-{name}", type="number", min=0, step=1,
+                         value=value, debounce=True, style={"width": width})
+
+    return html.Div([
+        html.H2("Long context"),
+        html.Div(problem, id="long-context-error"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("long-context-run", runs, chosen), "34em"),
+            labelled("prompt", dcc.Dropdown(id="long-context-prompt", options=prompts,
+                                            value=0, clearable=False), "24em"),
+            labelled("layer", dcc.Dropdown(id="long-context-layer", options=layers,
+                                           value=0, clearable=False)),
+            labelled("head", dcc.Dropdown(id="long-context-head", options=heads,
+                                          value=0, clearable=False)),
+            labelled("pooling", dcc.RadioItems(id="long-context-pooling", value="max",
+                                               inline=True, options=["max", "sum"])),
+        ]),
+        html.Div(className="wb-controls", children=[
+            labelled("window: first query", number("q0", 0)),
+            labelled("first key", number("k0", 0)),
+            labelled("tokens a side", number("span", WINDOW_CELLS)),
+            labelled("query for top-k", number("query", 0)),
+        ]),
+        html.Div(className="wb-row", children=[
+            exports.graph("long-context-overview", chosen),
+            exports.graph("long-context-window", chosen),
+        ]),
+        html.H3("Top keys of the chosen query"),
+        html.Div(id="long-context-topk"),
+        exports.table_download("long-context"),
+    ])
+
+
+exports.follow("long-context-run", page="long-context",
+               graphs=["long-context-overview", "long-context-window"])
+
+
+@callback(Output("long-context-prompt", "options"), Output("long-context-prompt", "value"),
+          Output("long-context-layer", "options"), Output("long-context-head", "options"),
+          Output("long-context-error", "children"), Input("long-context-run", "value"),
+          prevent_initial_call=True)
+@safe
+def choose_run(run_id: str):
+    prompts, layers, heads = recording_choices(run_id)
+    return prompts, 0, layers, heads, None
+
+
+def _heatmap(pooled, tokens: list[str], title: str) -> go.Figure:
+    """A pooled grid drawn in token coordinates (cell centres), so a box drawn on it reads
+    as token positions; a window of single tokens is drawn on axes of token labels."""
+    q0, q1, k0, k1 = pooled.window
+    f, grid = pooled.factor, pooled.grid
+    heat = go.Heatmap(z=grid, colorscale="Blues", zmin=0,
+                      zmax=1 if pooled.how == "max" else None, colorbar={"title": pooled.how})
+    if f == 1:
+        # categorical axes of "position 'token'": labels and hover with no per-cell data
+        def names(a: int, b: int) -> list[str]:
+            return [f"{i} {tokens[i]!r}"[:20] for i in range(a, b)]
+
+        heat.update(x=names(k0, k1), y=names(q0, q1),
+                    hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>")
+        axes = {"xaxis": {"title": "key", "tickangle": -60, "nticks": 32},
+                "yaxis": {"title": "query", "autorange": "reversed", "nticks": 32}}
+    else:
+        heat.update(x=k0 + (np.arange(grid.shape[1]) + 0.5) * f - 0.5,
+                    y=q0 + (np.arange(grid.shape[0]) + 0.5) * f - 0.5,
+                    hovertemplate=f"queries %{{y:.0f}} ± {f // 2}<br>keys %{{x:.0f}} ± "
+                                  f"{f // 2}<br>{pooled.how} %{{z:.4f}}<extra></extra>")
+        axes = {"xaxis": {"title": "key"}, "yaxis": {"title": "query", "autorange": "reversed"}}
+    fig = go.Figure(heat)
+    fig.update_layout(title={"text": title, "font": {"size": 13}}, height=660, width=700,
+                      margin={"l": 10, "r": 10, "t": 70, "b": 10}, **axes)
+    return fig
+
+
+def _pooling_note(pooled) -> str:
+    f = pooled.factor
+    cell = "1 token a cell" if f == 1 else f"{pooled.how} pooling of {f} x {f} tokens a cell"
+    return cell
+
+
+def _read_args(run_id, prompt, layer, head):
+    """The recording and the checked choice, or ``None`` while a dropdown is empty."""
+    if None in (run_id, prompt, layer, head):
+        return None
+    rec = data.recording(run_id)
+    if prompt >= len(rec) or layer >= rec.n_layers or head >= rec.n_heads:
+        return None
+    return rec
+
+
+@callback(Output("long-context-overview", "figure"),
+          Input("long-context-run", "value"), Input("long-context-prompt", "value"),
+          Input("long-context-layer", "value"), Input("long-context-head", "value"),
+          Input("long-context-pooling", "value"))
+@safe
+def draw_overview(run_id, prompt, layer, head, how):
+    rec = _read_args(run_id, prompt, layer, head)
+    if rec is None:
+        return no_update
+    pooled = rec.pooled(prompt, layer, head, max_cells=OVERVIEW_CELLS, how=how)
+    n = rec.length(prompt)
+    left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
+    title = (f"L{layer}H{head}, whole pattern, {n} tokens: {_pooling_note(pooled)}{left}"
+             "<br>drag a box to open it as a window")
+    return _heatmap(pooled, rec.tokens(prompt), title)
+
+
+@callback(Output("long-context-q0", "value"), Output("long-context-k0", "value"),
+          Output("long-context-span", "value"),
+          Input("long-context-overview", "relayoutData"),
+          prevent_initial_call=True)
+def brush(relayout: dict | None):
+    """A box drawn (zoomed) on the overview becomes the window."""
+    keys = ("xaxis.range[0]", "xaxis.range[1]", "yaxis.range[0]", "yaxis.range[1]")
+    if not relayout or not all(k in relayout for k in keys):
+        return no_update, no_update, no_update
+    x0, x1, y0, y1 = (float(relayout[k]) for k in keys)
+    k0, q0 = max(0, round(min(x0, x1))), max(0, round(min(y0, y1)))
+    span = max(1, round(max(abs(x1 - x0), abs(y1 - y0))))
+    return q0, k0, span
+
+
+def window_of(n: int, q0: int | None, k0: int | None, span: int | None
+              ) -> tuple[int, int, int, int]:
+    """The square window ``(q0, q1, k0, k1)`` the inputs ask for, moved inside ``0..n``."""
+    span = max(1, min(int(span or WINDOW_CELLS), n))
+    q0 = min(max(0, int(q0 or 0)), n - span)
+    k0 = min(max(0, int(k0 or 0)), n - span)
+    return q0, q0 + span, k0, k0 + span
+
+
+@callback(Output("long-context-window", "figure"),
+          Input("long-context-run", "value"), Input("long-context-prompt", "value"),
+          Input("long-context-layer", "value"), Input("long-context-head", "value"),
+          Input("long-context-pooling", "value"), Input("long-context-q0", "value"),
+          Input("long-context-k0", "value"), Input("long-context-span", "value"))
+@safe
+def draw_window(run_id, prompt, layer, head, how, q0, k0, span):
+    rec = _read_args(run_id, prompt, layer, head)
+    if rec is None:
+        return no_update
+    window = window_of(rec.length(prompt), q0, k0, span)
+    pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=how)
+    title = (f"window: queries {window[0]}..{window[1] - 1}, keys {window[2]}..{window[3] - 1}"
+             f": {_pooling_note(pooled)}<br>click a cell to list its query's top keys")
+    return _heatmap(pooled, rec.tokens(prompt), title)
+
+
+@callback(Output("long-context-query", "value"),
+          Input("long-context-window", "clickData"), prevent_initial_call=True)
+def choose_query(click: dict | None):
+    if not click:
+        return no_update
+    y = click["points"][0]["y"]  # "position 'token'" in a token-level window
+    return int(str(y).split(" ", 1)[0]) if isinstance(y, str) else round(y)
+
+
+@callback(Output("long-context-topk", "children"),
+          Input("long-context-run", "value"), Input("long-context-prompt", "value"),
+          Input("long-context-layer", "value"), Input("long-context-head", "value"),
+          Input("long-context-query", "value"))
+@safe
+def list_topk(run_id, prompt, layer, head, query):
+    rec = _read_args(run_id, prompt, layer, head)
+    if rec is None or query is None:
+        return no_update
+    n = rec.length(prompt)
+    q = min(max(0, int(query)), n - 1)
+    rows = rec.pattern_sparse(prompt, layer, head, queries=(q, q + 1))
+    tokens = rec.tokens(prompt)
+    kept = [(int(k), float(w)) for k, w in zip(rows.keys[0], rows.weights[0], strict=True)
+            if k != rows.sentinel and w > 0][:TOP_ROWS]
+    body = [html.Tr([html.Td(str(rank + 1)), html.Td(str(k)), html.Td(repr(tokens[k])),
+                     html.Td(f"{w:.4f}"), html.Td(str(q - k))])
+            for rank, (k, w) in enumerate(kept)]
+    exact = (f"exact: first token {rows.first[0]:.4f}, self {rows.diagonal[0]:.4f}, "
+             f"previous {rows.previous[0]:.4f}; left out of the top {rows.weights.shape[-1]}: "
+             f"{rows.left_out[0]:.4f}")
+    return html.Div([
+        html.P(f"query {q} {tokens[q]!r} (L{layer}H{head})", className="wb-note"),
+        html.Table(className="wb-table", id="long-context-topk-table", children=[
+            html.Thead(html.Tr([html.Th(c) for c in ("rank", "key", "token", "weight",
+                                                     "distance")])),
+            html.Tbody(body)]),
+        html.P(exact, className="wb-note", id="long-context-topk-exact"),
+    ])

@@ -1,0 +1,93 @@
+"""The long-context view in a real browser, on a 2,048-token top-k recording of a tiny
+model: the pooled overview, pooling switch, a box drawn on it opening a token-level window,
+and a clicked query's top keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from tests import tiny
+from tests.browser.conftest import as_array, figure, serve
+from workbench.inputs.prompts import Prompt
+from workbench.recording.record import Recording, record
+from workbench.store.runs import RunStore
+
+N = 2048
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama_hf, tokenizer):
+    config = llama_hf.config.to_dict() | {"max_position_embeddings": N}
+    torch.manual_seed(1)
+    hf = LlamaForCausalLM(type(llama_hf.config)(**config)).eval()
+    model = tiny.wrap(hf, tokenizer, "tiny-llama-2k")
+    rng = np.random.default_rng(0)
+    ids = [0, *rng.integers(10, 290, N // 2 - 1).tolist()]
+    ids = ids + ids[1:] + [5]  # a repeated half: stripes at distance N/2 - 1
+    runs = tmp_path_factory.mktemp("long") / "runs"
+    store = RunStore(runs)
+    with store.start("record", model.info.to_dict(), {"source": "test"}) as run:
+        record(model, [Prompt(token_ids=tuple(ids), label="long")], run.dir / "recording",
+               include_resid=False)
+    rec = Recording.open(store.get(run.id).path)
+    assert rec.patterns == "topk" and rec.length(0) == N  # auto: topk above 1,024 tokens
+    proc, url = serve(runs)
+    yield url, run.id, rec
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_overview_window_and_top_keys(page, served):
+    url, run_id, rec = served
+    page.goto(f"{url}/long-context?run={run_id}")
+    fig = figure(page, "long-context-overview",
+                 title_contains="max pooling of 4 x 4 tokens a cell")
+    grid = as_array(fig["data"][0]["z"])
+    assert grid.shape == (512, 512)
+    view = rec.pattern(0, 0, 0, queries=(0, 64))  # the dense view of the stored top-k
+    reference = view.reshape(16, 4, N // 4, 4).max(axis=(1, 3))
+    np.testing.assert_allclose(grid[:16], reference, atol=1e-6)
+
+    page.get_by_label("sum").check()
+    fig = figure(page, "long-context-overview", title_contains="sum pooling of 4 x 4")
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"])[:16],
+                               view.reshape(16, 4, N // 4, 4).sum(axis=(1, 3)), atol=1e-5)
+    page.get_by_label("max").check()
+    figure(page, "long-context-overview", title_contains="max pooling")
+
+    # a box drawn on the overview (Plotly's zoom) opens that window, token by token
+    page.evaluate("""() => Plotly.relayout(
+        document.querySelector('#long-context-overview .js-plotly-plot'),
+        {'xaxis.range[0]': 1000, 'xaxis.range[1]': 1048,
+         'yaxis.range[0]': 1070, 'yaxis.range[1]': 1030})""")
+    fig = figure(page, "long-context-window",
+                 title_contains="queries 1030..1077, keys 1000..1047")
+    assert "1 token a cell" in fig["layout"]["title"]["text"]
+    window = as_array(fig["data"][0]["z"])
+    np.testing.assert_allclose(window, rec.pattern(0, 0, 0, queries=(1030, 1078))[:, 1000:1048],
+                               atol=1e-6)
+    labels = fig["data"][0]["x"]  # keys labelled with their tokens
+    assert labels[0] == f"1000 {rec.tokens(0)[1000]!r}"[:20] and len(labels) == 48
+
+    box = page.locator("#long-context-window .nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("""() => {  // a clicked cell's query is the one listed
+        const q = Number(document.querySelector('#long-context-query').value);
+        return q >= 1030 && q < 1078 &&
+            document.querySelector('#long-context-topk').innerText.includes('query ' + q);
+    }""")
+
+    page.fill("#long-context-query", "1500")
+    page.press("#long-context-query", "Enter")
+    page.wait_for_selector("#long-context-topk-table")
+    page.wait_for_function(
+        "document.querySelector('#long-context-topk').innerText.includes('query 1500')")
+    rows = page.locator("#long-context-topk-table tbody tr")
+    sparse = rec.pattern_sparse(0, 0, 0, queries=(1500, 1501))
+    best = int(sparse.keys[0, 0])
+    assert rows.first.locator("td").nth(1).inner_text() == str(best)
+    assert best == int(np.argmax(rec.pattern(0, 0, 0, queries=(1500, 1501))[0]))
+    assert "left out of the top 16" in page.inner_text("#long-context-topk-exact")

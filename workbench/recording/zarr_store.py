@@ -1,0 +1,184 @@
+"""The Zarr v3 store of a recording: its arrays, their chunks and codecs, and the manifest.
+
+A recording folder holds ``index.json`` (the manifest: prompts, shapes, the pattern storage,
+and the size and SHA-256 of every file below) and one Zarr group ``recording.zarr`` with one
+array per layer and kind, the prompt first::
+
+    attn/L{l:03d}          dense patterns  [prompt, head_index, query_pos, key_pos]
+    topk_weights/L{l:03d}  sparse patterns [prompt, head_index, query_pos, k]       float32
+    topk_keys/L{l:03d}     their keys      [prompt, head_index, query_pos, k]       uint16/32
+    exact/L{l:03d}         exact channels  [prompt, head_index, query_pos, channel] float32
+    resid/B{b:03d}         residual stream [prompt, pos, d_model]
+
+Prompts of different lengths are right-padded to the longest (the manifest keeps every
+prompt's length); a chunk is one prompt and one block of :data:`QUERY_BLOCK` query rows (of
+:data:`RESID_BLOCK` positions for the residual stream), so a reader of one prompt's window
+touches only the chunks of its rows. Chunks that would hold only padding are never written
+(Zarr's fill value stands for them). Every chunk is compressed (Blosc-zstd with byte
+shuffling) and carries a CRC-32C (``zarr.codecs.Crc32cCodec``), so a damaged chunk fails
+when it is read; the manifest's SHA-256 catches any change, and names the chunk file
+(:func:`manifest_problem`).
+
+The group is an ordinary Zarr v3 store: ``zarr.open_group(folder / "recording.zarr")`` (or
+xarray/dask) reads it without the workbench.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec
+
+from workbench.core import checksums
+from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.store.validate import confined_file
+
+GROUP = "recording.zarr"
+QUERY_BLOCK = 512
+"""Query rows per pattern chunk: a 256-token zoom reads one or two chunks per layer."""
+RESID_BLOCK = 2048
+"""Positions per residual-stream chunk."""
+DIMS = {
+    "attn": ("prompt", "head_index", "query_pos", "key_pos"),
+    "topk_weights": ("prompt", "head_index", "query_pos", "k"),
+    "topk_keys": ("prompt", "head_index", "query_pos", "k"),
+    "exact": ("prompt", "head_index", "query_pos", "channel"),
+    "resid": ("prompt", "pos", "d_model"),
+}
+
+
+def array_name(kind: str, layer: int) -> str:
+    """The array of layer ``layer`` (boundary, for ``resid``) of ``kind`` in the group."""
+    return f"{kind}/{'B' if kind == 'resid' else 'L'}{layer:03d}"
+
+
+def create(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...],
+           dtype: np.dtype | str, *, overwrite: bool = False) -> zarr.Array:
+    """Create one array, chunked by prompt and by block of query rows (or positions).
+
+    Args:
+        group: the recording's group, open for writing.
+        kind: a key of :data:`DIMS`.
+        layer: the layer (boundary for ``resid``).
+        shape: the full shape, prompt first.
+        dtype: its dtype.
+        overwrite: replace an array of that name (its chunks are deleted).
+
+    Returns:
+        The array, empty (every chunk at the fill value, none written).
+    """
+    if kind == "resid":
+        chunks = (1, min(shape[1], RESID_BLOCK), shape[2])
+    else:
+        chunks = (1, shape[1], min(shape[2], QUERY_BLOCK), shape[3])
+    fill = np.iinfo(dtype).max if np.dtype(dtype).kind == "u" else 0
+    return group.create_array(
+        array_name(kind, layer), shape=shape, dtype=dtype, chunks=chunks, fill_value=fill,
+        compressors=[BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"), Crc32cCodec()],
+        dimension_names=DIMS[kind], overwrite=overwrite,
+    )
+
+
+def file_manifest(root: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file of the group in recording folder ``root``.
+
+    Returns:
+        ``{path relative to root: {"size", "sha256"}}``, sorted by path.
+    """
+    out = {}
+    for folder, dirs, files in os.walk(root / GROUP):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(folder) / name
+            out[path.relative_to(root).as_posix()] = {
+                "size": path.stat().st_size, "sha256": checksums.sha256_file(path)}
+    return out
+
+
+def check_files(root: Path, files: dict[str, dict[str, Any]], *, what: str) -> None:
+    """Every file the manifest lists is a regular file inside ``root`` of its listed size.
+
+    The group is listed once (``os.scandir``, symlinks not followed), so a recording of
+    thousands of chunks opens without resolving each path; a file not found as a plain
+    file there (missing, a symlink, a special file) gets the full check of
+    :func:`workbench.store.validate.confined_file`, which says what is wrong.
+
+    Raises:
+        WorkbenchError: a path that leads outside ``root`` or to something not a file.
+        ChecksumError: a file missing or of another size (the message names it).
+    """
+    plain = {} if (root / GROUP).is_symlink() else _plain_files(root)
+    for rel, entry in files.items():
+        size = plain.get(rel)
+        if size is None:
+            size = confined_file(root, rel, what=what).stat().st_size
+        if size != entry["size"]:
+            raise ChecksumError(f"{root / rel} has {size} bytes, expected {entry['size']}: "
+                                "the recording is damaged")
+
+
+def _plain_files(root: Path) -> dict[str, int]:
+    """``{path relative to root: size}`` of the regular files (not symlinks) of the group,
+    found without following any symlink."""
+    out, stack = {}, [root / GROUP]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                out[Path(entry.path).relative_to(root).as_posix()] = entry.stat(
+                    follow_symlinks=False).st_size
+    return out
+
+
+def manifest_problem(root: Path, files: dict[str, dict[str, Any]]) -> str | None:
+    """The first file of the group whose SHA-256 differs from the manifest's, or that the
+    manifest does not list (a chunk added later would be read as data), or ``None``."""
+    for rel, entry in files.items():
+        if checksums.sha256_file(root / rel) != entry["sha256"]:
+            return f"checksum mismatch for chunk file {root / rel}"
+    for folder, _, names in os.walk(root / GROUP):
+        for name in names:
+            rel = (Path(folder) / name).relative_to(root).as_posix()
+            if rel not in files:
+                return f"{root / rel} is not listed in the manifest"
+    return None
+
+
+def open_group(root: Path) -> zarr.Group:
+    """The group of recording folder ``root``, read-only.
+
+    Raises:
+        WorkbenchError: no readable Zarr group there.
+    """
+    try:
+        return zarr.open_group(str(root / GROUP), mode="r")
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:
+        raise WorkbenchError(f"{root / GROUP} is not a readable Zarr group ({exc}): "
+                             "the recording is damaged") from None
+
+
+def check_array(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...]) -> None:
+    """The array exists with the shape the manifest implies.
+
+    Raises:
+        WorkbenchError: it is missing or has another shape.
+    """
+    name = array_name(kind, layer)
+    try:
+        array = group[name]
+    except (KeyError, FileNotFoundError, ValueError):
+        raise WorkbenchError(f"array {name} is missing from {GROUP}: the recording is "
+                             "damaged") from None
+    if not isinstance(array, zarr.Array) or tuple(array.shape) != shape:
+        got = getattr(array, "shape", "a group")
+        raise WorkbenchError(f"array {name} of {GROUP} has shape {got}, expected {shape}: "
+                             "the recording is damaged")
