@@ -32,7 +32,12 @@ from workbench.recording.residuals import (
 )
 from workbench.scores import patterns
 from workbench.scores.stats import bootstrap_mean_ci, summarize
-from workbench.scores.streaming import Visibility, recompute_losses, windowed_losses
+from workbench.scores.streaming import (
+    Visibility,
+    recompute_losses,
+    windowed_losses,
+    windowed_losses_batched,
+)
 
 if TYPE_CHECKING:
     from experiments.attention_sinks import Config
@@ -173,7 +178,14 @@ def skips(model: Model, cfg: Config) -> dict[str, str]:
     elif cfg.stream_tokens > model.info.n_ctx:
         skipped["streaming"] = (f"stream_tokens={cfg.stream_tokens} exceeds the context "
                                 f"of {model.info.n_ctx}")
-    if model.info.positions != "rotary":
+    elif model.info.positions == "alibi":
+        skipped["streaming"] = (f"{model.info.name} builds its ALiBi biases from a 2-D "
+                                "padding mask, so the window masks of the streaming variants "
+                                "cannot be handed to it")
+    if model.info.positions == "alibi":
+        skipped["repeated"] = (f"{model.info.name} adds ALiBi biases by position, so the "
+                               "hidden states of a repeated token differ by design")
+    elif model.info.positions != "rotary":
         skipped["repeated"] = (f"{model.info.name} adds learned absolute position embeddings, "
                                "so the hidden states of a repeated token differ by design")
     return skipped
@@ -251,9 +263,14 @@ def measure_streaming(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataF
         is the query position ``t``; the target is token ``t + 1``).
     """
     ids = stream_ids(model, cfg)
+    variants = _variants(cfg)
+    # the windowed variants run as one batch (one shared cache: the sinks, the last W keys
+    # and the chunk); dense runs alone, since in a batch it would keep every key for every row
+    dense = [windowed_losses(model, ids, variants[0][1], chunk=cfg.chunk, desc="stream dense")]
+    windows = windowed_losses_batched(model, ids, [vis for _, vis in variants[1:]],
+                                      chunk=cfg.chunk, desc="stream windows")
     frames = []
-    for variant, vis in _variants(cfg):
-        nll = windowed_losses(model, ids, vis, chunk=cfg.chunk, desc=f"stream {vis.label}")
+    for (variant, vis), nll in zip(variants, [*dense, *windows], strict=True):
         frames.append(pd.DataFrame({"variant": variant, "label": vis.label,
                                     "n_sinks": vis.n_sinks, "position": np.arange(len(nll)),
                                     "nll": nll.numpy()}))

@@ -17,7 +17,12 @@ from workbench.inputs.prompts import Prompt
 from workbench.inputs.token_types import TOKEN_TYPES, TokenTyper, model_token_types
 from workbench.recording.reductions import PatternContext
 from workbench.scores.losses import token_losses
-from workbench.scores.streaming import Visibility, recompute_losses, windowed_losses
+from workbench.scores.streaming import (
+    Visibility,
+    recompute_losses,
+    windowed_losses,
+    windowed_losses_batched,
+)
 
 SMALL = {"n_prompts": 4, "seq_len": 16, "stream_tokens": 80, "window": 24, "n_sinks": 4,
          "sink_sweep": (1,), "chunk": 16, "recompute_stride": 8, "n_massive_prompts": 2,
@@ -123,6 +128,18 @@ def test_windowed_losses_equal_one_masked_forward_pass(llama, llama_hf, vis):
     ids = torch.randint(6, 300, (41,), generator=torch.Generator().manual_seed(0))
     got = windowed_losses(llama, ids, vis, chunk=7)
     torch.testing.assert_close(got, hf_masked_nll(llama_hf, ids, vis), atol=1e-5, rtol=1e-5)
+
+
+def test_batched_windows_equal_each_one_masked_forward_pass(llama, llama_hf):
+    # rows with different sinks and windows share one cache (the union of their keys);
+    # each row must still equal its own full-mask forward pass of plain Hugging Face
+    ids = torch.randint(6, 300, (41,), generator=torch.Generator().manual_seed(3))
+    visibilities = [Visibility(0, 8), Visibility(1, 8), Visibility(4, 8), Visibility(2, 12)]
+    got = windowed_losses_batched(llama, ids, visibilities, chunk=7)
+    assert got.shape == (len(visibilities), len(ids) - 1)
+    for row, vis in zip(got, visibilities, strict=True):
+        torch.testing.assert_close(row, hf_masked_nll(llama_hf, ids, vis), atol=1e-5,
+                                   rtol=1e-5)
 
 
 def test_dense_streaming_equals_token_losses_and_windows_matter(llama):
