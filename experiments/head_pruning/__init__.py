@@ -109,6 +109,7 @@ from experiments.head_pruning.measure import (
     survival_table,
 )
 from experiments.head_pruning.tables import TABLES
+from workbench.core import progress
 from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.interventions.importance import Accumulation
@@ -188,21 +189,26 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     means = (head_means(model, objective.fit, max_batch_tokens=cfg.batch_tokens)
              if cfg.ablation == "mean" else None)
     pruner = Pruner(model, objective, cfg, means)
-    head_scores = pruner.head_scores()
-    counts = schedule(n_total, cfg.step_fraction, cfg.max_fraction)
-    orders = prune_all(pruner, counts)
-    curve = curve_table(pruner, orders, counts)
-    order = order_table(orders, counts, info.n_layers, info.n_heads)
-    first = orders[0]
-    masks = budget_masks(first, counts, cfg.budgets, n_total)
-    notes = []
-    if ctx.workdir is not None:
-        written = save_masks(pruner, first, masks, ctx.workdir / "masks")
-        notes.append(f"masks for --heads-mask: {', '.join(p.name for p in written)} "
-                     "in the run folder's masks/")
-    survival = survival_table(order[order.order == first.order],
-                              kind_scores(ctx.store, info.to_dict()), cfg.top_k)
-    speed = speedup_table(pruner, masks, cfg.speed_repeats)
+    with progress.stages("head-pruning", 4) as stage:
+        stage("head importance")
+        head_scores = pruner.head_scores()
+        stage("pruning orders")
+        counts = schedule(n_total, cfg.step_fraction, cfg.max_fraction)
+        orders = prune_all(pruner, counts)
+        stage("curves, masks and survival")
+        curve = curve_table(pruner, orders, counts)
+        order = order_table(orders, counts, info.n_layers, info.n_heads)
+        first = orders[0]
+        masks = budget_masks(first, counts, cfg.budgets, n_total)
+        notes = []
+        if ctx.workdir is not None:
+            written = save_masks(pruner, first, masks, ctx.workdir / "masks")
+            notes.append(f"masks for --heads-mask: {', '.join(p.name for p in written)} "
+                         "in the run folder's masks/")
+        survival = survival_table(order[order.order == first.order],
+                                  kind_scores(ctx.store, info.to_dict()), cfg.top_k)
+        stage("removal speed-up")
+        speed = speedup_table(pruner, masks, cfg.speed_repeats)
     if cfg.ablation != "zero":
         notes.append("no removal speed-up: removing heads equals zero ablation, not mean")
     return Result(head_scores, curve, order, mask_table(first, masks), survival, speed,

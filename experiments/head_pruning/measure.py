@@ -41,6 +41,7 @@ from workbench.interventions.importance import (
     normalize_by_layer,
 )
 from workbench.interventions.masks import HeadMask, applied
+from workbench.models.adapters import adapter_of
 from workbench.models.base import Model
 from workbench.models.surgery import hf_forward, plain_copy, remove_heads
 from workbench.scores.embeddings import batch_embeddings, mean_pool, sentence_embeddings
@@ -553,8 +554,15 @@ def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> p
     model = pruner.model
     if repeats < 1 or not masks or pruner.cfg.ablation != "zero":
         return SPEEDUP.empty()
-    plain = plain_copy(model)
     batch = model.batches(pruner.objective.heldout, max_tokens=pruner.cfg.batch_tokens)[0]
+    skipped = adapter_of(model).removal_reason(model.bridge.original_model.config)
+    if skipped:  # masks still work through hooks: only this step is left out, with why
+        return pd.DataFrame([{"budget": budget, "n_removed": int((values == 0).sum()),
+                              **dict.fromkeys(SPEEDUP.names[2:-2], math.nan),
+                              "batch_tokens": int(batch.attention_mask.sum()),
+                              "skipped": skipped}
+                             for budget, values in masks.items()], columns=SPEEDUP.names)
+    plain = plain_copy(model)
     rows = []
     with torch.inference_mode():
         _seconds(plain, batch, model.info.causal)  # warm up
@@ -585,7 +593,7 @@ def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
             "seconds_full": min(full_s), "seconds_removed": min(removed_s),
             "speedup": min(full_s) / min(removed_s),
             "max_abs_diff": float(diff[real].abs().max()),
-            "batch_tokens": int(batch.attention_mask.sum())}
+            "batch_tokens": int(batch.attention_mask.sum()), "skipped": ""}
 
 
 # ---- reading curves ----------------------------------------------------------------------------
@@ -715,6 +723,9 @@ class Result:
                 for r in self.survival.itertuples()]
 
     def _speed_lines(self) -> list[str]:
+        skipped = self.speedup[self.speedup.skipped != ""]
+        if len(skipped):
+            return [f"heads not removed from the weights: {skipped.skipped.iloc[0]}"]
         return [f"heads removed from the weights at {r.budget:.0%} ({r.n_removed} heads): "
                 f"{r.seconds_full * 1000:.0f} ms -> {r.seconds_removed * 1000:.0f} ms per "
                 f"{r.batch_tokens} tokens ({r.speedup:.2f}x), output within "

@@ -73,14 +73,16 @@ SPEEDUP = Table("speedup", "the model with heads removed from its weights agains
                 "model, timed on one held-out batch (zero ablation only)", columns(
     ("budget", "float", "the budget of the mask removed"),
     ("n_removed", "int", "heads removed from the weights"),
-    ("params_full", "int", "parameters of the full model"),
-    ("params_removed", "int", "parameters with the heads removed"),
+    ("params_full", "float", "parameters of the full model (NaN when skipped)"),
+    ("params_removed", "float", "parameters with the heads removed (NaN when skipped)"),
     ("seconds_full", "float", "wall-clock seconds of the full model, fastest of the repeats"),
     ("seconds_removed", "float", "the same with the heads removed"),
     ("speedup", "float", "seconds_full / seconds_removed"),
     ("max_abs_diff", "float", "largest |output removed - output masked| over real tokens "
                               "(logits, or mean-pooled embeddings)"),
     ("batch_tokens", "int", "real tokens in the timed batch"),
+    ("skipped", "str", "why heads were not removed from this family's weights (the "
+                       "measurements are then NaN); empty when they were"),
 ))
 
 TABLES = tables(HEAD_SCORES, PRUNING_CURVE, PRUNING_ORDER, MASKS, SURVIVAL, SPEEDUP)

@@ -10,7 +10,7 @@ from workbench.models.base import Model
 
 Component = Literal["attention sublayer", "whole model", "attention heads"]
 Expectation = Literal["equivariant", "not equivariant", "unchanged", "changes"]
-Requirement = Literal["rotary", "learned", "causal", "bidirectional", "grouped"]
+Requirement = Literal["rotary", "learned", "alibi", "causal", "bidirectional", "grouped"]
 PermutationKind = Literal["full", "prefix"]
 
 HOLDS: dict[Expectation, bool] = {"equivariant": True, "unchanged": True,
@@ -63,6 +63,9 @@ WHOLE = (
               "Su et al. 2021, without float32 angle rounding", ("rotary",)),
     Condition("whole model", "position ids + c, learned positions", "changes",
               "learned absolute positions: fails by design", ("learned",)),
+    Condition("whole model", "position ids + c, ALiBi", "unchanged",
+              "Press et al. 2022: ALiBi adds slope * (j - i), which depends only on j - i",
+              ("alibi",)),
 )
 HEADS = (
     Condition("attention heads", "permuted with W_O slices (weights)", "unchanged",
@@ -96,10 +99,12 @@ def missing_requirement(cond: Condition, model: Model) -> str | None:
     info = model.info
     facts: dict[Requirement, tuple[bool, str]] = {
         "rotary": (info.positions == "rotary",
-                   f"{info.name} has {info.positions} absolute positions, no RoPE"),
+                   f"{info.name} has {info.positions} positions, no RoPE"),
         "learned": (info.positions == "learned",
-                    f"{info.name} has no position embeddings: RoPE rotates q and k inside "
-                    "attention (see the RoPE conditions)"),
+                    f"{info.name} has no position embeddings: its {info.positions} positions "
+                    "act inside attention (see its own conditions)"),
+        "alibi": (info.positions == "alibi", f"{info.name} has {info.positions} positions, "
+                  "no ALiBi biases"),
         "causal": (info.causal, f"{info.name} is bidirectional: no causal mask to keep"),
         "bidirectional": (not info.causal,
                           f"{info.name} is causal: its mask keeps it from being equivariant"),

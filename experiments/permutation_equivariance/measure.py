@@ -40,11 +40,8 @@ from experiments.permutation_equivariance.tables import (
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import load_prompt_set
-from workbench.interventions.positions import (
-    float64_angle_hooks,
-    no_rope_hooks,
-    zero_position_hooks,
-)
+from workbench.interventions.positions import float64_angle_hooks, zero_position_hooks
+from workbench.models.adapters import alibi_shifted, own_mask_lifted
 from workbench.models.base import Model
 from workbench.models.head_permutation import permuted_head_weights
 from workbench.recording import hooks
@@ -153,18 +150,31 @@ def sublayer(model: Model, layer: int, x: Float[Tensor, "batch pos d_model"], *,
     """
     n = x.shape[1]
     mask = causal_mask(n) if causal else full_mask(n)
-    kwargs: dict[str, Any] = {"attention_mask": additive_mask(mask, x.dtype)[None, None]}
-    extra = list(fwd_hooks)
-    if model.info.positions == "rotary":
-        kwargs["position_embeddings"] = model.bridge.rotary_emb(x, torch.arange(n)[None])
-        if not rope:
-            extra += no_rope_hooks([layer])
+    kwargs = {**positional_inputs(model, layer, n, rope=rope),
+              "attention_mask": additive_mask(mask, x.dtype)[None, None]}
     store: dict[str, Tensor] = {}
     fwd = [(hooks.attn_o_out(layer), _capture(store, "out")),
-           (hooks.pattern(layer), _capture(store, "pattern")), *extra]
-    with model.bridge.hooks(fwd_hooks=fwd):
+           (hooks.pattern(layer), _capture(store, "pattern")), *fwd_hooks]
+    with model.bridge.hooks(fwd_hooks=fwd), own_mask_lifted(model):
         model.bridge.blocks[layer].attn(x, **kwargs)
     return store["out"], store["pattern"]
+
+
+def positional_inputs(model: Model, layer: int, n: int, *, rope: bool) -> dict[str, Any]:
+    """What the attention of ``layer`` is handed besides its input and mask, for ``n``
+    tokens: the positions as the model itself computes them, or (``rope=False``) none.
+
+    RoPE is removed, in every variant (partial, per layer type, GPT-J's), by giving every
+    token position 0: a rotation by angle 0 is the identity, exactly. ALiBi is removed by
+    zero biases. Learned absolute positions never reach the attention sublayer.
+    """
+    positions = torch.arange(n)[None] if rope and model.info.positions == "rotary" \
+        else torch.zeros(1, n, dtype=torch.long)
+    ids = torch.full((1, n), model.pad_id)
+    kwargs = hooks.attention_kwargs(model.bridge, layer, ids, position_ids=positions)
+    if "alibi" in kwargs and kwargs["alibi"] is not None:
+        kwargs["alibi"] = torch.zeros_like(kwargs["alibi"])
+    return kwargs
 
 
 def model_output(model: Model, enc: Encoded, *, perm: Int[Tensor, " pos"] | None = None,
@@ -193,13 +203,14 @@ def model_output(model: Model, enc: Encoded, *, perm: Int[Tensor, " pos"] | None
         kwargs["position_ids"] = position_ids
     if no_mask:
         kwargs["attention_mask"] = additive_mask(full_mask(ids.shape[1]))[None, None]
+    lifted = own_mask_lifted(model) if no_mask else contextlib.nullcontext()
     if model.info.has_lm_head:
-        with model.bridge.hooks(fwd_hooks=list(fwd_hooks)):
+        with model.bridge.hooks(fwd_hooks=list(fwd_hooks)), lifted:
             return model.bridge(ids, return_type="logits", **kwargs)[0]
     store: dict[str, Tensor] = {}
     n_layers = model.info.n_layers
     fwd = [*fwd_hooks, (hooks.resid(n_layers, n_layers), _capture(store, "out"))]
-    with model.bridge.hooks(fwd_hooks=fwd):
+    with model.bridge.hooks(fwd_hooks=fwd), lifted:
         model.bridge(ids, return_type=None, **kwargs)
     return store["out"][0]
 
@@ -302,9 +313,13 @@ class PromptContext:
 
 def _sublayer_note(model: Model, name: str) -> str:
     notes = []
-    if model.info.positions != "rotary" and name.startswith("no positions"):
+    if model.info.positions == "alibi" and name.startswith("no positions"):
+        notes.append("ALiBi biases set to zero")
+    elif model.info.positions != "rotary" and name.startswith("no positions"):
         notes.append("BERT-style attention has no position term (positions enter at the "
                      "embeddings)")
+    elif name.startswith("no positions"):
+        notes.append("every token at position 0: RoPE rotates by angle 0")
     if not model.info.causal and "causal" in name:
         notes.append(f"causal mask imposed: {model.info.name} is bidirectional")
     return "; ".join(notes)
@@ -376,16 +391,17 @@ def head_cases(rows: Rows, prompt: PromptContext, layer: int,
                      detail=f"query heads {cross.tolist()}")
 
 
-def whole_model_settings(model: Model) -> dict[str, tuple[dict[str, Any], PermutationKind]]:
-    """Whole-model permutation conditions -> (``model_output`` arguments, permutation)."""
-    no_rope = no_rope_hooks(range(model.info.n_layers)) if model.info.positions == "rotary" \
-        else []
+def whole_model_settings(n_tokens: int) -> dict[str, tuple[dict[str, Any], PermutationKind]]:
+    """Whole-model permutation conditions -> (``model_output`` arguments, permutation), for
+    a prompt of ``n_tokens``."""
+    # every token at position 0: RoPE rotates by angle 0, the identity (any variant)
+    no_rope = {"position_ids": torch.zeros(1, n_tokens, dtype=torch.long)}
     return {
         "as trained": ({}, "full"),
         "position embeddings zeroed": ({"fwd_hooks": zero_position_hooks()}, "full"),
-        "RoPE removed": ({"fwd_hooks": no_rope}, "full"),
-        "RoPE removed, no mask": ({"fwd_hooks": no_rope, "no_mask": True}, "full"),
-        "RoPE removed, prefix permutation": ({"fwd_hooks": no_rope}, "prefix"),
+        "RoPE removed": (no_rope, "full"),
+        "RoPE removed, no mask": ({**no_rope, "no_mask": True}, "full"),
+        "RoPE removed, prefix permutation": (no_rope, "prefix"),
         "as trained, prefix permutation": ({}, "prefix"),
     }
 
@@ -393,7 +409,7 @@ def whole_model_settings(model: Model) -> dict[str, tuple[dict[str, Any], Permut
 def whole_model_cases(rows: Rows, prompt: PromptContext, names: Sequence[str]) -> None:
     """Permute the whole model's input tokens (and segment ids) under each condition."""
     model = rows.model
-    settings = whole_model_settings(model)
+    settings = whole_model_settings(prompt.n_tokens)
     note = output_kind(model)
     for name in names:
         kwargs, kind = settings[name]
@@ -424,6 +440,17 @@ def shift_cases(rows: Rows, prompt: PromptContext, names: Sequence[str]) -> None
             def hooks_at(pos: Tensor, f64: bool = f64) -> list[tuple[str, Any]]:
                 return float64_angle_hooks(model, pos) if f64 else []
 
+            if f64 and (why := _no_float64_angles(model, start)):
+                rows.add("whole model", name, None, note=why, **where)
+                continue
+
+            if name.endswith("ALiBi"):  # BLOOM takes no position ids: shift its biases
+                base.setdefault(name, model_output(model, prompt.enc))
+                with alibi_shifted(model, c):
+                    out = model_output(model, prompt.enc)
+                rows.add("whole model", name, relative_error(out, base[name], base[name]),
+                         note=output_kind(model), **where)
+                continue
             if name not in base:
                 base[name] = model_output(model, prompt.enc, position_ids=start,
                                           fwd_hooks=hooks_at(start))
@@ -431,6 +458,17 @@ def shift_cases(rows: Rows, prompt: PromptContext, names: Sequence[str]) -> None
                                fwd_hooks=hooks_at(start + c))
             rows.add("whole model", name, relative_error(out, base[name], base[name]),
                      note=output_kind(model), **where)
+
+
+def _no_float64_angles(model: Model, position_ids: Tensor) -> str | None:
+    """Why RoPE's angles cannot be recomputed in float64 for this model, or ``None``: the
+    family computes them inside each attention (GPT-J) or per layer type (Gemma 3), with no
+    shared ``rotary_emb`` to hook."""
+    try:
+        float64_angle_hooks(model, position_ids)
+    except WorkbenchError as exc:
+        return f"{exc}: the family computes its rotary angles elsewhere"
+    return None
 
 
 def check_prompt(rows: Rows, prompt: PromptContext, layers: Sequence[int],

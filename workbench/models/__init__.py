@@ -2,8 +2,9 @@
 
 ``base`` (the type, a leaf), ``hf`` (Hugging Face loading), ``zoo`` (the bundled models),
 ``native`` (models built from scratch), ``checkpoints`` (trained models in the run store),
-``load`` (the one dispatcher over all of them), ``surgery`` (removing attention heads from
-the weights) and ``head_permutation`` (permuting them).
+``load`` (the one dispatcher over all of them), ``adapters`` (how each model family lays
+out its attention and positions), ``surgery`` (removing attention heads from the weights)
+and ``head_permutation`` (permuting them).
 """
 
 from workbench.core.options import Dtype

@@ -81,8 +81,8 @@ def permuted_head_weights(model: Model, layer: int, q_perm: Int[Tensor, " head_i
     tensors are put back afterwards, even on error.
 
     Args:
-        model: a model whose attention has separate ``q``, ``k``, ``v``, ``o`` linear layers
-            (the bridge's ``blocks[layer].attn``).
+        model: a model whose bridge exposes ``q``, ``k``, ``v``, ``o`` projections on
+            ``blocks[layer].attn`` (``Linear`` or GPT-2's transposed ``Conv1D``).
         layer: the layer whose heads move.
         q_perm: a permutation of the query heads (see :func:`head_permutation`).
         kv_perm: a permutation of the kv heads; for grouped-query attention it must keep
@@ -106,9 +106,17 @@ def permuted_head_weights(model: Model, layer: int, q_perm: Int[Tensor, " head_i
                                             linear.bias is not None else [])
                 for param in params:
                     saved.append((param, param.data))
-                    axis = dim if param.ndim == 2 else 0
+                    axis = _axis(linear, dim) if param.ndim == 2 else 0
                     param.data = param.data.index_select(axis, idx)
         yield
     finally:
         for param, data in reversed(saved):
             param.data = data
+
+
+def _axis(linear: torch.nn.Module, dim: int) -> int:
+    """The weight axis of a projection's output (``dim=0``) or input (``dim=1``) features:
+    a ``Linear`` stores ``[out, in]``, GPT-2's ``Conv1D`` stores ``[in, out]``."""
+    from transformers.pytorch_utils import Conv1D
+
+    return 1 - dim if isinstance(linear, Conv1D) else dim

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from workbench.core import checksums
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
+from workbench.models import adapters
 from workbench.models.base import DTYPES, Model, ModelInfo
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -126,6 +127,7 @@ def _load_hf(src: str | Path, config: Any, dtype: torch.dtype, device: str,
             f"{src}: architecture {getattr(config, 'architectures', None)} is not supported "
             "by TransformerLens' bridge"
         ) from None
+    refuse_unsupported(architecture)
     cls = get_hf_model_class_for_architecture(architecture)
     quiet_transformers()
     # A missing head is initialised from the global RNG; seed it so loads are repeatable.
@@ -157,6 +159,8 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.utilities.architectures import MASKED_LM_ARCHITECTURES
 
+    for arch in getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]:
+        refuse_unsupported(arch)
     with contextlib.redirect_stdout(None):
         bridge = TransformerBridge.boot_transformers(
             bridge_name or name, hf_model=hf_model, tokenizer=tokenizer, dtype=DTYPES[dtype],
@@ -170,10 +174,31 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
         n_layers=cfg.n_layers, n_heads=cfg.n_heads,
         n_kv_heads=getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
         d_model=cfg.d_model, d_head=cfg.d_head, n_ctx=cfg.n_ctx, d_vocab=cfg.d_vocab,
-        positions="rotary" if cfg.positional_embedding_type == "rotary" else "learned",
+        positions=_positions(str(cfg.architecture), cfg.positional_embedding_type),
         causal=causal, has_lm_head=has_lm_head,
         bos_token_id=tokenizer.convert_tokens_to_ids(bos) if causal and bos else None,
         dtype=dtype,
     )
     bridge.eval()
     return Model(bridge, tokenizer, info)
+
+
+def refuse_unsupported(architecture: str) -> None:
+    """Refuse, in one line, a family whose attention the workbench cannot read (T5, Mamba),
+    before the bridge is built (see :mod:`workbench.models.adapters`).
+
+    Raises:
+        ModelCapabilityError: the family's adapter says why it is unsupported.
+    """
+    if architecture in adapters.FAMILIES_BY_ARCHITECTURE:
+        adapters.adapter_for(architecture).refusal()
+
+
+def _positions(architecture: str, bridge_kind: str) -> str:
+    """The position scheme: the bridge's ALiBi (a Falcon variant has it), else the
+    adapter's, else the bridge's rotary or learned."""
+    if bridge_kind == "alibi":
+        return "alibi"
+    if architecture in adapters.FAMILIES_BY_ARCHITECTURE:
+        return adapters.adapter_for(architecture).positions
+    return "rotary" if bridge_kind == "rotary" else "learned"

@@ -1,4 +1,4 @@
-"""Surgery on a model's weights: attention heads removed from a Hugging Face Llama or BERT.
+"""Surgery on a model's weights: attention heads removed from a Hugging Face model.
 
 A head mask (:mod:`workbench.interventions.masks`) zeroes a head's output but still
 computes it. Removing the head slices its rows out of the query, key and value projections
@@ -19,21 +19,21 @@ Examples:
 
 from __future__ import annotations
 
+import copy
+import operator
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import ModelCapabilityError
 from workbench.inputs.batching import Batch
+from workbench.models.adapters import FAMILIES_BY_ARCHITECTURE, Adapter, adapter_for
 from workbench.models.base import Model
-
-Prune = Callable[[torch.nn.Linear, Tensor, int], torch.nn.Linear]
-"""``prune(linear, index, dim)`` keeps the rows (``dim=0``) or columns (``dim=1``) in
-``index`` (Hugging Face's ``prune_linear_layer``)."""
 
 
 class _NoHeads(torch.nn.Module):
@@ -65,26 +65,43 @@ def plain_copy(model: Model) -> torch.nn.Module:
     original = model.bridge.original_model
     with torch.random.fork_rng():  # building the module draws random initial weights
         fresh = type(original)(original.config)
-    state = {}
-    for name in fresh.state_dict():
-        try:
-            state[name] = original.get_parameter(name).detach().clone()
-        except AttributeError:
-            state[name] = original.get_buffer(name).detach().clone()
+    state = {name: _through_bridge(original, name).detach().clone()
+             for name in fresh.state_dict()}
     fresh.load_state_dict(state)
     return fresh.eval()
 
 
+def _through_bridge(module: torch.nn.Module, name: str) -> Tensor:
+    """The parameter or buffer ``name`` of a Hugging Face model the bridge has rewired: a
+    step the bridge replaced (GPT-Neo's ``attn.attention``) is taken inside the bridge
+    component's ``original_component``."""
+    *path, leaf = name.split(".")
+    for step in path:
+        module = _inside(module, step)
+        if hasattr(module, step):  # else the bridge collapsed this step into the last one
+            module = getattr(module, step)
+    return getattr(_inside(module, leaf), leaf)
+
+
+def _inside(module: torch.nn.Module, attr: str) -> torch.nn.Module:
+    while not hasattr(module, attr) and hasattr(module, "original_component"):
+        module = module.original_component
+    return module
+
+
 def remove_heads(hf_model: torch.nn.Module, values: Float[Tensor, "layer head_index"]
                  ) -> torch.nn.Module:
-    """Slice the removed heads (mask value 0) out of a Llama or BERT model, in place.
+    """Slice the removed heads (mask value 0) out of a Hugging Face model, in place.
 
-    Query heads go from the query and output projections. In a grouped-query layer a
-    key-value head stays as long as one of its query heads does; if the surviving query
-    heads are spread unevenly over the key-value heads, the layer becomes multi-head
-    (one key-value head per surviving query head), since Hugging Face's attention needs
-    the same number of query heads per key-value head. A layer with no heads left adds
-    only the output bias.
+    Works for every family whose adapter (:mod:`workbench.models.adapters`) allows it:
+    separate projections, fused ones (GPT-2's ``Conv1D`` ``c_attn``, Phi-3's ``qkv_proj``,
+    Falcon's and GPT-BigCode's multi-query ``query_key_value``/``c_attn``) and fused
+    per-head ones (GPT-NeoX). Query heads go from the query and output projections. In a
+    grouped-query layer a key-value head stays as long as one of its query heads does; if
+    the surviving query heads are spread unevenly over the key-value heads, the layer
+    becomes multi-head (one key-value head per surviving query head), since Hugging Face's
+    attention needs the same number of query heads per key-value head. A layer with no
+    heads left adds only the output bias.
 
     Args:
         hf_model: a plain Hugging Face model (:func:`plain_copy`), changed in place.
@@ -95,23 +112,137 @@ def remove_heads(hf_model: torch.nn.Module, values: Float[Tensor, "layer head_in
         ``hf_model``.
 
     Raises:
-        WorkbenchError: another architecture.
+        ModelCapabilityError: a family without an adapter, or one whose heads cannot be
+            removed (the message says why, see :meth:`Adapter.removal_reason`).
     """
-    from transformers.pytorch_utils import prune_linear_layer
-
-    inner = getattr(hf_model, "model", None)
+    adapter = adapter_of_module(hf_model)
+    why = adapter.removal_reason(getattr(hf_model, "config", None))
+    if why:
+        raise ModelCapabilityError(f"heads cannot be removed from {adapter.family} "
+                                   f"weights: {why}")
+    config = hf_model.config
+    n_heads = config.num_attention_heads
+    # Gemma and Qwen3 may set head_dim apart from hidden_size / n_heads
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     with warnings.catch_warnings():  # a layer with no heads left makes empty weights
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        if inner is not None and hasattr(inner, "layers"):
-            for layer, block in enumerate(inner.layers):
-                _remove_llama(block, _kept(values[layer]), prune_linear_layer)
-        elif hasattr(hf_model, "bert"):
-            for layer, block in enumerate(hf_model.bert.encoder.layer):
-                _remove_bert(block, _kept(values[layer]), prune_linear_layer)
-        else:
-            raise WorkbenchError(f"removing heads is implemented for Llama and BERT models, "
-                                 f"not {type(hf_model).__name__}")
+        for layer, block in enumerate(adapter.layers(hf_model)):
+            attn = adapter.attention_of(block)
+            heads = _Heads.plan(_kept(values[layer]), n_heads, _kv_heads(config, attn, n_heads))
+            _remove(adapter, block, attn, heads, d_head)
     return hf_model
+
+
+def adapter_of_module(hf_model: torch.nn.Module) -> Adapter:
+    """The adapter of a plain Hugging Face model, from its config's architecture name.
+
+    Raises:
+        ModelCapabilityError: not a Hugging Face model of a family with an adapter.
+    """
+    config = getattr(hf_model, "config", None)
+    names = [*(getattr(config, "architectures", None) or []), type(hf_model).__name__]
+    for name in names:
+        if name in FAMILIES_BY_ARCHITECTURE:
+            return adapter_for(name)
+    return adapter_for(names[-1])  # raises, listing the known families
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """The heads one layer keeps: query heads, the kv head serving each group, and how many
+    query heads share a kv head afterwards."""
+
+    keep: list[int]
+    kv: list[int]
+    groups: int
+    n_heads: int
+    n_kv: int
+
+    @classmethod
+    def plan(cls, keep: list[int], n_heads: int, n_kv: int) -> _Heads:
+        kv_of = [h // (n_heads // n_kv) for h in keep]
+        per_kv = {kv: kv_of.count(kv) for kv in kv_of}
+        if len(set(per_kv.values())) == 1:  # even groups stay grouped
+            return cls(keep, sorted(per_kv), next(iter(per_kv.values())), n_heads, n_kv)
+        return cls(keep, kv_of, 1, n_heads, n_kv)
+
+
+def _kv_heads(config: Any, attn: torch.nn.Module, n_heads: int) -> int:
+    """Key-value heads of a layer: one for multi-query attention (Falcon, GPT-BigCode)."""
+    if getattr(attn, "multi_query", False):
+        return 1
+    return getattr(config, "num_key_value_heads", None) or n_heads
+
+
+def _remove(adapter: Adapter, block: torch.nn.Module, attn: torch.nn.Module, heads: _Heads,
+            d_head: int) -> None:
+    """Slice one layer's attention down to ``heads`` (see :func:`remove_heads`)."""
+    out = _get(attn, adapter.o)
+    if not heads.keep and adapter.encoder_body is None:
+        width = out.weight.shape[1 if adapter.conv1d else 0]
+        _set(block, adapter.attention, _NoHeads(width, getattr(out, "bias", None)))
+        return
+    if not heads.keep:  # BERT-style: the output block (dense, norm) keeps its bias
+        _set(attn, adapter.o, _prune(out, _rows([], d_head), "in", adapter.conv1d))
+        attn.self = _NoHeads(0, None)
+        return
+    q_rows, kv_rows = _rows(heads.keep, d_head), _rows(heads.kv, d_head)
+    if adapter.layout == "separate":
+        for name, rows in ((adapter.q, q_rows), (adapter.k, kv_rows), (adapter.v, kv_rows)):
+            _set(attn, name, _prune(_get(attn, name), rows, "out", adapter.conv1d))
+    else:
+        fused = _fused_rows(adapter, heads, q_rows, kv_rows, d_head)
+        _set(attn, adapter.qkv, _prune(_get(attn, adapter.qkv), fused, "out", adapter.conv1d))
+    _set(attn, adapter.o, _prune(out, q_rows, "in", adapter.conv1d))
+    counts = {"heads": len(heads.keep), "kv_heads": len(heads.kv), "groups": heads.groups,
+              "width": len(heads.keep) * d_head, "kv_width": len(heads.kv) * d_head}
+    for name, quantity in adapter.head_attrs.items():
+        owner, _, attr = name.rpartition(".")
+        if owner == "config":  # shared by every layer: this layer gets its own copy
+            attn.config = copy.copy(attn.config)
+        setattr(_get(attn, owner), attr, counts[quantity])
+
+
+def _fused_rows(adapter: Adapter, heads: _Heads, q_rows: Tensor, kv_rows: Tensor,
+                d_head: int) -> Tensor:
+    """Output rows of a fused q/k/v projection that the kept heads use."""
+    if adapter.layout == "fused_per_head":  # (head, 3, d_head): q, k, v of each head together
+        return _rows(heads.keep, 3 * d_head)
+    q_width, kv_width = heads.n_heads * d_head, heads.n_kv * d_head  # [q | k | v]
+    return torch.cat([q_rows, q_width + kv_rows, q_width + kv_width + kv_rows])
+
+
+def _prune(layer: torch.nn.Module, index: Tensor, side: str, conv1d: bool) -> torch.nn.Module:
+    """Keep the output (``side="out"``) or input features ``index`` of a linear layer."""
+    from transformers.pytorch_utils import prune_linear_layer
+
+    if conv1d:
+        return _prune_conv1d(layer, index, side)
+    return prune_linear_layer(layer, index, dim=0 if side == "out" else 1)
+
+
+def _prune_conv1d(layer: torch.nn.Module, index: Tensor, side: str) -> torch.nn.Module:
+    """:func:`_prune` for GPT-2's ``Conv1D``, whose weight is stored ``[in, out]``."""
+    from transformers.pytorch_utils import Conv1D
+
+    dim = 1 if side == "out" else 0
+    weight = layer.weight.detach().index_select(dim, index).clone()
+    bias = layer.bias.detach()
+    bias = bias.index_select(0, index).clone() if side == "out" else bias.clone()
+    pruned = Conv1D(weight.shape[1], weight.shape[0]).to(weight.device, weight.dtype)
+    with torch.no_grad():
+        pruned.weight.copy_(weight)
+        pruned.bias.copy_(bias)
+    return pruned
+
+
+def _get(module: torch.nn.Module, path: str) -> Any:
+    return operator.attrgetter(path)(module) if path else module
+
+
+def _set(module: torch.nn.Module, path: str, value: torch.nn.Module) -> None:
+    owner, _, name = path.rpartition(".")
+    setattr(_get(module, owner), name, value)
 
 
 def hf_forward(hf_model: torch.nn.Module, batch: Batch, *, causal: bool
@@ -119,17 +250,19 @@ def hf_forward(hf_model: torch.nn.Module, batch: Batch, *, causal: bool
     """Run a plain Hugging Face model (e.g. one with heads removed) on a batch.
 
     Args:
-        hf_model: a Llama (causal) or BERT model.
+        hf_model: a causal LM or a masked-LM encoder of a family with an adapter.
         batch: right-padded inputs.
         causal: return the LM's logits; otherwise the final hidden states of the encoder
-            body (BERT's masked-LM head, random in encoders without one, is skipped).
+            body (the adapter's ``encoder_body``: the masked-LM head, random in encoders
+            without one, is skipped).
 
     Returns:
         Logits ``[batch, pos, d_vocab]`` or hidden states ``[batch, pos, d_model]``.
     """
     if causal:
         return hf_model(batch.input_ids, attention_mask=batch.attention_mask).logits
-    body = getattr(hf_model, "bert", hf_model)
+    body_name = adapter_of_module(hf_model).encoder_body
+    body = getattr(hf_model, body_name) if body_name else hf_model
     return body(batch.input_ids, **batch.forward_kwargs()).last_hidden_state
 
 
@@ -142,35 +275,3 @@ def _rows(heads: Sequence[int], d_head: int) -> Tensor:
     if not heads:
         return torch.zeros(0, dtype=torch.long)
     return torch.cat([torch.arange(h * d_head, (h + 1) * d_head) for h in heads])
-
-
-def _remove_bert(block: torch.nn.Module, keep: list[int], prune: Prune) -> None:
-    attn = block.attention
-    rows = _rows(keep, attn.self.attention_head_size)
-    for name in ("query", "key", "value"):
-        setattr(attn.self, name, prune(getattr(attn.self, name), rows, 0))
-    attn.output.dense = prune(attn.output.dense, rows, 1)
-    attn.self.num_attention_heads = len(keep)
-    attn.self.all_head_size = len(rows)
-    if not keep:
-        attn.self = _NoHeads(0, None)  # the output projection keeps its bias
-
-
-def _remove_llama(block: torch.nn.Module, keep: list[int], prune: Prune) -> None:
-    attn = block.self_attn
-    cfg = attn.config
-    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    if not keep:
-        block.self_attn = _NoHeads(cfg.hidden_size, attn.o_proj.bias)
-        return
-    kv_of = [h // (n_heads // n_kv) for h in keep]
-    per_kv = {kv: kv_of.count(kv) for kv in kv_of}
-    if len(set(per_kv.values())) == 1:  # even groups stay grouped
-        kv_heads, groups = sorted(per_kv), next(iter(per_kv.values()))
-    else:
-        kv_heads, groups = kv_of, 1
-    attn.q_proj = prune(attn.q_proj, _rows(keep, attn.head_dim), 0)
-    attn.k_proj = prune(attn.k_proj, _rows(kv_heads, attn.head_dim), 0)
-    attn.v_proj = prune(attn.v_proj, _rows(kv_heads, attn.head_dim), 0)
-    attn.o_proj = prune(attn.o_proj, _rows(keep, attn.head_dim), 1)
-    attn.num_key_value_groups = groups

@@ -100,3 +100,40 @@ def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
         hooks_list.append((stop_after, stop))
     with bridge.hooks(fwd_hooks=hooks_list), contextlib.suppress(_Stop):
         bridge(batch.input_ids, return_type=None, **batch.forward_kwargs())
+
+
+def attention_kwargs(bridge: Any, layer: int, input_ids: Any, *,
+                     position_ids: Any | None = None) -> dict[str, Any]:
+    """The keyword arguments the attention of block ``layer`` receives in a forward pass,
+    so that it can be called on its own input with the same positional inputs.
+
+    Whatever the family hands its attention is captured as it is: rotary cos and sin of
+    the layer's own type (Gemma 3's local and global layers differ), GPT-J's position ids,
+    BLOOM's ALiBi biases. The pass stops at that attention.
+
+    Args:
+        bridge: a ``TransformerBridge``.
+        layer: the block whose attention is called.
+        input_ids: ``[batch, pos]`` tokens of the pass (the positional inputs depend only
+            on their number and on ``position_ids``).
+        position_ids: explicit ``[batch, pos]`` position ids (default ``0 .. pos-1``).
+
+    Returns:
+        The keyword arguments, except the mask and any cache.
+    """
+    captured: dict[str, Any] = {}
+
+    def grab(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        captured.update(kwargs)
+        raise _Stop
+
+    extra = {} if position_ids is None else {"position_ids": position_ids}
+    handle = bridge.blocks[layer].attn.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with contextlib.suppress(_Stop):
+            bridge(input_ids, return_type=None, **extra)
+    finally:
+        handle.remove()
+    dropped = ("hidden_states", "attention_mask", "past_key_value", "past_key_values",
+               "layer_past", "use_cache", "output_attentions")
+    return {k: v for k, v in captured.items() if k not in dropped}

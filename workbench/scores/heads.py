@@ -9,7 +9,7 @@ head's OV circuit raises the logit of the token it attends to (Elhage et al. 202
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import einops
 import numpy as np
@@ -20,6 +20,7 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.inputs.prompts import Prompt
+from workbench.models import adapters
 from workbench.models.base import Model
 from workbench.recording.reductions import Reduction, null_scores, reduce_patterns
 from workbench.scores.stats import bootstrap_mean_ci, summarize
@@ -64,6 +65,15 @@ def _value_bias(bridge, info) -> Float[Tensor, "layer kv d_head"]:
         return torch.zeros(info.n_layers, info.n_kv_heads, info.d_head)
 
 
+def _first_norm(model: Model, layer: int) -> Callable[[Tensor], Tensor]:
+    """What the attention of ``layer`` applies to the residual stream it reads: the
+    block's first norm, or nothing in a post-norm block (OLMo 2 norms sublayer outputs)."""
+    if adapters.FAMILIES_BY_ARCHITECTURE.get(model.info.architecture, None) is not None \
+            and adapters.adapter_of(model).norm == "post":
+        return lambda x: x
+    return model.bridge.blocks[layer].ln1
+
+
 def copying_scores(model: Model, tokens: Int[Tensor, " n"], *, chunk: int = 64
                    ) -> Float[Tensor, "n layer head_index"]:
     """Standardised direct-path logit of the attended token, per token and head.
@@ -101,7 +111,7 @@ def copying_scores(model: Model, tokens: Int[Tensor, " n"], *, chunk: int = 64
             w_o = w_o_all[layer]  # [head, d_head, d_model]
             for start in range(0, len(tokens), chunk):
                 t = tokens[start:start + chunk]
-                x = bridge.blocks[layer].ln1(w_e[t])  # [n, d_model]
+                x = _first_norm(model, layer)(w_e[t])  # [n, d_model]
                 v = einops.einsum(x, w_v, "n d_model, head d_model d_head -> n head d_head")
                 o = einops.einsum(v + b_v, w_o,
                                   "n head d_head, head d_head d_model -> n head d_model")

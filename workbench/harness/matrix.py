@@ -1,0 +1,101 @@
+"""The family x experiment matrix: which experiment works on which model family, and why not.
+
+Derived, never written by hand: the families and what each supports come from the adapters
+registry (:mod:`workbench.models.adapters`), the experiments and what they require from the
+experiment registry. ``workbench models --families`` prints it; ``tests/architectures``
+checks every cell against a real run on a tiny random model of the family.
+
+Examples:
+    >>> cells = family_matrix()                                       # doctest: +SKIP
+    >>> next(c for c in cells if c.family == "bert" and c.experiment == "induction-heads")
+    Cell(family='bert', experiment='induction-heads', works=False, reason='...')  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from workbench.harness.experiment import Experiment, all_experiments
+from workbench.models.adapters import FAMILIES, Adapter
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One family on one experiment: ``works`` (with a ``reason`` naming any step left out
+    of the run) or not (``reason`` says why it is refused)."""
+
+    family: str
+    experiment: str
+    works: bool
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        if not self.works:
+            return f"n/a: {self.reason}"
+        return f"works ({self.reason})" if self.reason else "works"
+
+
+def _sinks_steps(adapter: Adapter) -> str | None:
+    if not adapter.causal:
+        return "no BOS or streaming parts: an encoder"
+    if adapter.positions == "alibi":
+        return "no streaming part: ALiBi is built from a 2-D padding mask"
+    return None
+
+
+def _pruning_steps(adapter: Adapter) -> str | None:
+    why = adapter.removal_reason()
+    return f"removal step skipped: {why}" if why else None
+
+
+def _linear_scores(adapter: Adapter) -> str | None:
+    """Why attention scores are not a bilinear form of the normed residual stream."""
+    if adapter.norm != "pre":
+        return f"needs a pre-norm block; {adapter.family} normalizes after its sublayers"
+    if adapter.positions in ("alibi", "relative"):
+        return f"{adapter.positions} position biases are added to the scores"
+    if adapter.qk_norm != "none":
+        return "queries and keys are normalized, so the scores are not linear in them"
+    if adapter.softcap:
+        return "the scores are soft-capped (tanh), so not linear"
+    return adapter.score_hooks
+
+
+NEEDS: dict[str, Callable[[Adapter], str | None]] = {
+    "qk-attribution": _linear_scores,
+}
+"""Experiments that refuse some families for what the family is (beyond ``requires``):
+why, from the adapter's facts."""
+
+STEPS: dict[str, Callable[[Adapter], str | None]] = {
+    "head-pruning": _pruning_steps,
+    "attention-sinks": _sinks_steps,
+}
+"""Experiments with a step that depends on the family: the step left out, and why."""
+
+
+def cell(adapter: Adapter, exp: Experiment) -> Cell:
+    """Whether ``exp`` runs on ``adapter``'s family, from what each declares."""
+    if adapter.unsupported:
+        return Cell(adapter.family, exp.name, False, adapter.unsupported)
+    if exp.requires != "any" and not adapter.causal:
+        return Cell(adapter.family, exp.name, False,
+                    f"needs a causal LM; {adapter.family} is a bidirectional encoder")
+    need = NEEDS.get(exp.name)
+    if need is not None and (why := need(adapter)):
+        return Cell(adapter.family, exp.name, False, why)
+    step = STEPS.get(exp.name)
+    return Cell(adapter.family, exp.name, True, (step(adapter) if step else None) or "")
+
+
+def family_matrix() -> list[Cell]:
+    """Every registered family on every experiment that takes a model (the others train
+    their own models), families and experiments in name order.
+
+    Returns:
+        One :class:`Cell` per (family, experiment).
+    """
+    experiments = [exp for exp in all_experiments() if exp.needs_model]
+    return [cell(adapter, exp) for _, adapter in FAMILIES.items() for exp in experiments]
