@@ -53,6 +53,16 @@ Causal evidence (tables ``repeat_loss``, ``ablation``, ``icl``, ``loss_by_positi
   second-repeat loss are measured again. The control ablates the same number of random
   heads from the same layers (``n_random`` draws; never a chosen or tracked head;
   :func:`workbench.interventions.ablation.random_same_layer`).
+- K-composition, path-specific (table ``path_patch``): ablating a head's output removes it
+  from every downstream query, key and value at once, so it shows the previous-token heads
+  are *necessary*, not that they act through the key. The path patch removes the same
+  heads' contribution from only the *key* input of the tracked heads, then from only the
+  query, then from only the value (:func:`workbench.interventions.paths.path_removed`: the
+  input norm's scale frozen, their ``W n(z W_O)`` subtracted at ``hook_k`` / ``hook_q`` /
+  ``hook_v``; with grouped-query attention key and value are the kv group's), against
+  ``n_path_random`` (at least 20) draws of random same-layer heads removed the same way.
+  The value path cannot move a pattern (it shows in the loss). The K-composition claim
+  (``olsson2022-k-composition-key-path``) reads the key-only path; pre-norm models only.
 - In-context learning score (Olsson et al. 2022, section 3): the loss on the token at
   position 500 minus the loss on the token at position 50 (position 0 is BOS), averaged
   over ``icl_prompts`` windows of ``icl_tokens`` tokens of natural text. Negative means
@@ -84,9 +94,11 @@ from experiments.induction_heads.measure import (
     ablation_table,
     head_score_table,
     icl_tables,
+    path_patch_table,
     repeat_loss_table,
 )
 from experiments.induction_heads.tables import TABLES
+from workbench.core import progress
 from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
@@ -105,6 +117,8 @@ class Config:
     n_ablate: int = param(3, "previous-token heads to ablate", min=1)
     n_track: int = param(3, "top induction heads to track", min=1)
     n_random: int = param(5, "random same-layer ablation draws", min=1)
+    n_path_random: int = param(20, "random same-layer draws of the path patch (Q/K/V only)",
+                               min=1)
     icl_prompts: int = param(96, "natural-text windows for ICL", min=2)
     icl_tokens: int = param(512, "tokens per ICL window (> 500 + icl_halfwidth)", min=501)
     icl_halfwidth: int = param(
@@ -130,10 +144,19 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                seq_len=cfg.seq_len, repeats=cfg.repeats, seed=cfg.seed)
     natural = token_chunks(model, python_docs(), n_chunks=cfg.n_natural, n_tokens=128,
                            label="docs")
-    head_scores = head_score_table(model, repeated, natural, cfg)
-    losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats)
-    ablation = ablation_table(model, repeated, head_scores, cfg)
-    icl, by_pos = icl_tables(model, cfg)
-    if ctx.workdir is not None:
-        record(model, repeated[:1], ctx.workdir / "example", include_resid=False)
-    return Result(head_scores, repeat_loss_table(losses, cfg), ablation, icl, by_pos)
+    with progress.stages("induction-heads", 6) as stage:
+        stage("head scores")
+        head_scores = head_score_table(model, repeated, natural, cfg)
+        stage("loss on repeats")
+        losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats)
+        stage("K-composition ablation")
+        ablation = ablation_table(model, repeated, head_scores, cfg)
+        stage("K-composition path patch")
+        path_patch = path_patch_table(model, repeated, head_scores, cfg)
+        stage("in-context learning")
+        icl, by_pos = icl_tables(model, cfg)
+        stage("example patterns")
+        if ctx.workdir is not None:
+            record(model, repeated[:1], ctx.workdir / "example", include_resid=False)
+    return Result(head_scores, repeat_loss_table(losses, cfg), ablation, icl, by_pos,
+                  path_patch)

@@ -3,6 +3,8 @@ K-composition ablation and the in-context-learning score."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,19 +14,26 @@ import numpy as np
 import pandas as pd
 import torch
 
+from experiments.induction_heads.tables import PATH_PATCH
+from workbench.core import progress
+from workbench.core.errors import ModelCapabilityError
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.interventions.ablation import Head, ablated, random_same_layer
 from workbench.interventions.masks import head_means
+from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
 from workbench.recording.reductions import reduce_patterns
 from workbench.scores import patterns
 from workbench.scores.heads import copying_scores, score_heads, summarize_tokens, top_heads
 from workbench.scores.losses import repeat_losses, token_losses
+from workbench.scores.qk_attribution import require_pre_norm
 from workbench.scores.stats import bootstrap_mean_ci
 
 if TYPE_CHECKING:
     from experiments.induction_heads import Config
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,11 +43,15 @@ class Result:
     ablation: pd.DataFrame
     icl: pd.DataFrame
     loss_by_position: pd.DataFrame
+    path_patch: pd.DataFrame | None = None
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {"head_scores": self.head_scores, "repeat_loss": self.repeat_loss,
-                "ablation": self.ablation, "icl": self.icl,
-                "loss_by_position": self.loss_by_position}
+        out = {"head_scores": self.head_scores, "repeat_loss": self.repeat_loss,
+               "ablation": self.ablation, "icl": self.icl,
+               "loss_by_position": self.loss_by_position}
+        if self.path_patch is not None:
+            out["path_patch"] = self.path_patch
+        return out
 
     def summary(self) -> list[str]:
         top = self.head_scores[self.head_scores.metric == "induction"].nlargest(3, "score")
@@ -55,7 +68,12 @@ class Result:
             f"#{r.repeat} {r.loss:.2f}" for r in self.repeat_loss.itertuples()))
         for kind in ("zero", "mean"):
             lines.append(_ablation_line(self.ablation, kind))
+        if self.path_patch is not None and len(self.path_patch):
+            lines += [_path_line(self.path_patch, path) for path, _ in PATHS]
         for icl in self.icl.itertuples():
+            if icl.definition.startswith("n/a"):
+                lines.append(f"{icl.metric}: {icl.definition}")
+                continue
             lines.append(f"{icl.metric} ({icl.definition}): {icl.value:.3f} "
                          f"[{icl.ci_low:.3f}, {icl.ci_high:.3f}] nats")
         return lines
@@ -71,6 +89,18 @@ def _ablation_line(table: pd.DataFrame, kind: str) -> str:
             f"+- {rand.induction_tracked.std(ddof=0):.2f}); second-repeat loss "
             f"{clean.second_repeat_loss:.2f} -> {prev.second_repeat_loss:.2f} "
             f"(random: {rand.second_repeat_loss.mean():.2f})")
+
+
+def _path_line(table: pd.DataFrame, path: str) -> str:
+    clean = table[table.condition == "clean"].iloc[0]
+    prev = table[(table.condition == "previous-token") & (table.path == path)].iloc[0]
+    rand = table[(table.condition == "random") & (table.path == path)]
+    as_low = int((rand.induction_tracked <= prev.induction_tracked).sum())
+    return (f"{prev.heads} removed from the {path} input only: tracked induction score "
+            f"{clean.induction_tracked:.2f} -> {prev.induction_tracked:.2f} (random same-layer "
+            f"heads: {rand.induction_tracked.mean():.2f}, as low in {as_low}/{len(rand)} "
+            f"draws); second-repeat loss "
+            f"{clean.second_repeat_loss:.2f} -> {prev.second_repeat_loss:.2f}")
 
 
 # ---- head scores -------------------------------------------------------------------------
@@ -105,16 +135,23 @@ def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:
 
 # ---- K-composition ablation --------------------------------------------------------------
 
-def _tracked(model: Model, prompts: Sequence[Prompt], tracked: list[Head], cfg: Config
-             ) -> tuple[float, np.ndarray]:
-    """Mean ``induction`` (Olsson) score of the tracked heads, and ``[prompt, repeat]``
-    losses."""
+def _tracked_score(model: Model, prompts: Sequence[Prompt], tracked: list[Head], cfg: Config
+                   ) -> float:
+    """Mean ``induction`` (Olsson) score of the tracked heads (the pass stops after the
+    deepest of their layers)."""
     layers = sorted({layer for layer, _ in tracked})
     per_prompt = reduce_patterns(model, prompts, {"induction": patterns.induction},
                                  max_batch_tokens=cfg.max_batch_tokens, layers=layers,
                                  desc="induction")
     keep = per_prompt.set_index(["layer", "head"]).index.isin(tracked)
-    induction = float(per_prompt[keep].groupby(["layer", "head"]).score.mean().mean())
+    return float(per_prompt[keep].groupby(["layer", "head"]).score.mean().mean())
+
+
+def _tracked(model: Model, prompts: Sequence[Prompt], tracked: list[Head], cfg: Config
+             ) -> tuple[float, np.ndarray]:
+    """Mean ``induction`` (Olsson) score of the tracked heads, and ``[prompt, repeat]``
+    losses."""
+    induction = _tracked_score(model, prompts, tracked, cfg)
     losses = token_losses(model, prompts, max_batch_tokens=1024)
     return induction, repeat_losses(losses, cfg.seq_len, cfg.repeats)
 
@@ -130,13 +167,25 @@ def _labels(heads: Sequence[Head]) -> str:
     return " ".join(f"L{layer}H{h}" for layer, h in heads)
 
 
+def within_context(model: Model, prompts: Sequence[Prompt]) -> list[Prompt]:
+    """``prompts``, each one longer than the model's context cut to its first ``n_ctx``
+    tokens (BOS included), so that a short-context model gets the same reference text."""
+    out = []
+    for prompt in prompts:
+        ids = model.frame(model.tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
+        fits = len(ids) <= model.info.n_ctx
+        out.append(prompt if fits else
+                   Prompt(token_ids=tuple(ids[:model.info.n_ctx]), label=prompt.label))
+    return out
+
+
 def ablation_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.DataFrame,
                    cfg: Config) -> pd.DataFrame:
     """Clean, previous-token-ablated and random-ablated measurements; the tracked heads
     are the top ``induction`` (Olsson) heads, scored by ``induction`` again."""
     tracked = top_heads(head_scores, "induction", cfg.n_track)
     chosen = choose_ablation(head_scores, tracked, cfg.n_ablate)
-    means = head_means(model, load_prompt_set("natural", model))
+    means = head_means(model, within_context(model, load_prompt_set("natural", model)))
     rng = random.Random(cfg.seed)
     draws = [random_same_layer(chosen, tracked, model.info.n_heads, rng)
              for _ in range(cfg.n_random)]
@@ -145,14 +194,63 @@ def ablation_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.Data
         conditions.append(("previous-token", kind, -1, chosen))
         conditions += [("random", kind, i, heads) for i, heads in enumerate(draws)]
     rows = []
-    for condition, kind, draw, heads in conditions:
+    for condition, kind, draw, heads in progress.track(conditions, desc="conditions"):
         with ablated(model, heads, kind="mean" if kind == "mean" else "zero", means=means):
-            induction, losses = _tracked(model, prompts, tracked, cfg)
-        rows.append({"condition": condition, "kind": kind, "draw": draw,
-                     "heads": _labels(heads) or "-", "tracked": _labels(tracked),
-                     "induction_tracked": induction,
-                     "first_repeat_loss": float(losses[:, 0].mean()),
-                     "second_repeat_loss": float(losses[:, 1].mean())})
+            rows.append({"condition": condition, "kind": kind, "draw": draw,
+                         **_measured(model, prompts, heads, tracked, cfg)})
+    return pd.DataFrame(rows)
+
+
+def _measured(model: Model, prompts: Sequence[Prompt], heads: list[Head], tracked: list[Head],
+              cfg: Config, *, losses: bool = True) -> dict:
+    """One condition's row: the heads removed, the tracked heads' mean induction score and
+    the loss on the first two repeats (NaN without ``losses``: the full forward pass with
+    the unembedding costs several times the score, which stops at the tracked layers)."""
+    if losses:
+        induction, by_repeat = _tracked(model, prompts, tracked, cfg)
+        first, second = float(by_repeat[:, 0].mean()), float(by_repeat[:, 1].mean())
+    else:
+        induction, first, second = _tracked_score(model, prompts, tracked, cfg), np.nan, np.nan
+    return {"heads": _labels(heads) or "-", "tracked": _labels(tracked),
+            "induction_tracked": induction, "first_repeat_loss": first,
+            "second_repeat_loss": second}
+
+
+# ---- K-composition, path-specific: the path patch into Q, K or V only --------------------
+
+PATHS = (("key", "k"), ("query", "q"), ("value", "v"))
+
+
+def path_patch_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.DataFrame,
+                     cfg: Config) -> pd.DataFrame:
+    """The ablation's previous-token heads removed from only the key, only the query or
+    only the value input of the tracked induction heads
+    (:func:`workbench.interventions.paths.path_removed`), against ``n_path_random`` draws of
+    random same-layer heads removed the same way; the rest of the model still sees them.
+    Empty for a model the linearised patch does not apply to (post-norm)."""
+    try:
+        require_pre_norm(model)
+    except ModelCapabilityError as exc:
+        log.warning("no path patch: %s", exc)
+        return PATH_PATCH.empty()
+    tracked = top_heads(head_scores, "induction", cfg.n_track)
+    chosen = choose_ablation(head_scores, tracked, cfg.n_ablate)
+    rng = random.Random(cfg.seed + 1)  # not the ablation's draws: an independent control
+    draws = [random_same_layer(chosen, tracked, model.info.n_heads, rng)
+             for _ in range(cfg.n_path_random)]
+    conditions: list[tuple[str, str, int, list[Head]]] = [("clean", "none", -1, [])]
+    for path, _ in PATHS:
+        conditions.append(("previous-token", path, -1, chosen))
+        conditions += [("random", path, i, heads) for i, heads in enumerate(draws)]
+    letter = dict(PATHS)
+    rows = []
+    for condition, path, draw, heads in progress.track(conditions, desc="path patch"):
+        patch = (path_removed(model, [f"L{la}H{h}" for la, h in heads], tracked, letter[path])
+                 if heads else contextlib.nullcontext())
+        with patch:
+            rows.append({"condition": condition, "path": path, "draw": draw,
+                         **_measured(model, prompts, heads, tracked, cfg,
+                                     losses=condition != "random")})
     return pd.DataFrame(rows)
 
 
@@ -182,4 +280,24 @@ def icl_tables(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
     losses = torch.stack(token_losses(model, windows, desc="icl loss")).numpy()  # [P, T-1]
     by_pos = pd.DataFrame({"position": np.arange(1, losses.shape[1] + 1),
                            "loss": losses.mean(0)})
+    if (why := icl_not_applicable(model.info.name, losses.shape[1] + 1, cfg.icl_halfwidth)):
+        return icl_unavailable(why, len(losses)), by_pos
     return icl_rows(losses, cfg.icl_halfwidth, n_boot=cfg.n_boot, seed=cfg.seed), by_pos
+
+
+def icl_not_applicable(name: str, n_tokens: int, halfwidth: int) -> str | None:
+    """Why Olsson's ICL score (loss at token 500 minus at 50) cannot be read from windows of
+    ``n_tokens`` tokens, or ``None``. The positions are the definition's, so a shorter
+    context gets no score rather than one at other positions under the same name."""
+    if n_tokens > 500 + halfwidth:
+        return None
+    return (f"n/a: {name} sees {n_tokens} tokens, and the score reads position "
+            f"500 + {halfwidth}")
+
+
+def icl_unavailable(why: str, n_prompts: int) -> pd.DataFrame:
+    """The ``icl`` table of a model whose context is too short: NaN scores, and why."""
+    nan = float("nan")
+    return pd.DataFrame([{"metric": metric, "value": nan, "ci_low": nan, "ci_high": nan,
+                          "loss_at_50": nan, "loss_at_500": nan, "n_prompts": n_prompts,
+                          "definition": why} for metric in ("icl_score", "icl_score_window")])

@@ -42,6 +42,21 @@ ABLATION = Table("ablation", "K-composition: the tracked induction heads with "
     ("first_repeat_loss", "float", "mean loss (nats) on the first repeat"),
     ("second_repeat_loss", "float", "mean loss (nats) on the second repeat"),
 ))
+PATH_PATCH = Table("path_patch", "K-composition, path-specific: the previous-token heads "
+                   "(or random same-layer heads) removed from only the key, query or value "
+                   "input of the tracked induction heads", columns(
+    ("condition", "str", "clean, previous-token (the ablation's heads) or random (the control)"),
+    ("path", "str", "key, query or value: the one input of the tracked heads they are removed "
+     "from (with grouped-query attention key and value are the kv group's); none when clean"),
+    ("draw", "int", "which random draw, from 0; -1 for clean and previous-token"),
+    ("heads", "str", "the removed heads, e.g. 'L3H1 L4H0'; '-' when clean"),
+    ("tracked", "str", "the top heads by induction (Olsson) whose inputs are patched"),
+    ("induction_tracked", "float", "mean induction (Olsson, second repeat) score of the "
+     "tracked heads"),
+    ("first_repeat_loss", "float", "mean loss (nats) on the first repeat; NaN for the random "
+     "draws (their control is on the induction score)"),
+    ("second_repeat_loss", "float", "mean loss (nats) on the second repeat; NaN for random"),
+))
 ICL = Table("icl", "in-context learning score (Olsson et al. 2022): loss late in the "
             "context minus loss early, by two estimators", columns(
     ("metric", "str", "icl_score (single tokens) or icl_score_window (mean over a band)"),
@@ -51,7 +66,8 @@ ICL = Table("icl", "in-context learning score (Olsson et al. 2022): loss late in
     ("loss_at_50", "float", "mean loss (nats) at position 50 (or the band around it)"),
     ("loss_at_500", "float", "mean loss (nats) at position 500 (or the band around it)"),
     ("n_prompts", "int", "natural-text windows"),
-    ("definition", "str", "the estimator, in words"),
+    ("definition", "str", "the estimator, in words; 'n/a: why' when the context is too "
+                          "short for it (the values are then NaN)"),
 ))
 
-TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL)
+TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL, PATH_PATCH)

@@ -1,0 +1,270 @@
+"""Why: why a head attends where it does, from a qk-attribution run.
+
+Pick a run, a head, a prompt and a query: the token strip shows the query's attention row
+(the explained key outlined), the bars split the score on that key over the upstream
+components that wrote the key (key side) and the query (query side), grouped by layer,
+the pair matrix crosses the top components of both sides, and the last figure is the mean
+over every prompt with its 95% bootstrap interval. Everything is read from the run's
+tables by the names ``experiments/qk_attribution/tables.py`` declares.
+"""
+
+from __future__ import annotations
+
+import re
+
+import dash
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dcc, html, no_update
+
+from dashboards.components import data, exports, links
+from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.messages import safe, safe_layout
+from experiments.qk_attribution.tables import (
+    ATTRIBUTION,
+    PAIR_CONTRIBUTIONS,
+    PAIR_MATRIX,
+    PATTERNS,
+    SCORES,
+    SOURCES,
+    TOKENS,
+)
+from workbench.store.runs import Run
+
+SHOWS = ["qk-attribution"]
+dash.register_page(__name__, path="/why", name="Why", order=8, experiments=SHOWS)
+
+EMPTY = ("No qk-attribution runs yet. Make one with "
+         "`workbench run qk-attribution --model smollm2`.")
+MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
+KIND_COLOURS = {"embed": "#1f2937", "head": "#2563eb", "mlp": "#f59e0b", "bias": "#9ca3af"}
+GRAPHS = ["why-strip", "why-key", "why-query", "why-pairs", "why-aggregate"]
+_COMPONENT = re.compile(r"^L(\d+)(H(\d+)|MLP|attn_bias)$")
+
+
+@safe_layout("Why")
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("qk-attribution")
+    if not runs and run is None:  # a requested run is checked, and refused, below
+        return html.Div([html.H2("Why"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
+    return html.Div([
+        html.H2("Why does this head attend here?"),
+        html.Div(id="why-error"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("why-run", runs, chosen), "34em"),
+            labelled("head", dcc.Dropdown(id="why-head", clearable=False), "10em"),
+            labelled("prompt", dcc.Dropdown(id="why-prompt", clearable=False), "10em"),
+            labelled("query", dcc.Dropdown(id="why-query-pos", clearable=False), "18em"),
+        ]),
+        html.P(id="why-note", className="wb-note"),
+        exports.graph("why-strip", chosen),
+        html.Div(className="wb-row", children=[exports.graph("why-key", chosen),
+                                               exports.graph("why-query", chosen)]),
+        html.Div(className="wb-row", children=[exports.graph("why-pairs", chosen),
+                                               exports.graph("why-aggregate", chosen)]),
+        exports.table_download("why"),
+    ])
+
+
+exports.follow("why-run", page="why", graphs=GRAPHS)
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def component_order(name: str) -> tuple[int, int, str]:
+    """Sort key: embed first, then by layer (heads, then attention bias, then MLP), then
+    the head's own biases."""
+    if name == "embed":
+        return (-1, 0, name)
+    match = _COMPONENT.match(name)
+    if match is None:
+        return (10**6, 0, name)
+    layer, what, head = match.groups()
+    rank = int(head) if head is not None else (10**3 if what == "attn_bias" else 10**4)
+    return (int(layer), rank, name)
+
+
+def component_kind(name: str) -> str:
+    if name == "embed":
+        return "embed"
+    match = _COMPONENT.match(name)
+    if match is None or match.group(2) == "attn_bias":
+        return "bias"
+    return "mlp" if match.group(2) == "MLP" else "head"
+
+
+def _parse_head(value: str) -> tuple[int, int]:
+    match = re.fullmatch(r"L(\d+)H(\d+)", str(value))
+    if match is None:
+        raise dash.exceptions.PreventUpdate
+    return int(match[1]), int(match[2])
+
+
+@callback(Output("why-head", "options"), Output("why-head", "value"),
+          Output("why-prompt", "options"), Output("why-prompt", "value"),
+          Output("why-note", "children"), Output("why-error", "children"),
+          Input("why-run", "value"))
+@safe
+def choose_run(run_id: str | None):
+    if not run_id:
+        return (no_update,) * 6
+    run = data.get_run(run_id, shows=SHOWS)
+    scores = run.table(SCORES.name)
+    heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
+    options = [head_label(r.layer, r.head) for r in heads.itertuples()]
+    prompts = sorted(scores.prompt.unique().tolist())
+    return (options, options[0], [{"label": f"prompt {p}", "value": p} for p in prompts],
+            prompts[0], source_note(run), None)
+
+
+def source_note(run: Run) -> list:
+    """Where the heads came from, with a link back to the Heads page of that run."""
+    sources = run.table(SOURCES.name).set_index("part")
+    heads = sources.loc["heads"]
+    parts: list = [f"heads {heads.heads} ("]
+    if heads.experiment:
+        parts += ["top heads of ", html.A(f"{heads.experiment} run {heads.source}",
+                                          href=links.run_link(heads.source, heads.experiment),
+                                          id="why-heads-link")]
+    else:
+        parts.append(f"{heads.source}; ")
+        parts.append(html.A("Heads page", href=dash.get_relative_path("/heads"),
+                            id="why-heads-link"))
+    prev = sources.loc["previous"]
+    parts.append(f"); previous-token heads of the K-composition group: {prev.heads or '-'} "
+                 f"({prev.source}). With grouped-query attention the key side is the head's "
+                 "kv group's key.")
+    return parts
+
+
+@callback(Output("why-query-pos", "options"), Output("why-query-pos", "value"),
+          Input("why-run", "value"), Input("why-head", "value"), Input("why-prompt", "value"))
+@safe
+def choose_query(run_id: str | None, head: str | None, prompt: int | None):
+    if not run_id or head is None or prompt is None:
+        return no_update, no_update
+    layer, h = _parse_head(head)
+    run = data.get_run(run_id, shows=SHOWS)
+    scores = run.table(SCORES.name)
+    mine = scores[(scores.layer == layer) & (scores["head"] == h) & (scores.prompt == prompt)]
+    tokens = _tokens(run, prompt)
+    options = [{"label": f"{r.query_pos} '{tokens[r.query_pos]}' -> {r.key_pos} "
+                         f"'{tokens[r.key_pos]}' (w {r.weight:.2f})", "value": int(r.query_pos)}
+               for r in mine.drop_duplicates("query_pos").itertuples()]
+    return options, (options[0]["value"] if options else None)
+
+
+def _tokens(run: Run, prompt: int) -> list[str]:
+    tokens = run.table(TOKENS.name)
+    return tokens[tokens.prompt == prompt].sort_values("position").token.tolist()
+
+
+@callback(Output("why-strip", "figure"), Output("why-key", "figure"),
+          Output("why-query", "figure"), Output("why-pairs", "figure"),
+          Input("why-run", "value"), Input("why-head", "value"), Input("why-prompt", "value"),
+          Input("why-query-pos", "value"))
+@safe
+def draw_pair(run_id: str | None, head: str | None, prompt: int | None, query: int | None):
+    if not run_id or head is None or prompt is None or query is None:
+        return (no_update,) * 4
+    layer, h = _parse_head(head)
+    run = data.get_run(run_id, shows=SHOWS)
+    tokens = _tokens(run, prompt)
+
+    def mine(table: pd.DataFrame) -> pd.DataFrame:
+        return table[(table.layer == layer) & (table["head"] == h) & (table.prompt == prompt)
+                     & (table.query_pos == query)]
+
+    pair = mine(run.table(SCORES.name))
+    keys = pair.key_pos.tolist()
+    contrib = mine(run.table(PAIR_CONTRIBUTIONS.name))
+    title = f"{head}, query {query} '{tokens[query]}' on key {keys[0]} '{tokens[keys[0]]}'"
+    return (strip_figure(mine(run.table(PATTERNS.name)), tokens, query, keys, head),
+            bars_figure(contrib[contrib.side == "key"], f"key side: {title}"),
+            bars_figure(contrib[contrib.side == "query"], f"query side: {title}"),
+            matrix_figure(mine(run.table(PAIR_MATRIX.name)), f"pairs: {title}",
+                          float(pair.score.mean())))
+
+
+def strip_figure(rows: pd.DataFrame, tokens: list[str], query: int, keys: list[int],
+                 head: str) -> go.Figure:
+    """The query's attention row over the prompt's tokens, the explained keys outlined."""
+    weights = np.zeros(len(tokens))
+    weights[rows.key_pos.to_numpy()] = rows.weight.to_numpy()
+    labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
+    fig = go.Figure(go.Heatmap(z=[weights], x=labels, y=["weight"], colorscale="Blues",
+                               zmin=0, zmax=max(float(weights.max()), 1e-9),
+                               hovertemplate="%{x}<br>weight %{z:.3f}<extra></extra>"))
+    for k in keys:
+        fig.add_shape(type="rect", x0=k - 0.5, x1=k + 0.5, y0=-0.5, y1=0.5,
+                      line={"color": "#b91c1c", "width": 3})
+    fig.update_layout(title=f"{head}: attention of query {query} '{tokens[query]}' "
+                            f"(explained key outlined)", height=220, margin=MARGIN,
+                      xaxis={"tickangle": -60})
+    return fig
+
+
+def bars_figure(contrib: pd.DataFrame, title: str) -> go.Figure:
+    """Each component's part of the score, in layer order, coloured by kind (mean over
+    the query's pairs)."""
+    mean = contrib.groupby("component").contribution.mean()
+    order = sorted(mean.index, key=component_order)
+    kinds = [component_kind(c) for c in order]
+    fig = go.Figure(go.Bar(x=order, y=mean[order].to_numpy(),
+                           marker_color=[KIND_COLOURS[k] for k in kinds],
+                           hovertemplate="%{x}<br>%{y:.4f}<extra></extra>"))
+    fig.update_layout(title=f"{title} (sum {mean.sum():.3f})", height=380, margin=MARGIN,
+                      yaxis={"title": "part of the score"}, xaxis={"tickangle": -60})
+    return fig
+
+
+def matrix_figure(matrix: pd.DataFrame, title: str, score: float) -> go.Figure:
+    """Query component x key component parts of the score (the top of each side, then
+    other); the cells sum to the score."""
+    grid = matrix.pivot_table(index="query_component", columns="key_component",
+                              values="contribution", aggfunc="sum")
+    rows = sorted(grid.index, key=lambda n: (n == "other", component_order(n)))
+    cols = sorted(grid.columns, key=lambda n: (n == "other", component_order(n)))
+    grid = grid.loc[rows, cols]
+    top = float(np.abs(grid.to_numpy()).max()) or 1.0
+    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=cols, y=rows, colorscale="RdBu",
+                               zmid=0, zmin=-top, zmax=top,
+                               hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra></extra>"))
+    fig.update_layout(title=f"{title} (cells sum to {score:.3f})", height=420, margin=MARGIN,
+                      xaxis={"title": "key component"}, yaxis={"title": "query component"})
+    return fig
+
+
+@callback(Output("why-aggregate", "figure"), Input("why-run", "value"),
+          Input("why-head", "value"))
+@safe
+def draw_aggregate(run_id: str | None, head: str | None):
+    if not run_id or head is None:
+        return no_update
+    layer, h = _parse_head(head)
+    att = data.get_run(run_id, shows=SHOWS).table(ATTRIBUTION.name)
+    return aggregate_figure(att[(att.layer == layer) & (att["head"] == h)], head)
+
+
+def aggregate_figure(att: pd.DataFrame, head: str, top: int = 12) -> go.Figure:
+    """Mean part of the score over every prompt, with its 95% bootstrap interval, for the
+    components largest on either side (in layer order)."""
+    biggest = att.assign(size=att.contribution.abs()).groupby("component")["size"].max()
+    shown = sorted(biggest.nlargest(top).index, key=component_order)
+    fig = go.Figure()
+    for side, colour in (("key", "#2563eb"), ("query", "#f59e0b")):
+        rows = att[att.side == side].set_index("component").reindex(shown)
+        fig.add_bar(x=shown, y=rows.contribution.to_numpy(), name=f"{side} side",
+                    marker_color=colour,
+                    error_y={"type": "data", "symmetric": False,
+                             "array": (rows.ci_high - rows.contribution).to_numpy(),
+                             "arrayminus": (rows.contribution - rows.ci_low).to_numpy()})
+    n = int(att.n_prompts.max()) if len(att) else 0
+    fig.update_layout(barmode="group", height=420, margin=MARGIN, xaxis={"tickangle": -60},
+                      title=f"{head}: mean over {n} prompts, 95% bootstrap intervals",
+                      yaxis={"title": "part of the score"})
+    return fig

@@ -1,0 +1,149 @@
+"""Path patching into one input of a head: remove upstream components from its Q, K or V only.
+
+Ablating a head's output (:mod:`workbench.interventions.ablation`) removes it from every
+downstream query, key and value and from the residual stream at once: it shows the head is
+*necessary*, not through which input it acts. :func:`path_removed` removes chosen upstream
+components (``embed``, heads ``LxHy``, MLPs ``LxMLP``) from the query, key or value input of
+chosen target heads only; everything else in the model still sees them.
+
+How: at each target layer, the first norm's scale is frozen at its value on the input (the
+linearisation of :mod:`workbench.scores.qk_attribution`), so a component's part of the
+projection is ``W n(c)``; the hook on ``hook_q`` / ``hook_k`` / ``hook_v`` subtracts it,
+at every position. The sources are read in the same pass, as the (possibly already
+patched) model computes them. With grouped-query attention ``k`` and ``v`` are shared by
+the query heads of a key-value group, so removing a source from a target's key or value
+removes it for the whole group; ``q`` is per head. Patching at layer ``L`` leaves layers
+below it untouched, so a target's own pattern at ``L`` reflects the key path alone.
+
+Examples:
+    >>> with path_removed(model, ["L3H1", "L4H0"], [(5, 1)], "k"):     # doctest: +SKIP
+    ...     patterns = reduce_patterns(model, prompts, {"induction": induction})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from workbench.core.errors import WorkbenchError
+from workbench.interventions.ablation import Head
+from workbench.models.base import Model
+from workbench.recording import hooks
+from workbench.scores.qk_attribution import EMBED, first_norm, normalise
+
+InputPath = Literal["q", "k", "v"]
+"""Which input of the target heads a source is removed from."""
+_SOURCE = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|(?P<mlp>MLP))$")
+
+
+def parse_source(name: str, model: Model) -> tuple[str, int, int | None]:
+    """``embed``, ``LxHy`` or ``LxMLP`` as ``(kind, layer, head)`` (embed has layer -1).
+
+    Raises:
+        WorkbenchError: an unknown name, or a layer or head the model does not have.
+    """
+    if name == EMBED:
+        return "embed", -1, None
+    match = _SOURCE.match(name)
+    if match is None:
+        raise WorkbenchError(f"unknown component {name!r}; expected embed, LxHy (a head) or "
+                             "LxMLP")
+    layer = int(match["layer"])
+    head = None if match["mlp"] else int(match["head"])
+    info = model.info
+    if layer >= info.n_layers or (head is not None and head >= info.n_heads):
+        raise WorkbenchError(f"component {name} does not exist: {info.name} has "
+                             f"{info.n_layers} layers of {info.n_heads} heads")
+    return ("mlp" if head is None else "head"), layer, head
+
+
+@contextlib.contextmanager
+def path_removed(model: Model, sources: Sequence[str], targets: Sequence[Head],
+                 path: InputPath) -> Iterator[None]:
+    """Run the block with ``sources`` removed from the ``path`` input of ``targets`` only.
+
+    Args:
+        model: a pre-norm model (:func:`workbench.scores.qk_attribution.require_pre_norm`).
+        sources: upstream components (``embed``, ``LxHy``, ``LxMLP``); a source at or
+            above a target's layer cannot feed it and is left alone for that target.
+        targets: ``(layer, head)`` heads whose input is patched.
+        path: ``q``, ``k`` or ``v``.
+
+    Raises:
+        WorkbenchError: an unknown source, target or path.
+    """
+    if path not in ("q", "k", "v"):
+        raise WorkbenchError(f"path must be q, k or v, got {path!r}")
+    parsed = [parse_source(s, model) for s in sources]
+    info = model.info
+    for layer, head in targets:
+        if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
+            raise WorkbenchError(f"target head L{layer}H{head} does not exist in {info.name}")
+    with model.bridge.hooks(fwd_hooks=_path_hooks(model, parsed, list(targets), path)):
+        yield
+
+
+def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
+                targets: list[Head], path: InputPath) -> list[tuple[str, Any]]:
+    """Hooks that read the sources' outputs as the pass runs, each target layer's norm
+    scale, and subtract the sources' projection at the target layer's ``hook_{path}``."""
+    bridge, info = model.bridge, model.info
+    per_group = info.n_heads // info.n_kv_heads
+    seen: list[tuple[int, Tensor]] = []  # (layer of origin, [batch, pos, d_model])
+    scales: dict[int, Tensor] = {}
+    w_o = bridge.W_O.detach()
+    weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
+
+    def embed(x: Tensor, hook: Any) -> None:
+        seen.clear()  # a new forward pass starts here
+        if any(kind == "embed" for kind, _, _ in sources):
+            seen.append((-1, x.detach()))
+
+    def head_out(layer: int, heads: list[int]):
+        def hook(z: Tensor, hook: Any) -> None:
+            seen.extend((layer, torch.einsum("btd,dm->btm", z[:, :, h], w_o[layer, h]))
+                        for h in heads)
+        return hook
+
+    def mlp_out(layer: int):
+        def hook(x: Tensor, hook: Any) -> None:
+            seen.append((layer, x.detach()))
+        return hook
+
+    def scale(layer: int):
+        def hook(s: Tensor, hook: Any) -> None:
+            scales[layer] = s[..., 0].detach()
+        return hook
+
+    def patch(layer: int, indices: list[int]):
+        norm = first_norm(model, layer)
+
+        def hook(x: Tensor, hook: Any) -> Tensor:
+            feeding = [t for origin, t in seen if origin < layer]
+            if not feeding:
+                return x
+            removed = normalise(torch.stack(feeding).sum(0).double(), scales[layer].double(),
+                                norm).to(x.dtype)
+            x = x.clone()
+            for i in indices:
+                x[:, :, i] -= removed @ weights[layer, i]
+            return x
+        return hook
+
+    fwd: list[tuple[str, Any]] = [(hooks.resid(0, info.n_layers), embed)]
+    for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
+        heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
+        fwd.append((hooks.z(layer), head_out(layer, heads)))
+    for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
+        fwd.append((f"blocks.{layer}.hook_mlp_out", mlp_out(layer)))
+    for layer in sorted({layer for layer, _ in targets}):
+        heads = [h for target_layer, h in targets if target_layer == layer]
+        indices = sorted(set(heads if path == "q" else [h // per_group for h in heads]))
+        fwd += [(f"blocks.{layer}.ln1.hook_scale", scale(layer)),
+                (hooks.qkv(layer, path), patch(layer, indices))]
+    return fwd
