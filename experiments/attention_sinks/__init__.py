@@ -106,6 +106,7 @@ from experiments.attention_sinks.measure import (
     top_receivers,
 )
 from experiments.attention_sinks.tables import TABLES
+from workbench.core import progress
 from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import Split
@@ -168,11 +169,15 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """
     skipped = skips(model, cfg)
     sets = input_sets(model, cfg)
-    per_prompt, resid = scan_inputs(model, sets, cfg)
-    repeated = repeated_check(resid, sets, model, skipped)
-    streaming, stream_losses = (None, None) if "streaming" in skipped else \
-        measure_streaming(model, cfg)
-    input_scores = summarize_inputs(per_prompt, cfg)
+    with progress.stages("attention-sinks", 3) as stage:
+        stage("attention on every input kind")
+        per_prompt, resid = scan_inputs(model, sets, cfg)
+        repeated = repeated_check(resid, sets, model, skipped)
+        stage("streaming perplexity")
+        streaming, stream_losses = (None, None) if "streaming" in skipped else \
+            measure_streaming(model, cfg)
+        stage("summaries")
+        input_scores = summarize_inputs(per_prompt, cfg)
     return Result(
         model=model.info.name, causal=model.info.causal, cfg=cfg,
         input_scores=input_scores, rates=sink_rates(per_prompt, cfg),

@@ -111,6 +111,7 @@ from typing import Literal
 from experiments.induction_formation import checks  # noqa: F401 (registers the claim checks)
 from experiments.induction_formation.measure import Result, make_probes, result, train_one
 from experiments.induction_formation.tables import TABLES
+from workbench.core import progress
 from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.models import checkpoints, native
@@ -224,6 +225,9 @@ def run(model: Model | None, cfg: Config, ctx: Context | None = None) -> Result:
         # the tokenizer needs a folder; outside a run store it is a scratch one
         folder = ctx.workdir or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="induction-formation-")))
+        stage = stack.enter_context(progress.stages("induction-formation",
+                                                    len(cfg.layers) + 2))
+        stage("corpus and tokenizer")
         corpus = training_data.build_corpus(cfg.sources, cfg.text_files)
         tokenizer = training_data.train_tokenizer(corpus.fit, cfg.vocab_size,
                                                   folder / checkpoints.TOKENIZER)
@@ -232,6 +236,8 @@ def run(model: Model | None, cfg: Config, ctx: Context | None = None) -> Result:
                  "corpus_sha256": corpus.sha256}
         trained, measured = {}, {}
         for n_layers in sorted(cfg.layers):
+            stage(f"train the {n_layers}-layer model")
             trained[n_layers], measured[n_layers] = train_one(
                 n_layers, tokenizer, probes, cfg, ctx.workdir, extra)
+        stage("tables")
         return result(cfg, corpus, probes, trained, measured, ctx.workdir)

@@ -19,9 +19,11 @@ Scores (per layer and query head; definitions in :mod:`workbench.scores.patterns
   puts on earlier occurrences of its own token, over queries that have one.
 
 Natural text is ``n_prompts`` windows of ``n_tokens`` tokens of the Python documentation's
-prose (:mod:`workbench.inputs.corpus`), or any named prompt set. Each score has a 95% bootstrap
-interval over prompts and a null baseline (``null``): its value for a head whose attention
-is uniform over the keys it can see, on the same prompts.
+prose (:mod:`workbench.inputs.corpus`), or any named prompt set (``--set text=NAME``); the
+``inputs`` column says which (``natural text`` or ``prompt set NAME``), and so does the
+progress bar. Each score has a 95% bootstrap interval over prompts and a null baseline
+(``null``): its value for a head whose attention is uniform over the keys it can see, on
+the same prompts.
 
 The run also stores ``example/``, the attention patterns of one natural and one repeated
 prompt, which the dashboard's heads page shows.
@@ -65,6 +67,12 @@ class Config:
             check_prompt_set(self.text)
 
 
+def text_label(cfg: Config) -> str:
+    """What the positional scores were measured on, for the ``inputs`` column and the
+    progress bar: the label names what was used, never a default it replaced."""
+    return "natural text" if cfg.text == "corpus" else f"prompt set {cfg.text}"
+
+
 def natural_prompts(model: Model, cfg: Config) -> list[Prompt]:
     """The natural text: corpus windows, or the named prompt set."""
     if cfg.text == "corpus":
@@ -106,8 +114,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     table = pd.concat([
-        # TODO(labels): named prompt sets are labelled "natural text" too
-        score_heads(model, natural, positional, inputs="natural text", **common),
+        score_heads(model, natural, positional, inputs=text_label(cfg), **common),
         score_heads(model, repeated, {"duplicate_token": patterns.duplicate_token},
                     inputs="repeated random tokens", **common),
     ], ignore_index=True)

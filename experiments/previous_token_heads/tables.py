@@ -5,7 +5,8 @@ from __future__ import annotations
 from workbench.store.schema import head_scores, tables
 
 HEAD_SCORES = head_scores(
-    "previous_token and next_token (encoders only) on natural text, duplicate_token on "
-    "repeated random tokens, of every head")
+    "previous_token and next_token (encoders only) on natural text or the prompt set of "
+    "`text` (the inputs column names which), duplicate_token on repeated random tokens, "
+    "of every head")
 
 TABLES = tables(HEAD_SCORES)

@@ -77,6 +77,9 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
+    # Imported first: were it imported by the setattr below, it would bind the patched
+    # loader, and monkeypatch would "restore" the fake after the test.
+    importlib.import_module("workbench.harness.experiment")
     monkeypatch.setattr("workbench.models.load.load_model", refuse)
     monkeypatch.setattr("workbench.harness.experiment.load_model", refuse)
 
@@ -378,7 +381,7 @@ def test_disk_failure_writing_a_table(capsys, monkeypatch, runs_dir, llama_folde
 
 
 def test_disk_full_writing_a_recording(capsys, monkeypatch, runs_dir, llama_folder):
-    monkeypatch.setattr(RECORD_MODULE._BlockFile, "append",
+    monkeypatch.setattr(RECORD_MODULE._Writer, "_write_pattern",
                         _raise(OSError(errno.ENOSPC, "No space left on device")))
     result = cli(capsys, *fill(RECORD, folder=llama_folder))
     check_failed_run(result, 1, f"cannot write the run store {runs_dir}: [Errno 28] No space "

@@ -45,7 +45,9 @@ def test_reproduce_list_and_unknown_claims(capsys):
     status, out, _ = cli(capsys, "reproduce", "--list")
     text = "\n".join(out)
     assert status == 0 and sum(c.id in text for c in ALL) == len(ALL)
-    assert "[invariant; smollm2,minilm]" in text and "[reproduction; smollm2]" in text
+    # a row per claim and model (id, kind, model; "-" for none), the statement below it
+    rows = {tuple(line.split()[:3]) for line in out[2:] if line[:1] not in ("", " ")}
+    assert rows >= {(c.id, c.kind, m) for c in ALL for m in (c.models or ["-"])}
     assert max(len(line) for line in out) <= 100  # narrow: the statement wraps below
     status, _, err = cli(capsys, "reproduce", "no-such-claim")
     assert status == 2 and "known claims:" in err

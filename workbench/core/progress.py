@@ -1,25 +1,169 @@
-"""Progress bars that only the CLI turns on; library code stays silent by default."""
+"""Progress reporting: the library says how far it is, and the CLI draws it.
+
+Library code wraps its loops in :func:`track` and groups a long run into named steps with
+:func:`stages`; neither prints anything. A renderer installed with :func:`render_with` (the
+CLI installs tqdm bars on stderr) is told when a bar opens, moves and closes; with none
+installed, :func:`track` is a plain loop and :func:`stages` does nothing.
+
+Bars nest: a bar opened while another is open sits one level under it (``depth``), and a
+bar's position counts its finished items plus the fraction done of the bar under it, so an
+outer bar moves smoothly and its time left is estimated from all the work done so far.
+
+Examples:
+    >>> with stages("induction-heads", 2) as stage:
+    ...     stage("head scores")
+    ...     for batch in track(range(3), desc="scoring"):
+    ...         pass
+    ...     stage("ablation")
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sized
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
-_enabled = False
 
 
-def enable(flag: bool = True) -> None:
-    """Show progress bars on stderr (the CLI calls this)."""
-    global _enabled
-    _enabled = flag
+@dataclass(eq=False)  # bars are told apart by identity: two may hold equal numbers
+class Bar:
+    """One open bar, as a renderer sees it."""
+
+    desc: str
+    total: int | None
+    """Items (or stages) expected; ``None`` when unknown."""
+    depth: int
+    """0 for a bar opened with no other open; one more than the bar it is nested under."""
+    parent: Bar | None = None
+    finished: int = 0
+    """Items (or stages) done."""
+    n: float = 0.0
+    """``finished`` plus the fraction done of the current item's inner bar (never goes
+    back)."""
+    steps: bool = False
+    """``True`` for a bar opened by :func:`stages` (it counts named steps, not items)."""
+    stage: str = ""
+    """The name of the current step, for a bar opened by :func:`stages`."""
+
+
+class Renderer(Protocol):
+    """What draws the bars (the CLI's tqdm renderer)."""
+
+    def open(self, bar: Bar) -> None:
+        """A bar was opened."""
+
+    def update(self, bar: Bar) -> None:
+        """``bar.n``, ``bar.finished`` or ``bar.stage`` changed."""
+
+    def close(self, bar: Bar) -> None:
+        """A bar ended (its loop finished, broke off or raised)."""
+
+
+_renderer: Renderer | None = None
+_open: list[Bar] = []
+
+
+def render_with(renderer: Renderer | None) -> None:
+    """Draw progress with ``renderer`` from now on (``None``: report nothing)."""
+    global _renderer
+    _renderer = renderer
+    _open.clear()
+
+
+def _push(desc: str, total: int | None, *, steps: bool = False) -> Bar:
+    parent = _open[-1] if _open else None
+    bar = Bar(desc, total, depth=len(_open), parent=parent, steps=steps)
+    _open.append(bar)
+    if _renderer is not None:
+        _renderer.open(bar)
+    return bar
+
+
+def _pop(bar: Bar) -> None:
+    if bar in _open:  # a loop abandoned early may be closed after a later one
+        _open.remove(bar)
+    if _renderer is not None:
+        _renderer.close(bar)
+
+
+def _moved(bar: Bar) -> None:
+    """Tell the renderer about ``bar``, then carry its fraction up to the bars above."""
+    while bar is not None and _renderer is not None:
+        _renderer.update(bar)
+        parent = bar.parent
+        if parent is None or not bar.total or parent.total is None:
+            return
+        position = parent.finished + min(bar.n / bar.total, 1.0)
+        if position <= parent.n:
+            return
+        parent.n = position
+        bar = parent
+
+
+def _finish(bar: Bar, finished: int) -> None:
+    bar.finished = finished
+    bar.n = max(bar.n, float(finished))
+    _moved(bar)
 
 
 def track(items: Iterable[T], *, total: int | None = None, desc: str = "") -> Iterator[T]:
-    """Iterate over ``items``, with a tqdm bar when progress is enabled."""
-    if not _enabled:
+    """Iterate over ``items``, reporting each one done to the renderer (if any).
+
+    Args:
+        items: what to iterate over.
+        total: how many items there are (default ``len(items)`` when it has one).
+        desc: what the loop does, e.g. ``"scoring natural text"``.
+
+    Returns:
+        An iterator over ``items``.
+    """
+    if _renderer is None:
         yield from items
         return
-    from tqdm.auto import tqdm
+    if total is None and isinstance(items, Sized):
+        total = len(items)
+    bar = _push(desc, total)
+    try:
+        for done, item in enumerate(items, 1):
+            yield item
+            _finish(bar, done)
+    finally:
+        _pop(bar)
 
-    yield from tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+@contextmanager
+def stages(desc: str, total: int) -> Iterator[Callable[[str], None]]:
+    """An outer bar over the named steps of a long run; the bars of each step nest under it.
+
+    Args:
+        desc: what runs, e.g. the experiment's name.
+        total: how many steps (each call of the yielded function starts the next one).
+
+    Returns:
+        A context manager yielding ``stage(name)``, which ends the current step and
+        starts the one called ``name``.
+    """
+    if _renderer is None:
+        yield lambda name: None
+        return
+    bar = _push(desc, total, steps=True)
+    started = 0
+
+    def stage(name: str) -> None:
+        nonlocal started
+        if started:
+            bar.finished = started
+            bar.n = max(bar.n, float(started))
+        started += 1
+        if bar.total is not None and started > bar.total:
+            bar.total = started
+        bar.stage = name
+        _moved(bar)
+
+    try:
+        yield stage
+        _finish(bar, started)
+    finally:
+        _pop(bar)

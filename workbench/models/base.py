@@ -158,12 +158,46 @@ class Model:
                 "(its head is randomly initialised), so no loss or prediction is reported"
             )
 
-    def logits(self, input_ids: Int[Tensor, "batch pos"],
+    def logits(self, input_ids: Int[Tensor, "batch pos"] | Int[Tensor, " pos"] | Sequence[int]
+               | Sequence[Sequence[int]],
                attention_mask: Int[Tensor, "batch pos"] | None = None
                ) -> Float[Tensor, "batch pos d_vocab"]:
-        """Logits of a causal LM (refused for models without a trained head)."""
+        """Logits of a causal LM (refused for models without a trained head).
+
+        Args:
+            input_ids: token ids: a ``[batch, pos]`` tensor, or one prompt's ids as
+                :meth:`encode` returns them (a list or a ``[pos]`` tensor, run as a batch
+                of one), or a list of equal-length lists.
+            attention_mask: ``[batch, pos]``, 1 for real tokens (for right-padded batches).
+
+        Returns:
+            ``[batch, pos, d_vocab]`` logits.
+
+        Raises:
+            WorkbenchError: text, ragged lists or ids outside the vocabulary (the message
+                says what to pass instead).
+        """
         self.require(lm_head=True, what="logits")
-        return self.bridge(input_ids, attention_mask=attention_mask)
+        return self.bridge(self._token_tensor(input_ids), attention_mask=attention_mask)
+
+    def _token_tensor(self, input_ids: Any) -> Int[Tensor, "batch pos"]:
+        """``input_ids`` as a ``[batch, pos]`` tensor of ids in the vocabulary."""
+        if isinstance(input_ids, str) or (
+                isinstance(input_ids, Sequence) and any(isinstance(x, str) for x in input_ids)):
+            raise WorkbenchError("logits takes token ids, not text: encode the text first, "
+                                 "ids, _ = model.encode(Prompt(text=...))")
+        try:
+            ids = input_ids if isinstance(input_ids, Tensor) else torch.tensor(input_ids)
+        except (TypeError, ValueError) as exc:
+            raise WorkbenchError(f"logits takes token ids (a [batch, pos] tensor or lists of "
+                                 f"equal length; model.batches pads prompts): {exc}") from None
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() not in (1, 2):
+            raise WorkbenchError(f"logits takes integer token ids of shape [pos] or [batch, "
+                                 f"pos], got {ids.dtype} of shape {tuple(ids.shape)}")
+        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < self.info.d_vocab):
+            raise WorkbenchError(f"token ids must be in 0 .. {self.info.d_vocab - 1} (the "
+                                 f"vocabulary of {self.info.name})")
+        return ids[None] if ids.dim() == 1 else ids
 
 
 def _readable(token: str) -> str:

@@ -1,0 +1,89 @@
+"""How long an experiment's default and demo configs took, read from the runs stored here.
+
+Every run records when it started and ended (``run.json``), so the wall time of the
+default config (no ``--set``) and of the demo config (``workbench demo``) on each model is
+the newest complete run with exactly that config. ``workbench run EXPERIMENT --help`` shows
+these figures; nothing is estimated or extrapolated.
+
+Examples:
+    >>> from workbench.harness.experiment import get
+    >>> from workbench.store.runs import RunStore
+    >>> wall_times(get("head-overview"), RunStore("data/runs"))  # doctest: +SKIP
+    [WallTime(config='default', model='smollm2', seconds=9.0, run_id='...', ...)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from workbench.harness.config import apply_overrides
+from workbench.harness.experiment import Experiment
+from workbench.store.runs import Run, RunStore
+
+ConfigName = Literal["default", "demo"]
+
+
+@dataclass(frozen=True)
+class WallTime:
+    """The wall time of one stored run of a named config."""
+
+    config: ConfigName
+    model: str
+    """The model's name, or ``-`` for an experiment that trains its own."""
+    seconds: float
+    run_id: str
+    ended_at: str
+    cpu_count: int | None
+    """CPU cores of the machine that ran it (``run.json``'s ``machine``)."""
+
+
+def _stored_form(cfg: Any) -> dict[str, Any]:
+    """A config as ``run.json`` holds it (tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def _seconds(run: Run) -> float | None:
+    try:
+        start = datetime.fromisoformat(run.meta["started_at"])
+        end = datetime.fromisoformat(run.meta["ended_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (end - start).total_seconds()
+
+
+def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
+    """The newest complete run of each named config (``default``, ``demo``) on each model
+    (float32, no head mask), with how long it took.
+
+    Args:
+        exp: a registered experiment.
+        store: the run store to read.
+
+    Returns:
+        One :class:`WallTime` per (config, model) that has such a run, default first.
+    """
+    default = _stored_form(exp.config())
+    demo = _stored_form(apply_overrides(exp.config, dict(exp.demo)))
+    named: dict[ConfigName, dict[str, Any]] = {"default": default}
+    if demo != default:  # a demo that is the default is timed once, as the default
+        named["demo"] = demo
+    newest: dict[tuple[ConfigName, str], WallTime] = {}
+    for run in store.runs(experiment=exp.name, status="complete"):
+        dtype = (run.meta.get("model") or {}).get("dtype", "float32")
+        if run.meta.get("interventions") or dtype != "float32" or (
+                seconds := _seconds(run)) is None:
+            continue
+        for name, cfg in named.items():
+            if run.config != cfg:
+                continue
+            model = run.model_name or "-"
+            found = newest.get((name, model))
+            if found is None or run.meta["ended_at"] > found.ended_at:
+                machine = run.meta.get("machine") or {}
+                newest[(name, model)] = WallTime(name, model, seconds, run.id,
+                                                 run.meta["ended_at"], machine.get("cpu_count"))
+    return sorted(newest.values(), key=lambda t: (t.config != "default", t.model))
