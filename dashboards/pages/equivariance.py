@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, figures
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import safe, safe_layout
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
@@ -38,7 +38,7 @@ DEFAULT_CONDITION = "no positions, no mask"
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs(EXPERIMENT)
     body: list = [html.H2("Equivariance")]
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         body.append(html.P(EMPTY, className="wb-note"))
     else:
         chosen = data.choose(run, runs, shows=SHOWS)
@@ -64,11 +64,17 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             html.P(id="equivariance-permutation", className="wb-note"),
             html.P(id="equivariance-view-stats", className="wb-note"),
             html.Div(className="wb-row", children=[
-                dcc.Graph(id="equivariance-before"), dcc.Graph(id="equivariance-after"),
-                dcc.Graph(id="equivariance-back")]),
+                exports.graph("equivariance-before", chosen),
+                exports.graph("equivariance-after", chosen),
+                exports.graph("equivariance-back", chosen)]),
+            exports.table_download("equivariance"),
         ]
     return html.Div([*body, html.H3("Worked example: “the cat was hungry”"),
                      worked_example_section()])
+
+
+exports.follow("equivariance-run", page="equivariance",
+               graphs=["equivariance-before", "equivariance-after", "equivariance-back"])
 
 
 def _view_controls() -> html.Div:

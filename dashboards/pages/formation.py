@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 from plotly.subplots import make_subplots
 
-from dashboards.components import data, figures
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import message, safe, safe_layout
 from experiments.induction_formation.tables import (
@@ -35,7 +35,7 @@ WINDOW_COLOUR = "rgba(234, 179, 8, 0.25)"
 @safe_layout("Formation")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("induction-formation")
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Formation"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
@@ -47,15 +47,20 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             labelled("head", dcc.Dropdown(id="formation-head", clearable=False), "10em"),
         ]),
         html.P(id="formation-summary", className="wb-note"),
-        dcc.Graph(id="formation-curves"),
-        dcc.Graph(id="formation-heads"),
+        exports.graph("formation-curves", chosen),
+        exports.graph("formation-heads", chosen),
         html.Div([html.Label("checkpoint (training step)"),
                   # the value is the checkpoint's index; the marks show its step
                   dcc.Slider(id="formation-step", min=0, max=0, step=1, value=0,
                              marks=None, allow_direct_input=False)],
                  className="wb-control", style={"maxWidth": "60em"}),
-        dcc.Graph(id="formation-pattern"),
+        exports.graph("formation-pattern", chosen),
+        exports.table_download("formation"),
     ])
+
+
+exports.follow("formation-run", page="formation",
+               graphs=["formation-curves", "formation-heads", "formation-pattern"])
 
 
 def _table(run_id: str, table: Table) -> pd.DataFrame:

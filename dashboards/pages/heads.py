@@ -1,5 +1,8 @@
 """Heads: layer x head score heatmaps with intervals, a sortable top-k table, a head's
-attention on an example prompt, and two runs side by side.
+attention on an example prompt, two runs side by side on one colour scale (and their
+difference when both have the metric on the same grid of heads), and for an
+``induction-heads`` run its causal evidence: loss on each repeat, the in-context-learning
+score and the K-composition ablation.
 
 The top-k table shows the columns of the run's ``head_scores`` table as its experiment
 declares them (``experiments/<name>/tables.py``), with each column's meaning on hover."""
@@ -7,12 +10,16 @@ declares them (``experiments/<name>/tables.py``), with each column's meaning on 
 from __future__ import annotations
 
 import dash
+import numpy as np
 import pandas as pd
-from dash import Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
+import plotly.graph_objects as go
+from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
+from plotly.subplots import make_subplots
 
-from dashboards.components import data, figures
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_dropdown, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
+from experiments.induction_heads.tables import ABLATION, ICL, LOSS_BY_POSITION, REPEAT_LOSS
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
@@ -27,6 +34,11 @@ EXPERIMENTS: dict[str, Table] = {
 }
 SHOWS = list(EXPERIMENTS)
 dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=SHOWS)
+
+HIDDEN = {"display": "none"}
+MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
+GRAPHS = ["heads-heatmap", "heads-compare-heatmap", "heads-difference", "heads-example",
+          "heads-repeat-loss", "heads-icl", "heads-ablation"]
 
 
 def _runs() -> list:
@@ -47,7 +59,7 @@ def table_columns(declared: Table) -> list[str]:
 @safe_layout("Heads")
 def layout(run: str | None = None, compare: str | None = None, **_: str) -> html.Div:
     runs = sorted(_runs(), key=lambda r: r.meta.get("started_at", ""), reverse=True)
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Heads"), html.P(
             "No head-finding runs yet: `workbench run induction-heads --model smollm2`.",
             className="wb-note")])
@@ -73,17 +85,29 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
             labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1,
                                         max=500, step=1)),
         ]),
-        html.Div(className="wb-row", children=[dcc.Graph(id="heads-heatmap"),
-                                               dcc.Graph(id="heads-compare-heatmap")]),
+        html.Div(id="heads-compare-note"),
+        html.Div(className="wb-row", children=[
+            exports.graph("heads-heatmap", chosen),
+            exports.graph("heads-compare-heatmap", chosen, hidden=True),
+            exports.graph("heads-difference", chosen, hidden=True)]),
         html.P("Click a head in the heatmap or a row of the table to see its attention.",
                className="wb-note"),
         html.Div(className="wb-row", children=[
             dash_table.DataTable(id="heads-table", sort_action="native", page_size=20,
                                  style_cell={"fontSize": "0.85em", "textAlign": "left"}),
-            dcc.Graph(id="heads-example"),
+            exports.graph("heads-example", chosen),
         ]),
         dcc.Store(id="heads-selected"),
+        html.Div(id="heads-induction", style=HIDDEN, children=[
+            html.H3("Induction heads: in-context copying, in-context learning, K-composition"),
+            html.Div(className="wb-row", children=[
+                exports.graph("heads-repeat-loss", chosen), exports.graph("heads-icl", chosen)]),
+            exports.graph("heads-ablation", chosen)]),
+        exports.table_download("heads"),
     ])
+
+
+exports.follow("heads-run", page="heads", graphs=GRAPHS)
 
 
 @callback(Output("heads-metric", "options"), Output("heads-metric", "value"),
@@ -97,37 +121,115 @@ def choose_run(run_id: str, metric: str | None):
     return metrics, metric if metric in metrics else metrics[0], None
 
 
+def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
+    """One colour scale for every heatmap of ``metric`` shown side by side: the lowest
+    and highest score of any of ``frames`` (``None`` when none has the metric)."""
+    scores = pd.concat([f.score[f.metric == metric] for f in frames]).dropna()
+    if scores.empty:
+        return None
+    return float(scores.min()), float(scores.max())
+
+
+def _compared(compare_id: str | None) -> pd.DataFrame | None:
+    return _scores(data.get_run(compare_id, shows=SHOWS)) if compare_id else None
+
+
 @callback(Output("heads-heatmap", "figure"), Output("heads-table", "data"),
           Output("heads-table", "columns"), Output("heads-table", "tooltip_header"),
-          Input("heads-run", "value"), Input("heads-metric", "value"), Input("heads-k", "value"))
+          Input("heads-run", "value"), Input("heads-metric", "value"), Input("heads-k", "value"),
+          Input("heads-compare", "value"))
 @safe
-def draw_run(run_id: str, metric: str | None, k: int | None):
+def draw_run(run_id: str, metric: str | None, k: int | None, compare_id: str | None):
     if metric is None:
         return no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     declared = EXPERIMENTS[run.experiment]
     shown = table_columns(declared)
     scores = _scores(run)
+    try:
+        other = _compared(compare_id)
+    except WorkbenchError:  # the comparison says why; this run is still drawn
+        other = None
+    zmin, zmax = shared_range([scores] + ([other] if other is not None else []), metric) or (
+        None, None)
     title = f"{metric} · {run.model_name} · {run.experiment}"
     top = scores[scores.metric == metric].nlargest(int(k or 10), "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}
-    return (figures.head_heatmap(scores, metric, title=title), rows,
+    return (figures.head_heatmap(scores, metric, title=title, zmin=zmin, zmax=zmax), rows,
             [{"name": c, "id": c} for c in shown], tips)
 
 
-@callback(Output("heads-compare-heatmap", "figure"), Output("heads-compare-heatmap", "style"),
-          Input("heads-compare", "value"), Input("heads-metric", "value"))
+def _grid_shape(scores: pd.DataFrame) -> tuple[int, int]:
+    return int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
+
+
+def compare_note(run: Run, other: Run, metric: str, shared: list[str]) -> list:
+    """Why the comparison shows what it shows: a metric the other run lacks (with the
+    metrics both have, to pick), different models, or grids of heads that do not match."""
+    if metric not in set(_scores(other).metric):
+        if not shared:
+            return [message(f"run {other.id} ({other.experiment}) has no {metric}, and the "
+                            "two runs share no metric: nothing to compare")]
+        return [message(f"run {other.id} ({other.experiment}) has no {metric}; metrics both "
+                        "runs have:"),
+                html.Div([html.Button(m, id={"type": "heads-use-metric", "metric": m},
+                                      className="wb-export-button") for m in shared],
+                         className="wb-export", style={"justifyContent": "flex-start"})]
+    notes = []
+    if run.model_name != other.model_name:
+        notes.append(f"different models ({run.model_name} and {other.model_name}): a head "
+                     "at the same layer and index is not the same head")
+    shape, other_shape = _grid_shape(_scores(run)), _grid_shape(_scores(other))
+    if shape != other_shape:
+        notes.append(f"no difference map: {shape[0]} x {shape[1]} heads against "
+                     f"{other_shape[0]} x {other_shape[1]}")
+    notes.append("both heatmaps share one colour scale")
+    return [html.P("; ".join(notes) + ".", className="wb-note")]
+
+
+def difference_figure(scores: pd.DataFrame, other: pd.DataFrame, metric: str,
+                      title: str) -> go.Figure:
+    """This run's score minus the compared run's, head by head, on a scale centred on 0."""
+    mine = scores[scores.metric == metric].set_index(["layer", "head"]).score
+    theirs = other[other.metric == metric].set_index(["layer", "head"]).score
+    diff = (mine - theirs).dropna().rename("score").reset_index().assign(metric=metric)
+    bound = float(np.abs(diff.score).max()) or 1.0
+    return figures.head_heatmap(diff, metric, title=title, zmin=-bound, zmax=bound,
+                                colorscale="RdBu")
+
+
+@callback(Output("heads-compare-heatmap", "figure"), Output("heads-compare-heatmap-panel", "style"),
+          Output("heads-difference", "figure"), Output("heads-difference-panel", "style"),
+          Output("heads-compare-note", "children"),
+          Input("heads-compare", "value"), Input("heads-metric", "value"),
+          Input("heads-run", "value"))
 @safe
-def draw_compare(run_id: str | None, metric: str | None):
-    if not run_id or metric is None:
-        return {}, {"display": "none"}
-    run = data.get_run(run_id, shows=SHOWS)
-    scores = _scores(run)
-    if metric not in set(scores.metric):
-        return {}, {"display": "none"}
-    title = f"{metric} · {run.model_name} · {run.experiment} (compared)"
-    return figures.head_heatmap(scores, metric, title=title), {}
+def draw_compare(compare_id: str | None, metric: str | None, run_id: str):
+    if not compare_id or metric is None:
+        return {}, HIDDEN, {}, HIDDEN, None
+    run, other = data.get_run(run_id, shows=SHOWS), data.get_run(compare_id, shows=SHOWS)
+    scores, theirs = _scores(run), _scores(other)
+    shared = [m for m in dict.fromkeys(scores.metric) if m in set(theirs.metric)]
+    note = compare_note(run, other, metric, shared)
+    if metric not in set(theirs.metric):
+        return {}, HIDDEN, {}, HIDDEN, note
+    zmin, zmax = shared_range([scores, theirs], metric) or (None, None)
+    title = f"{metric} · {other.model_name} · {other.experiment} (compared)"
+    compared = figures.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax)
+    if _grid_shape(scores) != _grid_shape(theirs):
+        return compared, {}, {}, HIDDEN, note
+    diff = difference_figure(scores, theirs, metric, f"{metric}: this run minus the compared")
+    return compared, {}, diff, {}, note
+
+
+@callback(Output("heads-metric", "value", allow_duplicate=True),
+          Input({"type": "heads-use-metric", "metric": ALL}, "n_clicks"),
+          prevent_initial_call=True)
+def use_shared_metric(clicks: list[int | None]):
+    if not any(clicks) or not isinstance(ctx.triggered_id, dict):
+        return no_update
+    return ctx.triggered_id["metric"]
 
 
 @callback(Output("heads-selected", "data"),
@@ -175,3 +277,88 @@ def draw_example(selected: dict | None, run_id: str, metric: str | None):
     label = f" ({metric} {score.iloc[0]:.2f})" if len(score) else ""
     return figures.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
                                    f"L{layer}H{head} on {rec.prompts[p].label}{label}")
+
+
+# ---- induction-heads: the causal evidence --------------------------------------------------
+
+def repeat_loss_figure(repeat: pd.DataFrame) -> go.Figure:
+    """Next-token loss on each repeat of the random sequences, with its 95% interval."""
+    repeat = repeat.sort_values("repeat")
+    fig = go.Figure(go.Scatter(
+        x=repeat["repeat"], y=repeat.loss, mode="lines+markers", name="loss",
+        error_y={"type": "data", "symmetric": False, "array": repeat.ci_high - repeat.loss,
+                 "arrayminus": repeat.loss - repeat.ci_low},
+        hovertemplate="repeat %{x}: %{y:.3f} nats<extra></extra>"))
+    fig.update_layout(title=f"loss on each repeat ({int(repeat.n_prompts.iloc[0])} repeated "
+                            "random sequences)",
+                      xaxis={"title": "repeat (1 = first occurrence)", "dtick": 1},
+                      yaxis={"title": "next-token loss (nats)", "rangemode": "tozero"},
+                      height=420, margin=MARGIN)
+    return fig
+
+
+def icl_figure(by_position: pd.DataFrame, icl: pd.DataFrame) -> go.Figure:
+    """Loss against position in the natural-text windows, with the two positions the
+    in-context-learning score compares marked, and the score in the title."""
+    by_position = by_position.sort_values("position")
+    fig = go.Figure(go.Scatter(x=by_position.position, y=by_position.loss, mode="lines",
+                               name="mean loss", line={"color": "#2563eb"}))
+    exact = icl[icl.metric == "icl_score"]
+    if len(exact):
+        row = exact.iloc[0]
+        fig.add_scatter(x=[50, 500], y=[row.loss_at_50, row.loss_at_500], mode="markers",
+                        name="positions 50 and 500", marker={"size": 10, "color": "#dc2626"})
+    scores = "; ".join(f"{r.metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+                       for r in icl.itertuples())
+    fig.update_layout(title=f"in-context learning: {scores}",
+                      xaxis={"title": "position"}, yaxis={"title": "loss (nats)"},
+                      height=420, margin=MARGIN)
+    return fig
+
+
+ABLATION_PANELS = (("induction_tracked", "tracked heads' induction score"),
+                   ("second_repeat_loss", "second-repeat loss (nats)"))
+KIND_COLOURS = {"zero": "#2563eb", "mean": "#059669"}
+
+
+def ablation_figure(ablation: pd.DataFrame) -> go.Figure:
+    """The K-composition test: the tracked induction heads' score and the second-repeat
+    loss, clean (dashed line), with the previous-token heads ablated, and with random
+    same-layer heads ablated (mean of the draws; the bar spans the lowest to the highest)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in ABLATION_PANELS])
+    clean = ablation[ablation.condition == "clean"]
+    for col, (column, _) in enumerate(ABLATION_PANELS, start=1):
+        for kind, rows in ablation[ablation.condition != "clean"].groupby("kind", sort=False):
+            stats = rows.groupby("condition", sort=False)[column].agg(["mean", "min", "max"])
+            fig.add_bar(x=stats.index, y=stats["mean"], name=f"{kind} ablation",
+                        marker_color=KIND_COLOURS.get(str(kind)), showlegend=col == 1,
+                        legendgroup=str(kind),
+                        error_y={"type": "data", "symmetric": False,
+                                 "array": stats["max"] - stats["mean"],
+                                 "arrayminus": stats["mean"] - stats["min"]},
+                        row=1, col=col)
+        if len(clean):
+            fig.add_hline(y=float(clean[column].iloc[0]), line_dash="dash",
+                          line_color="#6b7280", annotation_text="clean", row=1, col=col)
+    heads = ablation[ablation.condition == "previous-token"].heads
+    tracked = ablation.tracked.iloc[0] if len(ablation) else "-"
+    fig.update_layout(barmode="group", height=440, margin={**MARGIN, "t": 90},
+                      title=f"K-composition: previous-token heads "
+                            f"{heads.iloc[0] if len(heads) else '-'} ablated; tracked "
+                            f"induction heads {tracked}")
+    return fig
+
+
+@callback(Output("heads-induction", "style"), Output("heads-repeat-loss", "figure"),
+          Output("heads-icl", "figure"), Output("heads-ablation", "figure"),
+          Input("heads-run", "value"))
+@safe
+def draw_induction(run_id: str):
+    run = data.get_run(run_id, shows=SHOWS)
+    names = set(run.table_names())
+    wanted = (REPEAT_LOSS, LOSS_BY_POSITION, ICL, ABLATION)
+    if run.experiment != "induction-heads" or not {t.name for t in wanted} <= names:
+        return HIDDEN, no_update, no_update, no_update
+    repeat, by_position, icl, ablation = (run.table(t.name) for t in wanted)
+    return ({}, repeat_loss_figure(repeat), icl_figure(by_position, icl),
+            ablation_figure(ablation))

@@ -1,5 +1,6 @@
 """Pruning: head importance, pruning curves against random orders, the mask at a budget,
-and when each head was pruned."""
+and when each head was pruned; figures first, the run's ~30 summary lines (one per kind
+of head and metric) last, in a collapsed section."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, figures
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import safe, safe_layout
 from experiments.head_pruning.tables import (
@@ -34,7 +35,7 @@ TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}
 @safe_layout("Pruning")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("head-pruning")
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Pruning"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
@@ -47,25 +48,33 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             labelled("budget", dcc.Dropdown(id="pruning-budget", clearable=False)),
             labelled("order", dcc.Dropdown(id="pruning-order", clearable=False), "16em"),
         ]),
-        html.Ul(id="pruning-summary", className="wb-note"),
-        html.Div(className="wb-row", children=[dcc.Graph(id="pruning-importance"),
-                                               dcc.Graph(id="pruning-curves")]),
-        html.Div(className="wb-row", children=[dcc.Graph(id="pruning-mask"),
-                                               dcc.Graph(id="pruning-survival")]),
+        html.Div(className="wb-row", children=[exports.graph("pruning-importance", chosen),
+                                               exports.graph("pruning-curves", chosen)]),
+        html.Div(className="wb-row", children=[exports.graph("pruning-mask", chosen),
+                                               exports.graph("pruning-survival", chosen)]),
         html.P("Click a head in the importance or survival map to see its history.",
                id="pruning-head", className="wb-note"),
         html.H3("Which kinds of heads survive"),
         html.Div(id="pruning-kinds"),
         html.H3("Heads removed from the weights"),
         html.Div(id="pruning-speed"),
+        html.Details(id="pruning-summary-box", children=[
+            html.Summary("the run's summary", id="pruning-summary-title"),
+            html.Ul(id="pruning-summary", className="wb-note")]),
+        exports.table_download("pruning"),
     ])
+
+
+exports.follow("pruning-run", page="pruning", graphs=[
+    "pruning-importance", "pruning-curves", "pruning-mask", "pruning-survival"])
 
 
 @callback(Output("pruning-kind", "options"), Output("pruning-kind", "value"),
           Output("pruning-metric", "options"), Output("pruning-metric", "value"),
           Output("pruning-budget", "options"), Output("pruning-budget", "value"),
           Output("pruning-order", "options"), Output("pruning-order", "value"),
-          Output("pruning-summary", "children"), Output("pruning-error", "children"),
+          Output("pruning-summary", "children"), Output("pruning-summary-title", "children"),
+          Output("pruning-error", "children"),
           Input("pruning-run", "value"))
 @safe
 def choose_run(run_id: str):
@@ -79,7 +88,7 @@ def choose_run(run_id: str):
     summary = [html.Li(line) for line in run.meta.get("summary", [])]
     return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
             metrics, metrics[0], budgets, budgets[0]["value"] if budgets else None,
-            orders, orders[0], summary, None)
+            orders, orders[0], summary, f"the run's summary ({len(summary)} lines)", None)
 
 
 @callback(Output("pruning-importance", "figure"),

@@ -6,7 +6,7 @@ import dash
 import numpy as np
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, figures
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, prompt_options, run_dropdown
 from dashboards.components.messages import safe, safe_layout
 
@@ -18,7 +18,7 @@ dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
 @safe_layout("Residual stream")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("record")
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Residual stream"), html.P(
             "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`.",
             className="wb-note")])
@@ -31,9 +31,13 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             labelled("prompt", dcc.Dropdown(id="residual-prompt", clearable=False), "28em"),
         ]),
         html.P(id="residual-stats", className="wb-note"),
-        dcc.Graph(id="residual-heatmap"),
-        dcc.Graph(id="residual-lines"),
+        exports.graph("residual-heatmap", chosen),
+        exports.graph("residual-lines", chosen),
+        exports.table_download("residual"),
     ])
+
+
+exports.follow("residual-run", page="residual", graphs=["residual-heatmap", "residual-lines"])
 
 
 @callback(Output("residual-prompt", "options"), Output("residual-prompt", "value"),

@@ -1,4 +1,6 @@
-"""Runs: every stored run, filtered by experiment, model and status; open one.
+"""Runs: every stored run, filtered by experiment, model and status; each complete run
+links ("open") to the page that shows it (:mod:`dashboards.components.links`), and
+``?run=ID`` selects one, with its provenance and its tables to download.
 
 Damaged runs (a ``run.json`` that fails its checks) are listed too, with the reason; they
 open in no page."""
@@ -11,15 +13,18 @@ from typing import Any, get_args
 import dash
 from dash import Input, Output, State, callback, dash_table, dcc, html
 
-from dashboards.components import data
+from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from workbench.core.options import Status
 from workbench.store.runs import Run
 
-dash.register_page(__name__, path="/", name="Runs", order=0)
+# ``reproduce`` runs (claim verdicts) have no page of their own: they open here, with their
+# summary (the verdict counts) and their ``claims`` table to download.
+dash.register_page(__name__, path="/", name="Runs", order=0, experiments=["reproduce"])
 
-COLUMNS = ["run", "experiment", "model", "status", "started", "tables", "problem"]
+PAGE_SIZE = 20
+COLUMNS = ["open", "run", "experiment", "model", "status", "started", "tables", "problem"]
 
 
 def _text(value: Any, default: str = "-") -> str:
@@ -37,9 +42,16 @@ def _tables(run: Run) -> list[str]:
     return sorted(str(name) for name in tables) if isinstance(tables, dict) else []
 
 
+def open_cell(run: Run) -> str:
+    """A markdown link to the page that shows a complete run (nothing for the others)."""
+    if run.status != "complete":
+        return ""
+    return f"[open]({links.run_link(run.id, run.experiment)})"
+
+
 def row(run: Run) -> dict[str, str]:
     """One line of the table; ``problem`` is why a run is damaged, failed or interrupted."""
-    return {"run": run.id, "experiment": _text(run.meta.get("experiment")),
+    return {"open": open_cell(run), "run": run.id, "experiment": _text(run.meta.get("experiment")),
             "model": _model(run), "status": run.status,
             "started": _text(run.meta.get("started_at"), "")[:19],
             "tables": ", ".join(_tables(run)),
@@ -47,7 +59,8 @@ def row(run: Run) -> dict[str, str]:
 
 
 @safe_layout("Runs")
-def layout(experiment: str | None = None, model: str | None = None, **_: str) -> html.Div:
+def layout(experiment: str | None = None, model: str | None = None, run: str | None = None,
+           **_: str) -> html.Div:
     runs = data.runs(status=None)
     rows = [row(r) for r in runs]
     experiments = sorted({r["experiment"] for r in rows} - {"-"})
@@ -59,6 +72,8 @@ def layout(experiment: str | None = None, model: str | None = None, **_: str) ->
         html.P(note + (f"; {damaged} damaged (see the problem column)" if damaged else ""),
                className="wb-note"),
         html.Div(id="runs-error"),
+        dcc.Store(id="runs-requested", data=run),
+        dcc.Store(id="runs-selected"),
         html.Div(className="wb-controls", children=[
             labelled("experiment", dcc.Dropdown(experiments, experiment, id="runs-experiment",
                                                 placeholder="all")),
@@ -67,44 +82,65 @@ def layout(experiment: str | None = None, model: str | None = None, **_: str) ->
                                             placeholder="all")),
         ]),
         dash_table.DataTable(
-            id="runs-table", columns=[{"name": c, "id": c} for c in COLUMNS],
-            sort_action="native", page_size=20, row_selectable="single",
+            id="runs-table", columns=[{"name": c, "id": c, "presentation": "markdown"}
+                                      if c == "open" else {"name": c, "id": c}
+                                      for c in COLUMNS],
+            markdown_options={"link_target": "_self"},
+            sort_action="native", page_size=PAGE_SIZE, row_selectable="single",
             style_cell={"textAlign": "left", "fontSize": "0.85em", "whiteSpace": "normal",
                         "maxWidth": "30em"},
             style_data_conditional=[
                 {"if": {"filter_query": '{status} != "complete"'}, "color": "#b91c1c"}],
         ),
         html.Div(id="runs-detail", style={"marginTop": "1em"}),
+        exports.table_download("runs"),
     ])
 
 
 @callback(Output("runs-table", "data"), Output("runs-table", "selected_rows"),
-          Output("runs-error", "children"),
+          Output("runs-table", "page_current"), Output("runs-error", "children"),
           Input("runs-experiment", "value"), Input("runs-model", "value"),
-          Input("runs-status", "value"))
+          Input("runs-status", "value"), State("runs-requested", "data"))
 @safe
-def filter_runs(experiment: str | None, model: str | None, status: str | None):
+def filter_runs(experiment: str | None, model: str | None, status: str | None,
+                requested: str | None):
     rows = [row(r) for r in data.runs(experiment=experiment, status=status)]
-    return [r for r in rows if not model or r["model"] == model], [], None
+    rows = [r for r in rows if not model or r["model"] == model]
+    if not requested:
+        return rows, [], 0, None
+    # ?run=ID: select it, on the table's page that holds it
+    picked = [i for i, r in enumerate(rows) if r["run"] == requested]
+    if picked:
+        return rows, picked, picked[0] // PAGE_SIZE, None
+    data.listed_run(requested)  # raises: no such run, said in the banner
+    return rows, [], 0, message(f"run {requested} is not among the runs these filters show")
 
 
-@callback(Output("runs-detail", "children"), Input("runs-table", "selected_rows"),
-          State("runs-table", "data"))
+@callback(Output("runs-detail", "children"), Output("runs-selected", "data"),
+          Input("runs-table", "selected_rows"), State("runs-table", "data"))
 @safe
 def show_run(selected: list[int] | None, rows: list[dict] | None):
     try:
         run_id = rows[selected[0]]["run"]  # both come from the client
     except (IndexError, KeyError, TypeError):
-        return html.P("Select a run to open it.", className="wb-note")
+        return html.P("Select a run to open it.", className="wb-note"), None
     run = data.listed_run(run_id)
+    return detail(run), run.id
+
+
+exports.follow("runs-selected", page="runs", prop="data")
+
+
+def detail(run: Run) -> list:
+    """A run's provenance, config, summary and the links to the pages that show it."""
     meta = run.meta
     children: list = [html.H3(run.id)]
+    pages = links.pages_by_experiment().get(run.experiment, [])
     if run.status == "complete":
         children.append(html.Div([
             dcc.Link(f"open in {page['name']}", href=f"{page['relative_path']}?run={run.id}",
                      className="wb-open", style={"marginRight": "1.5em"})
-            for page in dash.page_registry.values()
-            if run.experiment in page.get("experiments", ())]))
+            for page in pages if page["path"] != links.RUNS_PAGE]))
     if meta.get("error"):
         children.append(message(f"{run.status}: {meta['error']}"))
     if run.status == "damaged":

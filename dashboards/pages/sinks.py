@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, figures
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import safe, safe_layout
 from experiments.attention_sinks.tables import (
@@ -47,7 +47,7 @@ HIDDEN = {"display": "none"}
 @safe_layout("Attention sinks")
 def layout(run: str | None = None, **_: str) -> html.Div:
     runs = data.runs("attention-sinks")
-    if not runs:
+    if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Attention sinks"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
     return html.Div([
@@ -60,22 +60,28 @@ def layout(run: str | None = None, **_: str) -> html.Div:
                      "16em"),
         ]),
         html.Ul(id="sinks-summary", className="wb-note"),
-        html.Div(className="wb-row", children=[dcc.Graph(id="sinks-heatmap"),
-                                               dcc.Graph(id="sinks-rates")]),
-        html.Div(className="wb-row", children=[dcc.Graph(id="sinks-mass"),
-                                               dcc.Graph(id="sinks-receivers")]),
-        dcc.Graph(id="sinks-massive"),
+        html.Div(className="wb-row", children=[exports.graph("sinks-heatmap", chosen),
+                                               exports.graph("sinks-rates", chosen)]),
+        html.Div(className="wb-row", children=[exports.graph("sinks-mass", chosen),
+                                               exports.graph("sinks-receivers", chosen)]),
+        exports.graph("sinks-massive", chosen),
         html.H3("Streaming without the sink"),
         html.P(id="sinks-streaming-note", className="wb-note"),
         html.Div(id="sinks-streaming-box", children=[
             dcc.RadioItems(id="sinks-curve", value="running", inline=True, options=[
                 {"label": " running perplexity since the window filled ", "value": "running"},
                 {"label": " perplexity in bins of positions", "value": "binned"}]),
-            dcc.Graph(id="sinks-streaming"),
+            exports.graph("sinks-streaming", chosen),
             dash_table.DataTable(id="sinks-streaming-table",
                                  style_cell={"fontSize": "0.85em"}),
         ]),
+        exports.table_download("sinks"),
     ])
+
+
+exports.follow("sinks-run", page="sinks", graphs=[
+    "sinks-heatmap", "sinks-rates", "sinks-mass", "sinks-receivers", "sinks-massive",
+    "sinks-streaming"])
 
 
 @callback(Output("sinks-input", "options"), Output("sinks-input", "value"),

@@ -102,3 +102,21 @@ def as_array(value):
             array = array.reshape(dims)
         return array.astype(float)
     return np.array(value, dtype=float)
+
+
+def download(page, selector: str) -> tuple[str, bytes]:
+    """Click ``selector`` and return the file the browser downloads: its name and bytes."""
+    with page.expect_download() as info:
+        page.click(selector)
+    saved = info.value
+    with open(saved.path(), "rb") as f:
+        return saved.suggested_filename, f.read()
+
+
+def offers_exports(page, graph_id: str, run_id: str) -> None:
+    """Assert that ``graph_id`` saves an SVG named after the run and that the page lists
+    the run's tables to download."""
+    name, body = download(page, f"#{graph_id}-panel .wb-export-button:text-is('SVG')")
+    assert name == f"{run_id}-{graph_id}.svg" and body.lstrip().startswith(b"<svg")
+    page.wait_for_selector(".wb-download button:text-is('Parquet')")
+    assert page.locator(".wb-download button:text-is('CSV')").count() == 1

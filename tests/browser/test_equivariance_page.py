@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
 from workbench.harness.experiment import run_experiment
 from workbench.scores.attention import worked_example
 
@@ -102,3 +102,10 @@ def test_worked_example_step_by_step(page, served):
     assert cells("causal-output")[:2] == [[3, 1, 3], [0.271, 2.8193, 1.1807]]
     np.testing.assert_allclose(cells("x"), ex.x.numpy())
     np.testing.assert_allclose(cells("shuffled-output"), np.round(ex.output[[3, 1, 0, 2]], 4))
+
+
+def test_equivariance_figures_and_tables_can_be_exported(page, served):
+    url, run = served
+    page.goto(f"{url}/equivariance?run={run.id}")
+    figure(page, "equivariance-before", title_contains="L0H0")
+    offers_exports(page, "equivariance-before", run.id)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dashboards.components.figures import pattern_from_rows
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
 from workbench.harness.experiment import run_experiment
 
 TEXT = ("A module is a file containing Python definitions and statements. The module name is "
@@ -83,3 +83,10 @@ def test_the_slider_moves_through_checkpoints(page, served):
     assert not np.allclose(z, stored(0), atol=1e-4)  # training moved the pattern
     page.keyboard.press("ArrowLeft")
     figure(page, "formation-pattern", title_contains="L2 L1H0 at step 4")
+
+
+def test_formation_figures_and_tables_can_be_exported(page, served):
+    url, run = served
+    page.goto(f"{url}/formation?run={run.id}")
+    figure(page, "formation-curves", title_contains="against tokens seen")
+    offers_exports(page, "formation-curves", run.id)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
 from workbench.harness.experiment import run_experiment
 from workbench.store import schema
 from workbench.store.runs import RunStore
@@ -113,3 +113,21 @@ def test_kinds_of_heads_show_the_stored_join(page, served):
     expected = (mine[(1, 3)] + mine[(1, 2)]) / 2
     assert f"{expected:.3f}".rstrip("0") in text
     assert run.table("survival").top_mean_survival.round(3).tolist() == [round(expected, 3)]
+
+
+def test_figures_come_before_the_summary_which_is_collapsed(page, served):
+    url, run = served
+    page.goto(f"{url}/pruning?run={run.id}")
+    figure(page, "pruning-importance", title_contains="importance_gradient", timeout=60)
+    lines = run.meta["summary"]
+    page.wait_for_function("() => document.querySelector('#pruning-summary-title')"
+                           f".innerText.includes('({len(lines)} lines)')")
+    # every figure precedes the list in the page (DOCUMENT_POSITION_FOLLOWING = 4)
+    for graph in ("pruning-importance", "pruning-curves", "pruning-mask", "pruning-survival"):
+        assert page.evaluate(f"""() => document.querySelector('#{graph}')
+            .compareDocumentPosition(document.querySelector('#pruning-summary')) & 4""")
+    assert page.locator("#pruning-summary").is_hidden()  # collapsed until opened
+    page.click("#pruning-summary-title")
+    shown = page.locator("#pruning-summary li").all_inner_texts()
+    assert [t.strip() for t in shown] == [line.strip() for line in lines]
+    offers_exports(page, "pruning-curves", run.id)

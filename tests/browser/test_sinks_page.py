@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"n_prompts": 4, "seq_len": 16, "stream_tokens": 80, "window": 24, "n_sinks": 4,
@@ -93,3 +93,10 @@ def test_encoder_run_says_why_streaming_is_skipped(page, served):
     assert reason in note and "no next-token perplexity" in note
     assert page.locator("#sinks-streaming-box").is_hidden()  # no empty placeholder figure
     assert "[CLS]/[SEP]/punctuation" in page.inner_text("#sinks-summary")
+
+
+def test_sinks_figures_and_tables_can_be_exported(page, served):
+    url, run, _ = served
+    page.goto(f"{url}/sinks?run={run.id}")
+    figure(page, "sinks-rates", title_contains="sink rate")
+    offers_exports(page, "sinks-rates", run.id)

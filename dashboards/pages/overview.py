@@ -1,0 +1,109 @@
+"""Head overview: is each head's attention broad or focused, local or long-range?
+
+A layer x head heatmap of the chosen metric of a ``head-overview`` run (entropy,
+normalized entropy, mean distance, self-attention; hover shows the 95% interval), the
+metric by layer (mean over heads, with the lowest and highest head; as in Vig & Belinkov's
+mean attention distance by layer), and a sortable table of every head. Everything is read
+from the run's tables by their declarations in ``experiments/head_overview/tables.py``."""
+
+from __future__ import annotations
+
+import dash
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dash_table, dcc, html, no_update
+
+from dashboards.components import data, exports, figures
+from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.messages import message, safe, safe_layout
+from experiments.head_overview.tables import HEAD_SCORES
+
+SHOWS = ["head-overview"]
+dash.register_page(__name__, path="/overview", name="Overview", order=5, experiments=SHOWS)
+
+EMPTY = ("No head-overview runs yet. Make one with "
+         "`workbench run head-overview --model smollm2`.")
+DEFAULT_METRIC = "normalized_entropy"
+TABLE_COLUMNS = [c for c in HEAD_SCORES.names if c != "metric"]
+BOUNDED = {"normalized_entropy", "self"}
+"""Metrics that lie in [0, 1], drawn on that fixed scale."""
+
+
+@safe_layout("Overview")
+def layout(run: str | None = None, **_: str) -> html.Div:
+    runs = data.runs("head-overview")
+    if not runs and run is None:  # a requested run is checked, and refused, below
+        return html.Div([html.H2("Overview"), html.P(EMPTY, className="wb-note")])
+    chosen = data.choose(run, runs, shows=SHOWS)
+    return html.Div([
+        html.H2("Overview"),
+        html.Div(id="overview-error"),
+        html.Div(className="wb-controls", children=[
+            labelled("run", run_dropdown("overview-run", runs, chosen), "34em"),
+            labelled("metric", dcc.Dropdown(id="overview-metric", clearable=False), "16em"),
+        ]),
+        html.Ul(id="overview-summary", className="wb-note"),
+        html.Div(className="wb-row", children=[exports.graph("overview-heatmap", chosen),
+                                               exports.graph("overview-layers", chosen)]),
+        dash_table.DataTable(
+            id="overview-table", sort_action="native", page_size=20,
+            columns=[{"name": c, "id": c} for c in TABLE_COLUMNS],
+            tooltip_header={c: HEAD_SCORES.column(c).meaning for c in TABLE_COLUMNS},
+            style_cell={"fontSize": "0.85em", "textAlign": "left"}),
+        exports.table_download("overview"),
+    ])
+
+
+exports.follow("overview-run", page="overview", graphs=["overview-heatmap", "overview-layers"])
+
+
+@callback(Output("overview-metric", "options"), Output("overview-metric", "value"),
+          Output("overview-summary", "children"), Output("overview-error", "children"),
+          Input("overview-run", "value"))
+@safe
+def choose_run(run_id: str):
+    run = data.get_run(run_id, shows=SHOWS)
+    metrics = list(dict.fromkeys(run.table(HEAD_SCORES.name).metric))
+    if not metrics:
+        return [], None, None, message(f"run {run_id} has no head scores")
+    summary = [html.Li(line) for line in run.meta.get("summary", [])]
+    metric = DEFAULT_METRIC if DEFAULT_METRIC in metrics else metrics[0]
+    return metrics, metric, summary, None
+
+
+def layers_figure(scores: pd.DataFrame, metric: str) -> go.Figure:
+    """The metric by layer: the mean over heads, and a band from the lowest to the highest
+    head of the layer."""
+    by_layer = scores[scores.metric == metric].groupby("layer").score
+    stats = pd.DataFrame({"mean": by_layer.mean(), "low": by_layer.min(),
+                          "high": by_layer.max()})
+    x = stats.index.to_numpy()
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=stats.high, mode="lines", line={"width": 0}, showlegend=False,
+                    hoverinfo="skip", name="highest head")
+    fig.add_scatter(x=x, y=stats.low, mode="lines", line={"width": 0}, fill="tonexty",
+                    fillcolor="rgba(37,99,235,0.2)", name="lowest to highest head")
+    fig.add_scatter(x=x, y=stats["mean"], mode="lines+markers", name="mean over heads",
+                    line={"color": "#2563eb"},
+                    hovertemplate="layer %{x}: %{y:.3f}<extra>mean</extra>")
+    fig.update_layout(title=f"{metric} by layer", xaxis={"title": "layer", "dtick": 1},
+                      yaxis={"title": metric}, height=480,
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+@callback(Output("overview-heatmap", "figure"), Output("overview-layers", "figure"),
+          Output("overview-table", "data"),
+          Input("overview-run", "value"), Input("overview-metric", "value"))
+@safe
+def draw(run_id: str, metric: str | None):
+    if metric is None:
+        return no_update, no_update, no_update
+    run = data.get_run(run_id, shows=SHOWS)
+    scores = run.table(HEAD_SCORES.name)
+    bounded = metric in BOUNDED
+    heatmap = figures.head_heatmap(scores, metric, title=f"{metric} · {run.model_name}",
+                                   zmin=0 if bounded else None, zmax=1 if bounded else None)
+    rows = scores[scores.metric == metric].sort_values(["layer", "head"])
+    return (heatmap, layers_figure(scores, metric),
+            rows.reindex(columns=TABLE_COLUMNS).round(4).to_dict("records"))
