@@ -43,6 +43,8 @@ lint: setup
 
 bench: fetch
 	$(BIN)/python benchmarks/recording.py
+	nice -n 10 $(BIN)/python benchmarks/long_context.py
+	nice -n 10 $(BIN)/python benchmarks/sweep.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

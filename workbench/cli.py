@@ -40,7 +40,7 @@ from typing import Any, NoReturn, get_args
 
 from workbench.core import paths, progress
 from workbench.core.errors import WorkbenchError
-from workbench.core.options import Dtype, Status, StoreDtype
+from workbench.core.options import Dtype, PatternStorage, Status, StoreDtype
 
 log = logging.getLogger("workbench")
 
@@ -61,11 +61,72 @@ def _out(text: str = "") -> None:
     sys.stdout.flush()
 
 
+# ---- progress bars ------------------------------------------------------------------------
+
+class _TqdmBars:
+    """Draws :mod:`workbench.core.progress` bars with tqdm on stderr, one line per open bar,
+    nested by depth (``position=``). Only an outermost stages bar stays (``leave=``) to show
+    how long the whole run took; the others are cleared when they end."""
+
+    def __init__(self) -> None:
+        self._bars: dict[int, Any] = {}
+
+    @staticmethod
+    def logging() -> contextlib.AbstractContextManager[None]:
+        """Log lines written above the bars instead of through them."""
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        return logging_redirect_tqdm()
+
+    @staticmethod
+    def _label(bar: progress.Bar) -> str:
+        if bar.steps and not bar.stage:
+            return f"{bar.desc} [{bar.total} steps]"
+        if bar.steps:
+            step = min(bar.finished + 1, bar.total or bar.finished + 1)
+            return f"{bar.desc} [step {step}/{bar.total}: {bar.stage}]"
+        return bar.desc if bar.total is None else f"{bar.desc} {bar.finished}/{bar.total}"
+
+    def open(self, bar: progress.Bar) -> None:
+        from tqdm import tqdm
+
+        # a bar's n is fractional (its inner bar's share), so the counts are in the label
+        fmt = None if bar.total is None else (
+            "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+        self._bars[id(bar)] = tqdm(
+            total=bar.total, desc=self._label(bar), position=bar.depth, bar_format=fmt,
+            leave=bar.steps and bar.depth == 0, dynamic_ncols=True, file=sys.stderr,
+            # a whole-run average: steps differ too much in length for a recent rate
+            smoothing=0 if bar.steps else 0.3)
+
+    def update(self, bar: progress.Bar) -> None:
+        shown = self._bars.get(id(bar))
+        if shown is None:
+            return
+        if shown.total != bar.total:
+            shown.total = bar.total
+        label = self._label(bar)
+        # a new step is drawn at once; counts may wait for tqdm's next refresh
+        new_step = bar.steps and label != shown.desc
+        shown.set_description_str(label, refresh=False)
+        shown.update(bar.n - shown.n)
+        if new_step:
+            shown.refresh()
+
+    def close(self, bar: progress.Bar) -> None:
+        shown = self._bars.pop(id(bar), None)
+        if shown is not None:
+            shown.close()
+
+
 # ---- models -------------------------------------------------------------------------------
 
 def cmd_models(args: argparse.Namespace) -> None:
     from workbench.models import zoo
 
+    if getattr(args, "families", False):
+        _family_matrix()
+        return
     rows = []
     for name, spec in zoo.MODELS.items():
         rows.append({
@@ -81,6 +142,29 @@ def cmd_models(args: argparse.Namespace) -> None:
     _out(f"\ncache: {paths.cache_dir()}  (set WORKBENCH_CACHE to move it)")
     _out("also accepted as MODEL: a Hugging Face hub id (needs a network), a local model "
          "folder, a .gguf file, or <run-id>:<step> for a trained checkpoint")
+
+
+def _family_matrix() -> None:
+    """``models --families``: the family x experiment matrix, and why a cell is not plain."""
+    from workbench.harness.matrix import family_matrix
+    from workbench.models.adapters import FAMILIES
+
+    cells = family_matrix()
+    experiments = list(dict.fromkeys(c.experiment for c in cells))
+    rows, notes = [], []
+    for family, adapter in FAMILIES.items():
+        row = {"family": family, "positions": adapter.positions, "q/k/v": adapter.layout}
+        for c in (c for c in cells if c.family == family):
+            row[c.experiment] = ("works" if c.works else "n/a") + ("*" if c.reason else "")
+            if c.reason and (c.works or not adapter.unsupported):
+                notes.append(f"{family} / {c.experiment}: {c.label}")
+        if adapter.unsupported:
+            notes.append(f"{family} / every experiment: n/a: {adapter.unsupported}")
+        rows.append(row)
+    _out(_table(rows, ["family", "positions", "q/k/v", *experiments]))
+    _out()
+    for note in notes:
+        _out(f"* {note}")
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
@@ -161,16 +245,19 @@ def cmd_record(args: argparse.Namespace) -> None:
     for p in prompts:  # check every prompt before a run is created
         model.encode(p)
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
-              "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype}
+              "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype,
+              "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid}
     store = RunStore(paths.runs_dir(args.out))
     interventions = {"heads_mask": mask.to_json()} if mask is not None else None
     with store.start("record", model.info.to_dict(), config,
                      extra={"interventions": interventions}) as run, applied(model, mask):
         rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,
-                     max_batch_tokens=args.max_batch_tokens)
+                     max_batch_tokens=args.max_batch_tokens, patterns=args.patterns,
+                     topk=args.topk, include_resid=not args.no_resid)
         n_tokens = sum(len(p.token_ids) for p in rec.prompts)
+        stored = f"top-{rec.topk}" if rec.patterns == "topk" else rec.patterns
         run.set("summary", [f"recorded {len(rec)} prompts, {n_tokens} tokens, "
-                            f"{rec.n_layers} layers x {rec.n_heads} heads"])
+                            f"{rec.n_layers} layers x {rec.n_heads} heads, {stored} patterns"])
     final = store.get(run.final)
     for line in final.meta["summary"]:
         _out(line)
@@ -190,16 +277,13 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_experiments(args: argparse.Namespace) -> None:
-    from workbench.harness import config
     from workbench.harness.experiment import all_experiments
 
     for exp in all_experiments():
         _out(f"{exp.name}  ({exp.module})")
-        _out(textwrap.indent(textwrap.fill(exp.description, 88), "  "))
-        rows = [{"field": f.name, "type": f.type, "default": f.default, "range": f.range,
-                 "help": f.help} for f in config.fields(exp.config)]
-        _out(textwrap.indent(_table(rows, ["field", "type", "default", "range", "help"]), "    "))
-        _out(textwrap.indent("tables: " + ", ".join(exp.tables or {}), "  "))
+        _out(_fill(exp.description, indent="  "))
+        _out(textwrap.indent(_fields_text(exp), "    "))
+        _out(_fill("tables: " + ", ".join(exp.tables or {}), indent="  ", hanging="    "))
         _out()
 
 
@@ -226,6 +310,14 @@ def cmd_show(args: argparse.Namespace) -> None:
     from workbench.store.runs import RunStore
 
     run = RunStore(paths.runs_dir(args.out)).get(args.run)
+    if args.table and run.status != "damaged" and args.table not in run.table_names():
+        from workbench.core.errors import UnknownNameError
+        from workbench.core.registry import did_you_mean
+
+        known = run.table_names()  # refused before anything is printed
+        raise UnknownNameError(f"run {run.id} has no table '{args.table}'"
+                               f"{did_you_mean(args.table, known)}; its tables: "
+                               f"{', '.join(known) or 'none'}")
     meta = run.meta
     model = meta.get("model") or {}
     _out(f"run        {run.id}")
@@ -256,9 +348,84 @@ def cmd_show(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from workbench.harness.demo import run_demo
 
-    for line in run_demo(args.models.split(","), args.out, fresh=args.fresh):
+    models = [m.strip() for m in args.models.split(",") if m.strip()] \
+        if args.models is not None else None
+    for line in run_demo(models, args.out, fresh=args.fresh):
         _out(line)
     _out(str(paths.runs_dir(args.out)))
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from workbench.harness import sweep
+
+    if not args.dry_run:
+        from workbench.harness.sweep_ray import import_ray
+
+        import_ray()  # without Ray, say so before reading anything
+    spec, cells = sweep.plan(args.spec, args.out)
+    if args.dry_run:
+        _sweep_plan(spec, cells, args)
+        return
+    with _sweep_bar(len(cells), args.quiet) as show:
+        run = sweep.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
+                              address=args.address, dtype=args.dtype, on_progress=show)
+    for line in run.meta.get("summary", []):
+        _out(line)
+    _out(str(run.path))
+    bad = sweep.failed_cells(run)
+    if len(bad):
+        first = bad.iloc[0]
+        sys.stderr.write(f"error: {len(bad)} of {len(cells)} cells did not complete (cell "
+                         f"{first.cell}: {first.status}: {_one_line(first.error)[:200]}); "
+                         "run the sweep again to retry them\n")
+        sys.exit(1)
+
+
+def _sweep_plan(spec: Any, cells: Sequence[Any], args: argparse.Namespace) -> None:
+    """``--dry-run``: the cells, whether each is reused, and a cost estimate."""
+    from workbench.harness import sweep
+    from workbench.store.runs import RunStore
+
+    store = RunStore(paths.runs_dir(args.out))
+    reused = sweep.reusable(cells, store)
+    cost = sweep.estimate(cells, store, reused)
+    rows = [{"cell": c.index, "experiment": c.experiment,
+             "model": c.model.name if c.model else "-",
+             "values": " ".join(f"{k}={v}" for k, v in c.grid.items()),
+             "plan": f"reuse {reused[c.index].id}" if c.index in reused else "run",
+             "estimate": "-" if cost.seconds[c.index] is None
+             else _duration(cost.seconds[c.index])} for c in cells]
+    _out(_table(rows, ["cell", "experiment", "model", "values", "plan", "estimate"]))
+    slots = sweep.local_slots(args.cpus)
+    _out(f"\n{spec.name}: {len(cells)} cells, {len(reused)} reused")
+    if cost.unknown == len(cells) - len(reused) and cost.unknown:
+        _out("estimate: no estimate (no earlier run of these experiments on these models)")
+        return
+    unknown = f"; {cost.unknown} cells have no earlier run to go by" if cost.unknown else ""
+    _out(f"estimate: {_duration(cost.known)} of cell time, about "
+         f"{_duration(cost.known / slots)} on {slots} local workers of {args.cpus} CPUs "
+         f"(model loading and Ray start-up not included){unknown}")
+
+
+@contextlib.contextmanager
+def _sweep_bar(total: int, quiet: bool) -> Any:
+    """A tqdm bar of a sweep's cells: done, running, failed, time left."""
+    if quiet:
+        yield lambda p: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="cells", dynamic_ncols=True, file=sys.stderr, smoothing=0)
+
+    def show(p: Any) -> None:
+        bar.set_postfix_str(f"{p.done} done, {p.running} running, {p.failed} failed",
+                            refresh=False)
+        bar.update(p.done + p.failed - bar.n)
+
+    try:
+        yield show
+    finally:
+        bar.close()
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
@@ -266,12 +433,12 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     from workbench.store.runs import RunStore
 
     selected = claims_mod.select(claims_mod.load_claims(), args.claims or [])
-    if args.list:
-        for c in selected:
-            _out(f"{c.id}  [{c.kind}; {','.join(c.models) or '-'}]")
-            _out(textwrap.indent(textwrap.fill(c.statement, 88), "    "))
-        return
     store = RunStore(paths.runs_dir(args.out))
+    if args.list:
+        _claim_list(selected, _last_verdicts(store), wide=args.wide)
+        _out(_fill(f"verdict: the newest in {store.root} ('-': not checked there); "
+                   "`--wide` shows each claim in full"))
+        return
     run = claims_mod.reproduce_run(store, selected, model=args.model, fresh=args.fresh)
     table = run.table("claims")
     judged = table.verdict.isin(["pass", "fail", "undecided"])
@@ -285,6 +452,56 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         _out(f"{title}: {claims_mod.counts(group.verdict)}")
         _out()
     _out(str(run.path))
+
+
+def _last_verdicts(store: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The newest stored verdict of each (claim, model), from the complete ``reproduce``
+    runs in the store (none if it holds none)."""
+    if not store.root.is_dir():
+        return {}
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in reversed(store.runs(experiment="reproduce", status="complete")):
+        with contextlib.suppress(WorkbenchError, OSError):  # a damaged table: older ones
+            for row in run.table("claims").to_dict("records"):
+                found.setdefault((row["claim"], row["model"]), {**row, "run": run.id})
+    return found
+
+
+_WIDE_FIELDS = ("source", "quote", "published", "applies_to", "experiment", "config", "check",
+                "file")
+"""What ``reproduce --list --wide`` adds under each claim."""
+
+
+def _claim_list(selected: Sequence[Any], last: dict[tuple[str, str], dict[str, Any]], *,
+                wide: bool) -> None:
+    """``reproduce --list``: id, kind, model and last verdict, then the statement on its
+    own lines; ``--wide`` adds every field of the claim and what was last measured."""
+    indent = " " * 4
+    per_claim = [[{"claim": c.id, "kind": c.kind, "model": m,
+                   "verdict": last.get((c.id, m), {}).get("verdict", "-")}
+                  for m in (c.models or ("-",))] for c in selected]
+    lines = iter(_table([r for rows in per_claim for r in rows],
+                        ["claim", "kind", "model", "verdict"]).splitlines())
+    _out(next(lines))  # the header, and its rule
+    _out(next(lines))
+    for c, rows in zip(selected, per_claim, strict=True):
+        for _ in rows:
+            _out(next(lines))
+        _out(_fill(c.statement, indent=indent))
+        if not wide:
+            continue
+        for name in _WIDE_FIELDS:
+            value = getattr(c, name)
+            if value not in ("", None, (), {}):
+                text = ", ".join(value) if isinstance(value, tuple) else str(value)
+                _out(_fill(f"{name}: {text}", indent=indent, hanging=indent * 2))
+        for row in rows:
+            seen = last.get((c.id, row["model"]))
+            if seen is not None:
+                measured = seen["measured"] or seen["reason"]
+                _out(_fill(f"last on {row['model']}: {seen['verdict']}, {measured} "
+                           f"(run {seen['run']})", indent=indent, hanging=indent * 2))
+        _out()
 
 
 def _reproduce_row(row: dict[str, Any]) -> None:
@@ -309,8 +526,160 @@ def cmd_prompts(args: argparse.Namespace) -> None:
     for name, path in file_sets().items():
         _out(f"{name:18s} file {path}")
     for name, fn in GENERATORS.items():
-        doc = (fn.__doc__ or "").strip().splitlines()[0]
-        _out(f"{name:18s} generated: {doc}")
+        # the docstring's whole first paragraph, wrapped: its first line may end mid-sentence
+        doc = " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
+        _out(_fill(f"{name:18s} generated: {doc}", hanging=" " * 19))
+
+
+# ---- experiment help ----------------------------------------------------------------------
+
+_WIDTH = 100
+"""Help and listings wrap at this width."""
+
+
+def _fill(text: str, width: int = _WIDTH, indent: str = "", hanging: str | None = None) -> str:
+    """``text`` wrapped at spaces only, so ids and hyphenated words stay whole (and
+    searchable)."""
+    return textwrap.fill(text, width, initial_indent=indent,
+                         subsequent_indent=indent if hanging is None else hanging,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def _wrapped_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
+                   width: int = _WIDTH) -> str:
+    """:func:`_table` whose last column (a description) wraps instead of running on; when
+    the other columns leave it under 40 characters, it goes on the lines below its row."""
+    cells = [[str(c) for c in columns],
+             *[["" if r.get(c) is None else str(r.get(c)) for c in columns] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns) - 1)]
+    room = width - sum(widths) - 2 * len(widths)
+    if room < 40:
+        lines = _table([dict(zip(columns[:-1], row[:-1], strict=True)) for row in cells[1:]],
+                       columns[:-1]).splitlines()
+        out = lines[:2]
+        for line, row in zip(lines[2:], cells[1:], strict=True):
+            out += [line, *textwrap.wrap(row[-1], width, initial_indent="    ",
+                                         subsequent_indent="    ", break_on_hyphens=False)]
+        return "\n".join(out)
+    lines = []
+    for i, row in enumerate(cells):
+        for k, part in enumerate(textwrap.wrap(row[-1], room, break_on_hyphens=False) or [""]):
+            lead = row[:-1] if k == 0 else [""] * len(widths)
+            lines.append("  ".join([*(v.ljust(w) for v, w in zip(lead, widths, strict=True)),
+                                    part]).rstrip())
+        if i == 0:
+            longest = min(room, max(len(row[-1]) for row in cells))
+            lines.append("  ".join("-" * w for w in [*widths, longest]))
+    return "\n".join(lines)
+
+
+def _set_text(value: Any) -> str:
+    """A value as ``--set`` takes it: ``1,2,8``, ``true``, ``none``; ``(empty)`` for an
+    empty tuple (``--set name=``)."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(_set_text(v) for v in value) or "(empty)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "none" if value is None else str(value)
+
+
+def _fields_text(exp: Any) -> str:
+    from workbench.harness import config
+
+    rows = [{"field": f.name, "type": f.type, "default": _set_text(f.default),
+             "range": f.range, "help": f.help} for f in config.fields(exp.config)]
+    return _wrapped_table(rows, ["field", "type", "default", "range", "help"], _WIDTH - 4)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:  # run.json keeps whole seconds
+        return "under 1 s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def _wall_time_lines(exp: Any, root: Path) -> list[str]:
+    """How long the default and demo configs took here, from the stored runs."""
+    from workbench.harness.timing import wall_times
+    from workbench.store.runs import RunStore
+
+    times = wall_times(exp, RunStore(root)) if root.is_dir() else []
+    if not times:
+        return [f"no complete run of its default or demo config in {root} to time; the "
+                "README's Experiments section gives the wall times measured on 2 cores"]
+    lines = [f"from the newest complete runs in {root} (start to end of each run; the model "
+             "had loaded before):"]
+    for t in times:
+        model = "its own models" if t.model == "-" else t.model
+        cores = f", {t.cpu_count} cores" if t.cpu_count else ""
+        lines.append(f"{t.config} on {model}: {_duration(t.seconds)} "
+                     f"({t.ended_at[:16].replace('T', ' ')}{cores}; run {t.run_id})")
+    return lines
+
+
+_NEEDS = {"any": "any model", "causal": "a causal (left-to-right) model",
+          "causal_lm": "a causal language model with a trained LM head"}
+
+
+def experiment_help(name: str, root: Path) -> str:
+    """``workbench run EXPERIMENT --help``: what the experiment asks, the models it takes,
+    its config fields, its demo config, its tables and how long it took here.
+
+    Raises:
+        UnknownNameError: an unknown experiment (suggesting the closest).
+    """
+    from workbench.harness.experiment import get
+
+    exp = get(name)
+    demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items()) or "(the default)"
+    model = _NEEDS[exp.requires] if exp.needs_model else "no model (it trains its own)"
+    indent = "  "
+    parts = [
+        f"{exp.name} ({exp.module})",
+        _fill(exp.description, indent=indent),
+        f"\nmodel: {model}",
+        "\nconfig fields (--set FIELD=VALUE; a tuple is comma-separated, e.g. 1,2,8):",
+        textwrap.indent(_fields_text(exp), indent),
+        f"\ndemo config (workbench demo, on {', '.join(exp.demo_models)}):",
+        _fill(demo, indent=indent),
+        "\n" + _fill("tables: " + ", ".join(exp.tables or {}), hanging=indent),
+        "\nwall time:",
+        *(_fill(line, indent=indent, hanging=indent * 2) for line in _wall_time_lines(exp, root)),
+    ]
+    return "\n".join(parts)
+
+
+def experiment_list() -> str:
+    """The experiments, one wrapped paragraph each (``workbench run --help``)."""
+    from workbench.harness.experiment import all_experiments
+
+    lines = ["experiments (`workbench run EXPERIMENT --help` shows one in full):"]
+    for exp in all_experiments():
+        lines.append(_fill(f"{exp.name}: {exp.description}", indent="  ", hanging="      "))
+    return "\n".join(lines)
+
+
+class _RunHelp(argparse.Action):
+    """``-h/--help`` of ``run``: the options and the experiments; after an experiment's
+    name (``run induction-heads --help``), that experiment in full."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        name = getattr(namespace, "experiment", None)
+        try:
+            text = (experiment_help(name, paths.runs_dir(getattr(namespace, "out", None)))
+                    if name else parser.format_help() + "\n" + experiment_list())
+        except WorkbenchError as exc:
+            parser.error(str(exc))
+        _out(text)
+        parser.exit()
 
 
 # ---- argument parsing ---------------------------------------------------------------------
@@ -347,8 +716,9 @@ def _port(text: str) -> int:
     return value
 
 
-def _add(sub: Subparsers, name: str, fn: Any, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help)
+def _add(sub: Subparsers, name: str, fn: Any, help: str,
+         **kwargs: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help, **kwargs)
     p.set_defaults(fn=fn, store=None)
     return p
 
@@ -372,7 +742,9 @@ def _mask_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_model_commands(sub: Subparsers) -> None:
-    _add(sub, "models", cmd_models, "list the model zoo")
+    p = _add(sub, "models", cmd_models, "list the model zoo")
+    p.add_argument("--families", action="store_true", help="instead: which experiment works "
+                   "on which model family (from the architecture adapters), and why not")
     p = _add(sub, "fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
     p.add_argument("names", nargs="*", metavar="NAME", help="models to fetch (default: all)")
     p.add_argument("--force", action="store_true", help="fetch again even if cached")
@@ -399,13 +771,25 @@ def _add_record_command(sub: Subparsers) -> None:
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
     p.add_argument("--max-batch-tokens", type=_at_least_one, default=2048, metavar="N",
                    help="tokens per forward batch (default 2048)")
+    p.add_argument("--patterns", default="auto", choices=get_args(PatternStorage),
+                   help="how patterns are stored: every weight (dense), the k largest per "
+                   "query row plus exact first-token, diagonal, previous-token and left-out "
+                   "weights (topk), or not at all (none); default auto: dense up to 1,024 "
+                   "tokens, topk above")
+    p.add_argument("--topk", type=_at_least_one, default=16, metavar="K",
+                   help="weights kept per query row with topk patterns (default 16)")
+    p.add_argument("--no-resid", action="store_true",
+                   help="leave out the residual stream (270 MB for one 8,192-token smollm2 "
+                   "prompt)")
     _mask_option(p)
     _dtype_option(p)
     _out_option(p)
 
 
 def _add_experiment_commands(sub: Subparsers) -> None:
-    p = _add(sub, "run", cmd_run, "run an experiment and store it as a run")
+    p = _add(sub, "run", cmd_run, "run an experiment and store it as a run", add_help=False)
+    p.add_argument("-h", "--help", action=_RunHelp, help="show this help and the experiments; "
+                   "after EXPERIMENT, its config fields, demo config and wall time")
     p.add_argument("experiment", metavar="EXPERIMENT",
                    help="an experiment name (`workbench experiments` lists them and their fields)")
     p.add_argument("--model", metavar="MODEL", help="model name, hub id, folder or .gguf")
@@ -419,15 +803,34 @@ def _add_experiment_commands(sub: Subparsers) -> None:
     _add(sub, "experiments", cmd_experiments, "list experiments, their config fields and tables")
     p = _add(sub, "demo", cmd_demo,
              "run every experiment's demo configuration on the bundled models")
-    p.add_argument("--models", default="smollm2,minilm", help="comma-separated model names")
+    p.add_argument("--models", metavar="M1,M2", help="only these bundled models (comma-"
+                   "separated): their experiments and the claims about them, no training "
+                   "(default: smollm2 and minilm, the training and every claim)")
     p.add_argument("--fresh", action="store_true", help="do not reuse matching runs")
+    _out_option(p)
+    p = _add(sub, "sweep", cmd_sweep, "run a sweep spec (experiments x models x checkpoints "
+             "x seeds x configs) on Ray, resumably")
+    p.add_argument("spec", metavar="SPEC", help="a TOML sweep spec (see data/sweeps/)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the cells and a cost estimate from earlier runs; run nothing")
+    p.add_argument("--cpus", type=_at_least_one, default=1, metavar="N",
+                   help="CPUs per cell, also its torch threads (default 1: one cell per core)")
+    p.add_argument("--gpus", type=float, default=0, metavar="N", help="GPUs per cell "
+                   "(default 0; with any, models load on cuda)")
+    p.add_argument("--address", metavar="auto|ray://HOST:PORT", help="join a running Ray "
+                   "cluster (default: start a local one); the run store must be a path "
+                   "every node sees")
+    _dtype_option(p)
     _out_option(p)
     p = _add(sub, "reproduce", cmd_reproduce, "check published claims against measured results")
     p.add_argument("claims", nargs="*", metavar="CLAIM_ID", help="claims to check (default: all)")
     p.add_argument("--model", help="check every claim that applies to this model instead of "
                    "each claim's default models")
     p.add_argument("--fresh", action="store_true", help="run again instead of reusing runs")
-    p.add_argument("--list", action="store_true", help="list the claims without running")
+    p.add_argument("--list", action="store_true", help="list the claims without running: id, "
+                   "kind, model, the last stored verdict, and the statement")
+    p.add_argument("--wide", action="store_true", help="with --list: also each claim's source, "
+                   "quote, published figure, experiment, config, check and last measurement")
     _out_option(p)
 
 
@@ -586,13 +989,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug"):
+    for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug", "ray"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    progress.enable(not args.quiet)
+    progress.render_with(None if args.quiet else _TqdmBars())
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         _check_store(args)
-        args.fn(args)
+        with _TqdmBars.logging() if not args.quiet else contextlib.nullcontext():
+            args.fn(args)
     except BrokenPipeError:
         # stdout closed early (`workbench runs | head`): nothing more to say, and no
         # second error when Python flushes stdout at exit

@@ -11,12 +11,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from workbench.core import paths
-from workbench.core.errors import ModelCapabilityError
+from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.harness import claims
-from workbench.harness.experiment import all_experiments, run_experiment, verify_stored_files
+from workbench.harness.experiment import (
+    Experiment,
+    all_experiments,
+    run_experiment,
+    verify_stored_files,
+)
 from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
 from workbench.models.load import load_model
+from workbench.models.zoo import MODELS
 from workbench.recording.record import record
 from workbench.store.runs import RunStore
 
@@ -36,9 +42,42 @@ def demo_recording(model: Model, store: RunStore, fresh: bool) -> str:
     return run.id
 
 
-def run_demo(models: Sequence[str], runs_dir: str | Path | None = None, *,
+DEMO_MODELS = ("smollm2", "minilm")
+"""The bundled models a full demo runs on."""
+
+
+def demo_models(models: Sequence[str] | None) -> tuple[tuple[str, ...], bool]:
+    """The bundled models to run on, and whether this is the full demo (every bundled
+    model, the experiments that train their own models and every claim).
+
+    Raises:
+        UnknownNameError: a name that is not a bundled model (listing them), before
+            anything runs; WorkbenchError: an empty list.
+    """
+    if models is None:
+        return DEMO_MODELS, True
+    if not models:
+        raise WorkbenchError(f"no model given; bundled models: {', '.join(MODELS.names())}")
+    for name in models:
+        MODELS.get(name)
+    return tuple(dict.fromkeys(models)), False
+
+
+def run_demo(models: Sequence[str] | None = None, runs_dir: str | Path | None = None, *,
              fresh: bool = False) -> Iterator[str]:
-    """Run the demo; yield one line of news per step (the CLI prints them)."""
+    """Run the demo; yield one line of news per step (the CLI prints them).
+
+    Args:
+        models: limit the demo to these bundled models: their experiments, and the claims
+            whose default models include them, checked on them; no training. ``None``:
+            the full demo (every bundled model, training, every claim).
+        runs_dir: the run store.
+        fresh: run again instead of reusing matching complete runs.
+
+    Returns:
+        An iterator of one line per step.
+    """
+    models, full = demo_models(models)
     store = RunStore(paths.runs_dir(runs_dir))
     experiments = all_experiments()
     for name in models:
@@ -54,11 +93,60 @@ def run_demo(models: Sequence[str], runs_dir: str | Path | None = None, *,
                 yield f"{exp.name} on {name}: skipped ({exc})"
                 continue
             yield f"{exp.name} on {name}: {run.status} {run.id}"
+    if full:
+        yield from _model_free_and_claims(experiments, store, runs_dir, fresh)
+        return
+    for name in models:  # only the claims about the chosen models, checked on them
+        chosen = [c for c in claims.load_claims() if name in c.models]
+        if chosen:
+            run = claims.reproduce_run(store, chosen, model=name)
+            yield f"claims on {name}: {run.meta['summary'][0]} ({run.id})"
+
+
+def _model_free_and_claims(experiments: Sequence[Experiment], store: RunStore,
+                           runs_dir: str | Path | None, fresh: bool) -> Iterator[str]:
+    """The experiments that train their own models, then every claim."""
     for exp in experiments:
         if not exp.needs_model:
             run = run_experiment(exp.name, None, exp.demo, runs_dir=runs_dir, reuse=not fresh)
             yield f"{exp.name}: {run.status} {run.id}"
+    yield from demo_sweep(store, runs_dir)
     all_claims = claims.load_claims()
     if all_claims:
         run = claims.reproduce_run(store, all_claims)
         yield f"claims: {run.meta['summary'][0]} ({run.id})"
+
+
+DEMO_SWEEP = """\
+name = "formation checkpoints"
+experiments = ["previous-token-heads", "induction-heads"]
+models = ["{run}/L*:*"]
+config = "demo"
+steps_every = 100
+
+[by_experiment.induction-heads]
+# the random same-layer control needs heads of layer 0 that are neither ablated nor
+# tracked: with one of each, two of its four are left
+set = {{ n_ablate = 1, n_track = 1 }}
+"""
+"""The demo's sweep spec, over the checkpoints of formation run ``{run}``."""
+
+
+def demo_sweep(store: RunStore, runs_dir: str | Path | None) -> Iterator[str]:
+    """The demo's sweep: previous-token and induction heads (demo configs) at every 100th
+    step of both models of the newest formation run, on a local Ray; reuses done cells."""
+    from workbench.harness import sweep, sweep_spec
+    from workbench.harness.sweep_ray import import_ray
+
+    formation = store.latest(experiment="induction-formation")
+    if formation is None:
+        return
+    try:
+        import_ray()
+    except WorkbenchError as exc:
+        yield f"formation sweep: skipped ({exc})"
+        return
+    spec = sweep_spec.parse_text(DEMO_SWEEP.format(run=formation.id), name="formation-demo")
+    cells = sweep_spec.expand(spec, runs_dir)
+    run = sweep.run_sweep(spec, cells, runs_dir=runs_dir, cpus=1)
+    yield f"formation sweep: {run.meta['summary'][0]} ({run.id})"

@@ -84,6 +84,9 @@ class Experiment:
     requires: Requirement = "any"
     """``causal``: refuse bidirectional models; ``causal_lm``: also need a trained LM head.
     Checked before a run is created, so a refusal leaves no failed run behind."""
+    check_model: Callable[[Model], None] | None = None
+    """A further fitness check of the loaded model (raises ``ModelCapabilityError`` with
+    the reason), run with ``requires`` before a run is created."""
 
     def named_config(self, spec: str | Mapping[str, Any]) -> dict[str, Any]:
         """The overrides a claim's ``"config"`` names: ``"default"`` or ``"demo"``, or a
@@ -109,6 +112,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                needs_model: bool = True, demo: Mapping[str, Any] | None = None,
                demo_models: tuple[str, ...] = ("smollm2", "minilm"),
                requires: Requirement = "any",
+               check_model: Callable[[Model], None] | None = None,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -121,18 +125,22 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             config claims name as ``"demo"``); checked when the experiment registers.
         demo_models: bundled models the demo runs on.
         requires: ``causal`` or ``causal_lm`` to refuse other models before a run exists.
+        check_model: refuses a model the experiment cannot honestly run on (e.g. a
+            post-norm model), before a run exists.
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
         if fn.__module__ == "__main__":
             return fn  # run as a script: discover() registers the importable module instead
         module = importlib.import_module(fn.__module__)
-        doc = (module.__doc__ or "").strip().splitlines()
+        # the docstring's whole first paragraph: its first line may end mid-sentence
+        doc = [" ".join((module.__doc__ or "").strip().split("\n\n")[0].split())]
         apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
             module=fn.__module__, tables=dict(tables), needs_model=needs_model,
             demo=dict(demo or {}), demo_models=demo_models, requires=requires,
+            check_model=check_model,
         ))
         return fn
 
@@ -155,8 +163,9 @@ def discover() -> None:
     _discovered = True
 
 
-OTHER_RUN_KINDS = ("record", "reproduce")
-"""Runs that are not experiments: written by ``workbench record`` and ``workbench reproduce``."""
+OTHER_RUN_KINDS = ("record", "reproduce", "sweep")
+"""Runs that are not experiments: written by ``workbench record``, ``workbench reproduce``
+and ``workbench sweep``."""
 
 
 def check_run_kind(name: str) -> None:
@@ -213,6 +222,8 @@ def run_experiment(name: str, model: str | Model | None,
     if loaded is not None and exp.requires != "any":
         loaded.require(causal=True, lm_head=exp.requires == "causal_lm",
                        what=f"experiment '{name}'")
+    if loaded is not None and exp.check_model is not None:
+        exp.check_model(loaded)
     if loaded is not None:  # layer fields must name layers this model has
         check_layers(cfg, loaded.info.n_layers, loaded.info.name)
     info = loaded.info.to_dict() if loaded is not None else None
