@@ -126,15 +126,6 @@ class Estimate:
         return sum(s is None for s in self.seconds.values())
 
 
-def _duration(run: Run) -> float | None:
-    try:
-        start = datetime.fromisoformat(run.meta["started_at"])
-        end = datetime.fromisoformat(run.meta["ended_at"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return max((end - start).total_seconds(), 0.0)
-
-
 def estimate(cells: Sequence[Cell], store: RunStore,
              reused: Mapping[int, Run] | None = None) -> Estimate:
     """The cost of each cell: the median duration of earlier complete runs of the same
@@ -154,7 +145,7 @@ def estimate(cells: Sequence[Cell], store: RunStore,
     by_model: dict[tuple[str, str], list[float]] = defaultdict(list)
     by_series: dict[tuple[str, str], list[float]] = defaultdict(list)
     for run in store.runs(status="complete"):
-        seconds = _duration(run)
+        seconds = run.seconds
         if seconds is None:
             continue
         name = run.model_name or "-"

@@ -17,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import Experiment
-from workbench.store.runs import Run, RunStore
+from workbench.store.runs import RunStore
 
 ConfigName = Literal["default", "demo"]
 
@@ -46,15 +45,6 @@ def _stored_form(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
-def _seconds(run: Run) -> float | None:
-    try:
-        start = datetime.fromisoformat(run.meta["started_at"])
-        end = datetime.fromisoformat(run.meta["ended_at"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return (end - start).total_seconds()
-
-
 def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
     """The newest complete run of each named config (``default``, ``demo``) on each model
     (float32, no head mask), with how long it took.
@@ -75,7 +65,7 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
     for run in store.runs(experiment=exp.name, status="complete"):
         dtype = (run.meta.get("model") or {}).get("dtype", "float32")
         if run.meta.get("interventions") or dtype != "float32" or (
-                seconds := _seconds(run)) is None:
+                seconds := run.seconds) is None:
             continue
         for name, cfg in named.items():
             if run.config != cfg:

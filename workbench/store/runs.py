@@ -166,6 +166,17 @@ class Run:
         return self.meta["status"]
 
     @property
+    def seconds(self) -> float | None:
+        """How long the run took (from its start and end times), or ``None`` if it has not
+        ended or a time is missing or unreadable."""
+        try:
+            start = datetime.fromisoformat(self.meta["started_at"])
+            end = datetime.fromisoformat(self.meta["ended_at"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return max((end - start).total_seconds(), 0.0)
+
+    @property
     def model_name(self) -> str | None:
         model = self.meta.get("model")
         return model["name"] if model else None
