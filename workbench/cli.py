@@ -168,15 +168,14 @@ def _family_matrix() -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from workbench.models import zoo
+    from dataclasses import asdict
 
-    results = zoo.verify_all(args.names or None)
-    _out(_table([{"name": n, "status": s, "detail": d} for n, s, d in results],
-                ["name", "status", "detail"]))
-    damaged = [n for n, status, _ in results if status == "damaged"]
-    if damaged:
-        sys.stderr.write(f"error: damaged in the model cache: {', '.join(damaged)}; run "
-                         f"`workbench fetch {' '.join(damaged)} --force`\n")
+    from workbench.harness.verify import damage_summary, verify
+
+    checks = verify(args.names, runs_dir=args.out)
+    _out(_table([asdict(c) for c in checks], ["name", "kind", "status", "detail"]))
+    if (summary := damage_summary(checks)) is not None:
+        sys.stderr.write(f"error: {summary}\n")
         sys.exit(1)
 
 
@@ -748,8 +747,12 @@ def _add_model_commands(sub: Subparsers) -> None:
     p = _add(sub, "fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
     p.add_argument("names", nargs="*", metavar="NAME", help="models to fetch (default: all)")
     p.add_argument("--force", action="store_true", help="fetch again even if cached")
-    p = _add(sub, "verify", cmd_verify, "re-hash every file of the cached bundled models")
-    p.add_argument("names", nargs="*", metavar="NAME", help="models to verify (default: all)")
+    p = _add(sub, "verify", cmd_verify, "re-hash what is stored: cached bundled models, runs "
+             "(tables, recordings, checkpoints) and recording folders; exit 1 if any is damaged")
+    p.add_argument("names", nargs="*", metavar="NAME", help="a bundled model, a run id (or "
+                   "unique prefix) or a recording folder (default: every bundled model and "
+                   "every run in the store)")
+    _out_option(p, store="read")
     _add(sub, "prompts", cmd_prompts, "list named prompt sets")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
@@ -253,12 +252,7 @@ def verify_stored_files(run: Run) -> None:
     Raises:
         WorkbenchError / ChecksumError: the first file that fails its check.
     """
-    from workbench.models import checkpoints
-    from workbench.recording.record import INDEX, Recording
+    from workbench.harness.verify import stored_files
 
-    for folder, dirs, files in os.walk(run.path, followlinks=False):
-        dirs.sort()
-        if INDEX in files:
-            Recording.open(folder).verify()
-    for ref in checkpoints.list_checkpoints(run.path):
-        checkpoints.verify(ref.path)
+    for held in stored_files(run.path):
+        held.verify()
