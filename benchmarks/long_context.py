@@ -18,6 +18,8 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
 
 Usage:
     python benchmarks/long_context.py [--parts long,dense2k,...] [--json]
+    python benchmarks/long_context.py --parts long --keep /tmp/wb-8k   # keep the 8k recording
+    python benchmarks/long_context.py --parts view --keep /tmp/wb-8k   # then view it again
 """
 
 from __future__ import annotations
@@ -176,12 +178,16 @@ def main() -> None:
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="comma-separated parts to run (default all)")
+    parser.add_argument("--keep", metavar="DIR", help="run in this store and keep it (so "
+                        "`--parts view --keep DIR` views the 8k recording `long` left there)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     if args.part:
         print(json.dumps(PARTS[args.part](args)))
         return
-    store = tempfile.mkdtemp(prefix="wb-long-")
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    store = args.keep or tempfile.mkdtemp(prefix="wb-long-")
     results = {}
     try:
         for part in args.parts.split(","):
@@ -192,7 +198,8 @@ def main() -> None:
                 continue
             results[part] = json.loads(proc.stdout.strip().splitlines()[-1])
     finally:
-        shutil.rmtree(store, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(store, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
         return
