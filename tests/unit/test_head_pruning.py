@@ -117,6 +117,22 @@ def test_mask_gradient_is_the_chain_rule_form(llama, values):
                                    atol=1e-5, rtol=1e-4)
 
 
+def test_mask_gradients_leave_the_parameters_as_they_were(llama):
+    """The parameters are frozen only while the mask is differentiated, and not at all
+    when the loss raises (a training run that follows still updates every weight)."""
+    before = [p.requires_grad for p in llama.bridge.parameters()]
+    objective = causal_objective(llama)
+    mask_gradients(llama, PROMPTS[:1], objective.example_loss, torch.ones(2, 4))
+
+    def broken(model, batch):
+        raise RuntimeError("loss failed")
+
+    with pytest.raises(RuntimeError, match="loss failed"):
+        mask_gradients(llama, PROMPTS[:1], broken, torch.ones(2, 4))
+    assert [p.requires_grad for p in llama.bridge.parameters()] == before
+    assert any(before)
+
+
 def test_row_losses_are_the_mean_token_losses_of_each_prompt(llama):
     """The example loss of gradient importance, in a padded batch, against token_losses."""
     batch = llama.batches(PROMPTS)[0]
@@ -287,7 +303,9 @@ def test_prunable_fraction_stops_at_the_first_step_beyond_tolerance():
 
 @pytest.fixture(scope="module")
 def llama_run(llama, tmp_path_factory):
-    return run_experiment("head-pruning", llama, SMALL,
+    # every kind of order: both importances, the reverse and three random seeds
+    return run_experiment("head-pruning", llama,
+                          {**SMALL, "importance": ("gradient", "ablation"), "n_random": 3},
                           runs_dir=tmp_path_factory.mktemp("runs"))
 
 
@@ -425,7 +443,7 @@ def test_unnormalised_ranking_and_skipping_ablation(llama, tmp_path):
     scores = pruner.head_scores()
     assert set(scores.metric) == {"importance_gradient", "importance_gradient_raw"}
     with pytest.raises(ValueError, match="ablation_tokens > 0"):
-        Config(ablation_tokens=0)
+        Config(ablation_tokens=0, importance=("gradient", "ablation"))
 
 
 def test_tables_left_empty_still_match_their_declarations(llama, tmp_path):
