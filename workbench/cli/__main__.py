@@ -1,0 +1,5 @@
+"""``python -m workbench.cli``, as ``workbench``."""
+
+from workbench.cli import main
+
+main()

@@ -1,0 +1,124 @@
+"""The experiment commands: ``run``, ``experiments`` and ``demo``, and the experiment help
+(``workbench run --help`` lists the experiments; ``run EXPERIMENT --help`` shows one in full:
+its models, config fields, demo config, tables and wall time)."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from workbench.cli.record import _heads_mask
+from workbench.cli.render import _WIDTH, _duration, _fill, _out, _wrapped_table
+from workbench.core import paths
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from workbench.harness.experiment import run_experiment
+
+    run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
+                         dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
+    for line in run.meta.get("summary", []):
+        _out(line)
+    _out(str(run.path))
+
+
+def cmd_experiments(args: argparse.Namespace) -> None:
+    from workbench.harness.experiment import all_experiments
+
+    for exp in all_experiments():
+        _out(f"{exp.name}  ({exp.module})")
+        _out(_fill(exp.description, indent="  "))
+        _out(textwrap.indent(_fields_text(exp), "    "))
+        _out(_fill("tables: " + ", ".join(exp.tables or {}), indent="  ", hanging="    "))
+        _out()
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from workbench.harness.demo import run_demo
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()] \
+        if args.models is not None else None
+    for line in run_demo(models, args.out, fresh=args.fresh):
+        _out(line)
+    _out(str(paths.runs_dir(args.out)))
+
+
+def _set_text(value: Any) -> str:
+    """A value as ``--set`` takes it: ``1,2,8``, ``true``, ``none``; ``(empty)`` for an
+    empty tuple (``--set name=``)."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(_set_text(v) for v in value) or "(empty)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "none" if value is None else str(value)
+
+
+def _fields_text(exp: Any) -> str:
+    from workbench.harness import config
+
+    rows = [{"field": f.name, "type": f.type, "default": _set_text(f.default),
+             "range": f.range, "help": f.help} for f in config.fields(exp.config)]
+    return _wrapped_table(rows, ["field", "type", "default", "range", "help"], _WIDTH - 4)
+
+
+def _wall_time_lines(exp: Any, root: Path) -> list[str]:
+    """How long the default and demo configs took here, from the stored runs."""
+    from workbench.harness.timing import wall_times
+    from workbench.store.runs import RunStore
+
+    times = wall_times(exp, RunStore(root)) if root.is_dir() else []
+    if not times:
+        return [f"no complete run of its default or demo config in {root} to time; the "
+                "README's Experiments section gives the wall times measured on 2 cores"]
+    lines = [f"from the newest complete runs in {root} (start to end of each run; the model "
+             "had loaded before):"]
+    for t in times:
+        model = "its own models" if t.model == "-" else t.model
+        cores = f", {t.cpu_count} cores" if t.cpu_count else ""
+        lines.append(f"{t.config} on {model}: {_duration(t.seconds)} "
+                     f"({t.ended_at[:16].replace('T', ' ')}{cores}; run {t.run_id})")
+    return lines
+
+
+_NEEDS = {"any": "any model", "causal": "a causal (left-to-right) model",
+          "causal_lm": "a causal language model with a trained LM head"}
+
+
+def experiment_help(name: str, root: Path) -> str:
+    """``workbench run EXPERIMENT --help``: what the experiment asks, the models it takes,
+    its config fields, its demo config, its tables and how long it took here.
+
+    Raises:
+        UnknownNameError: an unknown experiment (suggesting the closest).
+    """
+    from workbench.harness.experiment import get
+
+    exp = get(name)
+    demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items()) or "(the default)"
+    model = _NEEDS[exp.requires] if exp.needs_model else "no model (it trains its own)"
+    indent = "  "
+    parts = [
+        f"{exp.name} ({exp.module})",
+        _fill(exp.description, indent=indent),
+        f"\nmodel: {model}",
+        "\nconfig fields (--set FIELD=VALUE; a tuple is comma-separated, e.g. 1,2,8):",
+        textwrap.indent(_fields_text(exp), indent),
+        f"\ndemo config (workbench demo, on {', '.join(exp.demo_models)}):",
+        _fill(demo, indent=indent),
+        "\n" + _fill("tables: " + ", ".join(exp.tables or {}), hanging=indent),
+        "\nwall time:",
+        *(_fill(line, indent=indent, hanging=indent * 2) for line in _wall_time_lines(exp, root)),
+    ]
+    return "\n".join(parts)
+
+
+def experiment_list() -> str:
+    """The experiments, one wrapped paragraph each (``workbench run --help``)."""
+    from workbench.harness.experiment import all_experiments
+
+    lines = ["experiments (`workbench run EXPERIMENT --help` shows one in full):"]
+    for exp in all_experiments():
+        lines.append(_fill(f"{exp.name}: {exp.description}", indent="  ", hanging="      "))
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""The argument parser: every command, its options and their argparse types, usage errors
+as one line (exit status 2), and ``run``'s ``--help``, which also shows the experiments.
+
+Each command's function lives in the module of its group (:mod:`workbench.cli.models`,
+``record``, ``experiments``, ``runs``, ``reproduce``, ``sweep``, ``dashboard``); their
+heavy imports are inside the functions, so the parser loads fast and refuses bad input
+before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any, NoReturn, get_args
+
+from workbench.cli.dashboard import cmd_dashboard
+from workbench.cli.experiments import (
+    cmd_demo,
+    cmd_experiments,
+    cmd_run,
+    experiment_help,
+    experiment_list,
+)
+from workbench.cli.models import cmd_fetch, cmd_models, cmd_prompts, cmd_verify
+from workbench.cli.record import cmd_record
+from workbench.cli.render import _out
+from workbench.cli.reproduce import cmd_reproduce
+from workbench.cli.runs import cmd_runs, cmd_show
+from workbench.cli.sweep import cmd_sweep
+from workbench.core import paths
+from workbench.core.errors import WorkbenchError
+from workbench.core.options import Dtype, PatternStorage, Status, StoreDtype
+
+
+class _RunHelp(argparse.Action):
+    """``-h/--help`` of ``run``: the options and the experiments; after an experiment's
+    name (``run induction-heads --help``), that experiment in full."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        name = getattr(namespace, "experiment", None)
+        try:
+            text = (experiment_help(name, paths.runs_dir(getattr(namespace, "out", None)))
+                    if name else parser.format_help() + "\n" + experiment_list())
+        except WorkbenchError as exc:
+            parser.error(str(exc))
+        _out(text)
+        parser.exit()
+
+
+Subparsers = Any  # argparse's private _SubParsersAction
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, ``error: ...``, exit status 2, like all bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
+    return value
+
+
+def _add(sub: Subparsers, name: str, fn: Any, help: str,
+         **kwargs: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help, **kwargs)
+    p.set_defaults(fn=fn, store=None)
+    return p
+
+
+def _out_option(p: argparse.ArgumentParser, store: str = "write") -> None:
+    """``--out``; ``store`` says whether the command writes the run store or only reads
+    it (checked by :func:`_check_store` before the command starts)."""
+    p.add_argument("--out", metavar="DIR", help="run store (default: $WORKBENCH_RUNS_DIR "
+                   "or data/runs)")
+    p.set_defaults(store=store)
+
+
+def _dtype_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=get_args(Dtype),
+                   help="model parameter dtype (default float32)")
+
+
+def _mask_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
+                   "workbench.interventions) to every forward pass")
+
+
+def _add_model_commands(sub: Subparsers) -> None:
+    p = _add(sub, "models", cmd_models, "list the model zoo")
+    p.add_argument("--families", action="store_true", help="instead: which experiment works "
+                   "on which model family (from the architecture adapters), and why not")
+    p = _add(sub, "fetch", cmd_fetch, "fetch bundled models into the cache, verifying SHA-256")
+    p.add_argument("names", nargs="*", metavar="NAME", help="models to fetch (default: all)")
+    p.add_argument("--force", action="store_true", help="fetch again even if cached")
+    p = _add(sub, "verify", cmd_verify, "re-hash what is stored: cached bundled models, runs "
+             "(tables, recordings, checkpoints) and recording folders; exit 1 if any is damaged")
+    p.add_argument("names", nargs="*", metavar="NAME", help="a bundled model, a run id (or "
+                   "unique prefix) or a recording folder (default: every bundled model and "
+                   "every run in the store)")
+    _out_option(p, store="read")
+    _add(sub, "prompts", cmd_prompts, "list named prompt sets")
+
+
+def _add_record_command(sub: Subparsers) -> None:
+    p = _add(sub, "record", cmd_record, "record residual streams and attention patterns to disk")
+    p.add_argument("model", metavar="MODEL", help="bundled name (`workbench models`), hub id, "
+                   "model folder, .gguf file or <run-id>/L<n>:<step>")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="a prompt (blank lines separate several)")
+    src.add_argument("--file", metavar="PATH", help="a UTF-8 text file; blank lines separate "
+                     "prompts")
+    src.add_argument("--prompt-set", metavar="NAME", help="a named prompt set "
+                     "(`workbench prompts` lists them)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="parameter of a generated prompt set, e.g. seq_len=64")
+    p.add_argument("--limit", type=_at_least_one, metavar="N",
+                   help="record only the first N prompts")
+    p.add_argument("--store-dtype", default="float16", choices=get_args(StoreDtype),
+                   help="storage dtype (float16 falls back to float32 per block on overflow)")
+    p.add_argument("--max-batch-tokens", type=_at_least_one, default=2048, metavar="N",
+                   help="tokens per forward batch (default 2048)")
+    p.add_argument("--patterns", default="auto", choices=get_args(PatternStorage),
+                   help="how patterns are stored: every weight (dense), the k largest per "
+                   "query row plus exact first-token, diagonal, previous-token and left-out "
+                   "weights (topk), or not at all (none); default auto: dense up to 1,024 "
+                   "tokens, topk above")
+    p.add_argument("--topk", type=_at_least_one, default=16, metavar="K",
+                   help="weights kept per query row with topk patterns (default 16)")
+    p.add_argument("--no-resid", action="store_true",
+                   help="leave out the residual stream (270 MB for one 8,192-token smollm2 "
+                   "prompt)")
+    _mask_option(p)
+    _dtype_option(p)
+    _out_option(p)
+
+
+def _add_experiment_commands(sub: Subparsers) -> None:
+    p = _add(sub, "run", cmd_run, "run an experiment and store it as a run", add_help=False)
+    p.add_argument("-h", "--help", action=_RunHelp, help="show this help and the experiments; "
+                   "after EXPERIMENT, its config fields, demo config and wall time")
+    p.add_argument("experiment", metavar="EXPERIMENT",
+                   help="an experiment name (`workbench experiments` lists them and their fields)")
+    p.add_argument("--model", metavar="MODEL", help="model name, hub id, folder or .gguf")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field (repeatable); see `workbench experiments`")
+    p.add_argument("--reuse", action="store_true",
+                   help="return a matching complete run instead of running again")
+    _mask_option(p)
+    _dtype_option(p)
+    _out_option(p)
+    _add(sub, "experiments", cmd_experiments, "list experiments, their config fields and tables")
+    p = _add(sub, "demo", cmd_demo,
+             "run every experiment's demo configuration on the bundled models")
+    p.add_argument("--models", metavar="M1,M2", help="only these bundled models (comma-"
+                   "separated): their experiments and the claims about them, no training "
+                   "(default: smollm2 and minilm, the training and every claim)")
+    p.add_argument("--fresh", action="store_true", help="do not reuse matching runs")
+    _out_option(p)
+    p = _add(sub, "sweep", cmd_sweep, "run a sweep spec (experiments x models x checkpoints "
+             "x seeds x configs) on Ray, resumably")
+    p.add_argument("spec", metavar="SPEC", help="a TOML sweep spec (see data/sweeps/)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the cells and a cost estimate from earlier runs; run nothing")
+    p.add_argument("--cpus", type=_at_least_one, default=1, metavar="N",
+                   help="CPUs per cell, also its torch threads (default 1: one cell per core)")
+    p.add_argument("--gpus", type=float, default=0, metavar="N", help="GPUs per cell "
+                   "(default 0; with any, models load on cuda)")
+    p.add_argument("--address", metavar="auto|ray://HOST:PORT", help="join a running Ray "
+                   "cluster (default: start a local one); the run store must be a path "
+                   "every node sees")
+    _dtype_option(p)
+    _out_option(p)
+    p = _add(sub, "reproduce", cmd_reproduce, "check published claims against measured results")
+    p.add_argument("claims", nargs="*", metavar="CLAIM_ID", help="claims to check (default: all)")
+    p.add_argument("--model", help="check every claim that applies to this model instead of "
+                   "each claim's default models")
+    p.add_argument("--fresh", action="store_true", help="run again instead of reusing runs")
+    p.add_argument("--list", action="store_true", help="list the claims without running: id, "
+                   "kind, model, the last stored verdict, and the statement")
+    p.add_argument("--wide", action="store_true", help="with --list: also each claim's source, "
+                   "quote, published figure, experiment, config, check and last measurement")
+    _out_option(p)
+
+
+def _add_store_commands(sub: Subparsers) -> None:
+    p = _add(sub, "runs", cmd_runs, "list stored runs")
+    p.add_argument("--experiment", help="only this experiment")
+    p.add_argument("--model", help="only this model")
+    p.add_argument("--status", choices=get_args(Status))
+    _out_option(p, store="read")
+    p = _add(sub, "show", cmd_show, "summarise one run")
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
+    p.add_argument("--table", help="also print the first rows of this table")
+    p.add_argument("--rows", type=_at_least_one, default=20, help="rows of --table to print")
+    _out_option(p, store="read")
+    p = _add(sub, "dashboard", cmd_dashboard, "serve the dashboard")
+    p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
+    p.set_defaults(store="read")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; "
+                   "another host makes the runs readable to the network)")
+    p.add_argument("--port", type=_port, default=8050, help="TCP port, 1..65535 (default 8050)")
+    p.add_argument("--debug", action="store_true", help="Dash debug mode: hot reload and the "
+                   "interactive debugger (loopback --host only)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="workbench",
+        description="Record, score and intervene on the attention heads of real transformers.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and the traceback of an error")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_model_commands(sub)
+    _add_record_command(sub)
+    _add_experiment_commands(sub)
+    _add_store_commands(sub)
+    return parser

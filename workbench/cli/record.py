@@ -1,0 +1,83 @@
+"""``workbench record``: residual streams and attention patterns to disk, and the reading of
+its inputs (``--text``, ``--file``, ``--prompt-set``, ``--heads-mask``), all checked before the
+model loads."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.cli.render import _out
+from workbench.core import paths
+from workbench.core.errors import WorkbenchError
+
+
+def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any], list[Any]], str]:
+    """The prompts of ``record`` as a function of the model, and their source; text, files
+    and prompt-set parameters are read and checked here, before the model loads."""
+    from workbench.harness.config import split_overrides
+    from workbench.inputs.prompts import check_prompt_params, load_prompt_set, prompts_from_text
+
+    if args.set and args.prompt_set is None:
+        raise WorkbenchError("--set sets parameters of a generated prompt set; it needs "
+                             "--prompt-set NAME")
+    if args.text is not None:
+        if not args.text.strip():
+            raise WorkbenchError("--text is empty")
+        prompts = prompts_from_text(args.text, label="text")
+        return lambda model: prompts, "text"
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WorkbenchError(f"cannot read {args.file}: {exc}") from None
+        prompts = prompts_from_text(text, label=Path(args.file).stem)
+        return lambda model: prompts, f"file:{args.file}"
+    name = args.prompt_set
+    params = check_prompt_params(name, split_overrides(args.set or []))
+    return lambda model: load_prompt_set(name, model, **params), f"prompt-set:{name}"
+
+
+def _heads_mask(args: argparse.Namespace) -> Any:
+    """The ``--heads-mask`` file, read and checked (before any model loads), or ``None``."""
+    if not getattr(args, "heads_mask", None):
+        return None
+    from workbench.interventions.masks import HeadMask
+
+    return HeadMask.load(args.heads_mask)
+
+
+def cmd_record(args: argparse.Namespace) -> None:
+    from workbench.interventions.masks import applied
+    from workbench.models.load import load_model
+    from workbench.recording.record import record
+    from workbench.store.runs import RunStore
+
+    mask = _heads_mask(args)
+    make_prompts, source = _prompt_source(args)
+    model = load_model(args.model, dtype=args.dtype, runs_dir=args.out)
+    if mask is not None:
+        mask.check(model)
+    prompts = make_prompts(model)[: args.limit]
+    for p in prompts:  # check every prompt before a run is created
+        model.encode(p)
+    config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
+              "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype,
+              "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid}
+    store = RunStore(paths.runs_dir(args.out))
+    interventions = {"heads_mask": mask.to_json()} if mask is not None else None
+    with store.start("record", model.info.to_dict(), config,
+                     extra={"interventions": interventions}) as run, applied(model, mask):
+        rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,
+                     max_batch_tokens=args.max_batch_tokens, patterns=args.patterns,
+                     topk=args.topk, include_resid=not args.no_resid)
+        n_tokens = sum(len(p.token_ids) for p in rec.prompts)
+        stored = f"top-{rec.topk}" if rec.patterns == "topk" else rec.patterns
+        run.set("summary", [f"recorded {len(rec)} prompts, {n_tokens} tokens, "
+                            f"{rec.n_layers} layers x {rec.n_heads} heads, {stored} patterns"])
+    final = store.get(run.final)
+    for line in final.meta["summary"]:
+        _out(line)
+    _out(str(final.path))

@@ -1,0 +1,86 @@
+"""``workbench sweep``: a sweep spec run on Ray, resumably, with a bar of its cells; or,
+with ``--dry-run``, its cells and a cost estimate from earlier runs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.cli.render import _duration, _one_line, _out, _table
+from workbench.core import paths
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from workbench.harness import sweep
+
+    if not args.dry_run:
+        from workbench.harness.sweep_ray import import_ray
+
+        import_ray()  # without Ray, say so before reading anything
+    spec, cells = sweep.plan(args.spec, args.out)
+    if args.dry_run:
+        _sweep_plan(spec, cells, args)
+        return
+    with _sweep_bar(len(cells), args.quiet) as show:
+        run = sweep.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
+                              address=args.address, dtype=args.dtype, on_progress=show)
+    for line in run.meta.get("summary", []):
+        _out(line)
+    _out(str(run.path))
+    bad = sweep.failed_cells(run)
+    if len(bad):
+        first = bad.iloc[0]
+        sys.stderr.write(f"error: {len(bad)} of {len(cells)} cells did not complete (cell "
+                         f"{first.cell}: {first.status}: {_one_line(first.error)[:200]}); "
+                         "run the sweep again to retry them\n")
+        sys.exit(1)
+
+
+def _sweep_plan(spec: Any, cells: Sequence[Any], args: argparse.Namespace) -> None:
+    """``--dry-run``: the cells, whether each is reused, and a cost estimate."""
+    from workbench.harness import sweep
+    from workbench.store.runs import RunStore
+
+    store = RunStore(paths.runs_dir(args.out))
+    reused = sweep.reusable(cells, store)
+    cost = sweep.estimate(cells, store, reused)
+    rows = [{"cell": c.index, "experiment": c.experiment,
+             "model": c.model.name if c.model else "-",
+             "values": " ".join(f"{k}={v}" for k, v in c.grid.items()),
+             "plan": f"reuse {reused[c.index].id}" if c.index in reused else "run",
+             "estimate": "-" if cost.seconds[c.index] is None
+             else _duration(cost.seconds[c.index])} for c in cells]
+    _out(_table(rows, ["cell", "experiment", "model", "values", "plan", "estimate"]))
+    slots = sweep.local_slots(args.cpus)
+    _out(f"\n{spec.name}: {len(cells)} cells, {len(reused)} reused")
+    if cost.unknown == len(cells) - len(reused) and cost.unknown:
+        _out("estimate: no estimate (no earlier run of these experiments on these models)")
+        return
+    unknown = f"; {cost.unknown} cells have no earlier run to go by" if cost.unknown else ""
+    _out(f"estimate: {_duration(cost.known)} of cell time, about "
+         f"{_duration(cost.known / slots)} on {slots} local workers of {args.cpus} CPUs "
+         f"(model loading and Ray start-up not included){unknown}")
+
+
+@contextlib.contextmanager
+def _sweep_bar(total: int, quiet: bool) -> Any:
+    """A tqdm bar of a sweep's cells: done, running, failed, time left."""
+    if quiet:
+        yield lambda p: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="cells", dynamic_ncols=True, file=sys.stderr, smoothing=0)
+
+    def show(p: Any) -> None:
+        bar.set_postfix_str(f"{p.done} done, {p.running} running, {p.failed} failed",
+                            refresh=False)
+        bar.update(p.done + p.failed - bar.n)
+
+    try:
+        yield show
+    finally:
+        bar.close()
