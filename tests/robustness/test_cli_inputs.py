@@ -424,6 +424,26 @@ def test_sigterm_exits_130_and_marks_the_run_failed(capsys, monkeypatch, runs_di
     assert signal.getsignal(signal.SIGTERM) is before  # main restores the handler
 
 
+def test_sigterm_swallowed_by_the_dashboard_server_still_exits_130(capsys, monkeypatch,
+                                                                   runs_dir):
+    """Werkzeug stops cleanly on the interrupt SIGTERM raises and returns: the command
+    still ends as terminated, and the next command in the process is not affected."""
+    import dashboards.app
+
+    def serve(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        except KeyboardInterrupt:
+            return  # what the server does
+        raise AssertionError("SIGTERM was not handled")
+
+    monkeypatch.setattr(dashboards.app, "serve", serve)
+    status, _, err = cli(capsys, "dashboard", "--runs", str(runs_dir))
+    assert status == 130 and err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
+    assert cli(capsys, "experiments")[0] == 0
+
+
 def test_verbose_adds_the_traceback(capsys, monkeypatch, runs_dir, llama_folder):
     monkeypatch.setattr(RECORD_MODULE, "record", _raise(RuntimeError("boom")))
     status, _, err = cli(capsys, "-v", *fill(RECORD, folder=llama_folder))

@@ -28,7 +28,13 @@ class Terminated(KeyboardInterrupt):
     is stored as failed) and exits 130."""
 
 
+_TERMINATED: list[int] = []
+"""The SIGTERMs received: a command that swallows the exception (the dashboard's server
+stops cleanly on it) still ends with status 130."""
+
+
 def _terminate(signum: int, frame: Any) -> None:
+    _TERMINATED.append(signum)
     raise Terminated(f"terminated by signal {signum}")
 
 
@@ -138,11 +144,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug", "ray"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     progress.render_with(None if args.quiet else _TqdmBars())
+    _TERMINATED.clear()  # main may run again in the same process (tests, scripts)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         _check_store(args)
         with _TqdmBars.logging() if not args.quiet else contextlib.nullcontext():
             args.fn(args)
+        if _TERMINATED:
+            raise Terminated(f"terminated by signal {_TERMINATED[-1]}")
     except BrokenPipeError:
         # stdout closed early (`workbench runs | head`): nothing more to say, and no
         # second error when Python flushes stdout at exit
