@@ -3,7 +3,6 @@ K-composition ablation and the in-context-learning score."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 from collections.abc import Sequence
@@ -19,10 +18,12 @@ from workbench.core import progress
 from workbench.core.errors import ModelCapabilityError
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.interventions import replay
 from workbench.interventions.ablation import Head, ablated, random_same_layer
 from workbench.interventions.masks import head_means
 from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
+from workbench.recording import hooks
 from workbench.recording.reductions import reduce_patterns
 from workbench.scores import patterns
 from workbench.scores.heads import copying_scores, score_heads, summarize_tokens, top_heads
@@ -243,11 +244,19 @@ def path_patch_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.Da
         conditions.append(("previous-token", path, -1, chosen))
         conditions += [("random", path, i, heads) for i, heads in enumerate(draws)]
     letter = dict(PATHS)
+    # every patch is at a tracked layer: the blocks below the lowest run once, on the clean
+    # pass, and are replayed after it, their sources' outputs (and the pass's start) too
+    upto = min(layer for layer, _ in tracked)
+    source_layers = sorted({layer for heads in (chosen, *draws) for layer, _ in heads})
+    kept = [hooks.resid(0, model.info.n_layers), *(hooks.z(la) for la in source_layers
+                                                   if la < upto)]
     rows = []
-    for condition, path, draw, heads in progress.track(conditions, desc="path patch"):
-        patch = (path_removed(model, [f"L{la}H{h}" for la, h in heads], tracked, letter[path])
-                 if heads else contextlib.nullcontext())
-        with patch:
+    with replay.kept(model.bridge, kept) as prefix:
+        rows.append({"condition": "clean", "path": "none", "draw": -1,
+                     **_measured(model, prompts, [], tracked, cfg)})
+    for condition, path, draw, heads in progress.track(conditions[1:], desc="path patch"):
+        patch = path_removed(model, [f"L{la}H{h}" for la, h in heads], tracked, letter[path])
+        with replay.replayed(model.bridge, prefix, min(upto, prefix.depth())), patch:
             rows.append({"condition": condition, "path": path, "draw": draw,
                          **_measured(model, prompts, heads, tracked, cfg,
                                      losses=condition != "random")})

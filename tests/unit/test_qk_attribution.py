@@ -190,6 +190,33 @@ def test_experiment_tables_on_the_tiny_model(model, runs_dir):
         assert means[(layer, head)] == pytest.approx(want, rel=1e-4, abs=1e-9)
 
 
+def test_path_patch_table_is_the_same_with_the_blocks_below_replayed(model, monkeypatch):
+    """The table replays the blocks below the tracked heads from the clean pass (their
+    sources' outputs too); run again with every block running, it must not change."""
+    from workbench.interventions import replay
+
+    cfg = Config(n_prompts=3, seq_len=8, repeats=2, n_ablate=1, n_track=2, n_path_random=3,
+                 max_batch_tokens=32)  # several batches: each pass meets its own reference
+    prompts = load_prompt_set("repeated-random", model, n_prompts=3, seq_len=8, repeats=2)
+    rows = [{"layer": layer, "head": head, "metric": metric, "score": score}
+            for layer in range(2) for head in range(4)
+            for metric, score in (("induction", layer + head / 10),
+                                  ("previous_token", 1 - layer - head / 10))]
+    fired = []
+    ran = [(hooks.qkv(0, "q"), lambda q, hook: fired.append(1))]  # not a kept hook point
+    with model.bridge.hooks(fwd_hooks=ran):
+        replayed = path_patch_table(model, prompts, pd.DataFrame(rows), cfg)
+    n_passes = len(fired)
+    real = replay.replayed
+    monkeypatch.setattr(replay, "replayed", lambda bridge, prefix, upto, **kw:
+                        real(bridge, prefix, 0, **kw))
+    fired.clear()
+    with model.bridge.hooks(fwd_hooks=ran):
+        every_block = path_patch_table(model, prompts, pd.DataFrame(rows), cfg)
+    pd.testing.assert_frame_equal(replayed, every_block, atol=1e-6, rtol=1e-5)
+    assert n_passes < len(fired) / 4  # block 0 ran in the clean passes only
+
+
 def test_induction_heads_path_patch_on_the_tiny_model(model):
     cfg = Config(n_prompts=3, seq_len=8, repeats=2, n_ablate=1, n_track=2, n_path_random=3)
     prompts = load_prompt_set("repeated-random", model, n_prompts=3, seq_len=8, repeats=2)

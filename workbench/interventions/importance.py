@@ -41,6 +41,7 @@ from torch import Tensor
 from workbench.core import progress
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
+from workbench.interventions import replay
 from workbench.interventions.masks import HeadMask
 from workbench.models.base import Model
 from workbench.recording import hooks
@@ -174,9 +175,8 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
 
     Removing a head of layer ``l`` changes nothing below ``l``, so the blocks below it are
     not run again: one pass of the current mask keeps every block's output, and a pass of
-    layer ``l``'s candidates replays blocks ``0 .. l-1`` from it (:func:`_replayed`; about
-    half the blocks' work on average). Replay stops at the first block whose output is not
-    tensors of the batch (the blocks from there on run).
+    layer ``l``'s candidates replays blocks ``0 .. l-1`` from it
+    (:mod:`workbench.interventions.replay`; about half the blocks' work on average).
 
     Args:
         model: the model.
@@ -202,87 +202,21 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
     with torch.inference_mode():
         for batch in model.batches(prompts, max_tokens=max_batch_tokens):
             per_pass = max(1, max_batch_tokens // batch.input_ids.numel())
-            with _kept_outputs(model.bridge) as outputs:
+            with replay.kept(model.bridge) as prefix:
                 current[batch.indices] = run([mask.values.float()], batch)[0]
             passes = [(layer, idx[i: i + per_pass])
                       for layer in range(n_layers)
                       if (idx := [i for i, h in enumerate(remaining) if h[0] == layer])
                       for i in range(0, len(idx), per_pass)]
             for layer, idx in progress.track(passes, desc=desc):
-                with _replayed(model.bridge, outputs[:layer], copies=len(idx)):  # a prefix
+                upto = min(layer, prefix.depth())
+                with replay.replayed(model.bridge, prefix, upto, copies=len(idx)):
                     values[idx[0]: idx[-1] + 1, batch.indices] = run(
                         [candidates[i] for i in idx], batch)
     diffs = torch.full((len(prompts), n_layers, n_heads), float("nan"))
     for i, (layer, head) in enumerate(remaining):
         diffs[:, layer, head] = values[i] - current
     return diffs
-
-
-Kept = Tensor | tuple[Tensor | None, ...]
-"""A block's output as it returned it: the hidden states, bare or in a tuple with other
-per-row tensors (some families return their attention weights) or ``None``."""
-
-
-@contextmanager
-def _kept_outputs(bridge: Any) -> Iterator[list[Kept]]:
-    """The outputs of the first blocks run during the block, in order, up to the first
-    that cannot be replayed (not a tensor, nor a tuple of tensors with the batch first or
-    ``None``) or did not finish (a pass stopped early: an encoder's embedding)."""
-    kept: list[Any] = []
-    blocks = list(getattr(bridge, "blocks", []))
-    handles = [block.register_forward_hook(lambda module, args, out: kept.append(out))
-               for block in blocks]
-    outputs: list[Kept] = []
-    try:
-        yield outputs
-    finally:
-        for handle in handles:
-            handle.remove()
-    for out in kept[: len(blocks)]:
-        if not _replayable(out, kept[0]):
-            break
-        outputs.append(_map(out, Tensor.clone))  # cloned: a later block may change its input
-
-
-def _first(output: Any) -> Any:
-    return output[0] if isinstance(output, tuple) and output else output
-
-
-def _replayable(output: Any, first: Any) -> bool:
-    rows = _first(first).shape[0] if isinstance(_first(first), Tensor) else None
-    parts = output if isinstance(output, tuple) else (output,)
-    return (rows is not None and isinstance(parts[0], Tensor)
-            and all(p is None or (isinstance(p, Tensor) and p.dim() > 0 and p.shape[0] == rows)
-                    for p in parts))
-
-
-def _map(output: Kept, fn: Callable[[Tensor], Tensor]) -> Kept:
-    if isinstance(output, Tensor):
-        return fn(output)
-    return tuple(None if p is None else fn(p) for p in output)
-
-
-@contextmanager
-def _replayed(bridge: Any, outputs: Sequence[Kept], *, copies: int) -> Iterator[None]:
-    """Blocks ``0 .. len(outputs)-1`` return their kept output (``copies`` times along the
-    batch, copy-major as :func:`_repeat`) instead of running; their hooks do not fire."""
-    blocks = list(getattr(bridge, "blocks", []))[: len(outputs)]
-
-    def repeated(t: Tensor) -> Tensor:
-        return t.repeat(copies, *([1] * (t.dim() - 1)))
-
-    for block, out in zip(blocks, outputs, strict=True):
-        def replay(*args: Any, _out: Kept = out, **kwargs: Any) -> Kept:
-            return _map(_out, repeated)
-
-        # on the block itself (the bridge's own setattr would pass it to the wrapped HF
-        # module): an instance attribute, found before the class's forward
-        object.__setattr__(block, "forward", replay)
-    try:
-        yield
-    finally:
-        for block in blocks:
-            object.__delattr__(block, "forward")
 
 
 def _repeat(batch: Batch, copies: int) -> Batch:
