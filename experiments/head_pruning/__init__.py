@@ -119,7 +119,9 @@ from workbench.models.base import Model
 DEMO = {"chunk_tokens": 64, "fit_tokens": 512, "ablation_tokens": 64, "eval_tokens": 512,
         "repeat_prompts": 4, "repeat_len": 24, "importance": ("gradient",),
         "max_fraction": 0.3, "probes": 4, "budgets": (0.1, 0.3), "speed_repeats": 1,
-        "n_boot": 200}
+        "n_boot": 200, "n_random": 3}
+"""The demo config, also the base of the pruning claims (``data/claims/head_pruning.json``):
+three random orders, as when the claims were registered."""
 
 
 @dataclass(frozen=True)
