@@ -7,6 +7,8 @@ from typing import Any
 from dash import dcc, html
 
 from dashboards.components import data
+from dashboards.components.messages import message, one_line
+from workbench.core.errors import WorkbenchError
 from workbench.store.runs import Run
 
 
@@ -51,3 +53,19 @@ def recording_choices(run_id: str | None) -> tuple[list[dict], list[int], list[i
     rec = data.recording(run_id)
     prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
     return prompts, list(range(rec.n_layers)), list(range(rec.n_heads))
+
+
+def recording_layout_choices(run_id: str | None
+                             ) -> tuple[list[dict], list[int], list[int], Any]:
+    """:func:`recording_choices` for a page's layout, and the message saying why they are
+    empty when the run cannot be read (``None`` when it can).
+
+    The layout fills the dropdowns with their options and values together: a Dash
+    dropdown drops a value that is not among its options, so options filled in later by a
+    callback race the first render and can leave the layer or head blank. A run that
+    cannot be read leaves the run list, to pick another.
+    """
+    try:
+        return *recording_choices(run_id), None
+    except (WorkbenchError, OSError) as exc:
+        return [], [], [], message(one_line(exc))

@@ -15,9 +15,13 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled, recording_choices, run_dropdown
-from dashboards.components.messages import message, one_line, safe, safe_layout
-from workbench.core.errors import WorkbenchError
+from dashboards.components.controls import (
+    labelled,
+    recording_choices,
+    recording_layout_choices,
+    run_dropdown,
+)
+from dashboards.components.messages import safe, safe_layout
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/long-context", name="Long context", order=8,
@@ -38,12 +42,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
     if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Long context"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
-    try:
-        prompts, layers, heads = recording_choices(chosen)
-        problem = None
-    except (WorkbenchError, OSError) as exc:  # the run list stays, to pick another run
-        prompts, layers, heads = [], [], []
-        problem = message(one_line(exc))
+    prompts, layers, heads, problem = recording_layout_choices(chosen)
 
     def number(name: str, value: int, width: str = "7em") -> dcc.Input:
         return dcc.Input(id=f"long-context-{name}", type="number", min=0, step=1,

@@ -8,9 +8,13 @@ import dash
 from dash import Input, Output, State, callback, ctx, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, recording_choices, run_dropdown
-from dashboards.components.messages import message, one_line, safe, safe_layout
-from workbench.core.errors import WorkbenchError
+from dashboards.components.controls import (
+    labelled,
+    recording_choices,
+    recording_layout_choices,
+    run_dropdown,
+)
+from dashboards.components.messages import safe, safe_layout
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
@@ -27,15 +31,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
     if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Recording"), html.P(EMPTY, className="wb-note")])
     chosen = data.choose(run, runs, shows=SHOWS)
-    # The dropdowns get their options here, with their values: a Dash dropdown drops a
-    # value that is not among its options, so options filled in later by a callback race
-    # the first render and can leave the layer or head blank.
-    try:
-        prompts, layers, heads = recording_choices(chosen)
-        problem = None
-    except (WorkbenchError, OSError) as exc:  # the run list stays, to pick another run
-        prompts, layers, heads = [], [], []
-        problem = message(one_line(exc))
+    prompts, layers, heads, problem = recording_layout_choices(chosen)
     return html.Div([
         html.H2("Recording"),
         html.Div(problem, id="recording-error"),

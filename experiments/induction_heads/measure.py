@@ -239,7 +239,7 @@ def path_patch_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.Da
     rng = random.Random(cfg.seed + 1)  # not the ablation's draws: an independent control
     draws = [random_same_layer(chosen, tracked, model.info.n_heads, rng)
              for _ in range(cfg.n_path_random)]
-    conditions: list[tuple[str, str, int, list[Head]]] = [("clean", "none", -1, [])]
+    conditions: list[tuple[str, str, int, list[Head]]] = []
     for path, _ in PATHS:
         conditions.append(("previous-token", path, -1, chosen))
         conditions += [("random", path, i, heads) for i, heads in enumerate(draws)]
@@ -254,9 +254,9 @@ def path_patch_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.Da
     with replay.kept(model.bridge, kept) as prefix:
         rows.append({"condition": "clean", "path": "none", "draw": -1,
                      **_measured(model, prompts, [], tracked, cfg)})
-    for condition, path, draw, heads in progress.track(conditions[1:], desc="path patch"):
+    for condition, path, draw, heads in progress.track(conditions, desc="path patch"):
         patch = path_removed(model, [f"L{la}H{h}" for la, h in heads], tracked, letter[path])
-        with replay.replayed(model.bridge, prefix, min(upto, prefix.depth())), patch:
+        with replay.replayed(model.bridge, prefix, upto), patch:
             rows.append({"condition": condition, "path": path, "draw": draw,
                          **_measured(model, prompts, heads, tracked, cfg,
                                      losses=condition != "random")})

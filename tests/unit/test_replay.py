@@ -36,6 +36,26 @@ def test_replayed_blocks_give_what_running_them_gives(llama):
     assert "forward" not in vars(llama.bridge.blocks[0])  # the block is itself again
 
 
+def test_a_pass_stopped_early_replays_only_the_blocks_it_finished(llama):
+    """The reference stopped before the last block: asked for every block, the replay
+    gives back what was kept and the last block runs, so the logits are the model's."""
+    last = f"blocks.{llama.info.n_layers - 1}.hook_in"
+    with replay.kept(llama.bridge) as prefix, pytest.raises(RuntimeError, match="stopped"), \
+            llama.bridge.hooks(fwd_hooks=[(last, _stop)]):
+        _logits(llama)
+    assert prefix.depth() == llama.info.n_layers - 1
+    ran = []
+    with replay.replayed(llama.bridge, prefix, llama.info.n_layers), \
+            llama.bridge.hooks(fwd_hooks=[(last, lambda x, hook: ran.append(1))]):
+        got = _logits(llama)
+    torch.testing.assert_close(got, _logits(llama))
+    assert ran == [1]
+
+
+def _stop(x, hook):
+    raise RuntimeError("stopped")
+
+
 def test_copies_are_replayed_copy_major(llama):
     with replay.kept(llama.bridge) as prefix:
         one = _logits(llama)
@@ -53,6 +73,3 @@ def test_a_pass_that_is_not_its_reference_is_refused(llama):
             replay.replayed(llama.bridge, prefix, 1):
         _logits(llama)
         _logits(llama)
-    with pytest.raises(WorkbenchError, match="were kept"):
-        with replay.replayed(llama.bridge, prefix, llama.info.n_layers + 1):
-            pass

@@ -209,8 +209,7 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
                       if (idx := [i for i, h in enumerate(remaining) if h[0] == layer])
                       for i in range(0, len(idx), per_pass)]
             for layer, idx in progress.track(passes, desc=desc):
-                upto = min(layer, prefix.depth())
-                with replay.replayed(model.bridge, prefix, upto, copies=len(idx)):
+                with replay.replayed(model.bridge, prefix, layer, copies=len(idx)):
                     values[idx[0]: idx[-1] + 1, batch.indices] = run(
                         [candidates[i] for i in idx], batch)
     diffs = torch.full((len(prompts), n_layers, n_heads), float("nan"))

@@ -109,18 +109,18 @@ def kept(bridge: Any, hook_names: Sequence[str] = ()) -> Iterator[Prefix]:
 
 @contextmanager
 def replayed(bridge: Any, prefix: Prefix, upto: int, *, copies: int = 1) -> Iterator[None]:
-    """Blocks ``0 .. upto-1`` return their kept outputs instead of running.
+    """Blocks ``0 .. upto-1`` return their kept outputs instead of running (only as many as
+    :meth:`Prefix.depth` kept: the blocks after them run, which is exact too).
 
     The passes run inside the block must be the reference passes again, in the same order
     and on the same inputs, each repeated ``copies`` times along the batch (copy-major);
     the hooks on the kept hook points get the kept activations, repeated the same way.
 
     Raises:
-        WorkbenchError: ``upto`` is deeper than the blocks kept, or a pass does not match
-            its reference pass (more passes, or other shapes).
+        WorkbenchError: a pass does not match its reference pass (more passes, or other
+            shapes).
     """
-    if upto > prefix.depth():
-        raise WorkbenchError(f"cannot replay {upto} blocks: {prefix.depth()} were kept")
+    upto = min(upto, prefix.depth())
     blocks = _blocks(bridge)[:upto]
     names = {name for p in prefix.passes for acts in p.activations[:upto] for name, _ in acts}
     hook_points = {name: _hook_point(bridge, name) for name in names}
