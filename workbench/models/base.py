@@ -18,7 +18,6 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -28,38 +27,13 @@ from torch import Tensor
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
+from workbench.store.records import ModelInfo
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a loaded model is, where it came from, and what it can be used for."""
-
-    name: str
-    source: str
-    checksum: str
-    architecture: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_model: int
-    d_head: int
-    n_ctx: int
-    d_vocab: int
-    positions: str
-    causal: bool
-    has_lm_head: bool
-    bos_token_id: int | None
-    dtype: str
-    load_seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Model:

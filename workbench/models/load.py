@@ -21,13 +21,12 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.core.registry import did_you_mean
 from workbench.models import checkpoints, zoo
-from workbench.models.base import DTYPES, Model, ModelInfo
+from workbench.models.base import DTYPES, Model
 from workbench.models.hf import boot_folder, check_folder, folder_checksum
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def load_model(name: str, *, dtype: Dtype = "float32", device: str = "cpu",
         model = _load_path(Path(name).expanduser(), dtype, device)
     else:
         model = _load_hub(name, dtype, device)
-    info = _replace(model.info, load_seconds=round(time.perf_counter() - start, 3))
+    info = model.info.replace(load_seconds=round(time.perf_counter() - start, 3))
     model.info = info
     log.info("loaded %s in %.2fs", name, info.load_seconds)
     return model
@@ -75,10 +74,6 @@ def _exists(name: str) -> bool:
         return Path(name).expanduser().exists()
     except (OSError, ValueError):  # too long for a file name, or a NUL byte in it
         return False
-
-
-def _replace(info: ModelInfo, **changes: Any) -> ModelInfo:
-    return ModelInfo(**{**info.to_dict(), **changes})
 
 
 def _load_bundled(name: str, dtype: Dtype, device: str) -> Model:

@@ -1,0 +1,206 @@
+"""The one way a stored file is typed: a pydantic model per file format, read and written
+only through it.
+
+Every file the workbench writes and reads back (``run.json``, a recording's
+``index.json``, a cached model's ``manifest.json``, a checkpoint's ``checkpoint.json``)
+and every file a user writes for it (claims, sweep specs) has exactly one
+:class:`Record` subclass that declares its fields, their types and their ranges. Readers
+use attributes (``run.meta.model.name``), never string keys, and a file that does not
+match its model is refused with one line naming the field (:func:`problem`).
+
+Why pydantic v2 rather than frozen dataclasses with a hand-written validator each: the
+declaration *is* the validator (types, ``Literal`` options, ranges, nested records),
+errors come with the location of the bad field, and a JSON Schema is generated from the
+same declaration (:func:`json_schema`), so other tools can read the store without a
+second description of it.
+
+Conventions (:data:`STRICT`): no coercion (``"1"`` is not an int, ``true`` is not a
+number, ``1.5`` is not an int), no NaN or infinity, frozen instances. JSON arrays are
+declared as ``tuple[...]`` so that a record is immutable all the way down; files are
+parsed with :meth:`Record.from_json`, which validates the bytes as JSON (strict JSON
+mode takes arrays for tuples).
+
+Examples:
+    >>> class Point(Record):
+    ...     x: Count
+    >>> Point.from_json(b'{"x": -1}', what="point.json")
+    Traceback (most recent call last):
+    ...
+    workbench.core.records.RecordError: point.json 'x': expected at least 0, got -1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Self
+
+import pydantic
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError
+
+from workbench.core.errors import WorkbenchError
+
+__all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
+           "RelPath", "json_schema", "problem"]
+
+STRICT = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
+                    validate_default=False, ser_json_inf_nan="constants")
+"""The configuration every stored record shares (see the module docstring)."""
+
+INT_MAX = 2**63 - 1
+"""The largest integer any stored count may hold (Parquet's and numpy's int64)."""
+
+Count = Annotated[int, Field(ge=0, le=INT_MAX)]
+"""A whole number of things (rows, bytes, tokens, a step)."""
+PositiveInt = Annotated[int, Field(ge=1, le=INT_MAX)]
+Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA-256 digest in lower-case hex."""
+
+
+def _relative(value: str) -> str:
+    if not value or "\0" in value or "\\" in value:
+        raise ValueError("expected a relative file name")
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or value.startswith("~"):
+        raise ValueError("expected a path inside its folder (no '/', '..' or '~' at the start)")
+    return value
+
+
+RelPath = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_relative)]
+"""A path written in a stored file, relative to the folder that holds the file and staying
+inside it by its text alone; whether it still does after symlinks is checked when it is
+opened (:func:`workbench.store.validate.confined_file`)."""
+
+Json = pydantic.JsonValue
+"""Any JSON value (an experiment's config values, a claim check's parameters)."""
+
+
+class RecordError(WorkbenchError):
+    """A stored or user-written file that does not match its record type (one line)."""
+
+
+class Record(pydantic.BaseModel):
+    """A typed stored file, or a typed part of one. Subclasses declare fields only."""
+
+    model_config = STRICT
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, what: str) -> Self:
+        """Parse and validate the text of a file.
+
+        Args:
+            data: the file's bytes (or text).
+            what: the file, for the message (``run.json``, ``<folder>/index.json``).
+
+        Raises:
+            RecordError: not JSON, or not of this record's shape, naming the first field
+                that fails and what it expects.
+        """
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise RecordError(problem(exc, what)) from None
+        except RecursionError:
+            raise RecordError(f"{what} is nested too deeply to be a {cls.__name__}") from None
+
+    @classmethod
+    def from_data(cls, data: Any, *, what: str) -> Self:
+        """Validate already-parsed data (a TOML table, a JSON value, a dict from Python).
+
+        Raises:
+            RecordError: as :meth:`from_json`.
+        """
+        # Through JSON, so that lists are arrays (tuples) and nothing is coerced: the same
+        # rule as a file read back.
+        try:
+            text = json.dumps(data, allow_nan=False, default=_not_json)
+        except TypeError as exc:
+            raise RecordError(f"{what}: {exc}") from None
+        except ValueError:
+            raise RecordError(f"{what}: NaN or infinity where a number belongs") from None
+        except RecursionError:
+            raise RecordError(f"{what} is nested too deeply to be a {cls.__name__}") from None
+        return cls.from_json(text, what=what)
+
+    def to_json(self) -> bytes:
+        """The record as the bytes of its file: indented, sorted keys, a final newline."""
+        data = self.model_dump(mode="json", exclude_none=False)
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+    def to_data(self) -> dict[str, Any]:
+        """The record as plain JSON values (lists for tuples)."""
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes``, validated like a file read back."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{_shown(value)} is not a JSON value (a {type(value).__name__})")
+
+
+_SIMPLE = {
+    "greater_than_equal": "expected at least {ge}",
+    "less_than_equal": "expected at most {le}",
+    "greater_than": "expected more than {gt}",
+    "less_than": "expected less than {lt}",
+    "literal_error": "expected {expected}",
+    "string_pattern_mismatch": "expected text matching {pattern}",
+}
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-",
+                                                                               "tagged-union")))]
+    # pydantic names the member a union tried ('int', 'list[str]'); the field is what counts
+    keep = [p for p in parts if not re.fullmatch(r"[a-z_]+\[.*\]|int|str|float|bool|none|"
+                                                 r"[A-Z]\w*", p)]
+    return ".".join(keep or parts)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def problem(exc: ValidationError, what: str) -> str:
+    """One line for the first error of a validation: the file, the field, what it expects
+    and what it holds (``run.json 'pid': expected at most 2147483647, got 4294967296``)."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return f"{what} does not match its format"
+    first = errors[0]
+    kind, ctx = first.get("type", ""), first.get("ctx") or {}
+    if kind == "json_invalid":
+        return f"{what} is not valid JSON ({ctx.get('error', first.get('msg'))})"
+    where = _where(tuple(first.get("loc", ())))
+    field = f" '{where}'" if where else ""
+    if kind == "missing":
+        return f"{what} has no{field}" if field else f"{what} is missing a field"
+    if kind == "extra_forbidden":
+        return f"{what} has an unknown field{field}"
+    template = _SIMPLE.get(kind)
+    message = template.format(**ctx) if template else str(first.get("msg", "")).removeprefix(
+        "Value error, ").replace("Input should be", "expected")
+    return f"{what}{field}: {message}, got {_shown(first.get('input'))}"
+
+
+def json_schema(record: type[Record], *, title: str | None = None) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a record type, as other tools read it."""
+    schema = record.model_json_schema(mode="validation")
+    if title:
+        schema["title"] = title
+    return schema
+
+
+def write_schemas(records: Mapping[str, type[Record]], folder: str | os.PathLike[str]) -> None:
+    """Write ``<name>.schema.json`` for every record type into ``folder``."""
+    for name, record in records.items():
+        path = os.path.join(folder, f"{name}.schema.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(json_schema(record, title=name), fh, indent=2, sort_keys=True)
+            fh.write("\n")

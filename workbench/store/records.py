@@ -1,0 +1,166 @@
+"""The typed ``run.json``: what a run is, what produced it and how it ended.
+
+:class:`RunMeta` is the one declaration of a run's ``run.json``; the store writes it
+(:class:`workbench.store.runs.ActiveRun`) and reads it back (:meth:`RunMeta.from_json`)
+through this model only, and every reader uses its attributes (``run.meta.model.name``,
+``run.meta.summary``). :class:`ModelInfo` is what a loaded model is, the same record a
+run keeps of the model it ran on.
+
+A ``run.json`` that does not match is not read at all: its run is listed as ``damaged``
+with the field named (``run.json 'pid': expected at most 2147483647, got 4294967296``),
+and no other run is affected.
+
+Examples:
+    >>> meta = RunMeta.from_json(open("data/runs/<id>/run.json", "rb").read(),
+    ...                          what="run.json")                       # doctest: +SKIP
+    >>> meta.model.name, meta.status, meta.tables["head_scores"].rows   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from workbench.core.options import Status
+from workbench.core.records import Count, Hex64, Json, Record, RelPath
+
+RUN_ID_PATTERN = r"^[0-9]{8}-[0-9]{6}-[\w.-]{1,81}-[0-9a-f]{4}$"
+"""A run id: ``<date>-<time>-<experiment>-<model>-<4 hex digits>``, the experiment and
+model slugged to letters, digits, dots and hyphens; nothing else names a run folder (no
+newline, no path separator, no leading dot)."""
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
+PID_MAX = 2**31 - 1
+"""The largest process id a ``pid_t`` holds."""
+Timestamp = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")]
+"""An ISO 8601 time, as ``datetime.isoformat`` writes it."""
+Text = Annotated[str, Field(max_length=1 << 20)]
+
+
+class ModelInfo(Record):
+    """What a loaded model is, where it came from, and what it can be used for.
+
+    Kept in ``run.json`` of every run on a model, and in a recording's ``index.json``.
+    """
+
+    name: str
+    source: str
+    checksum: str
+    """SHA-256 of the weights ('' when unknown, e.g. a hub model)."""
+    architecture: str
+    n_layers: Annotated[int, Field(ge=1, le=1 << 16)]
+    n_heads: Annotated[int, Field(ge=1, le=1 << 16)]
+    n_kv_heads: Annotated[int, Field(ge=1, le=1 << 16)]
+    d_model: Annotated[int, Field(ge=1, le=1 << 20)]
+    d_head: Annotated[int, Field(ge=1, le=1 << 20)]
+    n_ctx: Annotated[int, Field(ge=1, le=1 << 30)]
+    d_vocab: Annotated[int, Field(ge=1, le=1 << 30)]
+    positions: str
+    """The position scheme: ``rotary``, ``learned``, ``alibi``, ..."""
+    causal: bool
+    has_lm_head: bool
+    bos_token_id: Annotated[int, Field(ge=0, le=1 << 30)] | None
+    dtype: Literal["float32", "bfloat16", "float16"]
+    load_seconds: Annotated[float, Field(ge=0)] = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON values."""
+        return self.to_data()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written_before(cls, data: Any) -> Any:
+        # Runs written before these fields existed: an untrained head was not yet told
+        # apart, no BOS was recorded, and every model was loaded in float32.
+        if isinstance(data, dict):
+            for key, value in (("has_lm_head", True), ("bos_token_id", None),
+                               ("dtype", "float32")):
+                data.setdefault(key, value)
+        return data
+
+
+class TableEntry(Record):
+    """A stored table: its file inside the run folder, its row count and SHA-256."""
+
+    file: RelPath
+    rows: Count
+    sha256: Hex64
+
+
+class GitRevision(Record):
+    commit: str | None
+    dirty: bool
+
+
+class Machine(Record):
+    """Where the run ran."""
+
+    platform: str
+    cpu_count: Count | None
+    torch_threads: Count
+    argv: tuple[Text, ...]
+
+
+StoredStatus = Literal["running", "complete", "failed", "interrupted"]
+"""What ``run.json`` may say; ``damaged`` is only ever a reader's verdict."""
+
+
+class RunMeta(Record):
+    """A run's ``run.json``.
+
+    ``status`` as stored is what the writing process last said; :class:`workbench.store.runs.Run`
+    turns a staged ``running`` or ``complete`` into ``running`` or ``interrupted`` by whether
+    the process still lives, and a file that fails this model into ``damaged``.
+    """
+
+    run_id: RunId
+    experiment: Annotated[str, Field(min_length=1, max_length=200)]
+    """The experiment's registered name, or another run kind (``record``, ``reproduce``,
+    ``sweep``)."""
+    model: ModelInfo | None
+    config: dict[str, Json]
+    """The full config the run used (tuples as lists)."""
+    started_at: Timestamp
+    status: Status
+    seed: int | None = None
+    workbench_version: str | None = None
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    """Versions of the packages a result depends on (``None``: not installed)."""
+    git: GitRevision | None = None
+    machine: Machine | None = None
+    pid: Annotated[int, Field(ge=1, le=PID_MAX)] | None = None
+    """The process that wrote the run."""
+    tables: dict[Annotated[str, Field(max_length=200)], TableEntry] = Field(default_factory=dict)
+    interventions: dict[str, Json] | None = None
+    """What was changed in the model for the whole run (``{"heads_mask": ...}``)."""
+    summary: tuple[Text, ...] = ()
+    """A few lines for the terminal, written by the experiment."""
+    ended_at: Timestamp | None = None
+    error: Text | None = None
+    """Why the run failed, was interrupted or is damaged."""
+    traceback: Text | None = None
+    cpus: Annotated[float, Field(ge=0)] | None = None
+    """Sweeps: CPUs given to each cell."""
+    gpus: Annotated[float, Field(ge=0)] | None = None
+    address: str | None = None
+    """Sweeps: the Ray cluster the cells ran on (``None``: a local one)."""
+    cells: tuple[RunId | Literal[""], ...] | None = None
+    """Sweeps: the run id of every cell, in order (empty for a cell that did not run)."""
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the run took, or ``None`` if it has not ended."""
+        from datetime import datetime
+
+        if self.ended_at is None:
+            return None
+        try:
+            start = datetime.fromisoformat(self.started_at)
+            end = datetime.fromisoformat(self.ended_at)
+        except ValueError:
+            return None
+        return max((end - start).total_seconds(), 0.0)
+
+
+RECORDS: dict[str, type[Record]] = {"run": RunMeta}
+"""The store's record types by schema name (``data/schemas/<name>.schema.json``)."""
