@@ -36,7 +36,7 @@ def write_format1(source: Recording, out: Path) -> Path:
             files[rel] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
             blocks[f"{kind}/{layer}"] = entries
     index = {
-        "format_version": 1, "model": source.model, "n_layers": source.n_layers,
+        "format_version": 1, "model": source.model.to_data(), "n_layers": source.n_layers,
         "n_heads": source.n_heads, "d_model": source.d_model, "store_dtype": "float16",
         "prompts": [{"label": p.label, "text": p.text, "pair": p.pair,
                      "token_ids": p.token_ids, "tokens": p.tokens} for p in source.prompts],

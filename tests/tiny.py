@@ -17,6 +17,7 @@ from transformers import (
 
 from workbench.models.base import Model
 from workbench.models.hf import wrap_hf_model
+from workbench.store.records import ModelInfo
 
 CORPUS = [
     "the cat sat on the mat and the dog sat on the rug",
@@ -25,6 +26,15 @@ CORPUS = [
     "the committee met on tuesday to discuss the budget",
 ] * 8
 N_CTX = 512
+
+
+def fake_info(name: str = "tiny", checksum: str = "abc", **changes) -> ModelInfo:
+    """The record of a model that was never loaded, for tests of the run store."""
+    fields = dict(name=name, source="test", checksum=checksum, architecture="LlamaForCausalLM",
+                  n_layers=2, n_heads=4, n_kv_heads=4, d_model=32, d_head=8, n_ctx=N_CTX,
+                  d_vocab=300, positions="rotary", causal=True, has_lm_head=True,
+                  bos_token_id=0, dtype="float32")
+    return ModelInfo(**{**fields, **changes})
 
 
 def tiny_tokenizer(folder: Path, bert: bool = False) -> PreTrainedTokenizerFast:

@@ -18,7 +18,7 @@ def labelled(label: str, control: Any, width: str | None = None) -> html.Div:
 
 
 def run_label(run: Run) -> str:
-    started = str(run.meta.get("started_at") or "")[:16].replace("T", " ")
+    started = run.meta.started_at[:16].replace("T", " ")
     return f"{run.experiment} · {run.model_name or '-'} · {started} · {run.id[-4:]}"
 
 

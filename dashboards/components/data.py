@@ -96,9 +96,9 @@ def get_run(run_id: object, *, shows: Sequence[str] | None = None) -> Run:
     """
     run = listed_run(run_id)
     if run.status == "damaged":
-        raise WorkbenchError(f"run {run.id} is damaged: {run.meta.get('error', 'no reason')}")
+        raise WorkbenchError(f"run {run.id} is damaged: {run.meta.error or 'no reason'}")
     if run.status != "complete":
-        why = f" ({run.meta['error']})" if run.meta.get("error") else ""
+        why = f" ({run.meta.error})" if run.meta.error else ""
         raise WorkbenchError(f"run {run.id} is {run.status}{why}; pages show complete runs")
     if shows is not None and run.experiment not in shows:
         article = "an" if run.experiment[:1] in tuple("aeiou") else "a"

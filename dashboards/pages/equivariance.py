@@ -95,10 +95,10 @@ def _read(path: str, name: str, sha: str) -> pd.DataFrame:
 def table(run_id: str, name: str) -> pd.DataFrame:
     """A run's table, read (and checksummed) once per process and file version."""
     run = data.get_run(run_id, shows=SHOWS)
-    entry = run.meta.get("tables", {}).get(name)
+    entry = run.meta.tables.get(name)
     if entry is None:
         return run.table(name)  # raises: no such table (the message lists the run's)
-    return _read(str(run.path), name, entry["sha256"])
+    return _read(str(run.path), name, entry.sha256)
 
 
 @callback(Output("equivariance-verdicts", "data"),

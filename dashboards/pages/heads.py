@@ -58,7 +58,7 @@ def table_columns(declared: Table) -> list[str]:
 
 @safe_layout("Heads")
 def layout(run: str | None = None, compare: str | None = None, **_: str) -> html.Div:
-    runs = sorted(_runs(), key=lambda r: r.meta.get("started_at", ""), reverse=True)
+    runs = sorted(_runs(), key=lambda r: r.meta.started_at, reverse=True)
     if not runs and run is None:  # a requested run is checked, and refused, below
         return html.Div([html.H2("Heads"), html.P(
             "No head-finding runs yet: `workbench run induction-heads --model smollm2`.",

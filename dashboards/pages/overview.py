@@ -66,7 +66,7 @@ def choose_run(run_id: str):
     metrics = list(dict.fromkeys(run.table(HEAD_SCORES.name).metric))
     if not metrics:
         return [], None, None, message(f"run {run_id} has no head scores")
-    summary = [html.Li(line) for line in run.meta.get("summary", [])]
+    summary = [html.Li(line) for line in run.meta.summary]
     metric = DEFAULT_METRIC if DEFAULT_METRIC in metrics else metrics[0]
     return metrics, metric, summary, None
 

@@ -85,7 +85,7 @@ def choose_run(run_id: str):
     budgets = [{"label": f"{b:.0%}", "value": float(b)}
                for b in sorted(run.table(MASKS.name).budget.unique())]
     orders = [o for o in dict.fromkeys(curve.order) if o != "random"]
-    summary = [html.Li(line) for line in run.meta.get("summary", [])]
+    summary = [html.Li(line) for line in run.meta.summary]
     return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
             metrics, metrics[0], budgets, budgets[0]["value"] if budgets else None,
             orders, orders[0], summary, f"the run's summary ({len(summary)} lines)", None)

@@ -8,7 +8,7 @@ open in no page."""
 from __future__ import annotations
 
 import json
-from typing import Any, get_args
+from typing import get_args
 
 import dash
 from dash import Input, Output, State, callback, dash_table, dcc, html
@@ -27,21 +27,6 @@ PAGE_SIZE = 20
 COLUMNS = ["open", "run", "experiment", "model", "status", "started", "tables", "problem"]
 
 
-def _text(value: Any, default: str = "-") -> str:
-    """A ``run.json`` field for display (a damaged run's may be of any type, or missing)."""
-    return value if isinstance(value, str) and value else default
-
-
-def _model(run: Run) -> str:
-    model = run.meta.get("model")
-    return _text(model.get("name")) if isinstance(model, dict) else "-"
-
-
-def _tables(run: Run) -> list[str]:
-    tables = run.meta.get("tables")
-    return sorted(str(name) for name in tables) if isinstance(tables, dict) else []
-
-
 def open_cell(run: Run) -> str:
     """A markdown link to the page that shows a complete run (nothing for the others)."""
     if run.status != "complete":
@@ -51,11 +36,10 @@ def open_cell(run: Run) -> str:
 
 def row(run: Run) -> dict[str, str]:
     """One line of the table; ``problem`` is why a run is damaged, failed or interrupted."""
-    return {"open": open_cell(run), "run": run.id, "experiment": _text(run.meta.get("experiment")),
-            "model": _model(run), "status": run.status,
-            "started": _text(run.meta.get("started_at"), "")[:19],
-            "tables": ", ".join(_tables(run)),
-            "problem": "" if run.status == "complete" else _text(run.meta.get("error"), "")}
+    return {"open": open_cell(run), "run": run.id, "experiment": run.experiment,
+            "model": run.model_name or "-", "status": run.status,
+            "started": run.meta.started_at[:19], "tables": ", ".join(run.table_names()),
+            "problem": "" if run.status == "complete" else run.meta.error or ""}
 
 
 @safe_layout("Runs")
@@ -141,15 +125,13 @@ def detail(run: Run) -> list:
             dcc.Link(f"open in {page['name']}", href=f"{page['relative_path']}?run={run.id}",
                      className="wb-open", style={"marginRight": "1.5em"})
             for page in pages if page["path"] != links.RUNS_PAGE]))
-    if meta.get("error"):
-        children.append(message(f"{run.status}: {meta['error']}"))
+    if meta.error:
+        children.append(message(f"{run.status}: {meta.error}"))
     if run.status == "damaged":
         return children  # its run.json cannot be trusted to say more
-    facts = {k: meta.get(k) for k in ("run_id", "experiment", "status", "started_at",
-                                      "ended_at", "workbench_version", "git", "seed")}
-    children += [html.Ul([html.Li(line) for line in meta.get("summary", [])]),
-                 html.Pre(json.dumps({**facts, "model": meta.get("model"),
-                                      "config": meta.get("config"),
-                                      "tables": meta.get("tables")}, indent=2, default=str),
-                          className="wb-pre")]
+    shown = meta.model_dump(mode="json", include={
+        "run_id", "experiment", "status", "started_at", "ended_at", "workbench_version",
+        "git", "seed", "model", "config", "tables"})
+    children += [html.Ul([html.Li(line) for line in meta.summary]),
+                 html.Pre(json.dumps(shown, indent=2), className="wb-pre")]
     return children

@@ -96,7 +96,7 @@ def choose_run(run_id: str | None):
     inputs = list(run.table(SINK_RATES.name).input)
     metrics = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != "sink", m))
     return (inputs, inputs[0], metrics, "sink",
-            [html.Li(line) for line in run.meta.get("summary", [])], None)
+            [html.Li(line) for line in run.meta.summary], None)
 
 
 @callback(Output("sinks-heatmap", "figure"), Input("sinks-run", "value"),

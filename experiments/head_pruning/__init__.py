@@ -212,7 +212,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
             notes.append(f"masks for --heads-mask: {', '.join(p.name for p in written)} "
                          "in the run folder's masks/")
         survival = survival_table(order[order.order == first.order],
-                                  kind_scores(ctx.store, info.to_dict()), cfg.top_k)
+                                  kind_scores(ctx.store, info), cfg.top_k)
         stage("removal speed-up")
         speed = speedup_table(pruner, masks, cfg.speed_repeats)
     if cfg.ablation != "zero":

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -47,6 +47,7 @@ from workbench.models.surgery import hf_forward, plain_copy, remove_heads
 from workbench.scores.embeddings import batch_embeddings, mean_pool, sentence_embeddings
 from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
+from workbench.store.records import ModelInfo
 from workbench.store.runs import RunStore
 
 if TYPE_CHECKING:
@@ -472,13 +473,13 @@ def spearman(a: pd.Series, b: pd.Series) -> float:
     return float(a.rank().corr(b.rank()))
 
 
-def kind_scores(store: RunStore | None, model: dict[str, Any]) -> pd.DataFrame:
+def kind_scores(store: RunStore | None, model: ModelInfo) -> pd.DataFrame:
     """Head scores of the newest complete, unmasked run of each experiment of
     ``KIND_EXPERIMENTS`` on the same model weights (empty when there are none).
 
     Args:
         store: the run store to search (``None``: outside a store, nothing to join).
-        model: ``ModelInfo.to_dict()`` (or a run's ``model`` record): name and checksum.
+        model: the model whose weights the runs must share (name and checksum).
     """
     frames = []
     for name in KIND_EXPERIMENTS if store is not None else ():

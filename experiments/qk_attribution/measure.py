@@ -81,7 +81,7 @@ def _stored_scores(ctx: Context, model: Model, experiment: str) -> tuple[pd.Data
     """The head scores of the newest run of ``experiment`` on these weights, if any."""
     if ctx.store is None:
         return pd.DataFrame(), ""
-    run = ctx.store.latest_on_weights(experiment, model.info.to_dict())
+    run = ctx.store.latest_on_weights(experiment, model.info)
     if run is None:
         return pd.DataFrame(), ""
     try:
@@ -119,7 +119,7 @@ def previous_token_heads(model: Model, cfg: Config, ctx: Context, heads: list[He
     else the top ``n_previous`` previous_token heads (natural text) below the deepest
     chosen head, as that ablation picks them."""
     if ctx.store is not None:
-        run = ctx.store.latest_on_weights("induction-heads", model.info.to_dict())
+        run = ctx.store.latest_on_weights("induction-heads", model.info)
         try:
             table = run.table("ablation") if run is not None else None
         except WorkbenchError:

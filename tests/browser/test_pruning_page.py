@@ -119,7 +119,7 @@ def test_figures_come_before_the_summary_which_is_collapsed(page, served):
     url, run = served
     page.goto(f"{url}/pruning?run={run.id}")
     figure(page, "pruning-importance", title_contains="importance_gradient", timeout=60)
-    lines = run.meta["summary"]
+    lines = run.meta.summary
     page.wait_for_function("() => document.querySelector('#pruning-summary-title')"
                            f".innerText.includes('({len(lines)} lines)')")
     # every figure precedes the list in the page (DOCUMENT_POSITION_FOLLOWING = 4)

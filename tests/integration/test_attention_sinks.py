@@ -123,7 +123,7 @@ def test_minilm_from_the_command_line(runs_dir):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     run = RunStore(runs_dir).get(proc.stdout.strip().splitlines()[-1])
-    summary = "\n".join(run.meta["summary"])
+    summary = "\n".join(run.meta.summary)
     assert "streaming perplexity: skipped" in summary and "no next-token perplexity" in summary
     assert "with/without BOS: skipped" in summary
     assert "streaming_perplexity" not in run.table_names()

@@ -27,7 +27,7 @@ def test_record_and_run_from_the_command_line(model, prompt_set, runs_dir):
     out = workbench("run", "head-overview", "--model", model, "--set",
                     f"prompt_set={prompt_set}", "--set", "n_boot=100")
     run = RunStore(runs_dir).get(out[-1])
-    assert run.status == "complete" and run.meta["model"]["checksum"]
+    assert run.status == "complete" and run.meta.model.checksum
     scores = run.table("head_scores")
     n_heads = rec.n_layers * rec.n_heads
     assert len(scores) == 4 * n_heads and scores.score.notna().all()

@@ -65,7 +65,7 @@ def test_every_check_meets_its_expectation(results, model):
         rows = verdicts[(verdicts.component == component) & (verdicts.condition == condition)]
         assert len(rows) and set(rows.verdict) >= {want}, (component, condition)
     cases = run.table("equivariance")
-    n_layers = run.meta["model"]["n_layers"]
+    n_layers = run.meta.model.n_layers
     sub = cases[cases.condition == "no positions, no mask"]
     assert sorted(sub.layer.unique()) == list(range(n_layers))  # every layer
     assert sub.max_rel_error.max() < 1e-5
@@ -91,5 +91,5 @@ def test_runs_from_the_command_line(runs_dir):
     assert proc.returncode == 0, proc.stderr
     run = RunStore(runs_dir).get(proc.stdout.strip().splitlines()[-1])
     assert run.status == "complete"
-    assert "checks as expected" in run.meta["summary"][0]
+    assert "checks as expected" in run.meta.summary[0]
     assert set(run.table("equivariance").query("layer >= 0").layer) == {0, 5}

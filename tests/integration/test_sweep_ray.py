@@ -55,7 +55,7 @@ def test_a_sweep_gives_the_tables_of_the_runs_made_one_by_one(ray_local, folders
     assert result.experiment == "sweep" and result.status == "complete"
     table = result.table("cells")
     assert table.status.tolist() == ["complete"] * 4
-    assert result.meta["cells"] == table.run_id.tolist()
+    assert result.meta.cells == table.run_id.tolist()
     assert (result.path / sweep.SPEC_FILE).is_file()
     # each worker loads each model it runs once, whatever the number of its cells
     loads = table.groupby(["worker", "model"]).loaded_model.sum()
@@ -91,7 +91,7 @@ def test_a_failing_cell_leaves_the_others_complete(ray_local, folders, runs_dir)
     failed = table.loc[str(folders[1].resolve())]
     assert failed.status == "failed" and failed.error
     failed_run = RunStore(runs_dir).get(failed.run_id)
-    assert failed_run.status == "failed" and failed_run.meta["error"] in failed.error
+    assert failed_run.status == "failed" and failed_run.meta.error in failed.error
     good = table.loc[[str(folders[0].resolve())]]
     assert good.status.tolist() == ["complete", "complete"]
     assert set(result.table("scores").cell) == set(good.cell)
@@ -106,8 +106,8 @@ def _kill_slow_cell(root: Path, stop: threading.Event, killed: list[int]) -> Non
                 meta = RunStore(root).get(folder).meta
             except WorkbenchError:
                 continue
-            pid = meta.get("pid")
-            if meta.get("config", {}).get("n_boot") == 3000 and isinstance(pid, int):
+            pid = meta.pid
+            if meta.config.get("n_boot") == 3000 and isinstance(pid, int):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
                 return

@@ -60,7 +60,7 @@ def check_failed_run(result: tuple[int, list[str], str], status: int, fragment: 
     runs = RunStore(runs_dir).runs()
     assert len(runs) == 1 and len(stored(runs_dir)) == 1
     assert runs[0].status == "failed", runs[0].meta
-    assert cause in runs[0].meta["error"], runs[0].meta["error"]
+    assert cause in runs[0].meta.error, runs[0].meta.error
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.recordings import write_format1
-from tests.tiny import cli
+from tests.tiny import cli, fake_info
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
 from workbench.models import checkpoints, native
@@ -25,7 +25,7 @@ from workbench.store import provenance
 from workbench.store.runs import INCOMPLETE, RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables
 
-MODEL = {"name": "tiny", "checksum": "abc"}
+MODEL = fake_info()
 ONE = Table("t", "one integer column", columns(("a", "int", "a number")))
 TABLES = tables(ONE)
 
@@ -34,7 +34,7 @@ TABLES = tables(ONE)
 def quick_provenance(monkeypatch):
     """Skip torch and git lookups: these tests make many runs."""
     monkeypatch.setattr(provenance, "collect",
-                        lambda: {"versions": {}, "git": None, "machine": {}})
+                        lambda: {"versions": {}, "git": None, "machine": None})
 
 
 @pytest.fixture
@@ -109,36 +109,48 @@ def _table(**entry):
 
 MALFORMED = {
     "empty-object": (lambda m, f: "{}", "run.json has no 'run_id'"),
-    "list": (lambda m, f: "[]", "run.json holds list, expected an object"),
+    "list": (lambda m, f: "[]", "run.json: expected an object, got []"),
     "empty-file": (lambda m, f: "", "run.json is not valid JSON"),
     "not-json": (lambda m, f: "{'run_id': oops", "run.json is not valid JSON"),
     "not-utf8": (lambda m, f: b"\xff\xfe{\x00".decode("latin-1"), "run.json is not valid JSON"),
     "nested-too-deep": (lambda m, f: "[" * 200_000, "run.json is not valid JSON"),
     "missing-run-id": (_meta(lambda m: m.pop("run_id")), "run.json has no 'run_id'"),
-    "run-id-of-another-folder": (_meta(lambda m: m.update(run_id="20990101-other")),
-                                 "run_id '20990101-other' does not match its folder"),
+    "run-id-of-another-folder": (
+        _meta(lambda m: m.update(run_id="20990101-000000-exp-tiny-beef")),
+        "run_id '20990101-000000-exp-tiny-beef' does not match its folder"),
+    "run-id-not-an-id": (_meta(lambda m: m.update(run_id="20990101-other")),
+                         "run.json 'run_id': expected a run id"),
+    "run-id-with-newline": (_meta(lambda m: m.update(run_id=m["run_id"] + "\nx")),
+                            "run.json 'run_id': expected a run id"),
     "started-at-number": (_meta(lambda m: m.update(started_at=12345)),
-                          "'started_at' is int, expected a string"),
+                          "run.json 'started_at': expected a valid string, got 12345"),
     "unknown-status": (_meta(lambda m: m.update(status="done")),
-                       "status 'done' is not one of running, complete"),
+                       "run.json 'status': expected 'running', 'complete'"),
     "status-missing": (_meta(lambda m: m.pop("status")), "run.json has no 'status'"),
-    "config-is-list": (_meta(lambda m: m.update(config=[1, 2])), "'config' is list"),
-    "model-is-string": (_meta(lambda m: m.update(model="tiny")), "'model' is str"),
+    "config-is-list": (_meta(lambda m: m.update(config=[1, 2])), "run.json 'config': expected an object, got [1, 2]"),
+    "model-is-string": (_meta(lambda m: m.update(model="tiny")), "run.json 'model': expected an object, got 'tiny'"),
     "model-without-name": (_meta(lambda m: m.update(model={"checksum": "x"})),
-                           "model has no 'name' string"),
-    "tables-is-list": (_meta(lambda m: m.update(tables=["t"])), "'tables' is list"),
+                           "run.json has no 'model.name'"),
+    "tables-is-list": (_meta(lambda m: m.update(tables=["t"])), "run.json 'tables': expected an object, got ['t']"),
     "summary-not-strings": (_meta(lambda m: m.update(summary=[1, 2])),
-                            "summary is not a list of strings"),
-    "pid-is-string": (_meta(lambda m: m.update(pid="123")), "'pid' is str"),
-    "table-without-sha256": (_table(sha256=None), "table 't': no 'sha256' of 64 hex digits"),
-    "table-short-sha256": (_table(sha256="abc"), "table 't': no 'sha256' of 64 hex digits"),
-    "table-rows-string": (_table(rows="3"), "table 't': no 'rows' count"),
-    "table-file-number": (_table(file=7), "table 't': no 'file' string"),
-    "table-file-dev-zero": (_table(file="/dev/zero"), "'/dev/zero' is an absolute path"),
+                            "run.json 'summary.0': expected a valid string, got 1"),
+    "pid-is-string": (_meta(lambda m: m.update(pid="123")), "run.json 'pid': expected a valid integer, got '123'"),
+    "pid-beyond-pid-t": (_meta(lambda m: m.update(pid=4294967296)),
+                         "run.json 'pid': expected at most 2147483647, got 4294967296"),
+    "table-without-sha256": (_table(sha256=None), "run.json has no 'tables.t.sha256'"),
+    "table-short-sha256": (_table(sha256="abc"),
+                           "run.json 'tables.t.sha256': expected a SHA-256"),
+    "table-rows-string": (_table(rows="3"), "run.json 'tables.t.rows': expected a valid integer"),
+    "table-rows-negative": (_table(rows=-1), "run.json 'tables.t.rows': expected at least 0"),
+    "table-file-number": (_table(file=7), "run.json 'tables.t.file': expected a valid string"),
+    "table-file-dev-zero": (_table(file="/dev/zero"),
+                            "run.json 'tables.t.file': expected a path inside its folder"),
     "table-file-etc-hostname": (_table(file="/etc/hostname"),
-                                "'/etc/hostname' is an absolute path"),
+                                "run.json 'tables.t.file': expected a path inside its folder"),
     "table-file-climbs-out": (_table(file="../other/x.parquet"),
-                              "'../other/x.parquet' points outside"),
+                              "run.json 'tables.t.file': expected a path inside its folder"),
+    "unknown-field": (_meta(lambda m: m.update(colour="blue")),
+                      "run.json has an unknown field 'colour'"),
 }
 
 
@@ -152,8 +164,8 @@ def test_a_malformed_run_json_damages_only_its_run(store, variant, deadline):
     listed = {r.id: r for r in store.runs()}
     assert set(listed) == {healthy.id, victim.id}
     damaged = listed[victim.id]
-    assert damaged.status == "damaged" and message in damaged.meta["error"]
-    assert "\n" not in damaged.meta["error"]
+    assert damaged.status == "damaged" and message in damaged.meta.error
+    assert "\n" not in damaged.meta.error
     assert [r.id for r in store.runs(status="damaged")] == [victim.id]
     assert store.get(victim.id).status == "damaged"  # served by id, as damaged
     with pytest.raises(WorkbenchError, match=f"run {victim.id} is damaged"):
@@ -173,7 +185,7 @@ def test_a_run_json_that_is_not_a_file_damages_the_run_unread(store, deadline, d
     healthy, victim = make_run(store), make_run(store)
     damage(victim.path / RUN_JSON)
     run = store.get(victim.id)
-    assert run.status == "damaged" and message in run.meta["error"]
+    assert run.status == "damaged" and message in run.meta.error
     assert store.get(healthy.id).status == "complete"
 
 
@@ -310,10 +322,11 @@ def test_folder_references_inside_the_store_still_work(store, tmp_path, monkeypa
                 str((store.root / run.id).resolve())):
         found = store.get(ref)
         assert found.id == run.id and found.path == store.root / run.id
-    staged = store.root / INCOMPLETE / "20990101-staged"
+    staged = store.root / INCOMPLETE / "20990101-000000-exp-tiny-dead"
     staged.mkdir()
     (staged / RUN_JSON).write_text(json.dumps({
-        "run_id": staged.name, "experiment": "exp", "status": "running", "started_at": "x",
+        "run_id": staged.name, "experiment": "exp", "status": "running",
+        "started_at": "2099-01-01T00:00:00+00:00",
         "config": {}, "model": None, "pid": None}))
     assert store.get(f"{INCOMPLETE}/{staged.name}").status == "interrupted"
     assert store.get(staged).path == staged
@@ -364,7 +377,7 @@ def test_cli_reuse_runs_again_when_the_stored_table_was_altered(capsys, runs_dir
     first = RunStore(runs_dir).get(out[-1])
     status, out, _ = cli(capsys, *args)
     assert status == 0 and RunStore(runs_dir).get(out[-1]).id == first.id  # reused
-    _altered(first.path / first.meta["tables"]["head_scores"]["file"])
+    _altered(first.path / first.meta.tables["head_scores"].file)
     status, out, err = cli(capsys, *args)
     assert status == 0 and "Traceback" not in err
     second = RunStore(runs_dir).get(out[-1])
@@ -463,30 +476,34 @@ def _block(value):
 
 
 INDEXES = {
-    "empty-object": (_raw_index("{}"), "format_version None is not supported"),
-    "list": (_raw_index("[]"), "holds list, expected an object"),
+    "empty-object": (_raw_index("{}"), "index.json has no 'format_version'"),
+    "list": (_raw_index("[]"), "index.json: expected an object, got []"),
     "not-json": (_raw_index("{nope"), "is not valid JSON"),
     "n-layers-string": (_index(lambda i: i.update(n_layers="2")),
-                        "'n_layers' is not a positive integer"),
-    "no-prompts": (_index(lambda i: i.pop("prompts")), "'prompts' is not a non-empty list"),
+                        "index.json 'n_layers': expected a valid integer, got '2'"),
+    "no-prompts": (_index(lambda i: i.pop("prompts")), "index.json has no 'prompts'"),
+    "empty-prompts": (_index(lambda i: i.update(prompts=[])),
+                      "index.json 'prompts': Tuple should have at least 1 item"),
     "token-ids-strings": (_index(lambda i: i["prompts"][0].update(token_ids=["a"])),
-                          "prompt 0: 'token_ids' is not a non-empty list"),
+                          "index.json 'prompts.0.token_ids.0': expected a valid integer"),
     "tokens-length-mismatch": (_index(lambda i: i["prompts"][1]["tokens"].append("x")),
-                               "prompt 1: 'tokens' is not a list of strings, one per"),
-    "files-not-object": (_index(lambda i: i.update(files=[])), "'files' is not an object"),
+                               "index.json 'prompts.1': 'tokens' has 4 strings for 3 token"),
+    "files-not-object": (_index(lambda i: i.update(files=[])),
+                         "index.json 'files': expected an object, got []"),
     "file-size-string": (_index(lambda i: i["files"]["attn/L000.bin"].update(size="9")),
-                         "file 'attn/L000.bin' has no size and sha256"),
+                         "index.json 'files.attn/L000.bin.size': expected a valid integer"),
     "file-not-listed": (_index(lambda i: i["files"].pop("attn/L001.bin")),
                         "data file attn/L001.bin is not listed"),
     "block-missing": (_index(lambda i: i["blocks"].pop("attn/1")),
                       "'blocks' has no attn/1 entry for each prompt"),
     "block-dtype-object": (_index(_block([0, "object"])),
-                           "block attn/0 is not [offset, float16|float32]"),
+                           "index.json 'blocks.attn/0.1.1': expected 'float16' or 'float32'"),
     "block-beyond-file": (_index(_block([10**9, "float16"])),
                           "a block of attn/0 lies beyond the end of attn/L000.bin"),
     "file-path-etc-hostname": (_index(_extra_file("/etc/hostname")),
-                               "'/etc/hostname' is an absolute path"),
-    "file-path-climbs-out": (_index(_extra_file("../../x.bin")), "points outside"),
+                               "index.json 'files./etc/hostname': expected a path inside"),
+    "file-path-climbs-out": (_index(_extra_file("../../x.bin")),
+                             "index.json 'files.../../x.bin': expected a path inside"),
     "data-file-symlink-to-dev-zero": (_file("attn/L000.bin", _symlink("/dev/zero")),
                                       "leads outside"),
     "data-file-fifo": (_file("attn/L000.bin", _fifo), "is not a regular file"),

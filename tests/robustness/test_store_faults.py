@@ -16,13 +16,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.tiny import fake_info
 from workbench.core import durable
 from workbench.core.paths import REPO_ROOT
 from workbench.store import provenance
 from workbench.store.runs import INCOMPLETE, RESERVE, RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables
 
-MODEL = {"name": "tiny", "checksum": "abc"}
+MODEL = fake_info()
 TABLES = tables(Table("t", "one integer column", columns(("a", "int", "a number"))),
                 Table("big", "random floats", columns(("x", "float", "a number"))))
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -32,7 +33,7 @@ EROFS = OSError(errno.EROFS, os.strerror(errno.EROFS))
 @pytest.fixture(autouse=True)
 def quick_provenance(monkeypatch):
     monkeypatch.setattr(provenance, "collect",
-                        lambda: {"versions": {}, "git": None, "machine": {}})
+                        lambda: {"versions": {}, "git": None, "machine": None})
 
 
 def leftovers(root: Path) -> list[str]:
@@ -55,8 +56,10 @@ KILLER = textwrap.dedent('''
     from workbench.store import provenance
     from workbench.store.runs import RunStore
     from workbench.store.schema import Table, columns, tables
+    from tests.tiny import fake_info
 
-    provenance.collect = lambda: {"versions": {}, "git": None, "machine": {}}
+    provenance.collect = lambda: {"versions": {}, "git": None, "machine": None}
+    MODEL = fake_info()
     root, step, failing = sys.argv[1], sys.argv[2], sys.argv[3] == "fail"
     TABLES = tables(Table("t", "one integer column", columns(("a", "int", "a number"))))
     real = {"write_atomic": durable.write_atomic, "write_bytes": durable._write_bytes,
@@ -97,7 +100,7 @@ KILLER = textwrap.dedent('''
 
     durable.write_atomic, durable._write_bytes = write_atomic, write_bytes
     durable.fsync_file, os.replace = fsync_file, replace
-    with RunStore(root).start("exp", {"name": "tiny", "checksum": "abc"}, {"n": 3},
+    with RunStore(root).start("exp", MODEL, {"n": 3},
                               tables=TABLES) as run:
         run.save_table("t", pd.DataFrame({"a": range(3)}))
         (run.dir / "recording").mkdir()
@@ -128,9 +131,9 @@ def test_a_kill_while_finishing_leaves_nothing_complete_looking(tmp_path, step, 
     [run] = store.runs()
     assert run.path.parent.name == INCOMPLETE
     if outcome == "fail" and step != "before-status":  # killed after it recorded its failure
-        assert run.status == "failed" and run.meta["error"] == "RuntimeError: the experiment broke"
+        assert run.status == "failed" and run.meta.error == "RuntimeError: the experiment broke"
     else:
-        assert run.status == "interrupted" and "without finishing" in run.meta["error"]
+        assert run.status == "interrupted" and "without finishing" in run.meta.error
         assert store.remove_incomplete() == 1 and store.runs() == []
     assert_nothing_complete(store)
 
@@ -235,9 +238,9 @@ def test_a_full_or_read_only_disk_fails_the_run_with_its_cause(tmp_path, disk, c
     assert caught.value.errno == error.errno  # the error reaches the caller
     disk.fail(None)
     [failed] = store.runs()
-    assert failed.status == "failed" and cause in failed.meta["error"]
+    assert failed.status == "failed" and cause in failed.meta.error
     if where == "table":  # the cause recorded is the first error, not a later one
-        assert ".big.parquet.tmp" in failed.meta["error"]
+        assert ".big.parquet.tmp" in failed.meta.error
     assert ("using the reserved space" in caplog.text) == ("json" in kinds)
     assert failed.path == store.root / run.id  # a failed run is moved into place
     assert json.loads((failed.path / RUN_JSON).read_text())["status"] == "failed"
@@ -281,7 +284,7 @@ def test_a_flush_that_fails_at_completion_fails_the_run(tmp_path, monkeypatch):
         run.save_table("t", pd.DataFrame({"a": range(3)}))
         monkeypatch.setattr(durable, "fsync_file", broken)
     [failed] = store.runs()
-    assert failed.status == "failed" and "Input/output error" in failed.meta["error"]
+    assert failed.status == "failed" and "Input/output error" in failed.meta.error
     assert failed.path.parent.name == INCOMPLETE  # could not be flushed, so not moved
 
 
@@ -305,14 +308,17 @@ REAL = textwrap.dedent('''
     from workbench.store import provenance
     from workbench.store.runs import RunStore
     from workbench.store.schema import Table, columns, tables
+    sys.path.insert(0, os.getcwd())  # the checkout, for the tests' fake model record
+    from tests.tiny import fake_info
 
-    provenance.collect = lambda: {"versions": {}, "git": None, "machine": {}}
+    provenance.collect = lambda: {"versions": {}, "git": None, "machine": None}
+    MODEL = fake_info()
     root, mode = Path(sys.argv[1]), sys.argv[2]
     TABLES = tables(Table("t", "ints", columns(("a", "int", "a number"))),
                     Table("big", "floats", columns(("x", "float", "a number"))))
     store, result = RunStore(root / "runs"), {}
     try:
-        with store.start("exp", {"name": "tiny", "checksum": "abc"}, {"n": 3},
+        with store.start("exp", MODEL, {"n": 3},
                          tables=TABLES) as run:
             run.save_table("t", pd.DataFrame({"a": range(3)}))
             if mode == "full":  # fill the disk to the last byte, then try to write more
@@ -327,7 +333,7 @@ REAL = textwrap.dedent('''
             run.save_table("big", pd.DataFrame({"x": np.random.rand(100_000)}))
     except OSError as exc:
         result["raised"] = str(exc)
-    result["runs"] = [{"status": r.status, "error": r.meta.get("error"), "path": str(r.path)}
+    result["runs"] = [{"status": r.status, "error": r.meta.error, "path": str(r.path)}
                       for r in store.runs()]
     result["tmp"] = [str(p) for p in root.rglob("*.tmp")]
     print(json.dumps(result))

@@ -212,13 +212,13 @@ def test_run_on_the_tiny_llama(tiny_runs):
     assert run.table("repeated_token_check").relative_deviation.max() < 1e-5
     head = run.table("head_scores")
     assert {"layer", "head", "metric", "score", "ci_low", "ci_high", "n_prompts"} <= set(head)
-    assert not any("skipped" in line for line in run.meta["summary"])
+    assert not any("skipped" in line for line in run.meta.summary)
     assert run.table("skipped").empty
 
 
 def test_encoder_run_skips_what_does_not_apply(tiny_runs):
     run = tiny_runs[1]
-    summary = "\n".join(run.meta["summary"])
+    summary = "\n".join(run.meta.summary)
     assert "with/without BOS: skipped" in summary and "streaming perplexity: skipped" in summary
     assert "repeated-token property: skipped" in summary  # BERT has learned positions
     assert "streaming_perplexity" not in run.table_names()

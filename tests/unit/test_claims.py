@@ -137,7 +137,7 @@ def test_model_free_claims_run_once_without_a_model(tmp_path):
     assert "m = 0.700 (no interval in the table) at L0H2 (threshold 0.5)" in table.measured.iloc[0]
     assert (table.value.iloc[0], table.ci_low.iloc[0], table.ci_high.iloc[0]) == (0.7, 0.7, 0.7)
     run = RunStore(tmp_path / "runs").get(table.run.iloc[0])
-    assert run.meta["model"] is None and run.config == {"value": 0.7}
+    assert run.meta.model is None and run.config == {"value": 0.7}
     # a second reproduce reuses the runs; naming a model skips the model-free claims
     again = claims.reproduce(loaded, runs_dir=tmp_path / "runs")
     assert list(again.run) == list(table.run)
@@ -192,6 +192,6 @@ def test_reproduce_prints_reproductions_and_invariants_apart(tmp_path, monkeypat
     assert head < out.index("PASS      finding  [-]") < out.index("Reproductions: 1 pass") < tail
     assert tail < out.index("FAIL      theorem  [-]") < out.index("Invariants: 1 fail")
     stored = RunStore(tmp_path / "runs").get(out[-1].split("/")[-1])
-    assert stored.meta["summary"] == ["reproductions: 1 pass; invariants: 1 fail"]
+    assert stored.meta.summary == ("reproductions: 1 pass; invariants: 1 fail",)
     assert dict(zip(stored.table("claims").claim, stored.table("claims").kind,
                     strict=True)) == {"finding": "reproduction", "theorem": "invariant"}

@@ -61,7 +61,7 @@ def test_run_experiment_writes_head_scores(capsys, runs_dir, llama_folder):
     scores = run.table("head_scores")
     assert {"layer", "head", "metric", "score", "ci_low", "ci_high"} <= set(scores.columns)
     assert len(scores) == 2 * 4 * 4  # layers x heads x metrics
-    assert run.config["n_boot"] == 50 and run.meta["model"]["n_kv_heads"] == 2
+    assert run.config["n_boot"] == 50 and run.meta.model.n_kv_heads == 2
 
 
 def test_experiments_lists_fields(capsys):

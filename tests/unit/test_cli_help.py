@@ -78,8 +78,8 @@ def test_wall_time_comes_from_the_default_config_runs_only(capsys, runs_dir, lla
     status, out, _ = cli(capsys, "run", "head-overview", "--help")
     text = _joined(out)
     assert status == 0 and default_run.id in text and other_run.id not in text
-    seconds = (pd.Timestamp(default_run.meta["ended_at"])
-               - pd.Timestamp(default_run.meta["started_at"])).total_seconds()
+    seconds = (pd.Timestamp(default_run.meta.ended_at)
+               - pd.Timestamp(default_run.meta.started_at)).total_seconds()
     shown = "under 1 s" if seconds < 1 else f"{seconds:.0f} s"  # run.json keeps whole seconds
     assert f"default on {llama_folder}: {shown}" in text
 

@@ -384,10 +384,10 @@ HEAD_SCORES = schema.tables(schema.Table("head_scores", "scores per head", schem
 
 def test_survival_join_finds_matching_runs_only(llama, tmp_path):
     store = RunStore(tmp_path)
-    info = llama.info.to_dict()
+    info = llama.info
     heads = pd.DataFrame({"layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 1, 2, 3] * 2,
                           "metric": "induction", "score": np.arange(8.0)})
-    for model, interventions in [(info, None), ({**info, "checksum": "other"}, None),
+    for model, interventions in [(info, None), (info.replace(checksum="other"), None),
                                  (info, {"heads_mask": {}})]:
         with store.start("induction-heads", model, {}, tables=HEAD_SCORES,
                          extra={"interventions": interventions}) as run:
@@ -454,7 +454,7 @@ def test_tables_left_empty_still_match_their_declarations(llama, tmp_path):
                          runs_dir=tmp_path)
     assert run.table("speedup").empty and run.table("survival").empty
     assert set(run.table("pruning_curve").order) == {"gradient"}
-    assert any("survival by kind of head skipped" in line for line in run.meta["summary"])
+    assert any("survival by kind of head skipped" in line for line in run.meta.summary)
 
 
 class _Curve:

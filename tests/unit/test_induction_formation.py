@@ -372,7 +372,7 @@ def tiny_overrides(tmp_path, **over):
 
 def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     run = run_experiment("induction-formation", None, tiny_overrides(tmp_path))
-    assert run.status == "complete" and run.meta["model"] is None
+    assert run.status == "complete" and run.meta.model is None
     curve = run.table("training_curve")
     assert sorted(set(curve.step)) == [0, 3, 6] and set(curve.model) == {"L1", "L2"}
     assert curve.tokens.max() == 6 * 4 * 48

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
+from tests.tiny import fake_info
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.store.runs import INCOMPLETE, RunStore
 from workbench.store.schema import SchemaError, Table, columns, tables
 
-MODEL = {"name": "tiny", "checksum": "abc"}
+MODEL = fake_info()
 HEADS = Table("head_scores", "a score per head", columns(
     ("layer", "int", "layer"), ("head", "int", "head"), ("metric", "str", "which score"),
     ("score", "float", "the score")))
@@ -41,7 +42,7 @@ def test_complete_run_has_provenance_and_checked_tables(tmp_path):
     assert done.status == "complete" and done.path == tmp_path / run.id
     meta = json.loads((done.path / "run.json").read_text())
     assert meta["config"] == {"n": 3, "seed": 7} and meta["seed"] == 7
-    assert meta["model"] == MODEL
+    assert meta["model"] == MODEL.to_data()
     assert meta["versions"]["torch"] and meta["started_at"] <= meta["ended_at"]
     pd.testing.assert_frame_equal(done.table("head_scores"), df)
     assert not list((tmp_path / INCOMPLETE).iterdir())
@@ -54,8 +55,8 @@ def test_exception_and_ctrl_c_leave_failed_runs_with_the_error(tmp_path):
         raise RuntimeError("out of cheese")
     failed = store.get(run.id)
     assert failed.status == "failed"
-    assert failed.meta["error"] == "RuntimeError: out of cheese"
-    assert "out of cheese" in failed.meta["traceback"]
+    assert failed.meta.error == "RuntimeError: out of cheese"
+    assert "out of cheese" in failed.meta.traceback
     with pytest.raises(KeyboardInterrupt), store.start("exp", MODEL, Cfg()) as run2:
         raise KeyboardInterrupt
     assert store.get(run2.id).status == "failed"
@@ -75,7 +76,7 @@ def test_killed_process_leaves_an_interrupted_run(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     run = RunStore(tmp_path).get(run_id)
-    assert run.status == "interrupted" and "without finishing" in run.meta["error"]
+    assert run.status == "interrupted" and "without finishing" in run.meta.error
     assert RunStore(tmp_path).remove_incomplete() == 1
 
 
@@ -107,7 +108,7 @@ def test_find_matching_needs_same_config_and_weights(tmp_path):
     time.sleep(0.01)
     assert store.find_matching("exp", MODEL, Cfg()).id == run.id
     assert store.find_matching("exp", MODEL, Cfg(n=4)) is None
-    assert store.find_matching("exp", {**MODEL, "checksum": "other"}, Cfg()) is None
+    assert store.find_matching("exp", MODEL.replace(checksum="other"), Cfg()) is None
     assert store.find_matching("other", MODEL, Cfg()) is None
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 
+from tests.tiny import fake_info
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import get
 from workbench.harness.timing import wall_times
+from workbench.store.records import ModelInfo
 from workbench.store.runs import RunStore
 
 
-def _model(dtype: str = "float32") -> dict:
-    return {"name": "m", "checksum": "0" * 64, "dtype": dtype}
+def _model(dtype: str = "float32") -> ModelInfo:
+    return fake_info("m", "0" * 64, dtype=dtype)
 
 
 def _set_times(store: RunStore, run_id: str, start: str, end: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.tiny import cli
+from tests.tiny import cli, fake_info
 from workbench.harness.verify import Check, damage_summary
 from workbench.inputs.prompts import Prompt
 from workbench.models import checkpoints, native
@@ -21,7 +21,7 @@ from workbench.recording.record import record
 from workbench.store.runs import INCOMPLETE, RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables
 
-MODEL = {"name": "tiny", "checksum": "abc"}
+MODEL = fake_info()
 TABLES = tables(Table("t", "one integer column", columns(("a", "int", "a number"))))
 PROMPTS = [Prompt(text="the cat sat on the mat"), Prompt(text="bread")]
 CHUNK = Path("recording.zarr/attn/L001/c/1/0/0/0")  # layer 1, prompt 1: a real chunk file
@@ -48,7 +48,7 @@ def pristine(tmp_path_factory, llama, tokenizer):
     staged = store.root / INCOMPLETE / "20990101-000000-exp-tiny-dead"
     staged.mkdir()
     (staged / RUN_JSON).write_text(json.dumps({
-        "run_id": staged.name, "experiment": "exp", "status": "running", "started_at": "x",
+        "run_id": staged.name, "experiment": "exp", "status": "running", "started_at": "2099-01-01T00:00:00+00:00",
         "config": {}, "model": None, "pid": None}))  # no live process: interrupted
     record(llama, PROMPTS, root / "rec")
     return {"root": root, "record": rec_run.id, "table": table_run.id, "failed": bad.id,

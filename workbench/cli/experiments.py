@@ -19,7 +19,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
                          dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
-    for line in run.meta.get("summary", []):
+    for line in run.meta.summary:
         _out(line)
     _out(str(run.path))
 

@@ -68,16 +68,16 @@ def cmd_record(args: argparse.Namespace) -> None:
               "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid}
     store = RunStore(paths.runs_dir(args.out))
     interventions = {"heads_mask": mask.to_json()} if mask is not None else None
-    with store.start("record", model.info.to_dict(), config,
+    with store.start("record", model.info, config,
                      extra={"interventions": interventions}) as run, applied(model, mask):
         rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,
                      max_batch_tokens=args.max_batch_tokens, patterns=args.patterns,
                      topk=args.topk, include_resid=not args.no_resid)
         n_tokens = sum(len(p.token_ids) for p in rec.prompts)
         stored = f"top-{rec.topk}" if rec.patterns == "topk" else rec.patterns
-        run.set("summary", [f"recorded {len(rec)} prompts, {n_tokens} tokens, "
+        run.update(summary=[f"recorded {len(rec)} prompts, {n_tokens} tokens, "
                             f"{rec.n_layers} layers x {rec.n_heads} heads, {stored} patterns"])
     final = store.get(run.final)
-    for line in final.meta["summary"]:
+    for line in final.meta.summary:
         _out(line)
     _out(str(final.path))

@@ -21,7 +21,7 @@ def cmd_runs(args: argparse.Namespace) -> None:
         _out(f"no runs in {store.root}")
         return
     rows = [{"run": r.id, "experiment": r.experiment, "model": r.model_name or "-",
-             "status": r.status, "started": r.meta.get("started_at", "")[:19]} for r in runs]
+             "status": r.status, "started": r.meta.started_at[:19]} for r in runs]
     _out(_table(rows, ["run", "experiment", "model", "status", "started"]))
     _out(f"\n{len(runs)} runs in {store.root}")
 
@@ -41,22 +41,24 @@ def cmd_show(args: argparse.Namespace) -> None:
                                f"{did_you_mean(args.table, known)}; its tables: "
                                f"{', '.join(known) or 'none'}")
     meta = run.meta
-    model = meta.get("model") or {}
     _out(f"run        {run.id}")
     _out(f"experiment {run.experiment}")
-    _out(f"model      {model.get('name', '-')}  ({model.get('source', '-')}, "
-         f"sha256 {str(model.get('checksum', ''))[:16] or '-'})")
-    _out(f"status     {run.status}  ({meta.get('started_at')} -> {meta.get('ended_at', '...')})")
-    if meta.get("error"):
-        _out(f"error      {meta['error']}")
-    git = meta.get("git") or {}
-    _out(f"code       workbench {meta.get('workbench_version')}, git "
-         f"{(git.get('commit') or '-')[:12]}{' (dirty)' if git.get('dirty') else ''}")
-    _out("config     " + json.dumps(meta.get("config", {}), sort_keys=True))
-    for line in meta.get("summary", []):
+    if meta.model is None:
+        _out("model      -")
+    else:
+        _out(f"model      {meta.model.name}  ({meta.model.source}, "
+             f"sha256 {meta.model.checksum[:16] or '-'})")
+    _out(f"status     {run.status}  ({meta.started_at} -> {meta.ended_at or '...'})")
+    if meta.error:
+        _out(f"error      {meta.error}")
+    commit, dirty = (meta.git.commit, meta.git.dirty) if meta.git else (None, False)
+    _out(f"code       workbench {meta.workbench_version}, git "
+         f"{(commit or '-')[:12]}{' (dirty)' if dirty else ''}")
+    _out("config     " + json.dumps(meta.config, sort_keys=True))
+    for line in meta.summary:
         _out(f"summary    {line}")
-    for name, entry in sorted(meta.get("tables", {}).items()):
-        _out(f"table      {name} ({entry['rows']} rows)")
+    for name, entry in sorted(meta.tables.items()):
+        _out(f"table      {name} ({entry.rows} rows)")
     if (run.path / "recording").is_dir():
         _out("recording  recording/ (open with workbench.recording.Recording.open)")
     if args.table:

@@ -27,7 +27,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     with _sweep_bar(len(cells), args.quiet) as show:
         run = sweep.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
                               address=args.address, dtype=args.dtype, on_progress=show)
-    for line in run.meta.get("summary", []):
+    for line in run.meta.summary:
         _out(line)
     _out(str(run.path))
     bad = sweep.failed_cells(run)

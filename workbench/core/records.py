@@ -44,7 +44,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 from workbench.core.errors import WorkbenchError
 
 __all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
-           "RelPath", "json_schema", "problem"]
+           "RelPath", "json_schema", "matching", "problem"]
 
 STRICT = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
                     validate_default=False, ser_json_inf_nan="constants")
@@ -56,7 +56,23 @@ INT_MAX = 2**63 - 1
 Count = Annotated[int, Field(ge=0, le=INT_MAX)]
 """A whole number of things (rows, bytes, tokens, a step)."""
 PositiveInt = Annotated[int, Field(ge=1, le=INT_MAX)]
-Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def matching(regex: str, meaning: str, *, max_length: int = 4096) -> Any:
+    """A string type that must match ``regex``, refused as "expected ``meaning``"; the JSON
+    Schema keeps the pattern."""
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"expected {meaning}")
+        return value
+
+    return Annotated[str, Field(max_length=max_length, json_schema_extra={"pattern": f"^{regex}$"}),
+                     AfterValidator(check)]
+
+
+Hex64 = matching(r"[0-9a-f]{64}", "a SHA-256 (64 lower-case hex digits)", max_length=64)
 """A SHA-256 digest in lower-case hex."""
 
 
@@ -135,11 +151,18 @@ class Record(pydantic.BaseModel):
         return self.model_dump(mode="json")
 
     def replace(self, **changes: Any) -> Self:
-        """A copy with ``changes``, validated like a file read back."""
-        return type(self).model_validate({**self.model_dump(), **changes})
+        """A copy with ``changes`` (lists for tuples, records or their dicts for records),
+        validated like a file read back.
+
+        Raises:
+            RecordError: a field the record does not have, or a value of the wrong type.
+        """
+        return type(self).from_data({**self.to_data(), **changes}, what=type(self).__name__)
 
 
 def _not_json(value: Any) -> Any:
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
     raise TypeError(f"{_shown(value)} is not a JSON value (a {type(value).__name__})")
 
 
@@ -154,8 +177,8 @@ _SIMPLE = {
 
 
 def _where(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-",
-                                                                               "tagged-union")))]
+    skipped = ("function-", "tagged-union", "[key]")
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(skipped))]
     # pydantic names the member a union tried ('int', 'list[str]'); the field is what counts
     keep = [p for p in parts if not re.fullmatch(r"[a-z_]+\[.*\]|int|str|float|bool|none|"
                                                  r"[A-Z]\w*", p)]
@@ -183,6 +206,11 @@ def problem(exc: ValidationError, what: str) -> str:
         return f"{what} has no{field}" if field else f"{what} is missing a field"
     if kind == "extra_forbidden":
         return f"{what} has an unknown field{field}"
+    if kind == "value_error":  # a record's own check: its message says what it expects
+        message = str(first.get("msg", "")).removeprefix("Value error, ")
+        value = first.get("input")
+        got = "" if not field or isinstance(value, (dict, list)) else f", got {_shown(value)}"
+        return f"{what}{field}: {message}{got}"
     template = _SIMPLE.get(kind)
     message = template.format(**ctx) if template else str(first.get("msg", "")).removeprefix(
         "Value error, ").replace("Input should be", "expected")

@@ -358,7 +358,7 @@ def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None
     with store.start("reproduce", None, config, tables=tables(CLAIMS_TABLE)) as run:
         table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh)
         run.save_table("claims", table)
-        run.set("summary", [summary(table)])
+        run.update(summary=[summary(table)])
     return store.get(run.final)
 
 

@@ -32,13 +32,13 @@ def demo_recording(model: Model, store: RunStore, fresh: bool) -> str:
     prompts = load_prompt_set("natural" if model.info.causal else "sentence-pairs")[:6]
     config = {"source": "demo", "n_prompts": len(prompts), "store_dtype": "float16",
               "max_batch_tokens": 2048, "dtype": model.info.dtype}
-    found = None if fresh else store.find_matching("record", model.info.to_dict(), config,
+    found = None if fresh else store.find_matching("record", model.info, config,
                                                    check=verify_stored_files)
     if found is not None:
         return found.id
-    with store.start("record", model.info.to_dict(), config) as run:
+    with store.start("record", model.info, config) as run:
         record(model, prompts, run.dir / "recording")
-        run.set("summary", [f"recorded {len(prompts)} demo prompts"])
+        run.update(summary=[f"recorded {len(prompts)} demo prompts"])
     return run.id
 
 
@@ -100,7 +100,7 @@ def run_demo(models: Sequence[str] | None = None, runs_dir: str | Path | None = 
         chosen = [c for c in claims.load_claims() if name in c.models]
         if chosen:
             run = claims.reproduce_run(store, chosen, model=name)
-            yield f"claims on {name}: {run.meta['summary'][0]} ({run.id})"
+            yield f"claims on {name}: {run.meta.summary[0]} ({run.id})"
 
 
 def _model_free_and_claims(experiments: Sequence[Experiment], store: RunStore,
@@ -114,7 +114,7 @@ def _model_free_and_claims(experiments: Sequence[Experiment], store: RunStore,
     all_claims = claims.load_claims()
     if all_claims:
         run = claims.reproduce_run(store, all_claims)
-        yield f"claims: {run.meta['summary'][0]} ({run.id})"
+        yield f"claims: {run.meta.summary[0]} ({run.id})"
 
 
 DEMO_SWEEP = """\
@@ -149,4 +149,4 @@ def demo_sweep(store: RunStore, runs_dir: str | Path | None) -> Iterator[str]:
     spec = sweep_spec.parse_text(DEMO_SWEEP.format(run=formation.id), name="formation-demo")
     cells = sweep_spec.expand(spec, runs_dir)
     run = sweep.run_sweep(spec, cells, runs_dir=runs_dir, cpus=1)
-    yield f"formation sweep: {run.meta['summary'][0]} ({run.id})"
+    yield f"formation sweep: {run.meta.summary[0]} ({run.id})"

@@ -225,7 +225,7 @@ def run_experiment(name: str, model: str | Model | None,
         exp.check_model(loaded)
     if loaded is not None:  # layer fields must name layers this model has
         check_layers(cfg, loaded.info.n_layers, loaded.info.name)
-    info = loaded.info.to_dict() if loaded is not None else None
+    info = loaded.info if loaded is not None else None
     if heads_mask is not None:
         if loaded is None:
             raise WorkbenchError(f"experiment '{name}' takes no model, so no head mask")
@@ -241,7 +241,7 @@ def run_experiment(name: str, model: str | Model | None,
             result = exp.run(loaded, cfg, Context(workdir=active.dir, store=store))
         for table_name, df in result.tables().items():
             active.save_table(table_name, df)
-        active.set("summary", result.summary())
+        active.update(summary=result.summary())
     return store.get(active.final)
 
 

@@ -297,7 +297,7 @@ def _cell_run(store: RunStore, cell: Cell, since: str) -> str:
     the newest run of the cell's experiment, model and config started since the sweep."""
     name = cell.model.name if cell.model else None
     for run in reversed(store.runs(experiment=cell.experiment)):
-        if (run.meta.get("started_at", "") >= since[:19] and run.model_name == name
+        if (run.meta.started_at >= since[:19] and run.model_name == name
                 and run.config == dict(cell.overrides)):
             return run.id
     return ""
@@ -383,8 +383,7 @@ def record_cells(active: Any, store: RunStore, cells: Sequence[Cell],
     active.save_table("cells", table)
     active.save_table("scores", scores_table(store, cells, table))
     counts = table.status.value_counts().to_dict()
-    active.set("cells", table.run_id.tolist())
-    active.set("summary", [f"{len(cells)} cells: " + ", ".join(
+    active.update(cells=table.run_id.tolist(), summary=[f"{len(cells)} cells: " + ", ".join(
         f"{n} {status}" for status, n in sorted(counts.items()))])
 
 

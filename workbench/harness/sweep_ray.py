@@ -212,7 +212,7 @@ def run_cell(cell: Cell, runs_dir: str, dtype: str, threads: int,
         run = run_experiment(cell.experiment, model, dict(cell.overrides), runs_dir=runs_dir,
                              dtype=dtype, reuse=True)
         # made now (by this process, since the cell began; run.json has whole seconds)
-        fresh = run.meta.get("pid") == pid and _started(run.meta) >= wall_start - 1
+        fresh = run.meta.pid == pid and _started(run.meta.started_at) >= wall_start - 1
         status = "complete" if fresh else "reused"
         return Outcome(cell.index, status, run.id, "", time.perf_counter() - start, pid,
                        loaded, _peak_rss_mb())
@@ -225,11 +225,11 @@ def run_cell(cell: Cell, runs_dir: str, dtype: str, threads: int,
                        time.perf_counter() - start, pid, loaded, _peak_rss_mb())
 
 
-def _started(meta: Mapping[str, Any]) -> float:
+def _started(started_at: str) -> float:
     from datetime import datetime
 
     try:
-        return datetime.fromisoformat(str(meta.get("started_at"))).timestamp()
+        return datetime.fromisoformat(started_at).timestamp()
     except ValueError:
         return 0.0
 

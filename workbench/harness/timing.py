@@ -63,8 +63,8 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
         named["demo"] = demo
     newest: dict[tuple[ConfigName, str], WallTime] = {}
     for run in store.runs(experiment=exp.name, status="complete"):
-        dtype = (run.meta.get("model") or {}).get("dtype", "float32")
-        if run.meta.get("interventions") or dtype != "float32" or (
+        dtype = run.meta.model.dtype if run.meta.model else "float32"
+        if run.meta.interventions or dtype != "float32" or (
                 seconds := run.seconds) is None:
             continue
         for name, cfg in named.items():
@@ -72,8 +72,8 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
                 continue
             model = run.model_name or "-"
             found = newest.get((name, model))
-            if found is None or run.meta["ended_at"] > found.ended_at:
-                machine = run.meta.get("machine") or {}
-                newest[(name, model)] = WallTime(name, model, seconds, run.id,
-                                                 run.meta["ended_at"], machine.get("cpu_count"))
+            ended = run.meta.ended_at or ""
+            if found is None or ended > found.ended_at:
+                cpus = run.meta.machine.cpu_count if run.meta.machine else None
+                newest[(name, model)] = WallTime(name, model, seconds, run.id, ended, cpus)
     return sorted(newest.values(), key=lambda t: (t.config != "default", t.model))

@@ -227,7 +227,7 @@ def _check_run(run: Run) -> Check:
     if run.status in _UNFINISHED:
         return Check(run.id, "run", run.status, _UNFINISHED[run.status])
     if run.status == "damaged":
-        return Check(run.id, "run", "damaged", run.meta.get("error", "no reason recorded"))
+        return Check(run.id, "run", "damaged", run.meta.error or "no reason recorded")
     held = stored_files(run.path)
     problems = [p for p in (_problem(run), *map(_problem, held)) if p]
     if problems:
@@ -237,7 +237,7 @@ def _check_run(run: Run) -> Check:
     hashed = ", ".join(f"{n} {what}{'s' * (n != 1)}" for what, n in counts.items() if n)
     hashed = f"{hashed} re-hashed" if hashed else "nothing stored to re-hash"
     if run.status == "failed":
-        error = (str(run.meta.get("error", "")).splitlines() or ["no reason recorded"])[0]
+        error = ((run.meta.error or "").splitlines() or ["no reason recorded"])[0]
         return Check(run.id, "run", "failed", f"the run failed ({error}); what it wrote before "
                                               f"failing is intact: {hashed}")
     return Check(run.id, "run", "ok", hashed)

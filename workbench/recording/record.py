@@ -27,7 +27,6 @@ Examples:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,18 +37,19 @@ import torch
 import zarr
 from jaxtyping import Float
 
-from workbench.core import checksums, progress
+from workbench.core import checksums, durable, progress
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.options import PatternStorage, StoreDtype
+from workbench.core.records import RecordError
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.recording import hooks, legacy, sparse, zarr_store
+from workbench.recording.index import FORMAT, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
 from workbench.store.validate import confined_file, real
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 INDEX = "index.json"
-FORMAT_VERSION = 2
 DENSE_UP_TO = 1024
 """``auto`` stores patterns dense up to this many tokens (the longest prompt), topk above."""
 DEFAULT_TOPK = 16
@@ -228,21 +228,21 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
             writer.batch = batch
             hooks.run_hooked(model.bridge, batch, writer.hook_fns(info.n_layers),
                              stop_after=writer.last_hook(info.n_layers))
-    index = {"store_dtype": store_dtype, "patterns": storage,
-             "topk": topk if storage == "topk" else None, "resid": include_resid,
-             "longest": longest}
-    # the manifest is written last: a recording without one does not open
-    checksums.write_json_atomic(root / INDEX, _manifest(model, prompts, encoded, root, index))
+    index = _index(model, prompts, encoded, root, store_dtype=store_dtype, patterns=storage,
+                   topk=topk if storage == "topk" else None, resid=include_resid,
+                   longest=longest)
+    # the index is written last: a recording without one does not open
+    durable.write_atomic(root / INDEX, index.to_json())
     return Recording.open(root)
 
 
-def _manifest(model: Model, prompts: Sequence[Prompt], encoded: list[Any], root: Path,
-              storage: dict[str, Any]) -> dict[str, Any]:
+def _index(model: Model, prompts: Sequence[Prompt], encoded: list[Any], root: Path,
+           **storage: Any) -> RecordingIndex:
     """``index.json`` of a recording just written: the model, the prompts, how patterns
     are stored (``storage``), and the size and SHA-256 of every file of the group."""
     info = model.info
-    return {
-        "format_version": FORMAT_VERSION, "model": info.to_dict(), "n_layers": info.n_layers,
+    return RecordingIndex.from_data({
+        "format_version": FORMAT, "model": info.to_dict(), "n_layers": info.n_layers,
         "n_heads": info.n_heads, "d_model": info.d_model, **storage,
         "prompts": [
             {"label": p.label, "text": p.text, "pair": p.pair, "token_ids": ids,
@@ -250,14 +250,14 @@ def _manifest(model: Model, prompts: Sequence[Prompt], encoded: list[Any], root:
             for p, (ids, _) in zip(prompts, encoded, strict=True)
         ],
         "files": zarr_store.file_manifest(root),
-    }
+    }, what=str(root / INDEX))
 
 
 MAX_INDEX = 256 << 20
 """An ``index.json`` larger than this is not one (a big recording's is tens of megabytes)."""
 
 
-def _read_index(root: Path) -> dict[str, Any]:
+def _read_index(root: Path) -> RecordingIndex:
     """``index.json`` of recording folder ``root``, parsed and checked.
 
     Raises:
@@ -273,46 +273,9 @@ def _read_index(root: Path) -> dict[str, Any]:
     if len(data) > MAX_INDEX:
         raise WorkbenchError(f"{where} is larger than {MAX_INDEX >> 20} MiB: not an index")
     try:
-        index = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise WorkbenchError(f"{where} is not valid JSON ({first}): the recording is "
-                             "damaged") from None
-    if (problem := _index_problem(index)) is not None:
-        raise WorkbenchError(f"{where}: {problem}: the recording is damaged")
-    return index
-
-
-def _index_problem(index: Any) -> str | None:
-    """What is wrong with a parsed ``index.json`` (``None`` if nothing)."""
-    if not isinstance(index, dict):
-        return f"holds {type(index).__name__}, expected an object"
-    version = index.get("format_version")
-    if version not in (legacy.FORMAT_VERSION, FORMAT_VERSION):
-        return (f"format_version {version!r} is not supported (expected "
-                f"{legacy.FORMAT_VERSION} or {FORMAT_VERSION})")
-    if (problem := legacy.header_problem(index)) is not None:
-        return problem
-    if version == legacy.FORMAT_VERSION:
-        return legacy.blocks_problem(index)
-    if index.get("patterns") not in ("dense", "topk", "none"):
-        return "'patterns' is not dense, topk or none"
-    if index["patterns"] == "topk" and not legacy.count(index.get("topk"), least=1):
-        return "'topk' is not a positive integer"
-    if not isinstance(index.get("resid"), bool):
-        return "'resid' is not true or false"
-    if index.get("longest") != max(len(p["token_ids"]) for p in index["prompts"]):
-        return "'longest' is not the length of the longest prompt"
-    return None
-
-
-@dataclass(frozen=True)
-class RecordedPrompt:
-    label: str
-    text: str | None
-    pair: str | None
-    token_ids: list[int]
-    tokens: list[str]
+        return RecordingIndex.from_json(data, what=str(where))
+    except RecordError as exc:
+        raise WorkbenchError(f"{exc}: the recording is damaged") from None
 
 
 @dataclass(frozen=True)
@@ -340,21 +303,15 @@ class Recording:
     ``format_version`` is 2 (Zarr) or 1 (the old block files, read-only).
     """
 
-    def __init__(self, root: Path, index: dict[str, Any]) -> None:
+    def __init__(self, root: Path, index: RecordingIndex) -> None:
         self.root = root
-        self._index = index
-        self.format_version: int = index["format_version"]
-        self.model: dict[str, Any] = index["model"]
-        self.n_layers: int = index["n_layers"]
-        self.n_heads: int = index["n_heads"]
-        self.d_model: int = index["d_model"]
-        self.prompts = [
-            RecordedPrompt(p["label"], p["text"], p["pair"], p["token_ids"], p["tokens"])
-            for p in index["prompts"]
-        ]
-        legacy_format = self.format_version == legacy.FORMAT_VERSION
-        self.patterns: str = "dense" if legacy_format else index["patterns"]
-        self.topk: int | None = None if legacy_format else index["topk"]
+        self.index = index
+        self.format_version = index.format_version
+        self.model = index.model
+        self.n_layers, self.n_heads, self.d_model = index.n_layers, index.n_heads, index.d_model
+        self.prompts = index.prompts
+        self.patterns, self.topk = index.patterns, index.topk
+        legacy_format = self.format_version == LEGACY_FORMAT
         self._group = None if legacy_format else zarr_store.open_group(root)
 
     @classmethod
@@ -384,7 +341,7 @@ class Recording:
             raise WorkbenchError(f"recording {root} leads outside its run folder {run_dir} "
                                  "(through a symlink)")
         index = _read_index(root)
-        zarr_store.check_files(root, index["files"], what=f"{root / INDEX} file")
+        zarr_store.check_files(root, index.files, what=f"{root / INDEX} file")
         rec = cls(root, index)
         if rec._group is not None:
             for kind, count, shape in rec._arrays():
@@ -394,7 +351,7 @@ class Recording:
 
     def _arrays(self) -> list[tuple[str, int, tuple[int, ...]]]:
         """``(kind, how many layers, shape)`` of every array the index implies."""
-        p, h, t = len(self.prompts), self.n_heads, self._index["longest"]
+        p, h, t = len(self.prompts), self.n_heads, self.index.longest or 0
         kinds = {"dense": [("attn", (p, h, t, t))],
                  "topk": [("topk_weights", (p, h, t, self.topk or 0)),
                           ("topk_keys", (p, h, t, self.topk or 0)),
@@ -412,13 +369,13 @@ class Recording:
             ChecksumError: a file changed since it was written, or (format 2) a file in
                 the group the index does not list; the message names the file.
         """
-        files = self._index["files"]
+        files = self.index.files
         if self._group is not None:
             if (problem := zarr_store.manifest_problem(self.root, files)) is not None:
                 raise ChecksumError(problem)
             return
         for rel, entry in files.items():
-            if checksums.sha256_file(self.root / rel) != entry["sha256"]:
+            if checksums.sha256_file(self.root / rel) != entry.sha256:
                 raise ChecksumError(f"checksum mismatch for {self.root / rel}")
 
     def __len__(self) -> int:
@@ -434,9 +391,7 @@ class Recording:
 
     @property
     def has_resid(self) -> bool:
-        if self.format_version == legacy.FORMAT_VERSION:
-            return "resid/0" in self._index["blocks"]
-        return self._index["resid"]
+        return self.index.has_resid
 
     def pattern(self, prompt: int, layer: int, head: int | None = None, *,
                 queries: Queries = None) -> Float[np.ndarray, "*head query key"]:
@@ -461,7 +416,7 @@ class Recording:
             return self.pattern_sparse(prompt, layer, head, queries=queries).dense(n)
         heads = slice(None) if head is None else head
         if self._group is None:
-            block = legacy.block(self.root, self._index, "attn", layer, prompt,
+            block = legacy.block(self.root, self.index, "attn", layer, prompt,
                                  (self.n_heads, n, n))
             return np.array(block[heads, q0:q1], dtype=np.float32)
         block = self._read(zarr_store.array_name("attn", layer),
@@ -550,7 +505,7 @@ class Recording:
         self._check(layer, self.n_layers + 1, "layer boundary")
         n = self.length(prompt)
         if self._group is None:
-            block = legacy.block(self.root, self._index, "resid", layer, prompt,
+            block = legacy.block(self.root, self.index, "resid", layer, prompt,
                                  (n, self.d_model))
             return np.array(block, dtype=np.float32)
         block = self._read(zarr_store.array_name("resid", layer), (prompt, slice(0, n)))

@@ -26,6 +26,7 @@ xarray/dask) reads it without the workbench.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.recording.index import FileEntry
 from workbench.store.validate import confined_file
 
 GROUP = "recording.zarr"
@@ -99,7 +101,7 @@ def file_manifest(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def check_files(root: Path, files: dict[str, dict[str, Any]], *, what: str) -> None:
+def check_files(root: Path, files: Mapping[str, FileEntry], *, what: str) -> None:
     """Every file the manifest lists is a regular file inside ``root`` of its listed size.
 
     The group is listed once (``os.scandir``, symlinks not followed), so a recording of
@@ -116,8 +118,8 @@ def check_files(root: Path, files: dict[str, dict[str, Any]], *, what: str) -> N
         size = plain.get(rel)
         if size is None:
             size = confined_file(root, rel, what=what).stat().st_size
-        if size != entry["size"]:
-            raise ChecksumError(f"{root / rel} has {size} bytes, expected {entry['size']}: "
+        if size != entry.size:
+            raise ChecksumError(f"{root / rel} has {size} bytes, expected {entry.size}: "
                                 "the recording is damaged")
 
 
@@ -139,11 +141,11 @@ def _plain_files(root: Path) -> dict[str, int]:
     return out
 
 
-def manifest_problem(root: Path, files: dict[str, dict[str, Any]]) -> str | None:
+def manifest_problem(root: Path, files: Mapping[str, FileEntry]) -> str | None:
     """The first file of the group whose SHA-256 differs from the manifest's, or that the
     manifest does not list (a chunk added later would be read as data), or ``None``."""
     for rel, entry in files.items():
-        if checksums.sha256_file(root / rel) != entry["sha256"]:
+        if checksums.sha256_file(root / rel) != entry.sha256:
             return f"checksum mismatch for chunk file {root / rel}"
     for folder, _, names in os.walk(root / GROUP):
         for name in names:

@@ -21,9 +21,10 @@ What the store promises, and where it is enforced:
   to a folder directly inside the store (or in its ``.incomplete/``), after resolving
   symlinks; :meth:`RunStore.runs` lists only such folders; a table path in ``run.json`` must
   name a regular file inside its run folder (:func:`workbench.store.validate.confined_file`).
-- **A malformed ``run.json`` damages one run, not the store.** It is checked on read
-  (:func:`workbench.store.validate.run_meta_problem`); a run that fails is listed with
-  ``status == "damaged"`` and ``meta["error"]`` saying why, and is never returned by
+- **A malformed ``run.json`` damages one run, not the store.** It is read through its one
+  typed model, :class:`workbench.store.records.RunMeta` (every field's type and range),
+  and its ``run_id`` must be its folder's name; a run that fails is listed with
+  ``status == "damaged"`` and ``meta.error`` naming the field, and is never returned by
   :meth:`RunStore.latest` or :meth:`RunStore.find_matching`.
 
 Tables are Parquet files whose SHA-256 is kept in ``run.json`` and checked on every read.
@@ -60,7 +61,9 @@ import pyarrow
 from workbench.core import checksums, durable
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.options import Status
+from workbench.core.records import RecordError
 from workbench.store import provenance, validate
+from workbench.store.records import ModelInfo, RunMeta, TableEntry
 from workbench.store.schema import SchemaError, Table
 
 log = logging.getLogger(__name__)
@@ -88,34 +91,48 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _read_meta(path: Path) -> tuple[Any, str | None]:
-    """``run.json`` of folder ``path`` parsed, and what is wrong with it (``None`` if
-    nothing)."""
+def _read_meta(path: Path) -> tuple[RunMeta | None, bytes | None, str | None]:
+    """``run.json`` of folder ``path`` as a :class:`RunMeta`, its bytes, and what is wrong
+    with it (``None`` if nothing)."""
     try:
         file = validate.confined_file(path, RUN_JSON, what=f"run {path.name}")
         with open(file, "rb") as fh:
             data = fh.read(MAX_RUN_JSON + 1)
     except WorkbenchError as exc:
-        return None, str(exc)
+        return None, None, str(exc)
     except OSError as exc:
-        return None, f"cannot read {path / RUN_JSON} ({exc.strerror})"
+        return None, None, f"cannot read {path / RUN_JSON} ({exc.strerror})"
     if len(data) > MAX_RUN_JSON:
-        return None, f"run.json is larger than {MAX_RUN_JSON >> 20} MiB"
+        return None, None, f"run.json is larger than {MAX_RUN_JSON >> 20} MiB"
     try:
-        meta = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
-        return None, f"run.json is not valid JSON ({_one_line(exc)})"
-    return meta, validate.run_meta_problem(meta, path)
+        meta = RunMeta.from_json(data, what=RUN_JSON)
+    except RecordError as exc:
+        return None, data, str(exc)
+    if meta.run_id != path.name:
+        return None, data, (f"run.json run_id {meta.run_id!r} does not match its folder "
+                            f"{path.name!r}")
+    return meta, data, None
+
+
+def _salvaged(data: bytes | None, key: str) -> str | None:
+    """A string field of a ``run.json`` that failed its check, for listing the damaged run
+    (``None`` when it cannot be read)."""
+    try:
+        raw = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    value = raw.get(key) if isinstance(raw, dict) else None
+    return value if isinstance(value, str) and len(value) <= 200 else None
 
 
 class Run:
     """A stored run, read-only.
 
-    ``meta`` is its ``run.json``, checked on read: a run whose file fails the check has
-    ``status == "damaged"`` and ``meta["error"]`` saying why (and no tables).
+    ``meta`` is its ``run.json`` as a :class:`RunMeta`: a run whose file fails its check
+    has ``status == "damaged"``, ``meta.error`` saying why, and no tables.
     """
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, path: Path, meta: RunMeta) -> None:
         self.path = path
         self.meta = meta
 
@@ -126,80 +143,72 @@ class Run:
         while its process lives and ``interrupted`` after, whatever its ``status`` says
         (``failed`` excepted: that is already the truth)."""
         path = Path(path)
-        meta, problem = _read_meta(path)
-        if problem is not None:
+        meta, data, problem = _read_meta(path)
+        if meta is None:
             log.info("run %s is damaged: %s", path.name, problem)
-            return cls._damaged(path, meta, problem)
+            return cls._damaged(path, data, problem or "unreadable")
         staged = path.parent.name == INCOMPLETE
-        if meta["status"] == "running" or (staged and meta["status"] == "complete"):
-            if _alive(meta.get("pid")):
-                meta["status"] = "running"
+        if meta.status == "running" or (staged and meta.status == "complete"):
+            if _alive(meta.pid):
+                meta = meta.model_copy(update={"status": "running"})
             else:
-                meta["status"] = "interrupted"
-                meta.setdefault("error", "the process ended without finishing the run")
+                meta = meta.model_copy(update={
+                    "status": "interrupted",
+                    "error": meta.error or "the process ended without finishing the run"})
         return cls(path, meta)
 
     @classmethod
-    def _damaged(cls, path: Path, raw: Any, problem: str) -> Run:
-        raw = raw if isinstance(raw, dict) else {}
-
-        def text(key: str, default: str) -> str:
-            return raw[key] if isinstance(raw.get(key), str) else default
-
-        return cls(path, {"run_id": path.name, "experiment": text("experiment", "unknown"),
-                          "status": "damaged", "error": problem, "model": None, "config": {},
-                          "started_at": text("started_at", ""), "tables": {}})
+    def _damaged(cls, path: Path, data: bytes | None, problem: str) -> Run:
+        # Built without validation: the folder's own name may not be a valid run id.
+        return cls(path, RunMeta.model_construct(
+            run_id=path.name, experiment=_salvaged(data, "experiment") or "unknown",
+            status="damaged", error=problem, model=None, config={},
+            started_at=_salvaged(data, "started_at") or "", tables={}, summary=()))
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, {self.status})"
 
     @property
     def id(self) -> str:
-        return self.meta["run_id"]
+        return self.meta.run_id
 
     @property
     def experiment(self) -> str:
-        return self.meta["experiment"]
+        return self.meta.experiment
 
     @property
     def status(self) -> Status:
-        return self.meta["status"]
+        return self.meta.status
 
     @property
     def seconds(self) -> float | None:
         """How long the run took (from its start and end times), or ``None`` if it has not
-        ended or a time is missing or unreadable."""
-        try:
-            start = datetime.fromisoformat(self.meta["started_at"])
-            end = datetime.fromisoformat(self.meta["ended_at"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        return max((end - start).total_seconds(), 0.0)
+        ended."""
+        return self.meta.seconds
 
     @property
     def model_name(self) -> str | None:
-        model = self.meta.get("model")
-        return model["name"] if model else None
+        return self.meta.model.name if self.meta.model else None
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.meta.get("config", {})
+        return self.meta.config
 
     def table_names(self) -> list[str]:
-        return sorted(self.meta.get("tables", {}))
+        return sorted(self.meta.tables)
 
-    def _entry(self, name: str) -> dict[str, Any]:
+    def _entry(self, name: str) -> TableEntry:
         if self.status == "damaged":
             raise WorkbenchError(f"run {self.id} is damaged: "
-                                 f"{self.meta.get('error', 'no reason recorded')}")
-        tables = self.meta.get("tables", {})
+                                 f"{self.meta.error or 'no reason recorded'}")
+        tables = self.meta.tables
         if name not in tables:
             known = ", ".join(sorted(tables)) or "none"
             raise WorkbenchError(f"run {self.id} has no table '{name}'; its tables: {known}")
         return tables[name]
 
     def _file(self, name: str) -> Path:
-        return validate.confined_file(self.path, self._entry(name)["file"],
+        return validate.confined_file(self.path, self._entry(name).file,
                                       what=f"run {self.id} table '{name}'")
 
     def table(self, name: str) -> pd.DataFrame:
@@ -218,7 +227,7 @@ class Run:
             data = path.read_bytes()
         except OSError as exc:
             raise ChecksumError(f"cannot read {path} ({exc.strerror})") from None
-        if hashlib.sha256(data).hexdigest() != self._entry(name)["sha256"]:
+        if hashlib.sha256(data).hexdigest() != self._entry(name).sha256:
             raise ChecksumError(f"checksum mismatch for {path}: the table was changed or damaged")
         try:
             return pd.read_parquet(io.BytesIO(data))
@@ -238,7 +247,7 @@ class Run:
                 actual = checksums.sha256_file(path)
             except OSError as exc:
                 raise ChecksumError(f"cannot read {path} ({exc.strerror})") from None
-            if actual != self._entry(name)["sha256"]:
+            if actual != self._entry(name).sha256:
                 raise ChecksumError(f"checksum mismatch for {path}: the table was changed "
                                     "or damaged")
 
@@ -267,7 +276,7 @@ class ActiveRun:
     ``dir`` is the staging folder the run writes into; ``final`` where it goes when it ends.
     """
 
-    def __init__(self, staging: Path, final: Path, meta: dict[str, Any],
+    def __init__(self, staging: Path, final: Path, meta: RunMeta,
                  tables: Mapping[str, Table]) -> None:
         self.dir = staging
         self.final = final
@@ -277,7 +286,7 @@ class ActiveRun:
 
     @property
     def id(self) -> str:
-        return self.meta["run_id"]
+        return self.meta.run_id
 
     def save_table(self, name: str, df: pd.DataFrame) -> None:
         """Check ``df`` against its declaration, write it as ``<name>.parquet`` and record
@@ -299,19 +308,20 @@ class ActiveRun:
         except BaseException:
             durable.remove_quietly(tmp)
             raise
-        self.meta.setdefault("tables", {})[name] = {
-            "file": path.name, "rows": len(df), "sha256": checksums.sha256_file(path),
-        }
+        entry = TableEntry(file=path.name, rows=len(df), sha256=checksums.sha256_file(path))
+        self.meta = self.meta.replace(tables={**self.meta.tables, name: entry})
 
-    def set(self, key: str, value: Any) -> None:
-        """Record extra facts in ``run.json`` (e.g. a summary)."""
-        self.meta[key] = value
+    def update(self, **facts: Any) -> None:
+        """Record more facts in ``run.json`` (``summary=[...]``, a sweep's ``cells=[...]``),
+        each checked against :class:`RunMeta`.
 
-    def _encode(self, meta: Mapping[str, Any]) -> bytes:
-        return (json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n").encode()
+        Raises:
+            RecordError: a field ``RunMeta`` does not have, or a value of the wrong type.
+        """
+        self.meta = self.meta.replace(**facts)
 
     def _write(self) -> None:
-        durable.write_atomic(self._at / RUN_JSON, self._encode(self.meta))
+        durable.write_atomic(self._at / RUN_JSON, self.meta.to_json())
 
     def _move_into_place(self) -> None:
         os.replace(self._at, self.final)
@@ -323,8 +333,7 @@ class ActiveRun:
         """Mark the run complete, flush it, move it into place: in that order, so that a
         kill at any step leaves a folder under ``.incomplete/`` (which no reader believes)
         or a complete run whose every byte is on disk."""
-        self.meta["status"] = "complete"
-        self.meta["ended_at"] = _now()
+        self.meta = self.meta.replace(status="complete", ended_at=_now())
         self._write()
         durable.remove_quietly(self._at / RESERVE)
         durable.fsync_tree(self._at)
@@ -336,8 +345,9 @@ class ActiveRun:
 
         Never raises: the caller re-raises ``error`` itself.
         """
-        self.meta.update(status="failed", ended_at=_now(), error=_describe(error),
-                         traceback="".join(traceback.format_exception(error))[-8000:])
+        self.meta = self.meta.model_copy(update=dict(
+            status="failed", ended_at=_now(), error=_describe(error)[:100_000],
+            traceback="".join(traceback.format_exception(error))[-8000:]))
         try:
             self._write()
         except OSError as exc:  # a full disk or a read-only filesystem
@@ -356,12 +366,14 @@ class ActiveRun:
     def _write_reserved(self) -> bool:
         """Overwrite the reserved file with the ``failed`` record, then rename it to
         ``run.json``; ``False`` if even that was impossible (logged)."""
-        essential = {k: self.meta.get(k) for k in (
+        meta = self.meta
+        full = meta.model_copy(update={"traceback": None})
+        essential = RunMeta.model_construct(**{k: getattr(meta, k) for k in (
             "run_id", "experiment", "model", "config", "seed", "started_at", "ended_at",
-            "status", "error", "pid", "workbench_version")}
-        brief = {**essential, "model": None, "config": {}, "error": self.meta["error"][:2000]}
-        full = {k: v for k, v in self.meta.items() if k != "traceback"}
-        data = next(d for d in map(self._encode, (full, essential, brief))
+            "status", "error", "pid", "workbench_version")})
+        brief = essential.model_copy(update={"model": None, "config": {},
+                                             "error": (meta.error or "")[:2000]})
+        data = next(d for d in (r.to_json() for r in (full, essential, brief))
                     if len(d) <= RESERVE_BYTES)
         reserve = self._at / RESERVE
         try:
@@ -370,7 +382,7 @@ class ActiveRun:
             durable.fsync_dir(self._at)
         except (OSError, ValueError) as exc:
             log.error("run %s failed (%s) and cannot be marked failed on disk: %s",
-                      self.id, self.meta["error"], exc)
+                      self.id, self.meta.error, exc)
             return False
         return True
 
@@ -382,42 +394,41 @@ class RunStore:
         self.root = Path(root)
 
     @contextmanager
-    def start(self, experiment: str, model: dict[str, Any] | None, config: Any,
+    def start(self, experiment: str, model: ModelInfo | Mapping[str, Any] | None, config: Any,
               *, tables: Mapping[str, Table] | None = None,
               extra: dict[str, Any] | None = None) -> Iterator[ActiveRun]:
         """Create a run; mark it complete when the block ends, failed if it raises.
 
         Args:
             experiment: the experiment's registered name (``record`` for recordings).
-            model: ``ModelInfo.to_dict()`` of the model used, or ``None``.
+            model: the :class:`ModelInfo` of the model used (or its ``to_dict()``), or
+                ``None``.
             config: the experiment's config dataclass (or a dict).
             tables: the declarations of the tables the run may save (none by default).
-            extra: more facts for ``run.json``.
+            extra: more facts for ``run.json`` (fields of :class:`RunMeta`).
 
         Raises:
+            RecordError: ``extra`` names no field of ``run.json`` or has a value of the
+                wrong type (nothing is left behind).
             OSError: the run could not be created (nothing is left behind), or could not
                 be completed (it is then marked failed with this error, if the disk allows).
         """
-        cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+        cfg = _config_values(config)
+        info = model if isinstance(model, ModelInfo) or model is None else \
+            ModelInfo.from_data(dict(model), what="the run's model")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        model_part = _slug(model["name"]) if model else "none"
+        model_part = _slug(info.name) if info else "none"
         run_id = f"{stamp}-{_slug(experiment)}-{model_part}-{secrets.token_hex(2)}"
+        seed = cfg.get("seed")
+        meta = RunMeta.from_data({
+            "run_id": run_id, "experiment": experiment,
+            "model": info.to_data() if info else None, "config": cfg,
+            "seed": seed if isinstance(seed, int) else None,
+            "workbench_version": provenance.workbench_version(), **provenance.collect(),
+            "started_at": _now(), "status": "running", "pid": os.getpid(), **(extra or {}),
+        }, what=RUN_JSON)
         staging = self.root / INCOMPLETE / run_id
         staging.mkdir(parents=True)
-        meta = {
-            "run_id": run_id,
-            "experiment": experiment,
-            "model": model,
-            "config": cfg,
-            "seed": cfg.get("seed"),
-            "workbench_version": provenance.workbench_version(),
-            **provenance.collect(),
-            "started_at": _now(),
-            "status": "running",
-            "pid": os.getpid(),
-            "tables": {},
-            **(extra or {}),
-        }
         active = ActiveRun(staging, self.root / run_id, meta, tables or {})
         try:
             durable.reserve(staging / RESERVE, RESERVE_BYTES)
@@ -429,13 +440,13 @@ class RunStore:
             yield active
         except BaseException as exc:  # Ctrl-C and SystemExit too: never leave it "running"
             active._fail(exc)
-            log.error("run %s failed: %s", active.id, active.meta["error"])
+            log.error("run %s failed: %s", active.id, active.meta.error)
             raise
         try:
             active._complete()
         except BaseException as exc:  # the disk filled up or went read-only while finishing
             active._fail(exc)
-            log.error("run %s could not be completed: %s", active.id, active.meta["error"])
+            log.error("run %s could not be completed: %s", active.id, active.meta.error)
             raise
 
     def _run_folders(self) -> list[Path]:
@@ -462,7 +473,7 @@ class RunStore:
     def runs(self, *, experiment: str | None = None, model: str | None = None,
              status: Status | None = None) -> list[Run]:
         """Stored runs, oldest first, optionally filtered. Damaged runs are listed too,
-        with ``status == "damaged"`` and the reason in ``meta["error"]``."""
+        with ``status == "damaged"`` and the reason in ``meta.error``."""
         found = []
         for path in self._run_folders():
             run = Run.load(path)
@@ -473,7 +484,7 @@ class RunStore:
             if status and run.status != status:
                 continue
             found.append(run)
-        return sorted(found, key=lambda r: (r.meta.get("started_at", ""), r.id))
+        return sorted(found, key=lambda r: (r.meta.started_at, r.id))
 
     def get(self, ref: str | Path) -> Run:
         """A run by id, id prefix, or the path of its folder, which must be directly inside
@@ -527,22 +538,20 @@ class RunStore:
         runs = self.runs(experiment=experiment, model=model, status="complete")
         return runs[-1] if runs else None
 
-    def latest_on_weights(self, experiment: str, model: dict[str, Any], *,
+    def latest_on_weights(self, experiment: str, model: ModelInfo, *,
                           unmasked: bool = True) -> Run | None:
         """The newest complete run of ``experiment`` on the same model weights (name and
-        checksum of ``model``, a ``ModelInfo.to_dict()`` or a run's ``model`` record),
-        without interventions unless ``unmasked`` is false; ``None`` if there is none."""
-        want = (model.get("name"), model.get("checksum"))
+        checksum of ``model``), without interventions unless ``unmasked`` is false;
+        ``None`` if there is none."""
         for run in reversed(self.runs(experiment=experiment, status="complete")):
-            stored = run.meta.get("model") or {}
-            if (stored.get("name"), stored.get("checksum")) != want:
+            if not _same_weights(run.meta.model, model):
                 continue
-            if unmasked and run.meta.get("interventions"):
+            if unmasked and run.meta.interventions:
                 continue
             return run
         return None
 
-    def find_matching(self, experiment: str, model: dict[str, Any] | None, config: Any,
+    def find_matching(self, experiment: str, model: ModelInfo | None, config: Any,
                       interventions: dict[str, Any] | None = None, *,
                       check: Callable[[Run], None] | None = None) -> Run | None:
         """The newest complete run with the same experiment, model weights, config,
@@ -552,17 +561,13 @@ class RunStore:
         ``check(run)`` called, if given, to verify more of its files); one that fails is
         skipped with a warning and the next older match is tried.
         """
-        cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-        cfg = json.loads(json.dumps(cfg, default=str))
+        cfg = _config_values(config)
         version = provenance.workbench_version()
         for run in reversed(self.runs(experiment=experiment, status="complete")):
-            stored = run.meta.get("model") or {}
-            if model is not None and (stored.get("name"), stored.get("checksum")) != (
-                model["name"], model["checksum"]
-            ):
+            if model is not None and not _same_weights(run.meta.model, model):
                 continue
-            if not (run.config == cfg and run.meta.get("workbench_version") == version
-                    and run.meta.get("interventions") == interventions):
+            if not (run.config == cfg and run.meta.workbench_version == version
+                    and run.meta.interventions == interventions):
                 continue
             try:
                 run.verify()
@@ -581,6 +586,17 @@ class RunStore:
             shutil.rmtree(run.path)
             removed += 1
         return removed
+
+
+def _config_values(config: Any) -> dict[str, Any]:
+    """A config (dataclass or mapping) as the JSON values ``run.json`` keeps (tuples as
+    lists), so that a stored config compares equal to a fresh one."""
+    cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    return json.loads(json.dumps(cfg, default=str))
+
+
+def _same_weights(stored: ModelInfo | None, model: ModelInfo) -> bool:
+    return stored is not None and (stored.name, stored.checksum) == (model.name, model.checksum)
 
 
 def _is_path(text: str) -> bool:

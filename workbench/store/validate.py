@@ -1,5 +1,4 @@
-"""Checks on what the store reads back: paths stay inside their folder, ``run.json`` has
-the shape the readers rely on.
+"""Checks on what the store reads back: paths stay inside their folder.
 
 Every path taken from a stored file (a table's ``file`` in ``run.json``, a data file in a
 recording's ``index.json``, a file a checkpoint lists) goes through :func:`confined_file`:
@@ -7,23 +6,17 @@ it must name a regular file inside the folder that holds it, after resolving sym
 ``/dev/zero``, ``/etc/hostname``, ``../other-run/x.parquet`` or a symlink leading out are
 refused before anything is read.
 
-:func:`run_meta_problem` says what is wrong with a parsed ``run.json`` (``None`` if
-nothing); the store then lists that run as ``damaged`` with the reason instead of failing.
+The shape of every stored file is its record type's (:mod:`workbench.core.records`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from workbench.core.errors import ChecksumError, WorkbenchError
-from workbench.core.options import Status
-
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-STATUSES: tuple[str, ...] = get_args(Status)
 
 
 def real(path: str | os.PathLike[str]) -> Path:
@@ -74,82 +67,3 @@ def confined_file(root: str | os.PathLike[str], rel: Any, *, what: str) -> Path:
     if not stat.S_ISREG(mode):
         raise WorkbenchError(f"{what}: {root / rel} is not a regular file")
     return path
-
-
-# key: (types allowed, required); ``None`` in the types allows JSON null
-_RUN_KEYS: dict[str, tuple[tuple[type | None, ...], bool]] = {
-    "run_id": ((str,), True),
-    "experiment": ((str,), True),
-    "status": ((str,), True),
-    "started_at": ((str,), True),
-    "config": ((dict,), True),
-    "model": ((dict, None), True),
-    "tables": ((dict,), False),  # runs that save no table (recordings) may lack it
-    "ended_at": ((str,), False),
-    "error": ((str,), False),
-    "traceback": ((str,), False),
-    "summary": ((list,), False),
-    "interventions": ((dict, None), False),
-    "git": ((dict, None), False),
-    "workbench_version": ((str, None), False),
-    "pid": ((int, None), False),
-}
-
-
-def _type_name(types: tuple[type | None, ...]) -> str:
-    names = {str: "a string", dict: "an object", list: "a list", int: "an integer", None: "null"}
-    return " or ".join(names.get(t, str(t)) for t in types)
-
-
-def _is(value: Any, types: tuple[type | None, ...]) -> bool:
-    if value is None:
-        return None in types
-    if isinstance(value, bool):  # JSON true is not an integer
-        return False
-    return any(t is not None and isinstance(value, t) for t in types)
-
-
-def run_meta_problem(meta: Any, folder: Path) -> str | None:
-    """What is wrong with a parsed ``run.json`` read from run folder ``folder`` (``None``
-    if nothing): its shape, the types the readers rely on, the run id matching the folder
-    name, a known status, and every table entry ``{file, rows, sha256}`` with a file inside
-    the folder."""
-    if not isinstance(meta, dict):
-        return f"run.json holds {type(meta).__name__}, expected an object"
-    for key, (types, required) in _RUN_KEYS.items():
-        if key not in meta:
-            if required:
-                return f"run.json has no '{key}'"
-            continue
-        if not _is(meta[key], types):
-            return (f"run.json '{key}' is {type(meta[key]).__name__}, "
-                    f"expected {_type_name(types)}")
-    if meta["run_id"] != folder.name:
-        return f"run.json run_id {meta['run_id']!r} does not match its folder {folder.name!r}"
-    if meta["status"] not in STATUSES:
-        return f"run.json status {meta['status']!r} is not one of {', '.join(STATUSES)}"
-    model = meta["model"]
-    if model is not None and not isinstance(model.get("name"), str):
-        return "run.json model has no 'name' string"
-    if not all(isinstance(line, str) for line in meta.get("summary", [])):
-        return "run.json summary is not a list of strings"
-    for name, entry in meta.get("tables", {}).items():
-        if (problem := _table_problem(entry, folder)) is not None:
-            return f"run.json table '{name}': {problem}"
-    return None
-
-
-def _table_problem(entry: Any, folder: Path) -> str | None:
-    if not isinstance(entry, dict):
-        return "expected an object {file, rows, sha256}"
-    if not isinstance(entry.get("file"), str):
-        return "no 'file' string"
-    if (problem := inside(folder, entry["file"])) is not None:
-        return problem
-    rows = entry.get("rows")
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
-        return "no 'rows' count"
-    sha = entry.get("sha256")
-    if not isinstance(sha, str) or not SHA256.match(sha):
-        return "no 'sha256' of 64 hex digits"
-    return None
