@@ -48,7 +48,8 @@ def pristine(tmp_path_factory, llama, tokenizer):
     staged = store.root / INCOMPLETE / "20990101-000000-exp-tiny-dead"
     staged.mkdir()
     (staged / RUN_JSON).write_text(json.dumps({
-        "run_id": staged.name, "experiment": "exp", "status": "running", "started_at": "2099-01-01T00:00:00+00:00",
+        "run_id": staged.name, "experiment": "exp", "status": "running",
+        "started_at": "2099-01-01T00:00:00+00:00",
         "config": {}, "model": None, "pid": None}))  # no live process: interrupted
     record(llama, PROMPTS, root / "rec")
     return {"root": root, "record": rec_run.id, "table": table_run.id, "failed": bad.id,
