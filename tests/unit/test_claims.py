@@ -44,8 +44,13 @@ def test_load_and_select(tmp_path):
 
 @pytest.mark.parametrize("entries, message", [
     ([claim(), claim()], "appears twice"),
-    ([{"id": "x"}], "lacks kind, paper"),
-    ([claim(kind="theorem")], "unknown kind 'theorem'; known kinds: reproduction, invariant"),
+    ([{"id": "x"}], "a.json has no '0.kind'"),
+    ([claim(kind="theorem")], "a.json '0.kind': expected 'reproduction' or 'invariant', got "
+                              "'theorem'"),
+    ([claim(), claim(id="c2", chek={})], "a.json has an unknown field '1.chek'"),
+    ([claim(check={"threshold": 1})], "a.json has no '0.check.name'"),
+    ([claim(models="smollm2")], "a.json '0.models': expected a valid array, got 'smollm2'"),
+    ({"id": "c1"}, "a.json: expected a valid array"),
 ])
 def test_malformed_claim_files(tmp_path, entries, message):
     with pytest.raises(WorkbenchError, match=message):
@@ -53,10 +58,11 @@ def test_malformed_claim_files(tmp_path, entries, message):
 
 
 def test_applies():
-    c = claims._parse(claim(applies_to="causal"), "f")
+    c = claims.Claim.from_data(claim(applies_to="causal"), what="f")
     assert c.applies("x", causal=True) is None
     assert "causal language models" in c.applies("x", causal=False)
-    assert "bidirectional" in claims._parse(claim(applies_to="encoder"), "f").applies("x", True)
+    encoder = claims.Claim.from_data(claim(applies_to="encoder"), what="f")
+    assert "bidirectional" in encoder.applies("x", True)
 
 
 def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_cli import cli
+from workbench.core.paths import data_dir
 from workbench.harness import claims
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import discover, get
@@ -27,9 +28,9 @@ def test_claim_names_a_registered_experiment_with_a_valid_config(claim):
 
 
 # mathematical properties that hold for any such model: kept as regression tests, never
-# counted as reproduced findings (issue 12, item 7)
+# counted as reproduced findings
 INVARIANTS = {"gu2024-repeated-token-identical-states"} | {
-    c.id for c in ALL if c.file == "permutation_equivariance.json"}
+    c.id for c in claims.read_claims_file(data_dir() / "claims" / "permutation_equivariance.json")}
 
 
 def test_theorems_are_invariants_and_findings_are_reproductions():

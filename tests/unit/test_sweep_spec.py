@@ -92,14 +92,20 @@ set = {{ n_boot = 7 }}
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"], "set": {"n_promts": 2}},
      ConfigError, "no config field 'n_promts' (did you mean 'n_prompts'"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"], "grid": {"n_prompts": []}},
-     SpecError, "grid.n_prompts is an empty grid"),
+     SpecError, "'grid.n_prompts': expected at least 1 item(s), got []"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"],
       "grid": {"n_prompts": [0]}}, ConfigError, "n_prompts: expected at least 2, got 0"),
     ({"experiments": ["test-sweep-no-seed"], "models": ["smollm2"], "seeds": [1]}, SpecError,
      "experiment 'test-sweep-no-seed' has no seed field"),
     ({}, SpecError, "the sweep has no cells"),
-    ({"experiment": ["x"]}, SpecError, "unknown key 'experiment' in the sweep spec (did you "
-     "mean 'experiments'"),
+    ({"experiment": ["x"]}, SpecError, "the sweep spec has an unknown field 'experiment' (did "
+     "you mean 'experiments'"),
+    ({"experiments": ["previous-token-heads"], "cells": [{"experiment": 3}]}, SpecError,
+     "the sweep spec 'cells.0.experiment': expected a valid string, got 3"),
+    ({"experiments": ["previous-token-heads"], "seeds": [0, "1"]}, SpecError,
+     "the sweep spec 'seeds.1': expected a valid integer, got '1'"),
+    ({"experiments": ["previous-token-heads"], "by_experiment": {"x": {"grid": 1}}}, SpecError,
+     "the sweep spec 'by_experiment.x.grid': expected an object, got 1"),
 ])
 def test_bad_specs_are_one_line_errors(raw, error, text):
     with pytest.raises(error) as info:

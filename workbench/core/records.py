@@ -34,17 +34,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Generic, Self, TypeVar
 
 import pydantic
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from workbench.core.errors import WorkbenchError
+from workbench.core.registry import did_you_mean
 
 __all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
-           "RelPath", "json_schema", "matching", "problem"]
+           "RecordList", "RelPath", "json_schema", "matching", "problem", "schema_text"]
 
 STRICT = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
                     validate_default=False, ser_json_inf_nan="constants")
@@ -94,6 +97,9 @@ Json = pydantic.JsonValue
 """Any JSON value (an experiment's config values, a claim check's parameters)."""
 
 
+R = TypeVar("R", bound="Record")
+
+
 class RecordError(WorkbenchError):
     """A stored or user-written file that does not match its record type (one line)."""
 
@@ -118,7 +124,7 @@ class Record(pydantic.BaseModel):
         try:
             return cls.model_validate_json(data)
         except ValidationError as exc:
-            raise RecordError(problem(exc, what)) from None
+            raise RecordError(problem(exc, what, cls)) from None
         except RecursionError:
             raise RecordError(f"{what} is nested too deeply to be a {cls.__name__}") from None
 
@@ -173,6 +179,10 @@ _SIMPLE = {
     "less_than": "expected less than {lt}",
     "literal_error": "expected {expected}",
     "string_pattern_mismatch": "expected text matching {pattern}",
+    "too_short": "expected at least {min_length} item(s)",
+    "too_long": "expected at most {max_length} item(s)",
+    "string_too_long": "expected at most {max_length} characters",
+    "string_too_short": "expected at least {min_length} characters",
 }
 
 
@@ -190,7 +200,41 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def problem(exc: ValidationError, what: str) -> str:
+def _fields_at(root: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the record found by following ``loc`` from ``root`` (``[]`` when
+    the path leads to something that is not a record)."""
+    tp, parts = root, list(loc)
+    while parts:
+        tp = _container(tp)
+        if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
+            field = tp.model_fields.get(str(parts.pop(0)))
+            if field is None:
+                return []
+            tp = field.annotation
+        elif typing.get_origin(tp) in (dict, tuple, list):
+            parts.pop(0)  # a key or an index
+            tp = typing.get_args(tp)[-1 if typing.get_origin(tp) is dict else 0]
+        else:
+            return []
+    tp = _container(tp)
+    return list(tp.model_fields) if isinstance(tp, type) and issubclass(
+        tp, pydantic.BaseModel) else []
+
+
+def _container(tp: Any) -> Any:
+    """``tp`` without ``Annotated`` and ``| None``: the record or container inside it."""
+    while typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            inner = _container(arg)
+            if typing.get_origin(inner) in (dict, tuple, list) or (
+                    isinstance(inner, type) and issubclass(inner, pydantic.BaseModel)):
+                return inner
+    return tp
+
+
+def problem(exc: ValidationError, what: str, root: Any = None) -> str:
     """One line for the first error of a validation: the file, the field, what it expects
     and what it holds (``run.json 'pid': expected at most 2147483647, got 4294967296``)."""
     errors = exc.errors(include_url=False)
@@ -205,7 +249,12 @@ def problem(exc: ValidationError, what: str) -> str:
     if kind == "missing":
         return f"{what} has no{field}" if field else f"{what} is missing a field"
     if kind == "extra_forbidden":
-        return f"{what} has an unknown field{field}"
+        known = _fields_at(root, tuple(first.get("loc", ()))[:-1])
+        if not known:
+            return f"{what} has an unknown field{field}"
+        name = str(first["loc"][-1])
+        return (f"{what} has an unknown field{field}{did_you_mean(name, known)}; "
+                f"fields there: {', '.join(known)}")
     if kind == "value_error":  # a record's own check: its message says what it expects
         message = str(first.get("msg", "")).removeprefix("Value error, ")
         value = first.get("input")
@@ -217,18 +266,50 @@ def problem(exc: ValidationError, what: str) -> str:
     return f"{what}{field}: {message}, got {_shown(first.get('input'))}"
 
 
-def json_schema(record: type[Record], *, title: str | None = None) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a record type, as other tools read it."""
-    schema = record.model_json_schema(mode="validation")
+class RecordList(Generic[R]):
+    """A file whose JSON is a list of records (a claims file), parsed like a record."""
+
+    def __init__(self, item: type[R]) -> None:
+        self.item = item
+        self._adapter = pydantic.TypeAdapter(tuple[item, ...], config=None)
+
+    def from_json(self, data: bytes | str, *, what: str) -> tuple[R, ...]:
+        """Parse and validate a file's text (see :meth:`Record.from_json`).
+
+        Raises:
+            RecordError: naming the item and field that fail.
+        """
+        try:
+            return self._adapter.validate_json(data, strict=True)
+        except ValidationError as exc:
+            raise RecordError(problem(exc, what, self.item)) from None
+        except RecursionError:
+            raise RecordError(f"{what} is nested too deeply") from None
+
+    def json_schema(self) -> dict[str, Any]:
+        return self._adapter.json_schema(mode="validation")
+
+
+Schema = type[Record] | RecordList[Any]
+"""Anything a JSON Schema is generated from: a record type, or a list of them."""
+
+
+def json_schema(record: Schema, *, title: str | None = None) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a file format, as other tools read it."""
+    schema = (record.json_schema() if isinstance(record, RecordList)
+              else record.model_json_schema(mode="validation"))
     if title:
         schema["title"] = title
     return schema
 
 
-def write_schemas(records: Mapping[str, type[Record]], folder: str | os.PathLike[str]) -> None:
-    """Write ``<name>.schema.json`` for every record type into ``folder``."""
+def schema_text(record: Schema, *, title: str) -> str:
+    """The JSON Schema of ``record`` as the text of its ``<title>.schema.json``."""
+    return json.dumps(json_schema(record, title=title), indent=2, sort_keys=True) + "\n"
+
+
+def write_schemas(records: Mapping[str, Schema], folder: str | os.PathLike[str]) -> None:
+    """Write ``<name>.schema.json`` for every file format into ``folder``."""
     for name, record in records.items():
-        path = os.path.join(folder, f"{name}.schema.json")
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(json_schema(record, title=name), fh, indent=2, sort_keys=True)
-            fh.write("\n")
+        with open(os.path.join(folder, f"{name}.schema.json"), "w", encoding="utf-8") as fh:
+            fh.write(schema_text(record, title=name))

@@ -41,26 +41,25 @@ check and returns the table that ``workbench reproduce`` prints and stores.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import pandas as pd
+from pydantic import ConfigDict, Field, model_validator
 
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.records import STRICT, Json, Record, RecordList, matching
 from workbench.core.registry import Registry, did_you_mean
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table, columns, tables
 
 log = logging.getLogger(__name__)
 
-REQUIRED = ("id", "kind", "paper", "statement", "published", "applies_to", "models",
-            "experiment", "check")
 Kind = Literal["reproduction", "invariant"]
 KINDS: tuple[str, ...] = get_args(Kind)
 """``reproduction``: a paper's empirical finding; ``invariant``: a mathematical property
@@ -148,23 +147,50 @@ def claim_check(name: str) -> Callable[[Check], Check]:
     return CHECKS.decorator(name)
 
 
-@dataclass(frozen=True)
-class Claim:
-    id: str
+ClaimId = matching(r"[a-z0-9][a-z0-9.-]{0,99}", "a claim id (lower-case letters, digits, "
+                   "'.' and '-')", max_length=100)
+Target = Literal["causal", "encoder", "any", "none"]
+
+
+class CheckSpec(Record):
+    """Which registered check judges a claim, and its parameters (``threshold``,
+    ``metric``, ...: whatever the check takes as keywords)."""
+
+    model_config = ConfigDict({**STRICT, "extra": "allow"})
+    name: Annotated[str, Field(min_length=1, max_length=100)]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Claim(Record):
+    """One entry of a ``data/claims/*.json`` file (see the module docstring)."""
+
+    id: ClaimId
     kind: Kind
     paper: str
     statement: str
     published: str
-    applies_to: str | tuple[str, ...]
+    applies_to: Target | tuple[str, ...]
+    """``causal``, ``encoder``, ``any``, ``none`` (the experiment trains its own models),
+    or the names of the models it is about."""
     models: tuple[str, ...]
+    """What ``workbench reproduce`` runs by default."""
     experiment: str
-    check: dict[str, Any]
+    check: CheckSpec
     where: str = ""
     quote: str = ""
     """The paper's words, exactly (empty when they could not be verified)."""
-    config: str | dict[str, Any] = "default"
+    config: Literal["default", "demo"] | dict[str, Json] = "default"
     """A named config of the experiment, with pins (see ``Experiment.named_config``)."""
-    file: str = ""
+
+    @model_validator(mode="after")
+    def _models_fit(self) -> Claim:
+        if self.applies_to == "none" and self.models:
+            raise ValueError('"applies_to": "none" (the experiment trains its own models) '
+                             'goes with "models": []')
+        return self
 
     @property
     def source(self) -> str:
@@ -187,29 +213,27 @@ class Claim:
         return None
 
 
-def _parse(entry: dict[str, Any], file: str) -> Claim:
-    missing = [k for k in REQUIRED if k not in entry]
-    if missing:
-        raise WorkbenchError(f"{file}: claim {entry.get('id', '?')} lacks {', '.join(missing)}")
-    if entry["kind"] not in KINDS:
-        raise WorkbenchError(f"{file}: claim {entry['id']} has unknown kind "
-                             f"'{entry['kind']}'; known kinds: {', '.join(KINDS)}")
-    applies = entry["applies_to"]
-    if applies == "none" and entry["models"]:
-        raise WorkbenchError(f"{file}: claim {entry['id']}: \"applies_to\": \"none\" (the "
-                             "experiment trains its own models) goes with \"models\": []")
-    return Claim(
-        id=entry["id"], kind=entry["kind"], paper=entry["paper"], statement=entry["statement"],
-        published=entry["published"],
-        applies_to=tuple(applies) if isinstance(applies, list) else applies,
-        models=tuple(entry["models"]), experiment=entry["experiment"],
-        check=dict(entry["check"]), where=entry.get("where", ""), quote=entry.get("quote", ""),
-        config=_config_spec(entry.get("config", "default")), file=file,
-    )
+CLAIMS_FILE = RecordList(Claim)
+"""A claims file: a JSON list of claims."""
+MAX_CLAIMS_FILE = 16 << 20
 
 
-def _config_spec(spec: Any) -> str | dict[str, Any]:
-    return spec if isinstance(spec, str) else dict(spec)
+def read_claims_file(path: Path) -> tuple[Claim, ...]:
+    """The claims of one file.
+
+    Raises:
+        WorkbenchError: unreadable, too large, not JSON, or a claim that does not match
+            :class:`Claim` (the message names the file, the claim's place and the field).
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CLAIMS_FILE + 1)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read the claims file {path} ({exc.strerror})") from None
+    if len(data) > MAX_CLAIMS_FILE:
+        raise WorkbenchError(f"{path.name} is larger than {MAX_CLAIMS_FILE >> 20} MiB: "
+                             "not a claims file")
+    return CLAIMS_FILE.from_json(data, what=path.name)
 
 
 def load_claims(folder: Path | None = None) -> list[Claim]:
@@ -221,12 +245,7 @@ def load_claims(folder: Path | None = None) -> list[Claim]:
     folder = folder or paths.data_dir() / "claims"
     claims: dict[str, Claim] = {}
     for path in sorted(folder.glob("*.json")):
-        try:
-            entries = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise WorkbenchError(f"{path.name} is not valid JSON: {exc}") from None
-        for entry in entries:
-            claim = _parse(entry, path.name)
+        for claim in read_claims_file(path):
             if claim.id in claims:
                 raise WorkbenchError(f"claim id '{claim.id}' appears twice ({path.name})")
             claims[claim.id] = claim
@@ -255,8 +274,7 @@ def claim_config(claim: Claim) -> dict[str, Any]:
 
 def evaluate(claim: Claim, run: Run) -> Measurement:
     """Apply the claim's check to a run of its experiment."""
-    params = {k: v for k, v in claim.check.items() if k != "name"}
-    return CHECKS.get(claim.check["name"])(run, **params)
+    return CHECKS.get(claim.check.name)(run, **claim.check.params)
 
 
 def reproduce(claims: Sequence[Claim], *, model: str | None = None,
@@ -419,7 +437,7 @@ def known_checks() -> list[str]:
 def ensure_checks_exist(claims: Sequence[Claim]) -> None:
     """Fail early on a claim whose check is not registered (after experiments load)."""
     for claim in claims:
-        if claim.check.get("name") not in CHECKS:
+        if claim.check.name not in CHECKS:
             raise UnknownNameError(
-                f"claim '{claim.id}' uses unknown check '{claim.check.get('name')}'; "
+                f"claim '{claim.id}' uses unknown check '{claim.check.name}'; "
                 f"known checks: {', '.join(known_checks())}")

@@ -52,12 +52,15 @@ import itertools
 import json
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PrivateAttr
 
 from workbench.core import paths
 from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
+from workbench.core.records import Count, Json, PositiveInt, Record, RecordError
 from workbench.core.registry import did_you_mean
 from workbench.harness.config import apply_overrides, check_config
 from workbench.harness.experiment import Experiment, get
@@ -65,38 +68,62 @@ from workbench.models import checkpoints, zoo
 from workbench.store.runs import RunStore
 from workbench.store.validate import confined_file
 
-SPEC_KEYS = ("name", "experiments", "models", "seeds", "config", "steps_every", "set", "grid",
-             "by_experiment", "cells")
-CELL_KEYS = ("experiment", "model", "seed", "set")
 GLOB_CHARS = "*?["
+MAX_SPEC = 1 << 20
+"""A sweep spec larger than this is not one (a real one is a few hundred bytes)."""
 
 
 class SpecError(WorkbenchError):
     """A sweep spec that cannot be expanded into cells (one line, naming the problem)."""
 
 
-@dataclass(frozen=True)
-class Spec:
-    """A parsed sweep spec (see the module docstring for each key)."""
+Name = Annotated[str, Field(min_length=1, max_length=4096)]
+Values = Annotated[tuple[Json, ...], Field(min_length=1)]
+"""A grid's values: at least one."""
+Fields = dict[Annotated[str, Field(min_length=1, max_length=200)], Json]
+Grid = dict[Annotated[str, Field(min_length=1, max_length=200)], Values]
 
-    name: str
-    experiments: tuple[str, ...] = ()
-    models: tuple[str, ...] = ()
-    seeds: tuple[int, ...] = ()
-    config: str = "default"
-    steps_every: int | None = None
-    set: Mapping[str, Any] = field(default_factory=dict)
-    grid: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    by_experiment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    cells: tuple[Mapping[str, Any], ...] = ()
-    text: str = ""
-    """The spec file's text, kept with the sweep run."""
+
+class ExperimentSection(Record):
+    """``[by_experiment.NAME]``: fields only one experiment has."""
+
+    set: Fields = Field(default_factory=dict)
+    grid: Grid = Field(default_factory=dict)
+
+
+class CellSpec(Record):
+    """A ``[[cells]]`` entry: one explicit cell, added to the product."""
+
+    experiment: Name
+    model: Name | None = None
+    seed: Count | None = None
+    set: Fields = Field(default_factory=dict)
+
+
+class Spec(Record):
+    """A sweep spec (see the module docstring for each key), as its TOML says it."""
+
+    name: Annotated[str, Field(max_length=200)]
+    """A label (default: the file's name)."""
+    experiments: tuple[Name, ...] = ()
+    models: tuple[Name, ...] = ()
+    seeds: tuple[Count, ...] = ()
+    config: Literal["default", "demo"] = "default"
+    steps_every: PositiveInt | None = None
+    set: Fields = Field(default_factory=dict)
+    grid: Grid = Field(default_factory=dict)
+    by_experiment: dict[Name, ExperimentSection] = Field(default_factory=dict)
+    cells: tuple[CellSpec, ...] = ()
+    _text: str = PrivateAttr(default="")
+
+    @property
+    def text(self) -> str:
+        """The spec file's text, kept with the sweep run."""
+        return self._text
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON-able values (the sweep run's config)."""
-        out = dataclasses.asdict(self)
-        out.pop("text")
-        return json.loads(json.dumps(out, default=list))
+        return self.to_data()
 
 
 @dataclass(frozen=True)
@@ -146,7 +173,11 @@ def load_spec(path: str | Path) -> Spec:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SPEC + 1)
+        if len(data) > MAX_SPEC:
+            raise SpecError(f"the sweep spec {path} is larger than {MAX_SPEC >> 10} KiB")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the sweep spec {path}: {exc}") from None
     return parse_text(text, name=path.stem, where=str(path))
@@ -158,16 +189,18 @@ def parse_text(text: str, *, name: str = "sweep", where: str = "") -> Spec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"the sweep spec {where or name} is not valid TOML: {exc}") from None
-    return parse_spec(raw, name=name, text=text)
+    return parse_spec(raw, name=name, text=text, where=where)
 
 
-def parse_spec(raw: Mapping[str, Any], *, name: str = "sweep", text: str = "") -> Spec:
+def parse_spec(raw: Mapping[str, Any], *, name: str = "sweep", text: str = "",
+               where: str = "") -> Spec:
     """Check a spec's keys and value types (see :func:`load_spec`).
 
     Args:
         raw: the spec as parsed TOML (or any mapping of the same shape).
         name: the default ``name``.
         text: the spec's text, kept with the sweep run.
+        where: the file, for messages.
 
     Returns:
         The spec.
@@ -175,70 +208,12 @@ def parse_spec(raw: Mapping[str, Any], *, name: str = "sweep", text: str = "") -
     Raises:
         SpecError: an unknown key, or a value of the wrong type or an empty grid.
     """
-    unknown = [k for k in raw if k not in SPEC_KEYS]
-    if unknown:
-        raise SpecError(f"unknown key '{unknown[0]}' in the sweep spec"
-                        f"{did_you_mean(unknown[0], SPEC_KEYS)}; keys: {', '.join(SPEC_KEYS)}")
-    grid = {k: _values(v, f"grid.{k}") for k, v in _table(raw, "grid").items()}
-    by_exp = {exp: _experiment_section(exp, section)
-              for exp, section in _table(raw, "by_experiment").items()}
-    cells = raw.get("cells", [])
-    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
-        raise SpecError("cells must be a list of tables ([[cells]])")
-    for cell in cells:
-        if bad := [k for k in cell if k not in CELL_KEYS]:
-            raise SpecError(f"unknown key '{bad[0]}' in a [[cells]] entry; keys: "
-                            f"{', '.join(CELL_KEYS)}")
-        if not isinstance(cell.get("experiment"), str):
-            raise SpecError("every [[cells]] entry needs experiment = \"NAME\"")
-    every = raw.get("steps_every")
-    if every is not None and (not isinstance(every, int) or isinstance(every, bool)
-                              or every < 1):
-        raise SpecError(f"steps_every must be a whole number >= 1, got {every!r}")
-    config = raw.get("config", "default")
-    if config not in ("default", "demo"):
-        raise SpecError(f"config must be \"default\" or \"demo\", got {config!r}")
-    return Spec(name=str(raw.get("name", name)), experiments=_strings(raw, "experiments"),
-                models=_strings(raw, "models"), seeds=_seeds(raw.get("seeds", [])),
-                config=config, steps_every=every, set=_table(raw, "set"), grid=grid,
-                by_experiment=by_exp, cells=tuple(cells), text=text)
-
-
-def _table(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = raw.get(key, {})
-    if not isinstance(value, dict):
-        raise SpecError(f"{key} must be a table of field = value")
-    return dict(value)
-
-
-def _strings(raw: Mapping[str, Any], key: str) -> tuple[str, ...]:
-    value = raw.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise SpecError(f"{key} must be a list of names, e.g. {key} = [\"a\", \"b\"]")
-    return tuple(value)
-
-
-def _values(value: Any, where: str) -> tuple[Any, ...]:
-    if not isinstance(value, list):
-        raise SpecError(f"{where} must be a list of values, e.g. [16, 64]; got {value!r}")
-    if not value:
-        raise SpecError(f"{where} is an empty grid: give at least one value")
-    return tuple(value)
-
-
-def _seeds(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
-        raise SpecError(f"seeds must be a list of whole numbers >= 0, got {value!r}")
-    return tuple(value)
-
-
-def _experiment_section(exp: str, section: Any) -> dict[str, Any]:
-    if not isinstance(section, dict) or any(k not in ("set", "grid") for k in section):
-        raise SpecError(f"by_experiment.{exp} takes only set = {{...}} and grid = {{...}}")
-    grid = {k: _values(v, f"by_experiment.{exp}.grid.{k}")
-            for k, v in _table(section, "grid").items()}
-    return {"set": _table(section, "set"), "grid": grid}
+    try:
+        spec = Spec.from_data({"name": name, **raw}, what=f"the sweep spec {where}".rstrip())
+    except RecordError as exc:
+        raise SpecError(str(exc)) from None
+    spec._text = text
+    return spec
 
 
 # ---- expansion ----------------------------------------------------------------------------
@@ -274,22 +249,21 @@ def expand(spec: Spec, runs_dir: str | Path | None = None) -> list[Cell]:
     drafts = []
     for name in spec.experiments:
         exp = get(name)
-        section = spec.by_experiment.get(name, {})
-        grid = {**spec.grid, **section.get("grid", {})}
-        fixed = {**spec.set, **section.get("set", {})}
+        section = spec.by_experiment.get(name, ExperimentSection())
+        grid = {**spec.grid, **section.grid}
+        fixed = {**spec.set, **section.set}
         refs = [r for m in spec.models for r in resolved(m)] if exp.needs_model else [None]
         if exp.needs_model and not refs:
             raise SpecError(f"experiment '{name}' needs a model: name models = [...]")
         for ref, seed, values in itertools.product(refs, spec.seeds or [None], _product(grid)):
             drafts.append((exp, ref, fixed, values, seed, spec.config))
     for entry in spec.cells:
-        exp = get(entry["experiment"])
-        refs = resolved(entry["model"]) if exp.needs_model and "model" in entry else [None]
-        if exp.needs_model and "model" not in entry:
+        exp = get(entry.experiment)
+        refs = resolved(entry.model) if exp.needs_model and entry.model else [None]
+        if exp.needs_model and not entry.model:
             raise SpecError(f"a [[cells]] entry of '{exp.name}' needs model = \"NAME\"")
-        seed = entry.get("seed")
         for ref in refs:
-            drafts.append((exp, ref, dict(entry.get("set", {})), {}, seed, spec.config))
+            drafts.append((exp, ref, dict(entry.set), {}, entry.seed, spec.config))
     drafts.sort(key=lambda d: ("" if d[1] is None else d[1].series, _step(d[1])))
     return [_cell(i, *d) for i, d in enumerate(drafts)]
 
