@@ -83,6 +83,6 @@ def test_minilm_from_the_command_line(runs_dir, tmp_path):
     assert len(HeadMask.load(mask).removed()) == 18
     out = workbench("record", "minilm", "--text", "The cat sat on the mat.",
                     "--heads-mask", str(mask))
-    assert RunStore(runs_dir).get(out[-1]).meta.interventions["heads_mask"]["mask"] == \
-        HeadMask.load(mask).values.tolist()
+    stored = RunStore(runs_dir).get(out[-1]).meta.interventions.heads_mask
+    assert [list(row) for row in stored.mask] == HeadMask.load(mask).values.tolist()
     assert torch.isfinite(HeadMask.load(mask).values).all()

@@ -1,4 +1,4 @@
-"""Hostile and broken head-mask files (issue 11, classes 6 and 7).
+"""Hostile and broken head-mask files.
 
 A mask file is read and checked before any model loads or run exists: each case gives
 exit status 2, one ``error:`` line naming what is wrong, no traceback and no run. A NaN,
@@ -46,61 +46,67 @@ def with_value(value) -> dict:
 
 
 BAD_MASKS = [
-    pytest.param([[1, 1, 1, 1], [1, 1, 1, 1]], "expected a JSON object with format "
-                 "'workbench-heads-mask', got a list", id="json-list"),
-    pytest.param("zero", "got a string", id="json-string"),
-    pytest.param(None, "got null", id="json-null"),
-    pytest.param(7, "got a number", id="json-number"),
-    pytest.param({}, "not a head mask file (expected format 'workbench-heads-mask')",
-                 id="empty-object"),
-    pytest.param(edit(format="something-else"), "not a head mask file", id="wrong-format"),
-    pytest.param(edit(mask=_DROP), "missing 'mask'; a head mask has n_layers, n_heads and mask",
-                 id="missing-mask"),
-    pytest.param(edit(n_layers=_DROP, n_heads=_DROP), "missing 'n_layers', 'n_heads'",
+    pytest.param([[1, 1, 1, 1], [1, 1, 1, 1]], ": expected an object, got [[1, 1, 1, 1], [1, 1, "
+                 "1, 1]]", id="json-list"),
+    pytest.param("zero", ': expected an object, got "zero"', id="json-string"),
+    pytest.param(None, ": expected an object, got null", id="json-null"),
+    pytest.param(7, ": expected an object, got 7", id="json-number"),
+    pytest.param({}, "mask.json has no 'format'", id="empty-object"),
+    pytest.param(edit(format="something-else"), "'format': expected 'workbench-heads-mask', "
+                 'got "something-else"', id="wrong-format"),
+    pytest.param(edit(mask=_DROP), "mask.json has no 'mask'", id="missing-mask"),
+    pytest.param(edit(n_layers=_DROP, n_heads=_DROP), "mask.json has no 'n_layers'",
                  id="missing-sizes"),
     pytest.param(edit(mask=[["1", "1", "1", "1"], ["1", "1", "1", "1"]]),
-                 "'mask' value at layer 0, head 0 is \"1\"; expected a number in [0, 1]",
-                 id="string-values"),
-    pytest.param(with_value(True), "value at layer 1, head 2 is true; expected a number",
+                 "'mask.0.0': expected a valid number, got \"1\"", id="string-values"),
+    pytest.param(with_value(True), "'mask.1.2': expected a valid number, got true",
                  id="boolean-value"),
-    pytest.param(with_value(None), "value at layer 1, head 2 is null", id="null-value"),
-    pytest.param(with_value([1.0]), "value at layer 1, head 2 is [1.0]", id="nested-value"),
-    pytest.param(with_value(math.nan), "value at layer 1, head 2 is NaN; expected a number in "
-                 "[0, 1]", id="nan"),
-    pytest.param(with_value(math.inf), "value at layer 1, head 2 is Infinity", id="infinity"),
-    pytest.param(with_value(-math.inf), "value at layer 1, head 2 is -Infinity",
+    pytest.param(with_value(None), "'mask.1.2': expected a valid number, got null",
+                 id="null-value"),
+    pytest.param(with_value([1.0]), "'mask.1.2': expected a valid number, got [1.0]",
+                 id="nested-value"),
+    pytest.param(with_value(math.nan), "'mask.1.2': expected a finite number, got NaN",
+                 id="nan"),
+    pytest.param(with_value(math.inf), "'mask.1.2': expected a finite number, got Infinity",
+                 id="infinity"),
+    pytest.param(with_value(-math.inf), "'mask.1.2': expected a finite number, got -Infinity",
                  id="minus-infinity"),
-    pytest.param(with_value(1.5), "value at layer 1, head 2 is 1.5; expected a number in [0, 1]",
-                 id="above-one"),
-    pytest.param(with_value(-0.1), "value at layer 1, head 2 is -0.1", id="below-zero"),
-    pytest.param(with_value(10**400), "value at layer 1, head 2 is 1000000", id="huge-integer"),
+    pytest.param(with_value(1.5), "'mask.1.2': expected at most 1.0, got 1.5", id="above-one"),
+    pytest.param(with_value(-0.1), "'mask.1.2': expected at least 0.0, got -0.1",
+                 id="below-zero"),
+    pytest.param(with_value(10**400), "'mask.1.2': expected a finite number, got 1000000",
+                 id="huge-integer"),
     pytest.param(edit(mask=[[1, 1, 1, 1], [1, 1, 1]]), "'mask' row 1 must hold n_heads = 4 "
                  "values, got 3 values", id="ragged-rows"),
-    pytest.param(edit(mask=[1, [1, 1, 1, 1]]), "'mask' row 0 must hold n_heads = 4 values, got "
-                 "a number", id="row-not-a-list"),
+    pytest.param(edit(mask=[1, [1, 1, 1, 1]]), "'mask.0': expected a valid array, got 1",
+                 id="row-not-a-list"),
     pytest.param(edit(mask=[[1, 1, 1, 1]] * 3), "'mask' must be a list of n_layers = 2 rows, "
                  "got 3 rows", id="too-many-rows"),
-    pytest.param(edit(mask="all ones"), "'mask' must be a list of n_layers = 2 rows, got a "
-                 "string", id="mask-not-a-list"),
-    pytest.param(edit(n_layers=-2), "'n_layers' must be a whole number >= 1, got -2",
+    pytest.param(edit(mask="all ones"), "'mask': expected a valid array, got \"all ones\"",
+                 id="mask-not-a-list"),
+    pytest.param(edit(n_layers=-2), "'n_layers': expected at least 1, got -2",
                  id="negative-layers"),
-    pytest.param(edit(n_heads=0), "'n_heads' must be a whole number >= 1, got 0",
-                 id="zero-heads"),
-    pytest.param(edit(n_heads=4.0), "'n_heads' must be a whole number >= 1, got 4.0",
+    pytest.param(edit(n_heads=0), "'n_heads': expected at least 1, got 0", id="zero-heads"),
+    pytest.param(edit(n_heads=4.0), "'n_heads': expected a valid integer, got 4.0",
                  id="float-size"),
-    pytest.param(edit(n_layers="2"), "'n_layers' must be a whole number >= 1, got \"2\"",
+    pytest.param(edit(n_layers="2"), "'n_layers': expected a valid integer, got \"2\"",
                  id="string-size"),
-    pytest.param(edit(n_layers=True), "'n_layers' must be a whole number >= 1, got true",
+    pytest.param(edit(n_layers=True), "'n_layers': expected a valid integer, got true",
                  id="boolean-size"),
-    pytest.param(edit(ablation="resample"), "unknown ablation 'resample'; expected one of zero, "
-                 "mean", id="unknown-ablation"),
-    pytest.param(edit(ablation=["zero"]), "'ablation' is a list", id="ablation-not-a-string"),
+    pytest.param(edit(ablation="resample"), "'ablation': expected 'zero' or 'mean', got "
+                 '"resample"', id="unknown-ablation"),
+    pytest.param(edit(ablation=["zero"]), "'ablation': expected 'zero' or 'mean', got "
+                 '["zero"]', id="ablation-not-a-string"),
     pytest.param(edit(ablation="mean", reference="poems"), "the mean ablation's reference "
                  "'poems' is not a prompt set; known prompt sets: ", id="mean-unknown-reference"),
-    pytest.param(edit(reference=3), "'reference' is a number", id="reference-not-a-string"),
-    pytest.param(edit(model=["tiny-llama"]), "'model' is a list", id="model-not-a-string"),
-    pytest.param(edit(extra=[1]), "'extra' is a list; expected an object",
+    pytest.param(edit(reference=3), "'reference': expected a valid string, got 3",
+                 id="reference-not-a-string"),
+    pytest.param(edit(model=["tiny-llama"]), "'model': expected a valid string, got "
+                 '["tiny-llama"]', id="model-not-a-string"),
+    pytest.param(edit(extra=[1]), "'extra': expected an object, got [1]",
                  id="extra-not-an-object"),
+    pytest.param(edit(colour="red"), "mask.json has an unknown field 'colour'",
+                 id="unknown-field"),
 ]
 
 
@@ -141,7 +147,7 @@ def test_mask_folder_instead_of_file(capsys, runs_dir, llama_folder, tmp_path):
 @pytest.mark.parametrize("data, message", [
     pytest.param(edit(ablation="mean", reference="poems"), "reference 'poems' is not a prompt set",
                  id="mean-unknown-reference"),
-    pytest.param(with_value(math.nan), "value at layer 1, head 2 is NaN", id="nan"),
+    pytest.param(with_value(math.nan), "'mask.1.2': expected a finite number, got NaN", id="nan"),
 ])
 @pytest.mark.usefixtures("no_model_load")
 def test_bad_mask_file_on_run(capsys, runs_dir, llama_folder, tmp_path, data, message):

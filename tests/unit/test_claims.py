@@ -46,10 +46,10 @@ def test_load_and_select(tmp_path):
     ([claim(), claim()], "appears twice"),
     ([{"id": "x"}], "a.json has no '0.kind'"),
     ([claim(kind="theorem")], "a.json '0.kind': expected 'reproduction' or 'invariant', got "
-                              "'theorem'"),
+                              '"theorem"'),
     ([claim(), claim(id="c2", chek={})], "a.json has an unknown field '1.chek'"),
     ([claim(check={"threshold": 1})], "a.json has no '0.check.name'"),
-    ([claim(models="smollm2")], "a.json '0.models': expected a valid array, got 'smollm2'"),
+    ([claim(models="smollm2")], "a.json '0.models': expected a valid array, got \"smollm2\""),
     ({"id": "c1"}, "a.json: expected a valid array"),
 ])
 def test_malformed_claim_files(tmp_path, entries, message):

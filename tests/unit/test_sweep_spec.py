@@ -103,7 +103,7 @@ set = {{ n_boot = 7 }}
     ({"experiments": ["previous-token-heads"], "cells": [{"experiment": 3}]}, SpecError,
      "the sweep spec 'cells.0.experiment': expected a valid string, got 3"),
     ({"experiments": ["previous-token-heads"], "seeds": [0, "1"]}, SpecError,
-     "the sweep spec 'seeds.1': expected a valid integer, got '1'"),
+     "the sweep spec 'seeds.1': expected a valid integer, got \"1\""),
     ({"experiments": ["previous-token-heads"], "by_experiment": {"x": {"grid": 1}}}, SpecError,
      "the sweep spec 'by_experiment.x.grid': expected an object, got 1"),
 ])

@@ -53,6 +53,7 @@ def cmd_record(args: argparse.Namespace) -> None:
     from workbench.interventions.masks import applied
     from workbench.models.load import load_model
     from workbench.recording.record import record
+    from workbench.store.records import Interventions
     from workbench.store.runs import RunStore
 
     mask = _heads_mask(args)
@@ -67,7 +68,7 @@ def cmd_record(args: argparse.Namespace) -> None:
               "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype,
               "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid}
     store = RunStore(paths.runs_dir(args.out))
-    interventions = {"heads_mask": mask.to_json()} if mask is not None else None
+    interventions = Interventions(heads_mask=mask.to_record()) if mask is not None else None
     with store.start("record", model.info, config,
                      extra={"interventions": interventions}) as run, applied(model, mask):
         rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,

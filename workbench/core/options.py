@@ -22,3 +22,7 @@ plus exact first-token, diagonal, previous-token and left-out weights, or not at
 Status = Literal["running", "complete", "failed", "interrupted", "damaged"]
 """How a run ended: ``running`` while it is written, ``interrupted`` when its process died,
 ``damaged`` when its stored files fail their checks (the run's ``error`` says which)."""
+
+Ablation = Literal["zero", "mean"]
+"""What a removed head is replaced by: nothing (``zero``), or its mean output over a
+reference prompt set (``mean``)."""

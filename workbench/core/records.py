@@ -137,12 +137,10 @@ class Record(pydantic.BaseModel):
         """
         # Through JSON, so that lists are arrays (tuples) and nothing is coerced: the same
         # rule as a file read back.
-        try:
-            text = json.dumps(data, allow_nan=False, default=_not_json)
-        except TypeError as exc:
+        try:  # NaN and infinities pass here, to be refused with their field's name
+            text = json.dumps(data, default=_not_json)
+        except (TypeError, ValueError) as exc:
             raise RecordError(f"{what}: {exc}") from None
-        except ValueError:
-            raise RecordError(f"{what}: NaN or infinity where a number belongs") from None
         except RecursionError:
             raise RecordError(f"{what} is nested too deeply to be a {cls.__name__}") from None
         return cls.from_json(text, what=what)
@@ -196,7 +194,11 @@ def _where(loc: tuple[Any, ...]) -> str:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """A value as the file would spell it (JSON: ``null``, ``true``, ``"text"``), short."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

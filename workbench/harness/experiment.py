@@ -35,6 +35,7 @@ from workbench.harness.config import apply_overrides, check_config, check_layers
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Model
 from workbench.models.load import load_model
+from workbench.store.records import Interventions
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table
 
@@ -230,7 +231,7 @@ def run_experiment(name: str, model: str | Model | None,
         if loaded is None:
             raise WorkbenchError(f"experiment '{name}' takes no model, so no head mask")
         heads_mask.check(loaded)
-    interventions = {"heads_mask": heads_mask.to_json()} if heads_mask is not None else None
+    interventions = Interventions(heads_mask=heads_mask.to_record()) if heads_mask else None
     if reuse and (found := store.find_matching(name, info, cfg, interventions,
                                                check=verify_stored_files)) is not None:
         log.info("reusing run %s", found.id)

@@ -27,11 +27,10 @@ Examples:
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
 import torch
 from jaxtyping import Float
@@ -39,13 +38,17 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.options import Ablation
+from workbench.core.records import RecordError
 from workbench.inputs.prompts import Prompt, load_prompt_set, prompt_set_names
 from workbench.models.base import Model
 from workbench.recording import hooks
+from workbench.store.records import MASK_FORMAT, HeadMaskFile
 
-Ablation = Literal["zero", "mean"]
-ABLATIONS: tuple[Ablation, ...] = ("zero", "mean")
-FORMAT = "workbench-heads-mask"
+ABLATIONS: tuple[Ablation, ...] = get_args(Ablation)
+FORMAT = MASK_FORMAT
+MAX_FILE = 64 << 20
+"""A mask file larger than this is not one (smollm2's is a few kilobytes)."""
 
 
 @dataclass
@@ -114,56 +117,50 @@ class HeadMask:
         return HeadMask(self.values * other.values, self.ablation, self.reference,
                         self.model or other.model)
 
+    def to_record(self) -> HeadMaskFile:
+        """The mask as its file's record (also what a run keeps in ``interventions``)."""
+        return HeadMaskFile(format=FORMAT, model=self.model, n_layers=self.shape[0],
+                            n_heads=self.shape[1], ablation=self.ablation,
+                            reference=self.reference, note=self.note,
+                            mask=tuple(tuple(row) for row in self.values.tolist()),
+                            extra=self.extra)
+
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": 1, "model": self.model,
-                "n_layers": self.shape[0], "n_heads": self.shape[1],
-                "ablation": self.ablation, "reference": self.reference, "note": self.note,
-                "mask": self.values.tolist(), **({"extra": self.extra} if self.extra else {})}
+        return self.to_record().to_data()
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        path.write_bytes(self.to_record().to_json())
         return path
 
     @classmethod
+    def from_record(cls, record: HeadMaskFile, source: str = "head mask") -> HeadMask:
+        """A mask from its file's record; a ``mean`` mask's reference must be a prompt set.
+
+        Raises:
+            UnknownNameError: the mean ablation's reference is not a prompt set.
+        """
+        mask = cls(torch.tensor(record.mask, dtype=torch.float32), record.ablation,
+                   record.reference, record.model, record.note, dict(record.extra))
+        mask.check_reference(source)
+        return mask
+
+    @classmethod
     def from_json(cls, data: Any, source: str = "head mask") -> HeadMask:
-        """A mask from its JSON form (:meth:`to_json`), every part checked.
+        """A mask from its JSON form (:meth:`to_json`), every part checked by
+        :class:`~workbench.store.records.HeadMaskFile`.
 
         Args:
             data: the parsed JSON.
             source: what the data is, for messages (``"head mask prune.json"``).
 
         Raises:
-            WorkbenchError: one line naming what is wrong: not an object, another format,
-                a missing key, a size that is not a whole number >= 1, ``mask`` rows that
-                are ragged or do not match the sizes, a value that is not a number, NaN,
-                infinite or outside [0, 1], an unknown ablation, or a mean ablation whose
-                reference is not a prompt set.
+            WorkbenchError: one line naming the field that is wrong: another format, a
+                missing key, a size that is not a whole number >= 1, ``mask`` rows that are
+                ragged or do not match the sizes, a value that is not a number in [0, 1],
+                an unknown ablation, or a mean ablation whose reference is not a prompt set.
         """
-        if not isinstance(data, dict):
-            raise WorkbenchError(f"{source}: expected a JSON object with format '{FORMAT}', "
-                                 f"got {_json_kind(data)}")
-        if data.get("format") != FORMAT:
-            raise WorkbenchError(f"{source}: not a head mask file (expected format '{FORMAT}')")
-        missing = [k for k in ("n_layers", "n_heads", "mask") if k not in data]
-        if missing:
-            raise WorkbenchError(f"{source}: missing {', '.join(repr(k) for k in missing)}; a "
-                                 f"head mask has n_layers, n_heads and mask")
-        n_layers, n_heads = (_size(data[k], k, source) for k in ("n_layers", "n_heads"))
-        rows = _mask_rows(data["mask"], n_layers, n_heads, source)
-        for key, kinds in (("ablation", str), ("reference", str), ("model", (str, type(None))),
-                           ("note", str), ("extra", dict)):
-            if key in data and not isinstance(data[key], kinds):
-                raise WorkbenchError(f"{source}: '{key}' is {_json_kind(data[key])}; expected "
-                                     f"{'an object' if key == 'extra' else 'a string'}")
-        if data.get("ablation", "zero") not in ABLATIONS:
-            raise WorkbenchError(f"{source}: unknown ablation '{data['ablation']}'; expected one "
-                                 f"of {', '.join(ABLATIONS)}")
-        mask = cls(torch.tensor(rows, dtype=torch.float32), data.get("ablation", "zero"),
-                   data.get("reference", "natural"), data.get("model"), data.get("note", ""),
-                   data.get("extra", {}))
-        mask.check_reference(source)
-        return mask
+        return cls.from_record(HeadMaskFile.from_data(data, what=source), source)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadMask:
@@ -172,11 +169,22 @@ class HeadMask:
         Raises:
             WorkbenchError: unreadable, not a mask, or inconsistent (see :meth:`from_json`).
         """
+        source = f"head mask {path}"
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8 or JSON
-            raise WorkbenchError(f"cannot read head mask {path}: {exc}") from None
-        return cls.from_json(data, source=f"head mask {path}")
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_FILE + 1)
+        except OSError as exc:
+            raise WorkbenchError(f"cannot read head mask {path}: {exc.strerror}") from None
+        if len(data) > MAX_FILE:
+            raise WorkbenchError(f"cannot read head mask {path}: larger than "
+                                 f"{MAX_FILE >> 20} MiB")
+        try:
+            record = HeadMaskFile.from_json(data, what=source)
+        except RecordError as exc:
+            if "is not valid JSON" in str(exc) or "nested too deeply" in str(exc):
+                raise WorkbenchError(f"cannot read head mask {path}: {exc}") from None
+            raise
+        return cls.from_record(record, source)
 
     def check_reference(self, source: str = "head mask") -> None:
         """Raise unless a ``mean`` mask's reference is a known prompt set."""
@@ -195,44 +203,6 @@ class HeadMask:
                 f"{f' (made for {self.model})' if self.model else ''}; {model.info.name} "
                 f"has {want[0]} x {want[1]} query heads")
         self.check_reference()
-
-
-def _json_kind(value: Any) -> str:
-    """``a list``, ``null``, ``a string ("x")``: what a JSON value is, for messages."""
-    if isinstance(value, (dict, list)):
-        return "an object" if isinstance(value, dict) else "a list"
-    if value is None:
-        return "null"
-    kind = ("a boolean" if isinstance(value, bool) else "a string" if isinstance(value, str)
-            else "a number")
-    return f"{kind} ({json.dumps(value)[:40]})"
-
-
-def _size(value: Any, key: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorkbenchError(f"{source}: '{key}' must be a whole number >= 1, got "
-                             f"{json.dumps(value)[:40]}")
-    return value
-
-
-def _mask_rows(rows: Any, n_layers: int, n_heads: int, source: str) -> list[list[float]]:
-    """``mask`` checked to be ``n_layers`` rows of ``n_heads`` finite numbers in [0, 1]."""
-    if not isinstance(rows, list) or len(rows) != n_layers:
-        got = f"{len(rows)} rows" if isinstance(rows, list) else _json_kind(rows)
-        raise WorkbenchError(f"{source}: 'mask' must be a list of n_layers = {n_layers} rows, "
-                             f"got {got}")
-    for layer, row in enumerate(rows):
-        if not isinstance(row, list) or len(row) != n_heads:
-            got = f"{len(row)} values" if isinstance(row, list) else _json_kind(row)
-            raise WorkbenchError(f"{source}: 'mask' row {layer} must hold n_heads = {n_heads} "
-                                 f"values, got {got}")
-        for head, value in enumerate(row):
-            # NaN fails both comparisons and infinities one; a huge int compares exactly
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 <= value <= 1):
-                raise WorkbenchError(f"{source}: 'mask' value at layer {layer}, head {head} is "
-                                     f"{json.dumps(value)[:40]}; expected a number in [0, 1]")
-    return rows
 
 
 def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int = 2048

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from workbench.core.options import Status
+from workbench.core.options import Ablation, Status
 from workbench.core.records import Count, Hex64, Json, Record, RelPath, matching
 
 RUN_ID_PATTERN = r"[0-9]{8}-[0-9]{6}-[\w.-]{1,81}-[0-9a-f]{4}"
@@ -103,8 +103,47 @@ class Machine(Record):
     argv: tuple[Text, ...]
 
 
-StoredStatus = Literal["running", "complete", "failed", "interrupted"]
-"""What ``run.json`` may say; ``damaged`` is only ever a reader's verdict."""
+MASK_FORMAT = "workbench-heads-mask"
+Weight = Annotated[float, Field(ge=0, le=1)]
+"""A head's mask value: 1 keeps it, 0 removes it."""
+
+
+class HeadMaskFile(Record):
+    """A head mask as JSON: a ``--heads-mask FILE``, and a run's ``interventions``.
+
+    The mask itself is :class:`workbench.interventions.masks.HeadMask`; this is its file.
+    """
+
+    format: Literal["workbench-heads-mask"]
+    version: Literal[1] = 1
+    model: str | None = None
+    """The model the mask was made for (checked when it is applied)."""
+    n_layers: Annotated[int, Field(ge=1, le=1 << 16)]
+    n_heads: Annotated[int, Field(ge=1, le=1 << 16)]
+    ablation: Ablation = "zero"
+    reference: str = "natural"
+    """For ``mean``: the prompt set whose mean head outputs replace a removed head."""
+    note: str = ""
+    mask: tuple[tuple[Weight, ...], ...]
+    """``n_layers`` rows of ``n_heads`` values in [0, 1]."""
+    extra: dict[str, Json] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _shape(self) -> HeadMaskFile:
+        if len(self.mask) != self.n_layers:
+            raise ValueError(f"'mask' must be a list of n_layers = {self.n_layers} rows, got "
+                             f"{len(self.mask)} rows")
+        for layer, row in enumerate(self.mask):
+            if len(row) != self.n_heads:
+                raise ValueError(f"'mask' row {layer} must hold n_heads = {self.n_heads} "
+                                 f"values, got {len(row)} values")
+        return self
+
+
+class Interventions(Record):
+    """What was changed in the model for a whole run."""
+
+    heads_mask: HeadMaskFile | None = None
 
 
 class RunMeta(Record):
@@ -133,8 +172,8 @@ class RunMeta(Record):
     pid: Annotated[int, Field(ge=1, le=PID_MAX)] | None = None
     """The process that wrote the run."""
     tables: dict[Annotated[str, Field(max_length=200)], TableEntry] = Field(default_factory=dict)
-    interventions: dict[str, Json] | None = None
-    """What was changed in the model for the whole run (``{"heads_mask": ...}``)."""
+    interventions: Interventions | None = None
+    """What was changed in the model for the whole run (``None``: nothing)."""
     summary: tuple[Text, ...] = ()
     """A few lines for the terminal, written by the experiment."""
     ended_at: Timestamp | None = None
@@ -164,5 +203,5 @@ class RunMeta(Record):
         return max((end - start).total_seconds(), 0.0)
 
 
-RECORDS: dict[str, type[Record]] = {"run": RunMeta}
+RECORDS: dict[str, type[Record]] = {"run": RunMeta, "heads-mask": HeadMaskFile}
 """The store's record types by schema name (``data/schemas/<name>.schema.json``)."""

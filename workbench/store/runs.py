@@ -63,7 +63,7 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.store import provenance, validate
-from workbench.store.records import ModelInfo, RunMeta, TableEntry
+from workbench.store.records import Interventions, ModelInfo, RunMeta, TableEntry
 from workbench.store.schema import SchemaError, Table
 
 log = logging.getLogger(__name__)
@@ -552,7 +552,7 @@ class RunStore:
         return None
 
     def find_matching(self, experiment: str, model: ModelInfo | None, config: Any,
-                      interventions: dict[str, Any] | None = None, *,
+                      interventions: Interventions | None = None, *,
                       check: Callable[[Run], None] | None = None) -> Run | None:
         """The newest complete run with the same experiment, model weights, config,
         interventions and workbench version, for reuse instead of a recomputation.
