@@ -61,7 +61,7 @@ from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
 from workbench.core.registry import did_you_mean
 from workbench.harness.config import apply_overrides, check_config
 from workbench.harness.experiment import Experiment, get
-from workbench.models import checkpoints, zoo
+from workbench.models import cache, checkpoints, zoo
 from workbench.store.runs import RunStore
 from workbench.store.validate import confined_file
 
@@ -376,8 +376,8 @@ def resolve_model(name: str, runs_dir: str | Path | None = None,
 
 def _bundled_checksum(name: str) -> str | None:
     try:
-        return zoo.read_manifest(name)["weights_sha256"]
-    except (WorkbenchError, OSError, KeyError):
+        return cache.read_manifest(name).weights_sha256
+    except (WorkbenchError, OSError):
         return None  # not fetched yet: the worker fetches it, and reuse is checked there
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.core.registry import did_you_mean
-from workbench.models import checkpoints, zoo
+from workbench.models import cache, checkpoints, zoo
 from workbench.models.base import DTYPES, Model
 from workbench.models.hf import boot_folder, check_folder, folder_checksum
 
@@ -80,10 +80,10 @@ def _load_bundled(name: str, dtype: Dtype, device: str) -> Model:
     spec = zoo.MODELS.get(name)
     # Fetches when not cached, re-hashes what changed, and keeps a fetch --force from
     # swapping the files while they are read.
-    with zoo.open_cached(name) as manifest:
+    with cache.open_cached(name) as manifest:
         return boot_folder(
-            zoo.hf_dir(name), name=name, source=spec.source,
-            checksum=manifest["weights_sha256"], dtype=dtype, device=device,
+            cache.hf_dir(name), name=name, source=spec.source,
+            checksum=manifest.weights_sha256, dtype=dtype, device=device,
             bos_token=spec.bos_token, has_lm_head=spec.has_lm_head,
         )
 
@@ -100,7 +100,7 @@ def _load_checkpoint(name: str, dtype: Dtype, device: str,
 
 def _load_path(path: Path, dtype: Dtype, device: str) -> Model:
     if path.is_file() and path.suffix == ".gguf":
-        with zoo.open_gguf(path) as (folder, digest):
+        with cache.open_gguf(path) as (folder, digest):
             return boot_folder(folder, name=str(path), source="local GGUF file",
                                checksum=digest, dtype=dtype, device=device)
     if path.is_dir() and (path / "config.json").is_file():
