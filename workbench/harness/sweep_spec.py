@@ -63,7 +63,6 @@ from workbench.harness.config import apply_overrides, check_config
 from workbench.harness.experiment import Experiment, get
 from workbench.models import cache, checkpoints, zoo
 from workbench.store.runs import RunStore
-from workbench.store.validate import confined_file
 
 SPEC_KEYS = ("name", "experiments", "models", "seeds", "config", "steps_every", "set", "grid",
              "by_experiment", "cells")
@@ -418,13 +417,7 @@ def _steps(refs: Iterable[checkpoints.CheckpointRef], n_layers: int) -> str:
 def _checkpoint_ref(run_id: str, ref: checkpoints.CheckpointRef) -> ModelRef:
     """A checkpoint's name, series, step, tokens seen and weights checksum, read from its
     ``checkpoint.json`` (the weights are re-hashed when a worker loads them)."""
-    try:
-        meta = json.loads(confined_file(ref.path, checkpoints.META,
-                                        what=f"checkpoint {ref.path}").read_bytes())
-        tokens, checksum = int(meta["tokens"]), str(meta["sha256"][checkpoints.WEIGHTS])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise WorkbenchError(f"{ref.path / checkpoints.META} is not a readable checkpoint "
-                             f"({type(exc).__name__}: {exc})") from None
+    meta = checkpoints.read_meta(ref.path)
     return ModelRef(checkpoints.checkpoint_name(run_id, ref.n_layers, ref.step),
-                    f"{run_id}/L{ref.n_layers}", step=ref.step, tokens=tokens,
-                    checksum=checksum)
+                    f"{run_id}/L{ref.n_layers}", step=ref.step, tokens=meta.tokens,
+                    checksum=meta.sha256[checkpoints.WEIGHTS])
