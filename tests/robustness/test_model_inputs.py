@@ -245,7 +245,7 @@ def test_checkpoint_is_looked_up_in_the_store_given(trained, tmp_path, monkeypat
 # ---- names no model can have ------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "fragment"), [
-    pytest.param("x" * 5000, "is not a bundled model (minilm, smollm2)", id="too-long"),
+    pytest.param("x" * 5000, "not a bundled model (minilm, smollm2)", id="too-long"),
     pytest.param("two words", "a Hugging Face hub id (org/name)", id="not-a-hub-id"),
     pytest.param("org/name/extra", "a Hugging Face hub id (org/name)", id="three-parts"),
     pytest.param("ok\n", "a Hugging Face hub id (org/name)", id="trailing-newline"),
@@ -253,9 +253,9 @@ def test_checkpoint_is_looked_up_in_the_store_given(trained, tmp_path, monkeypat
 ])
 def test_impossible_model_name_is_one_line_without_a_network(capsys, runs_dir, monkeypatch,
                                                              name, fragment):
-    from workbench.models import load
+    from workbench.models import reference
 
-    monkeypatch.setattr(load, "_hub_reachable", lambda timeout=3.0: pytest.fail("network"))
+    monkeypatch.setattr(reference, "hub_reachable", lambda timeout=3.0: pytest.fail("network"))
     status, line = cli_error(capsys, "record", name, "--text", "hello world")
     assert status == 2 and fragment in line, line
     assert run_count(runs_dir) == 0

@@ -21,8 +21,8 @@ load re-hashes the weights and tokenizer files against it; a changed or truncate
 a :class:`~workbench.core.errors.ChecksumError` that names it.
 
 Examples:
-    >>> model = load("20250101-120000-induction-formation-none-ab12/L2", 1500)  # doctest: +SKIP
-    >>> model.info.n_layers, model.info.name                                    # doctest: +SKIP
+    >>> model = load("20250101-120000-induction-formation-none-ab12", "L2", 1500)  # doctest: +SKIP
+    >>> model.info.n_layers, model.info.name                                       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -293,49 +293,56 @@ def list_checkpoints(run_dir: str | Path) -> list[CheckpointRef]:
     return sorted(found, key=lambda r: (r.n_layers, r.step))
 
 
-def resolve(run_ref: str, step: int, *, runs_dir: str | Path | None = None
+def resolve(run: str, model: str, step: int, *, runs_dir: str | Path | None = None
             ) -> tuple[str, CheckpointRef]:
-    """The run id and checkpoint that ``<run_ref>:<step>`` names.
+    """The run id and checkpoint that ``<run>/<model>:<step>`` names.
 
     Args:
-        run_ref: ``<run-id>`` or ``<run-id>/L<n>`` (a unique id prefix is enough).
+        run: a run id, or a unique prefix of one.
+        model: ``L<n>``, or ``""`` when the run trained a single model.
+        step: the training step.
 
     Raises:
         WorkbenchError: no such run, model or step (the message lists what exists).
     """
     from workbench.store.runs import RunStore
 
-    ref, _, selector = run_ref.partition("/")
-    run = RunStore(paths.runs_dir(runs_dir)).get(ref)
-    available = list_checkpoints(run.path)
+    found = RunStore(paths.runs_dir(runs_dir)).get(run)
+    available = list_checkpoints(found.path)
     layers = sorted({c.n_layers for c in available})
     if not layers:
-        raise WorkbenchError(f"run {run.id} has no checkpoints")
-    if selector:
-        if not (m := _MODEL_DIR.match(selector)) or int(m["layers"]) not in layers:
-            raise WorkbenchError(f"run {run.id} has no model '{selector}'; it has "
+        raise WorkbenchError(f"run {found.id} has no checkpoints")
+    if model:
+        if not (m := _MODEL_DIR.match(model)) or int(m["layers"]) not in layers:
+            raise WorkbenchError(f"run {found.id} has no model '{model}'; it has "
                                  f"{', '.join(f'L{n}' for n in layers)}")
         n_layers = int(m["layers"])
     elif len(layers) == 1:
         n_layers = layers[0]
     else:
         raise WorkbenchError(
-            f"run {run.id} trained {len(layers)} models; name one: "
-            + ", ".join(checkpoint_name(run.id, n, step) for n in layers))
+            f"run {found.id} trained {len(layers)} models; name one: "
+            + ", ".join(checkpoint_name(found.id, n, step) for n in layers))
     steps = [c for c in available if c.n_layers == n_layers]
     match = [c for c in steps if c.step == step]
     if not match:
         shown = ", ".join(str(c.step) for c in steps)
-        raise WorkbenchError(f"run {run.id} has no checkpoint at step {step} for L{n_layers}; "
-                             f"steps: {shown}")
-    if run.status != "complete":
-        log.warning("run %s is %s; loading its checkpoint anyway", run.id, run.status)
-    return run.id, match[0]
+        raise WorkbenchError(f"run {found.id} has no checkpoint at step {step} for "
+                             f"L{n_layers}; steps: {shown}")
+    if found.status != "complete":
+        log.warning("run %s is %s; loading its checkpoint anyway", found.id, found.status)
+    return found.id, match[0]
 
 
-def load(run_ref: str, step: int, *, dtype: Dtype = "float32", device: str = "cpu",
+def load(run: str, model: str, step: int, *, dtype: Dtype = "float32", device: str = "cpu",
          runs_dir: str | Path | None = None) -> Model:
-    """Load checkpoint ``<run_ref>:<step>`` (see the module docstring) as a ``Model``."""
-    run_id, ref = resolve(run_ref, step, runs_dir=runs_dir)
+    """Load checkpoint ``<run>/<model>:<step>`` (see the module docstring) as a ``Model``.
+
+    Args:
+        run: a run id, or a unique prefix of one.
+        model: ``L<n>``, or ``""`` when the run trained a single model.
+        step: the training step.
+    """
+    run_id, ref = resolve(run, model, step, runs_dir=runs_dir)
     return load_folder(ref.path, name=checkpoint_name(run_id, ref.n_layers, ref.step),
                        dtype=dtype, device=device)
