@@ -38,7 +38,7 @@ def part_load(args: argparse.Namespace) -> dict:
     import transformers  # noqa: F401
 
     imports = time.perf_counter() - start
-    from workbench.models.base import zoo
+    from workbench.models import cache, zoo
     from workbench.models.load import load_model
 
     out = {"import_s": imports}
@@ -51,7 +51,7 @@ def part_load(args: argparse.Namespace) -> dict:
         out[f"{name}_repeat_s"] = time.perf_counter() - t1
     from transformers import AutoModelForCausalLM
 
-    gguf = zoo.model_dir("smollm2") / zoo.MODELS.get("smollm2").wheel.verified_file
+    gguf = cache.model_dir("smollm2") / zoo.MODELS.get("smollm2").wheel.verified_file
     t0 = time.perf_counter()
     AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     out["smollm2_gguf_direct_s"] = time.perf_counter() - t0
@@ -79,7 +79,7 @@ def part_throughput(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
     from experiments.head_overview import METRICS
-    from workbench.models.base import zoo
+    from workbench.models import cache
     from workbench.models.load import load_model
     from workbench.recording.reductions import reduce_patterns
 
@@ -88,7 +88,7 @@ def part_throughput(args: argparse.Namespace) -> dict:
     prompts = _batch(model, args.batch, args.tokens)
     ids = torch.tensor([p.token_ids for p in prompts])
     n = ids.numel()
-    folder = str(zoo.hf_dir("smollm2"))
+    folder = str(cache.hf_dir("smollm2"))
     eager = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     sdpa = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
     out = {

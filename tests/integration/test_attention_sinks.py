@@ -16,7 +16,7 @@ from workbench.harness.experiment import run_experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt
 from workbench.inputs.token_types import TokenTyper, model_token_types
-from workbench.models import zoo
+from workbench.models import cache
 from workbench.recording.reductions import reduce_patterns
 from workbench.recording.residuals import scan_residuals, spread_by_boundary
 from workbench.scores.losses import token_losses
@@ -30,7 +30,7 @@ SMALL = {"n_prompts": 4, "seq_len": 32, "stream_tokens": 200, "window": 48, "n_s
 
 @pytest.fixture(scope="module")
 def smollm2_hf():
-    return AutoModelForCausalLM.from_pretrained(str(zoo.hf_dir("smollm2")),
+    return AutoModelForCausalLM.from_pretrained(str(cache.hf_dir("smollm2")),
                                                 attn_implementation="eager").eval()
 
 
@@ -65,7 +65,7 @@ def test_alpha_1_and_shares_match_huggingface_attentions(name, request):
     got = reduce_patterns(model, prompts, {k: metrics[k] for k in
                                            ("sink", *[f"share_{t}" for t in types])})
     cls = AutoModelForCausalLM if model.info.causal else AutoModel
-    hf = cls.from_pretrained(str(zoo.hf_dir(name)), attn_implementation="eager").eval()
+    hf = cls.from_pretrained(str(cache.hf_dir(name)), attn_implementation="eager").eval()
     for i, prompt in enumerate(prompts):
         ids, type_ids = model.encode(prompt)
         kwargs = {"token_type_ids": torch.tensor([type_ids])} if type_ids else {}

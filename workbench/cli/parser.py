@@ -31,6 +31,10 @@ from workbench.core import paths
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype, PatternStorage, Status, StoreDtype
 
+MODEL_HELP = ("bundled name (`workbench models`), hub id, model folder, .gguf file or "
+              "<run-id>/L<n>:<step>")
+"""What a MODEL argument may be (read by :func:`workbench.models.reference.parse_model`)."""
+
 
 class _RunHelp(argparse.Action):
     """``-h/--help`` of ``run``: the options and the experiments; after an experiment's
@@ -128,8 +132,7 @@ def _add_model_commands(sub: Subparsers) -> None:
 
 def _add_record_command(sub: Subparsers) -> None:
     p = _add(sub, "record", cmd_record, "record residual streams and attention patterns to disk")
-    p.add_argument("model", metavar="MODEL", help="bundled name (`workbench models`), hub id, "
-                   "model folder, .gguf file or <run-id>/L<n>:<step>")
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a prompt (blank lines separate several)")
     src.add_argument("--file", metavar="PATH", help="a UTF-8 text file; blank lines separate "
@@ -165,7 +168,7 @@ def _add_experiment_commands(sub: Subparsers) -> None:
                    "after EXPERIMENT, its config fields, demo config and wall time")
     p.add_argument("experiment", metavar="EXPERIMENT",
                    help="an experiment name (`workbench experiments` lists them and their fields)")
-    p.add_argument("--model", metavar="MODEL", help="model name, hub id, folder or .gguf")
+    p.add_argument("--model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field (repeatable); see `workbench experiments`")
     p.add_argument("--reuse", action="store_true",

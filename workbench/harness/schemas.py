@@ -20,12 +20,16 @@ from workbench.core import paths
 from workbench.core.records import Schema, schema_text, write_schemas
 from workbench.harness.claims import CLAIMS_FILE
 from workbench.harness.sweep_spec import Spec
+from workbench.models.cache import RECORDS as CACHE_RECORDS
+from workbench.models.checkpoints import RECORDS as CHECKPOINT_RECORDS
 from workbench.recording.index import RECORDS as RECORDING_RECORDS
 from workbench.store.records import RECORDS as STORE_RECORDS
 
 FORMATS: dict[str, Schema] = {
     **STORE_RECORDS,
     **RECORDING_RECORDS,
+    **CACHE_RECORDS,
+    **CHECKPOINT_RECORDS,
     "claims": CLAIMS_FILE,
     "sweep-spec": Spec,
 }

@@ -59,16 +59,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr
 
 from workbench.core import paths
-from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
+from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.core.records import Count, Json, PositiveInt, Record, RecordError
-from workbench.core.registry import did_you_mean
 from workbench.harness.config import apply_overrides, check_config
 from workbench.harness.experiment import Experiment, get
-from workbench.models import checkpoints, zoo
+from workbench.models import cache, checkpoints, reference
 from workbench.store.runs import RunStore
-from workbench.store.validate import confined_file
 
-GLOB_CHARS = "*?["
 MAX_SPEC = 1 << 20
 """A sweep spec larger than this is not one (a real one is a few hundred bytes)."""
 
@@ -304,9 +301,10 @@ def resolve_model(name: str, runs_dir: str | Path | None = None,
                   steps_every: int | None = None) -> list[ModelRef]:
     """The models a spec's model entry names: one, or every checkpoint a glob matches.
 
-    Checks what can be checked without loading anything: a bundled name, an existing
-    folder, a checkpoint in the store, a hub id in the Hugging Face cache (or shaped
-    ``org/name``, which a worker downloads).
+    The entry is read by :func:`workbench.models.reference.parse_model`, as ``workbench
+    run`` reads it, and checked as far as it can be without loading anything: a bundled
+    name, a model folder or ``.gguf`` file, a checkpoint in the store, a hub id in the
+    Hugging Face cache or downloadable (a worker downloads it).
 
     Args:
         name: the model entry.
@@ -318,62 +316,43 @@ def resolve_model(name: str, runs_dir: str | Path | None = None,
 
     Raises:
         UnknownNameError: a name that is none of these (with the closest bundled name).
-        WorkbenchError: a checkpoint or glob naming no run, model or step of the store.
+        WorkbenchError: a checkpoint or glob naming no run, model or step of the store, or
+            a path that is not a model.
     """
-    if name in zoo.MODELS:
-        return [ModelRef(name, name, checksum=_bundled_checksum(name))]
-    if ":" in name and any(c in name for c in GLOB_CHARS):
-        return _glob(name, runs_dir, steps_every)
-    path = Path(name).expanduser()
-    if path.exists():
-        from workbench.models.hf import check_folder, folder_checksum
+    match reference.parse_model(name):
+        case reference.Bundled():
+            return [ModelRef(name, name, checksum=_bundled_checksum(name))]
+        case reference.CheckpointGlob() as glob:
+            return _glob(name, glob, runs_dir, steps_every)
+        case reference.Checkpoint(run=run, model=model, step=step):
+            run_id, ref = checkpoints.resolve(run, model, step, runs_dir=runs_dir)
+            return [_checkpoint_ref(run_id, ref)]
+        case reference.Folder(path=path):
+            from workbench.models.hf import check_folder, folder_checksum
 
-        if path.is_dir():  # absolute, so that a worker in another folder finds it
             check_folder(path)
-            folder = str(path.resolve())
+            folder = str(path.resolve())  # absolute, so that a worker in another folder finds it
             return [ModelRef(folder, folder, checksum=folder_checksum(path))]
-        return [ModelRef(str(path.resolve()), str(path.resolve()))]
-    if ":" in name:
-        run_ref, _, step = name.rpartition(":")
-        if not step.isdigit():
-            raise WorkbenchError(f"model {name!r}: the step {step!r} is not a whole number; "
-                                 "expected <run-id>/L<n>:<step> or a glob such as <run-id>/L2:*")
-        run_id, ref = checkpoints.resolve(run_ref, int(step), runs_dir=runs_dir)
-        return [_checkpoint_ref(run_id, ref)]
-    if "/" in name or _hub_cached(name):
-        return [ModelRef(name, name, checksum="")]  # a hub model records no checksum
-    known = zoo.MODELS.names()
-    raise UnknownNameError(f"unknown model '{name}'{did_you_mean(name, known)}; bundled "
-                           f"models: {', '.join(known)}; or a hub id (org/name), a model "
-                           "folder, or a checkpoint <run-id>/L<n>:<step>")
+        case reference.Gguf(path=path):
+            return [ModelRef(str(path.resolve()), str(path.resolve()))]
+        case reference.Hub() as hub:
+            reference.require_hub(hub)
+            return [ModelRef(name, name, checksum="")]  # a hub model records no checksum
 
 
 def _bundled_checksum(name: str) -> str | None:
     try:
-        return zoo.read_manifest(name)["weights_sha256"]
-    except (WorkbenchError, OSError, KeyError):
+        return cache.read_manifest(name).weights_sha256
+    except (WorkbenchError, OSError):
         return None  # not fetched yet: the worker fetches it, and reuse is checked there
 
 
-def _hub_cached(name: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except ValueError:  # not a valid repo id
-        return False
-
-
-def _glob(name: str, runs_dir: str | Path | None, every: int | None) -> list[ModelRef]:
-    head, _, step_pattern = name.rpartition(":")
-    run_ref, _, selector = head.partition("/")
-    if any(c in run_ref for c in GLOB_CHARS):
-        raise WorkbenchError(f"model glob {name!r}: the run id cannot be a pattern; name the "
-                             "run, e.g. <run-id>/L2:*")
-    run = RunStore(paths.runs_dir(runs_dir)).get(run_ref)
+def _glob(name: str, glob: reference.CheckpointGlob, runs_dir: str | Path | None,
+          every: int | None) -> list[ModelRef]:
+    run = RunStore(paths.runs_dir(runs_dir)).get(glob.run)
     available = checkpoints.list_checkpoints(run.path)
-    found = [c for c in available if fnmatch.fnmatchcase(f"L{c.n_layers}", selector or "L*")
-             and fnmatch.fnmatchcase(str(c.step), step_pattern)
+    found = [c for c in available if fnmatch.fnmatchcase(f"L{c.n_layers}", glob.model)
+             and fnmatch.fnmatchcase(str(c.step), glob.step)
              and (every is None or c.step % every == 0)]
     if not found:
         have = ", ".join(f"L{n} steps {_steps(available, n)}"
@@ -392,13 +371,7 @@ def _steps(refs: Iterable[checkpoints.CheckpointRef], n_layers: int) -> str:
 def _checkpoint_ref(run_id: str, ref: checkpoints.CheckpointRef) -> ModelRef:
     """A checkpoint's name, series, step, tokens seen and weights checksum, read from its
     ``checkpoint.json`` (the weights are re-hashed when a worker loads them)."""
-    try:
-        meta = json.loads(confined_file(ref.path, checkpoints.META,
-                                        what=f"checkpoint {ref.path}").read_bytes())
-        tokens, checksum = int(meta["tokens"]), str(meta["sha256"][checkpoints.WEIGHTS])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise WorkbenchError(f"{ref.path / checkpoints.META} is not a readable checkpoint "
-                             f"({type(exc).__name__}: {exc})") from None
+    meta = checkpoints.read_meta(ref.path)
     return ModelRef(checkpoints.checkpoint_name(run_id, ref.n_layers, ref.step),
-                    f"{run_id}/L{ref.n_layers}", step=ref.step, tokens=tokens,
-                    checksum=checksum)
+                    f"{run_id}/L{ref.n_layers}", step=ref.step, tokens=meta.tokens,
+                    checksum=meta.sha256[checkpoints.WEIGHTS])

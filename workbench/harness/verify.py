@@ -5,7 +5,7 @@ is resolved before any file is hashed, so a bad name fails at once; then each th
 re-hashed in full, whatever its size and time stamps say:
 
 - a **model** (a bundled name): every cached file against its ``manifest.json``
-  (:func:`workbench.models.zoo.verify_all`);
+  (:func:`workbench.models.cache.verify_all`);
 - a **run** (an id or unique id prefix in the store, or its folder there): every table
   against ``run.json`` (:meth:`workbench.store.runs.Run.verify`), and every recording and
   checkpoint it holds against its own manifest (:func:`stored_files`);
@@ -34,7 +34,7 @@ from typing import Literal
 from workbench.core import paths, progress
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.registry import did_you_mean
-from workbench.models import checkpoints, zoo
+from workbench.models import cache, checkpoints, zoo
 from workbench.recording.record import INDEX, Recording
 from workbench.store.runs import RUN_JSON, Run, RunStore
 
@@ -206,7 +206,7 @@ def _check(target: _Target) -> Check:
         return _check_run(target.run)
     if target.path is not None:
         return _check_recording(target.name, target.path)
-    [(name, status, detail)] = zoo.verify_all([target.name])
+    [(name, status, detail)] = cache.verify_all([target.name])
     return Check(name, "model", status, detail)
 
 

@@ -4,7 +4,7 @@
 the model is, where it came from and what it may honestly be used for. This module imports
 nothing else of :mod:`workbench.models`, so everything can depend on it; loading lives in
 :mod:`workbench.models.load` (the dispatcher), :mod:`workbench.models.hf`,
-:mod:`workbench.models.zoo`, :mod:`workbench.models.native` and
+:mod:`workbench.models.cache`, :mod:`workbench.models.native` and
 :mod:`workbench.models.checkpoints`.
 
 Examples:

@@ -16,12 +16,13 @@ unique prefix of the id. Any ``MODEL`` argument accepts these names::
     workbench record 20250101-120000-induction-formation-none-ab12/L2:1500 --prompt-set natural
     workbench run head-overview --model 20250101-120000-induction-formation-none-ab12/L2:1500
 
-Every load re-hashes the weights and tokenizer files against ``checkpoint.json``; a
-changed or truncated file is a :class:`~workbench.core.errors.ChecksumError` that names it.
+``checkpoint.json`` is one :class:`CheckpointMeta`, which writes and validates it. Every
+load re-hashes the weights and tokenizer files against it; a changed or truncated file is
+a :class:`~workbench.core.errors.ChecksumError` that names it.
 
 Examples:
-    >>> model = load("20250101-120000-induction-formation-none-ab12/L2", 1500)  # doctest: +SKIP
-    >>> model.info.n_layers, model.info.name                                    # doctest: +SKIP
+    >>> model = load("20250101-120000-induction-formation-none-ab12", "L2", 1500)  # doctest: +SKIP
+    >>> model.info.n_layers, model.info.name                                       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import AfterValidator, Field, field_validator
 
 from workbench.core import checksums, paths
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.options import Dtype
+from workbench.core.records import Count, Hex64, Json, Record
 from workbench.models.base import Model
 from workbench.models.native import ModelSpec, as_model, build_bridge
 from workbench.store.validate import confined_file, real
@@ -53,8 +56,54 @@ CHECKPOINTS = "checkpoints"
 TOKENIZER = "tokenizer"
 _MODEL_DIR = re.compile(r"^L(?P<layers>\d+)$")
 _STEP_DIR = re.compile(r"^step_(?P<step>\d+)$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_META = 16 << 20
+
+
+def _model_spec(data: dict[str, Any]) -> dict[str, Any]:
+    try:
+        ModelSpec.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a model spec ({exc})") from None
+    return data
+
+
+CheckpointPath = Annotated[str, Field(min_length=1, max_length=4096)]
+"""A path relative to the checkpoint folder; where it leads is checked when it is read
+(it may climb to the run folder's ``tokenizer/``)."""
+
+
+class CheckpointMeta(Record):
+    """A checkpoint's ``checkpoint.json``: what the model is, when it was saved, and the
+    SHA-256 of every file it needs (its weights and the run's tokenizer files)."""
+
+    format: Literal["workbench-checkpoint"]
+    version: Literal[1]
+    model: Annotated[dict[str, Json], AfterValidator(_model_spec)]
+    """The :class:`~workbench.models.native.ModelSpec`, as ``ModelSpec.to_dict`` writes it."""
+    step: Count
+    tokens: Count
+    """Training tokens seen when it was saved."""
+    tokenizer: CheckpointPath
+    """The tokenizer folder, relative to the checkpoint folder."""
+    sha256: dict[CheckpointPath, Hex64]
+    """``{path relative to the checkpoint folder: sha256}``."""
+    extra: dict[str, Json] | None = None
+    """Facts the trainer stores with it (run id, corpus fingerprint)."""
+
+    @field_validator("sha256")
+    @classmethod
+    def _lists_the_weights(cls, files: dict[str, str]) -> dict[str, str]:
+        if WEIGHTS not in files:
+            raise ValueError(f"does not list {WEIGHTS}")
+        return files
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec.from_dict(self.model)
+
+
+RECORDS: dict[str, type[Record]] = {"checkpoint": CheckpointMeta}
+"""The checkpoint's record type by schema name (``data/schemas/<name>.schema.json``)."""
 
 
 @dataclass(frozen=True)
@@ -103,14 +152,16 @@ def save(run_dir: str | Path, bridge: Any, spec: ModelSpec, *, step: int, tokens
              for k, v in bridge.state_dict().items()}
     save_file(state, str(folder / WEIGHTS), metadata={"format": FORMAT, "step": str(step)})
     needed = [folder / WEIGHTS, *sorted(p for p in tokenizer_dir.iterdir() if p.is_file())]
-    meta = {"format": FORMAT, "version": VERSION, "model": spec.to_dict(), "step": step,
-            "tokens": tokens, "tokenizer": os.path.relpath(tokenizer_dir, folder),
-            "sha256": _hash_files(folder, needed), **({"extra": extra} if extra else {})}
-    checksums.write_json_atomic(folder / META, meta)
+    meta = CheckpointMeta.from_data(
+        {"format": FORMAT, "version": VERSION, "model": spec.to_dict(), "step": step,
+         "tokens": tokens, "tokenizer": os.path.relpath(tokenizer_dir, folder),
+         "sha256": _hash_files(folder, needed), "extra": extra or None},
+        what=str(folder / META))
+    checksums.write_record_atomic(folder / META, meta)
     return folder
 
 
-def verify(folder: str | Path) -> dict[str, Any]:
+def verify(folder: str | Path) -> CheckpointMeta:
     """Read ``checkpoint.json``, check its shape, and re-hash every file it lists.
 
     Every path it names (the files hashed, the tokenizer folder) must stay inside the run
@@ -121,17 +172,18 @@ def verify(folder: str | Path) -> dict[str, Any]:
         The checkpoint's metadata.
 
     Raises:
-        WorkbenchError: not a checkpoint folder, or a ``checkpoint.json`` with missing keys,
-            wrong types or paths leading outside (the message names the file).
+        WorkbenchError: not a checkpoint folder, or a ``checkpoint.json`` that is not a
+            :class:`CheckpointMeta` or names paths leading outside (the message names the
+            file and the field).
         ChecksumError: a file is missing, or changed since the checkpoint was written.
     """
     folder = Path(folder)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     root = _checkpoint_root(folder)
     where = f"checkpoint {folder}"
-    if (problem := _meta_problem(meta, folder, root)) is not None:
+    if (problem := _paths_problem(meta, folder, root)) is not None:
         raise WorkbenchError(f"{folder / META}: {problem}")
-    for rel, expected in meta["sha256"].items():
+    for rel, expected in meta.sha256.items():
         path = confined_file(root, os.path.relpath(folder / rel, root), what=where)
         try:
             actual = checksums.sha256_file(path)
@@ -144,7 +196,14 @@ def verify(folder: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _read_meta(folder: Path) -> Any:
+def read_meta(folder: str | Path) -> CheckpointMeta:
+    """A checkpoint's ``checkpoint.json``, checked against :class:`CheckpointMeta` (no file
+    it lists is read: :func:`verify` does that).
+
+    Raises:
+        WorkbenchError: unreadable, not a workbench checkpoint, or not of its shape.
+    """
+    folder = Path(folder)
     try:
         file = confined_file(folder, META, what=f"checkpoint {folder}")
         with open(file, "rb") as fh:
@@ -155,9 +214,10 @@ def _read_meta(folder: Path) -> Any:
     except (OSError, ValueError, RecursionError, WorkbenchError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise WorkbenchError(f"{folder} is not a readable checkpoint ({reason})") from None
+    # a JSON file of another kind says so, rather than naming a field it lacks
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise WorkbenchError(f"{folder / META} is not a workbench checkpoint")
-    return meta
+    return CheckpointMeta.from_data(meta, what=str(folder / META))
 
 
 def _checkpoint_root(folder: Path) -> Path:
@@ -169,40 +229,21 @@ def _checkpoint_root(folder: Path) -> Path:
     return folder
 
 
-def _meta_problem(meta: dict[str, Any], folder: Path, root: Path) -> str | None:
-    """What is wrong with a ``checkpoint.json`` whose format is right (``None`` if nothing)."""
-    for key, kind in (("version", int), ("step", int), ("tokens", int), ("model", dict),
-                      ("tokenizer", str), ("sha256", dict)):
-        if key not in meta:
-            return f"no '{key}'"
-        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
-            return f"'{key}' is {type(meta[key]).__name__}, expected {kind.__name__}"
-    if meta["version"] != VERSION:
-        return f"version {meta['version']} is not supported (expected {VERSION})"
-    if min(meta["step"], meta["tokens"]) < 0:
-        return "'step' and 'tokens' must not be negative"
-    try:
-        ModelSpec.from_dict(meta["model"])
-    except (TypeError, ValueError) as exc:
-        return f"'model' is not a model spec ({exc})"
-    if WEIGHTS not in meta["sha256"]:
-        return f"'sha256' does not list {WEIGHTS}"
-    for rel, digest in meta["sha256"].items():
-        if not isinstance(digest, str) or not _SHA256.match(digest):
-            return f"'sha256' of {rel!r} is not 64 hex digits"
+def _paths_problem(meta: CheckpointMeta, folder: Path, root: Path) -> str | None:
+    """What is wrong with where a checkpoint's paths lead (``None`` if nothing)."""
+    for rel in meta.sha256:
         if (problem := _leads_out(folder, rel, root)) is not None:
             return problem
-    if (problem := _leads_out(folder, meta["tokenizer"], root)) is not None:
+    if (problem := _leads_out(folder, meta.tokenizer, root)) is not None:
         return f"tokenizer: {problem}"
-    tokenizer = real(folder / meta["tokenizer"])
-    if not tokenizer.is_dir():
-        return f"tokenizer folder {meta['tokenizer']!r} is missing"
+    if not real(folder / meta.tokenizer).is_dir():
+        return f"tokenizer folder {meta.tokenizer!r} is missing"
     return None
 
 
-def _leads_out(folder: Path, rel: Any, root: Path) -> str | None:
+def _leads_out(folder: Path, rel: str, root: Path) -> str | None:
     """Whether ``rel`` (relative to ``folder``) is a path that stays inside ``root``."""
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+    if os.path.isabs(rel) or "\0" in rel:
         return f"{rel!r} is not a relative path"
     target, base = real(folder / rel), real(root)
     if target != base and not target.is_relative_to(base):
@@ -223,8 +264,8 @@ def load_folder(folder: str | Path, *, name: str | None = None, dtype: Dtype = "
 
     folder = Path(folder)
     meta = verify(folder)
-    spec = ModelSpec.from_dict(meta["model"])
-    tokenizer = load_tokenizer((folder / meta["tokenizer"]).resolve())
+    spec = meta.spec
+    tokenizer = load_tokenizer((folder / meta.tokenizer).resolve())
     bridge = build_bridge(spec, tokenizer, device=device)
     bridge.load_state_dict(load_file(str(folder / WEIGHTS)), strict=True)
     if dtype != "float32":
@@ -232,9 +273,9 @@ def load_folder(folder: str | Path, *, name: str | None = None, dtype: Dtype = "
 
         bridge.to(DTYPES[dtype])
     bridge.eval()
-    source = f"workbench checkpoint, step {meta['step']} ({meta['tokens']:,} tokens)"
+    source = f"workbench checkpoint, step {meta.step} ({meta.tokens:,} tokens)"
     return as_model(bridge, tokenizer, spec, name=name or str(folder), source=source,
-                    checksum=meta["sha256"][WEIGHTS], dtype=dtype)
+                    checksum=meta.sha256[WEIGHTS], dtype=dtype)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[CheckpointRef]:
@@ -252,49 +293,56 @@ def list_checkpoints(run_dir: str | Path) -> list[CheckpointRef]:
     return sorted(found, key=lambda r: (r.n_layers, r.step))
 
 
-def resolve(run_ref: str, step: int, *, runs_dir: str | Path | None = None
+def resolve(run: str, model: str, step: int, *, runs_dir: str | Path | None = None
             ) -> tuple[str, CheckpointRef]:
-    """The run id and checkpoint that ``<run_ref>:<step>`` names.
+    """The run id and checkpoint that ``<run>/<model>:<step>`` names.
 
     Args:
-        run_ref: ``<run-id>`` or ``<run-id>/L<n>`` (a unique id prefix is enough).
+        run: a run id, or a unique prefix of one.
+        model: ``L<n>``, or ``""`` when the run trained a single model.
+        step: the training step.
 
     Raises:
         WorkbenchError: no such run, model or step (the message lists what exists).
     """
     from workbench.store.runs import RunStore
 
-    ref, _, selector = run_ref.partition("/")
-    run = RunStore(paths.runs_dir(runs_dir)).get(ref)
-    available = list_checkpoints(run.path)
+    found = RunStore(paths.runs_dir(runs_dir)).get(run)
+    available = list_checkpoints(found.path)
     layers = sorted({c.n_layers for c in available})
     if not layers:
-        raise WorkbenchError(f"run {run.id} has no checkpoints")
-    if selector:
-        if not (m := _MODEL_DIR.match(selector)) or int(m["layers"]) not in layers:
-            raise WorkbenchError(f"run {run.id} has no model '{selector}'; it has "
+        raise WorkbenchError(f"run {found.id} has no checkpoints")
+    if model:
+        if not (m := _MODEL_DIR.match(model)) or int(m["layers"]) not in layers:
+            raise WorkbenchError(f"run {found.id} has no model '{model}'; it has "
                                  f"{', '.join(f'L{n}' for n in layers)}")
         n_layers = int(m["layers"])
     elif len(layers) == 1:
         n_layers = layers[0]
     else:
         raise WorkbenchError(
-            f"run {run.id} trained {len(layers)} models; name one: "
-            + ", ".join(checkpoint_name(run.id, n, step) for n in layers))
+            f"run {found.id} trained {len(layers)} models; name one: "
+            + ", ".join(checkpoint_name(found.id, n, step) for n in layers))
     steps = [c for c in available if c.n_layers == n_layers]
     match = [c for c in steps if c.step == step]
     if not match:
         shown = ", ".join(str(c.step) for c in steps)
-        raise WorkbenchError(f"run {run.id} has no checkpoint at step {step} for L{n_layers}; "
-                             f"steps: {shown}")
-    if run.status != "complete":
-        log.warning("run %s is %s; loading its checkpoint anyway", run.id, run.status)
-    return run.id, match[0]
+        raise WorkbenchError(f"run {found.id} has no checkpoint at step {step} for "
+                             f"L{n_layers}; steps: {shown}")
+    if found.status != "complete":
+        log.warning("run %s is %s; loading its checkpoint anyway", found.id, found.status)
+    return found.id, match[0]
 
 
-def load(run_ref: str, step: int, *, dtype: Dtype = "float32", device: str = "cpu",
+def load(run: str, model: str, step: int, *, dtype: Dtype = "float32", device: str = "cpu",
          runs_dir: str | Path | None = None) -> Model:
-    """Load checkpoint ``<run_ref>:<step>`` (see the module docstring) as a ``Model``."""
-    run_id, ref = resolve(run_ref, step, runs_dir=runs_dir)
+    """Load checkpoint ``<run>/<model>:<step>`` (see the module docstring) as a ``Model``.
+
+    Args:
+        run: a run id, or a unique prefix of one.
+        model: ``L<n>``, or ``""`` when the run trained a single model.
+        step: the training step.
+    """
+    run_id, ref = resolve(run, model, step, runs_dir=runs_dir)
     return load_folder(ref.path, name=checkpoint_name(run_id, ref.n_layers, ref.step),
                        dtype=dtype, device=device)
