@@ -247,14 +247,14 @@ GARBAGE = [
     pytest.param(_write(b""), "manifest.json is not valid JSON", id="empty"),
     pytest.param(_write(b"\xff\xfe\x00garbage"), "is not valid JSON", id="binary"),
     pytest.param(_write(b"[]"), "manifest.json: expected an object, got []", id="a-list"),
-    pytest.param(_write(b'"manifest"'), "expected an object, got 'manifest'", id="a-string"),
+    pytest.param(_write(b'"manifest"'), "expected an object, got \"manifest\"", id="a-string"),
     pytest.param(_edit(lambda d: d.pop("files")), "has no 'files'", id="no-files"),
     pytest.param(_edit(lambda d: d.update(files=[])), "'files': expected an object",
                  id="files-a-list"),
     pytest.param(_edit(lambda d: d["files"][WEIGHTS].pop("sha256")),
                  f"has no 'files.{WEIGHTS}.sha256'", id="entry-without-sha256"),
     pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(sha256="xyz")),
-                 f"'files.{WEIGHTS}.sha256': expected text matching", id="sha256-not-hex"),
+                 f"'files.{WEIGHTS}.sha256': expected a SHA-256", id="sha256-not-hex"),
     pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(size="big")),
                  f"'files.{WEIGHTS}.size': expected a valid integer", id="size-a-string"),
     pytest.param(_edit(lambda d: d["files"].update({"../../escape": {"sha256": "0" * 64}})),
@@ -270,7 +270,7 @@ GARBAGE = [
     pytest.param(_write(b"[" * 100_000), "recursion limit exceeded", id="nested-too-deeply"),
     pytest.param(_edit(lambda d: d["files"][WEIGHTS].update(sha256=d["files"][WEIGHTS]["sha256"]
                                                            + "\n")),
-                 f"'files.{WEIGHTS}.sha256': expected text matching", id="sha256-with-a-newline"),
+                 f"'files.{WEIGHTS}.sha256': expected a SHA-256", id="sha256-with-a-newline"),
     pytest.param(_link_to_dev_zero, "not a regular file", id="symlink-to-dev-zero"),
 ]
 

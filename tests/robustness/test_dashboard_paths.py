@@ -21,6 +21,7 @@ import pytest
 from dash._utils import split_callback_id
 
 from dashboards.app import DEBUG_REFUSED, check_host, create_app, serve
+from tests.tiny import fake_info
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import record
@@ -57,12 +58,17 @@ def record_run(store: RunStore, model, label: str, **extra: Any) -> str:
     return run.id
 
 
+def run_id(label: str) -> str:
+    """A run id of the store's own shape for a hand-made run named ``label``."""
+    return f"20260101-000000-{label}-0000"
+
+
 def _write_run(folder: Path, text: str | None = None, **meta: Any) -> str:
     """A hand-written run.json (``text`` verbatim, else a valid one updated by ``meta``)."""
     folder.mkdir(parents=True)
     base = {"run_id": folder.name, "experiment": "induction-heads", "status": "complete",
             "started_at": "2026-01-01T00:00:00+00:00", "config": {},
-            "model": {"name": "tiny-llama"}, "tables": {}}
+            "model": fake_info("tiny-llama").to_data(), "tables": {}}
     (folder / "run.json").write_text(text if text is not None else json.dumps({**base, **meta}))
     return folder.name
 
@@ -86,16 +92,18 @@ def hostile_store(root: Path, model) -> Hostile:
         pass
     heads = run.id
     checksum, damaged, interrupted = damaged_runs(runs)
-    _write_run(runs / "missing-table", tables={"head_scores": {
+    _write_run(runs / run_id("missing-table"), tables={"head_scores": {
         "file": "gone.parquet", "rows": 1, "sha256": "0" * 64}})
     return Hostile(runs, outside, healthy, secret, heads, linked, garbage, checksum, damaged,
                    interrupted)
 
 
-DAMAGED = {"damaged-empty": "no 'run_id'", "damaged-list": "holds list",
-           "damaged-not-json": "not valid JSON", "damaged-no-id": "no 'run_id'",
-           "damaged-started-number": "'started_at' is int",
-           "damaged-newest-record": "absolute path"}
+DAMAGED = {run_id("damaged-empty"): "no 'run_id'",
+           run_id("damaged-list"): "expected an object, got []",
+           run_id("damaged-not-json"): "not valid JSON",
+           run_id("damaged-no-id"): "no 'run_id'",
+           run_id("damaged-started-number"): "'started_at': expected a valid string",
+           run_id("damaged-newest-record"): "expected a path inside its folder"}
 """The damaged runs :func:`damaged_runs` writes, and a fragment of each one's reason."""
 
 
@@ -104,18 +112,21 @@ def damaged_runs(runs: Path) -> tuple[str, str, str]:
     induction-heads run whose table fails its checksum, and a run under ``.incomplete/``
     that claims to be complete. Return the ids of the bad-checksum run, of the newest
     damaged run (a record run) and of the interrupted one."""
-    checksum = _write_run(runs / "bad-checksum", tables={"head_scores": {
+    checksum = _write_run(runs / run_id("bad-checksum"), tables={"head_scores": {
         "file": "head_scores.parquet", "rows": 1, "sha256": "0" * 64}})
     (runs / checksum / "head_scores.parquet").write_bytes(b"PAR1 not really")
-    damaged = _write_run(runs / "damaged-newest-record", experiment="record", started_at=LATER,
+    damaged = _write_run(runs / run_id("damaged-newest-record"), experiment="record",
+                         started_at=LATER,
                          tables={"x": {"file": "/etc/hostname", "rows": 1,
                                        "sha256": "0" * 64}})
-    _write_run(runs / "damaged-empty", "{}")
-    _write_run(runs / "damaged-list", "[]")
-    _write_run(runs / "damaged-not-json", "{oops")
-    _write_run(runs / "damaged-no-id", json.dumps({"experiment": "record", "status": "complete"}))
-    _write_run(runs / "damaged-started-number", started_at=5)
-    interrupted = _write_run(runs / ".incomplete" / "interrupted-complete", experiment="record",
+    _write_run(runs / run_id("damaged-empty"), "{}")
+    _write_run(runs / run_id("damaged-list"), "[]")
+    _write_run(runs / run_id("damaged-not-json"), "{oops")
+    _write_run(runs / run_id("damaged-no-id"),
+               json.dumps({"experiment": "record", "status": "complete"}))
+    _write_run(runs / run_id("damaged-started-number"), started_at=5)
+    interrupted = _write_run(runs / ".incomplete" / run_id("interrupted-complete"),
+                             experiment="record",
                              started_at="2998-01-01T00:00:00+00:00")
     return checksum, damaged, interrupted
 
@@ -262,8 +273,8 @@ def test_every_callback_that_takes_a_run_refuses_a_crafted_one(app, hostile, cas
     assert answered >= 25  # every page's callbacks were reached
 
 
-@pytest.mark.parametrize(("run", "fragment"), [("bad-checksum", "checksum mismatch"),
-                                               ("missing-table", "is missing")])
+@pytest.mark.parametrize(("run", "fragment"), [(run_id("bad-checksum"), "checksum mismatch"),
+                                               (run_id("missing-table"), "is missing")])
 def test_a_damaged_table_is_a_message_in_the_page(app, run, fragment):
     status, _, payload = post(app, "heads-metric.options", {"heads-run.value": run})
     assert status == 200

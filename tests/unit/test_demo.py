@@ -26,7 +26,7 @@ def calls(monkeypatch):
 
     def reproduce(store, chosen, *, model=None, fresh=False):
         seen["claims"].append(([c.id for c in chosen], model))
-        return SimpleNamespace(meta={"summary": ["checked"]}, id="reproduce-run")
+        return SimpleNamespace(meta=SimpleNamespace(summary=("checked",)), id="reproduce-run")
 
     monkeypatch.setattr(demo, "load_model", load)
     monkeypatch.setattr(demo, "run_experiment", run)

@@ -388,7 +388,7 @@ def test_survival_join_finds_matching_runs_only(llama, tmp_path):
     heads = pd.DataFrame({"layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 1, 2, 3] * 2,
                           "metric": "induction", "score": np.arange(8.0)})
     for model, interventions in [(info, None), (info.replace(checksum="other"), None),
-                                 (info, {"heads_mask": {}})]:
+                                 (info, {"heads_mask": HeadMask.ones(2, 4).to_json()})]:
         with store.start("induction-heads", model, {}, tables=HEAD_SCORES,
                          extra={"interventions": interventions}) as run:
             run.save_table("head_scores", heads.assign(score=heads.score * (

@@ -240,9 +240,9 @@ def test_claims_name_real_conditions_and_pass_on_tiny_models(llama, bert, runs_d
         claim = loaded[entry["id"]]
         # `reproduce` reuses demo runs
         assert apply_overrides(Config, claims.claim_config(claim)) == demo
-        names = claim.check["condition"]
+        names = claim.check.params["condition"]
         for name in [names] if isinstance(names, str) else names:
-            assert (claim.check["component"], name) in BY_NAME
+            assert (claim.check.params["component"], name) in BY_NAME
         for model in (llama, bert):
             bundled = "smollm2" if model.info.causal else "minilm"
             if bundled not in claim.models:

@@ -75,7 +75,7 @@ def matching(regex: str, meaning: str, *, max_length: int = 4096) -> Any:
                      AfterValidator(check)]
 
 
-Hex64 = matching(r"[0-9a-f]{64}", "a SHA-256 (64 lower-case hex digits)", max_length=64)
+Hex64 = matching(r"[0-9a-f]{64}", "a SHA-256 (64 lower-case hex digits)")
 """A SHA-256 digest in lower-case hex."""
 
 

@@ -41,6 +41,7 @@ check and returns the table that ``workbench reproduce`` prints and stores.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import pandas as pd
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
@@ -163,6 +164,9 @@ class CheckSpec(Record):
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
+    def __str__(self) -> str:
+        return json.dumps(self.to_data(), sort_keys=True)
+
 
 class Claim(Record):
     """One entry of a ``data/claims/*.json`` file (see the module docstring)."""
@@ -184,6 +188,12 @@ class Claim(Record):
     """The paper's words, exactly (empty when they could not be verified)."""
     config: Literal["default", "demo"] | dict[str, Json] = "default"
     """A named config of the experiment, with pins (see ``Experiment.named_config``)."""
+    _file: str = PrivateAttr(default="")
+
+    @property
+    def file(self) -> str:
+        """The claims file it was read from (``""`` for one made in Python)."""
+        return self._file
 
     @model_validator(mode="after")
     def _models_fit(self) -> Claim:
@@ -233,7 +243,10 @@ def read_claims_file(path: Path) -> tuple[Claim, ...]:
     if len(data) > MAX_CLAIMS_FILE:
         raise WorkbenchError(f"{path.name} is larger than {MAX_CLAIMS_FILE >> 20} MiB: "
                              "not a claims file")
-    return CLAIMS_FILE.from_json(data, what=path.name)
+    claims = CLAIMS_FILE.from_json(data, what=path.name)
+    for claim in claims:
+        claim._file = path.name
+    return claims
 
 
 def load_claims(folder: Path | None = None) -> list[Claim]:
