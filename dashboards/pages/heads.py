@@ -17,7 +17,7 @@ from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown, run_options
+from dashboards.components.controls import labelled, metric_options, run_dropdown, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from experiments.induction_heads.tables import ABLATION, ICL, LOSS_BY_POSITION, REPEAT_LOSS
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
@@ -115,10 +115,10 @@ exports.follow("heads-run", page="heads", graphs=GRAPHS)
           Input("heads-run", "value"), State("heads-metric", "value"))
 @safe
 def choose_run(run_id: str, metric: str | None):
-    metrics = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
-    if not metrics:
+    names = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
+    if not names:
         return [], None, message(f"run {run_id} has no head scores")
-    return metrics, metric if metric in metrics else metrics[0], None
+    return metric_options(names), metric if metric in names else names[0], None
 
 
 def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:

@@ -47,7 +47,7 @@ from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording.record import record
-from workbench.scores import patterns
+from workbench.scores import metrics
 from workbench.scores.heads import score_heads
 
 
@@ -107,15 +107,14 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
     ctx = ctx or Context()
     natural = natural_prompts(model, cfg)
-    positional = {"previous_token": patterns.previous_token}
-    if not model.info.causal:
-        positional["next_token"] = patterns.next_token
+    positional = ("previous_token",) if model.info.causal else ("previous_token", "next_token")
     repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
                                seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     table = pd.concat([
-        score_heads(model, natural, positional, inputs=text_label(cfg), **common),
-        score_heads(model, repeated, {"duplicate_token": patterns.duplicate_token},
+        score_heads(model, natural, metrics.reductions(*positional), inputs=text_label(cfg),
+                    **common),
+        score_heads(model, repeated, metrics.reductions("duplicate_token"),
                     inputs="repeated random tokens", **common),
     ], ignore_index=True)
     if ctx.workdir is not None:

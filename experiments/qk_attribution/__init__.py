@@ -26,7 +26,7 @@ Definitions (tables ``attribution``, ``pair_contributions``, ``pair_matrix``):
 Positions (``positions=auto`` follows ``metric``): for ``induction``, every query of the
 second repeat of ``repeated-random`` prompts with its induction target key (the token after
 the query token's earlier occurrence); for ``previous_token``, every query with the token
-before it; for ``sink``, every query with the first token.
+before it; for ``first_token``, every query with the first token.
 
 Heads (``heads=auto``): the top ``n_heads`` heads by ``metric`` in the newest complete run of
 its head-finding experiment on the same weights (``induction-heads``, ``previous-token-
@@ -79,7 +79,8 @@ from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.scores.qk_attribution import require_linearisable
 
-Metric = Literal["induction", "previous_token", "sink"]
+Metric = Literal["induction", "previous_token", "first_token"]
+"""The head kinds explained, each a registered head metric with a source in ``METRIC_SOURCES``."""
 Positions = Literal["auto", "induction", "previous", "first"]
 
 
@@ -110,7 +111,7 @@ class Config:
 
     @property
     def rule(self) -> str:
-        return METRIC_SOURCES[self.metric][2] if self.positions == "auto" else self.positions
+        return METRIC_SOURCES[self.metric][1] if self.positions == "auto" else self.positions
 
 
 @dataclass

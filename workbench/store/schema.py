@@ -151,6 +151,20 @@ def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True
     return Table("head_scores", meaning, cols)
 
 
+LEGACY_METRIC_NAMES = {"sink": "first_token", "self": "self_attention"}
+"""Metric names that runs written before the metric registry
+(:mod:`workbench.scores.metrics`) stored, and the registered names they stand for."""
+
+
+def current_metric_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the old metric names of its ``metric`` column (if it has one) replaced
+    by the registered ones (:data:`LEGACY_METRIC_NAMES`), so that every reader of a stored
+    table sees one name per metric; any other frame is returned as it is."""
+    if "metric" not in frame.columns or not frame.metric.isin(LEGACY_METRIC_NAMES).any():
+        return frame
+    return frame.assign(metric=frame.metric.replace(LEGACY_METRIC_NAMES))
+
+
 def describe(declared: Mapping[str, Table]) -> str:
     """The tables as plain text: one block per table, one line per column."""
     blocks = []
