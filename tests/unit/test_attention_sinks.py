@@ -58,7 +58,8 @@ def test_sink_rate_by_hand():
     alpha = {(0, 0): 0.625, (0, 1): 0.52, (0, 2): 0.25,
              (1, 0): 0.9, (1, 1): 0.05, (1, 2): 0.31}
     per_prompt = pd.DataFrame([{"input": "natural", "prompt": p, "layer": 0, "head": h,
-                                "metric": "first_token", "score": a} for (p, h), a in alpha.items()])
+                                "metric": "first_token", "score": a}
+                               for (p, h), a in alpha.items()])
     cfg = Config(n_prompts=2, eps=0.3, n_boot=50)
     row = measure.sink_rates(per_prompt, cfg).iloc[0]
     # sequence 0: 2 of 3 heads above 0.3; sequence 1: 2 of 3 -> (2/3 + 2/3) / 2
@@ -93,7 +94,8 @@ def test_padded_keys_and_queries_are_not_counted(llama):
     ids = torch.tensor([[0, 263, 263, 3]])
     ctx = PatternContext(ids, torch.tensor([3]), torch.tensor([[True, True, True, False]]),
                          layer=0, causal=True)
-    assert metrics["first_token"](pattern, ctx).item() == pytest.approx(2.0 / 3)  # (1 + .5 + .5) / 3
+    # (1 + .5 + .5) / 3
+    assert metrics["first_token"](pattern, ctx).item() == pytest.approx(2.0 / 3)
     assert metrics["share_bos"](pattern, ctx).item() == pytest.approx(2.0 / 3)
 
 

@@ -139,7 +139,8 @@ def test_model_free_claims_run_once_without_a_model(tmp_path):
     assert dict(zip(table.claim, table.verdict, strict=True)) == {"free-pass": "pass",
                                                                 "free-fail": "fail"}
     assert set(table.model) == {"-"} and (table.run != "").all()
-    assert "induction = 0.700 (no interval in the table) at L0H2 (threshold 0.5)" in table.measured.iloc[0]
+    assert ("induction = 0.700 (no interval in the table) at L0H2 (threshold 0.5)"
+            in table.measured.iloc[0])
     assert (table.value.iloc[0], table.ci_low.iloc[0], table.ci_high.iloc[0]) == (0.7, 0.7, 0.7)
     run = RunStore(tmp_path / "runs").get(table.run.iloc[0])
     assert run.meta["model"] is None and run.config == {"value": 0.7}
