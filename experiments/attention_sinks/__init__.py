@@ -107,7 +107,7 @@ from experiments.attention_sinks.measure import (
 )
 from experiments.attention_sinks.tables import TABLES
 from workbench.core import progress
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import Split
 from workbench.models.base import Model
@@ -137,9 +137,9 @@ class Config:
     recompute_stride: int = param(16, "the recompute reference is evaluated at every n-th "
                                       "position past W", min=1)
     chunk: int = param(256, "queries per forward pass in streaming (speed only)", min=1)
-    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of random inputs and bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         sinks = (self.n_sinks, *self.sink_sweep)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from experiments.head_overview.tables import TABLES
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
@@ -43,9 +43,9 @@ REDUCTIONS = metrics.reductions("entropy", "normalized_entropy", "mean_distance"
 @dataclass(frozen=True)
 class Config:
     prompt_set: str = param("natural", "prompt set to score on")
-    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of the bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         check_prompt_set(self.prompt_set)

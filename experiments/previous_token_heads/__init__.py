@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from experiments.previous_token_heads.tables import TABLES
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
@@ -58,9 +58,9 @@ class Config:
     n_tokens: int = param(128, "tokens per corpus prompt", min=2)
     n_repeated: int = param(32, "repeated random sequences", min=2)
     seq_len: int = param(40, "length of each random sequence", min=2)
-    n_boot: int = param(1000, "bootstrap resamples", min=2)
-    seed: int = param(0, "seed for random tokens and bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         if self.text != "corpus":

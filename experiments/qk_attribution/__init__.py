@@ -73,7 +73,7 @@ from experiments.qk_attribution.measure import (
     sources_table,
 )
 from experiments.qk_attribution.tables import TABLES
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
@@ -100,8 +100,8 @@ class Config:
     n_random: int = param(20, "random same-layer draws for the group control", min=1)
     n_patch: int = param(3, "top components path-patched per head and side", min=0)
     patch_prompts: int = param(4, "prompts the path-patch check runs on", min=1)
-    n_boot: int = param(1000, "bootstrap resamples", min=1)
-    seed: int = param(0, "seed of prompts, draws and bootstrap", min=0)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
 
     def __post_init__(self) -> None:
         if self.heads != "auto":
