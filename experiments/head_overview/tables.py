@@ -12,7 +12,7 @@ PER_PROMPT_SCORES = Table("per_prompt_scores", "the same scores on each prompt, 
                           "mean over prompts", (
     Column("prompt", "int", "index of the prompt in the prompt set, from 0"),
     *HEAD_KEYS,
-    Column("metric", "str", "which score (see the experiment's docstring)"),
+    Column("metric", "str", "which score: a head metric of workbench.scores.metrics"),
     Column("score", "float", "the score on this prompt"),
 ))
 

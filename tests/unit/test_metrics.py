@@ -3,6 +3,7 @@ names refused with the known ones listed."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import typing
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import pytest
 from experiments.qk_attribution import Metric as QkMetric
 from experiments.qk_attribution.measure import METRIC_SOURCES
 from workbench.core.errors import UnknownNameError
+from workbench.core.paths import REPO_ROOT
 from workbench.harness.experiment import experiment, run_experiment
 from workbench.scores import metrics, patterns
 from workbench.store.runs import RunStore
@@ -58,6 +60,28 @@ def test_reductions_are_the_pattern_functions_and_nothing_else():
         "first_token": patterns.first_token, "previous_token": patterns.previous_token}
     with pytest.raises(ValueError, match="'copying' is a ov metric"):
         metrics.reductions("copying")
+
+
+ICL_ESTIMATORS = {"icl_score", "icl_score_window"}
+"""The ``metric`` column of induction-heads' ``icl`` table: whole-model scores."""
+
+
+def _compared_metric_names() -> set[str]:
+    """Every string the code compares a ``.metric`` column with (``df.metric == "x"``)."""
+    names = set()
+    for folder in ("workbench", "experiments", "dashboards"):
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare) and getattr(node.left, "attr", "") == "metric":
+                    names |= {c.value for c in node.comparators
+                              if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return names
+
+
+def test_every_metric_name_the_code_selects_by_is_registered():
+    named = _compared_metric_names()
+    assert {"first_token", "induction"} <= named
+    metrics.require(named - ICL_ESTIMATORS)
 
 
 def test_qk_attribution_head_kinds_are_registered_pattern_metrics():

@@ -132,7 +132,7 @@ HEAD_KEYS = columns(
     ("head", "int", "query head index within the layer, from 0"),
 )
 SCORE_COLUMNS = columns(
-    ("metric", "str", "which score (see the experiment's docstring)"),
+    ("metric", "str", "which score: a head metric of workbench.scores.metrics"),
     ("score", "float", "mean over prompts"),
     ("ci_low", "float", "95% bootstrap interval over prompts, low end"),
     ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
