@@ -83,8 +83,7 @@ class Shared:
 
 SHARED: dict[str, Shared] = {
     # an interval needs at least two resamples to have a spread; the bootstrap holds
-    # n_boot x prompts x heads numbers at once, and a 95% percentile interval stops moving
-    # long before 10,000 resamples
+    # n_boot x prompts x heads numbers at once, so the cap keeps it in memory
     "n_boot": Shared(int, 1000, "bootstrap resamples of the 95% intervals",
                      Range(min=2, max=10_000)),
     "seed": Shared(int, 0, "seed of everything random in the run", SEED),
@@ -98,6 +97,13 @@ def shared(name: str, default: Any = dataclasses.MISSING) -> Any:
     """The config field ``name`` of :data:`SHARED`: its help and range, and its default
     unless ``default`` is given. Each call makes a new field (a dataclass owns, and
     changes, the field object it is given).
+
+    Args:
+        name: a key of :data:`SHARED`; the config annotates the field with its ``type``.
+        default: this config's default, when it differs from the usual one.
+
+    Returns:
+        A dataclass field, as :func:`param` makes it.
 
     Examples:
         >>> @dataclass(frozen=True)
