@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from dash import dcc, html
@@ -10,7 +9,6 @@ from dash import dcc, html
 from dashboards.components import data
 from dashboards.components.messages import message, one_line
 from workbench.core.errors import WorkbenchError
-from workbench.scores import metrics
 from workbench.store.runs import Run
 
 
@@ -33,15 +31,6 @@ def run_dropdown(component_id: str, runs: list[Run], value: str | None) -> dcc.D
         value = runs[0].id
     return dcc.Dropdown(id=component_id, options=run_options(runs), value=value,
                         clearable=False, placeholder="no runs yet")
-
-
-def metric_options(names: Iterable[str]) -> list[dict[str, str]]:
-    """Dropdown options of head metrics: each name, with its meaning on hover.
-
-    Raises:
-        UnknownNameError: a name the metric registry does not know.
-    """
-    return [{"label": n, "value": n, "title": metrics.get(n).meaning} for n in names]
 
 
 def prompt_options(tokens_by_prompt: list[list[str]], labels: list[str]) -> list[dict]:

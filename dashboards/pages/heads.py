@@ -17,13 +17,14 @@ from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, metric_options, run_dropdown, run_options
+from dashboards.components.controls import labelled, run_dropdown, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from experiments.induction_heads.tables import ABLATION, ICL, LOSS_BY_POSITION, REPEAT_LOSS
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
 from workbench.recording.record import Recording
+from workbench.scores import metrics
 from workbench.store.runs import Run
 from workbench.store.schema import Table
 
@@ -118,7 +119,7 @@ def choose_run(run_id: str, metric: str | None):
     names = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
     if not names:
         return [], None, message(f"run {run_id} has no head scores")
-    return metric_options(names), metric if metric in names else names[0], None
+    return names, metric if metric in names else names[0], None
 
 
 def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
@@ -152,7 +153,8 @@ def draw_run(run_id: str, metric: str | None, k: int | None, compare_id: str | N
         other = None
     zmin, zmax = shared_range([scores] + ([other] if other is not None else []), metric) or (
         None, None)
-    title = f"{metric} · {run.model_name} · {run.experiment}"
+    title = (f"{metric} · {run.model_name} · {run.experiment}"
+             f"<br><sup>{metrics.get(metric).meaning}</sup>")
     top = scores[scores.metric == metric].nlargest(int(k or 10), "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, metric_options, run_dropdown
+from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import message, safe, safe_layout
 from experiments.head_overview.tables import HEAD_SCORES
 from workbench.scores import metrics
@@ -67,7 +67,7 @@ def choose_run(run_id: str):
         return [], None, None, message(f"run {run_id} has no head scores")
     summary = [html.Li(line) for line in run.meta.get("summary", [])]
     metric = DEFAULT_METRIC if DEFAULT_METRIC in names else names[0]
-    return metric_options(names), metric, summary, None
+    return names, metric, summary, None
 
 
 def layers_figure(scores: pd.DataFrame, metric: str) -> go.Figure:
@@ -100,8 +100,10 @@ def draw(run_id: str, metric: str | None):
         return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     scores = run.table(HEAD_SCORES.name)
-    bounded = metrics.get(metric).bounded  # on [0, 1], the fixed scale
-    heatmap = figures.head_heatmap(scores, metric, title=f"{metric} · {run.model_name}",
+    declared = metrics.get(metric)
+    bounded = declared.bounded  # on [0, 1], the fixed scale
+    title = f"{metric} · {run.model_name}<br><sup>{declared.meaning}</sup>"
+    heatmap = figures.head_heatmap(scores, metric, title=title,
                                    zmin=0 if bounded else None, zmax=1 if bounded else None)
     rows = scores[scores.metric == metric].sort_values(["layer", "head"])
     return (heatmap, layers_figure(scores, metric),

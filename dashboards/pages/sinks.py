@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, metric_options, run_dropdown
+from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import safe, safe_layout
 from experiments.attention_sinks.tables import (
     HEAD_SCORES,
@@ -98,7 +98,7 @@ def choose_run(run_id: str | None):
     run = data.get_run(run_id, shows=SHOWS)
     inputs = list(run.table(SINK_RATES.name).input)
     names = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != ALPHA_1, m))
-    return (inputs, inputs[0], metric_options(names), ALPHA_1,
+    return (inputs, inputs[0], names, ALPHA_1,
             [html.Li(line) for line in run.meta.get("summary", [])], None)
 
 
