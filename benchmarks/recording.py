@@ -78,7 +78,7 @@ def part_throughput(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from experiments.head_overview import METRICS
+    from experiments.head_overview import REDUCTIONS
     from workbench.models import cache
     from workbench.models.load import load_model
     from workbench.recording.reductions import reduce_patterns
@@ -98,7 +98,7 @@ def part_throughput(args: argparse.Namespace) -> dict:
         "hf_sdpa_tok_s": _rate(lambda: sdpa(ids), n, args.repeats),
         "bridge_tok_s": _rate(lambda: model.bridge(ids), n, args.repeats),
         "reduce_tok_s": _rate(
-            lambda: reduce_patterns(model, prompts, METRICS, max_batch_tokens=n), n,
+            lambda: reduce_patterns(model, prompts, REDUCTIONS, max_batch_tokens=n), n,
             args.repeats),
     }
     out["reduce_vs_hf_eager"] = out["reduce_tok_s"] / out["hf_eager_tok_s"]

@@ -24,6 +24,7 @@ from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
 from workbench.recording.record import Recording
+from workbench.scores import metrics
 from workbench.store.runs import Run
 from workbench.store.schema import Table
 
@@ -115,10 +116,10 @@ exports.follow("heads-run", page="heads", graphs=GRAPHS)
           Input("heads-run", "value"), State("heads-metric", "value"))
 @safe
 def choose_run(run_id: str, metric: str | None):
-    metrics = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
-    if not metrics:
+    names = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
+    if not names:
         return [], None, message(f"run {run_id} has no head scores")
-    return metrics, metric if metric in metrics else metrics[0], None
+    return names, metric if metric in names else names[0], None
 
 
 def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
@@ -152,7 +153,8 @@ def draw_run(run_id: str, metric: str | None, k: int | None, compare_id: str | N
         other = None
     zmin, zmax = shared_range([scores] + ([other] if other is not None else []), metric) or (
         None, None)
-    title = f"{metric} · {run.model_name} · {run.experiment}"
+    title = (f"{metric} · {run.model_name} · {run.experiment}"
+             f"<br><sup>{metrics.get(metric).meaning}</sup>")
     top = scores[scores.metric == metric].nlargest(int(k or 10), "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}

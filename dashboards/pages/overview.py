@@ -17,16 +17,15 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_dropdown
 from dashboards.components.messages import message, safe, safe_layout
 from experiments.head_overview.tables import HEAD_SCORES
+from workbench.scores import metrics
 
 SHOWS = ["head-overview"]
 dash.register_page(__name__, path="/overview", name="Overview", order=5, experiments=SHOWS)
 
 EMPTY = ("No head-overview runs yet. Make one with "
          "`workbench run head-overview --model smollm2`.")
-DEFAULT_METRIC = "normalized_entropy"
+DEFAULT_METRIC = metrics.get("normalized_entropy").name
 TABLE_COLUMNS = [c for c in HEAD_SCORES.names if c != "metric"]
-BOUNDED = {"normalized_entropy", "self"}
-"""Metrics that lie in [0, 1], drawn on that fixed scale."""
 
 
 @safe_layout("Overview")
@@ -63,12 +62,12 @@ exports.follow("overview-run", page="overview", graphs=["overview-heatmap", "ove
 @safe
 def choose_run(run_id: str):
     run = data.get_run(run_id, shows=SHOWS)
-    metrics = list(dict.fromkeys(run.table(HEAD_SCORES.name).metric))
-    if not metrics:
+    names = list(dict.fromkeys(run.table(HEAD_SCORES.name).metric))
+    if not names:
         return [], None, None, message(f"run {run_id} has no head scores")
     summary = [html.Li(line) for line in run.meta.summary]
-    metric = DEFAULT_METRIC if DEFAULT_METRIC in metrics else metrics[0]
-    return metrics, metric, summary, None
+    metric = DEFAULT_METRIC if DEFAULT_METRIC in names else names[0]
+    return names, metric, summary, None
 
 
 def layers_figure(scores: pd.DataFrame, metric: str) -> go.Figure:
@@ -101,8 +100,10 @@ def draw(run_id: str, metric: str | None):
         return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     scores = run.table(HEAD_SCORES.name)
-    bounded = metric in BOUNDED
-    heatmap = figures.head_heatmap(scores, metric, title=f"{metric} · {run.model_name}",
+    declared = metrics.get(metric)
+    bounded = declared.bounded  # on [0, 1], the fixed scale
+    title = f"{metric} · {run.model_name}<br><sup>{declared.meaning}</sup>"
+    heatmap = figures.head_heatmap(scores, metric, title=title,
                                    zmin=0 if bounded else None, zmax=1 if bounded else None)
     rows = scores[scores.metric == metric].sort_values(["layer", "head"])
     return (heatmap, layers_figure(scores, metric),

@@ -27,6 +27,7 @@ from experiments.attention_sinks.tables import (
     STREAMING_PERPLEXITY,
     TOP_RECEIVERS,
 )
+from workbench.scores import metrics
 from workbench.store.runs import Run
 
 SHOWS = ["attention-sinks"]
@@ -42,6 +43,8 @@ STREAMING_SHOWN = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_w
                    "ppl_matched", "matched_low", "matched_high", "n_matched", "n_tokens"]
 """The columns of streaming_perplexity shown in the page's table, in this order."""
 HIDDEN = {"display": "none"}
+ALPHA_1 = metrics.get("first_token").name
+"""The metric the heatmap shows first."""
 
 
 @safe_layout("Attention sinks")
@@ -94,8 +97,8 @@ def choose_run(run_id: str | None):
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
     inputs = list(run.table(SINK_RATES.name).input)
-    metrics = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != "sink", m))
-    return (inputs, inputs[0], metrics, "sink",
+    names = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != ALPHA_1, m))
+    return (inputs, inputs[0], names, ALPHA_1,
             [html.Li(line) for line in run.meta.summary], None)
 
 
@@ -109,13 +112,11 @@ def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None)
     scores = scores[scores.input == input_name]
     if scores.empty or metric not in set(scores.metric):
         return no_update
-    if metric == "sink":
-        title = f"sink: alpha_1, mean attention to the first token ({input_name})"
-    else:
-        title = f"{metric} ({input_name})"
-    bounded = metric != "entropy"  # weights, shares and normalized entropy lie in [0, 1]
+    declared = metrics.get(metric)
+    title = f"{metric} ({input_name})<br><sup>{declared.meaning}</sup>"
     return figures.head_heatmap(scores, metric, title=title, colorscale="Blues",
-                                zmin=0 if bounded else None, zmax=1 if bounded else None)
+                                zmin=0 if declared.bounded else None,
+                                zmax=1 if declared.bounded else None)
 
 
 @callback(Output("sinks-mass", "figure"), Output("sinks-receivers", "figure"),

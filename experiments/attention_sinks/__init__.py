@@ -8,7 +8,7 @@ causal LM still model text when its sink is evicted from the attention window?
 Papers and definitions (``A[t, j]`` is a head's weight from query ``t`` to key ``j``, over
 the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 1):
 
-- ``sink`` (``head_scores``): alpha_1 = (1/T) sum_t A[t, 0], the mean weight on the first
+- ``first_token`` (``head_scores``): alpha_1 = (1/T) sum_t A[t, 0], the mean weight on the first
   position over all queries (Gu et al. 2024, "When Attention Sink Emerges in Language
   Models: An Empirical View", section 3.2, their alpha_1^{l,h}).
 - Sink rate Sink_1^eps (``sink_rates``): the percentage of (layer, head) pairs with
@@ -65,13 +65,13 @@ the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 
   between them), after the BOS.
 
 Tables: ``head_scores`` (natural input; ``layer, head, metric, score, ci_low, ci_high,
-n_prompts`` for ``sink``, ``share_*``, ``top{r}_share``, ``entropy``, ``normalized_entropy``),
-``input_scores`` (the same for every input, with an ``input`` column), ``sink_rates``,
-``sink_per_prompt``, ``top_receivers`` (``input, layer, rank, token_type, fraction,
-mean_share``), ``massive_activations`` (per input and boundary: median over sequences of the
-top-3 magnitudes and of the median, the ratio, the usual position, dimension and tokens of
-the largest, and ``sink_head_share`` of the layer reading that boundary),
-``massive_activations_detail`` (per sequence), ``repeated_token_check``,
+n_prompts`` for ``first_token``, ``share_*``, ``top{r}_share``, ``entropy``,
+``normalized_entropy``), ``input_scores`` (the same for every input, with an ``input``
+column), ``sink_rates``, ``sink_per_prompt``, ``top_receivers`` (``input, layer, rank,
+token_type, fraction, mean_share``), ``massive_activations`` (per input and boundary:
+median over sequences of the top-3 magnitudes and of the median, the ratio, the usual
+position, dimension and tokens of the largest, and ``sink_head_share`` of the layer reading
+that boundary), ``massive_activations_detail`` (per sequence), ``repeated_token_check``,
 ``streaming_perplexity`` (per variant: ``ppl`` over all targets, ``ppl_beyond_window`` over
 the targets at positions >= W, ``ppl_matched`` with a bootstrap interval) and
 ``streaming_losses`` (the loss of every evaluated target), and ``skipped`` (``part,
@@ -107,7 +107,7 @@ from experiments.attention_sinks.measure import (
 )
 from experiments.attention_sinks.tables import TABLES
 from workbench.core import progress
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import Split
 from workbench.models.base import Model
@@ -137,9 +137,9 @@ class Config:
     recompute_stride: int = param(16, "the recompute reference is evaluated at every n-th "
                                       "position past W", min=1)
     chunk: int = param(256, "queries per forward pass in streaming (speed only)", min=1)
-    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of random inputs and bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         sinks = (self.n_sinks, *self.sink_sweep)
@@ -182,7 +182,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         model=model.info.name, causal=model.info.causal, cfg=cfg,
         input_scores=input_scores, rates=sink_rates(per_prompt, cfg),
         receivers=top_receivers(per_prompt),
-        sink_per_prompt=per_prompt[per_prompt.metric == "sink"].reset_index(drop=True),
+        sink_per_prompt=per_prompt[per_prompt.metric == "first_token"].reset_index(drop=True),
         massive=relate_to_sink(massive_by_layer(resid), input_scores, cfg.eps),
         massive_detail=resid, repeated=repeated,
         streaming=streaming, stream_losses=stream_losses, skipped=skipped)

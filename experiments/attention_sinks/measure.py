@@ -30,7 +30,7 @@ from workbench.recording.residuals import (
     scan_residuals,
     spread_by_boundary,
 )
-from workbench.scores import patterns
+from workbench.scores import metrics, patterns
 from workbench.scores.stats import bootstrap_mean_ci, summarize
 from workbench.scores.streaming import (
     Visibility,
@@ -76,7 +76,7 @@ class _Received:
 
 
 def sink_reductions(typer: TokenTyper, types: Sequence[str]) -> dict[str, reductions.Reduction]:
-    """Every per-head metric of one scan, keyed by metric name: ``sink``, ``entropy``,
+    """Every per-head metric of one scan, keyed by metric name: ``first_token``, ``entropy``,
     ``normalized_entropy``, ``share_<type>`` for each of ``types``, and
     ``top<r>_{share,type,position}`` (the share, type code and position of the key that
     receives the r-th most weight)."""
@@ -99,16 +99,12 @@ def sink_reductions(typer: TokenTyper, types: Sequence[str]) -> dict[str, reduct
             return codes.gather(1, index[..., rank - 1]).float()
         return reduce
 
-    metrics: dict[str, reductions.Reduction] = {
-        "sink": patterns.first_token,
-        "entropy": patterns.entropy,
-        "normalized_entropy": patterns.normalized_entropy,
-    }
-    metrics |= {f"share_{name}": share_of(TOKEN_TYPES.index(name)) for name in types}
+    out = metrics.reductions("first_token", "entropy", "normalized_entropy")
+    out |= {f"share_{name}": share_of(TOKEN_TYPES.index(name)) for name in types}
     for rank in TOP_RANKS:
         for what in ("share", "type", "position"):
-            metrics[f"top{rank}_{what}"] = top(rank, what)
-    return metrics
+            out[f"top{rank}_{what}"] = top(rank, what)
+    return out
 
 
 # ---- inputs -----------------------------------------------------------------------------
@@ -197,11 +193,11 @@ def scan_inputs(model: Model, sets: dict[str, list[Prompt]], cfg: Config
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-prompt head metrics and residual-stream extremes of every input set."""
     typer = TokenTyper.for_model(model)
-    metrics = sink_reductions(typer, model_token_types(model))
+    scores = sink_reductions(typer, model_token_types(model))
     per_prompt, resid = [], []
     for name, prompts in progress.track(list(sets.items()), desc="inputs"):
         log.info("scanning %s (%d prompts)", name, len(prompts))
-        scored = reductions.reduce_patterns(model, prompts, metrics,
+        scored = reductions.reduce_patterns(model, prompts, scores,
                                             max_batch_tokens=cfg.max_batch_tokens, desc=name)
         per_prompt.append(scored.assign(input=name))
         extremes = scan_residuals(model, prompts[: cfg.n_massive_prompts],
@@ -311,7 +307,8 @@ def _streaming_row(losses: pd.DataFrame, cfg: Config, sample: list[int], n_token
 def sink_rates(per_prompt: pd.DataFrame, cfg: Config) -> pd.DataFrame:
     """Sink_1^eps per input: percentage of heads with alpha_1 > eps, per sequence, averaged."""
     rows = []
-    for name, df in per_prompt[per_prompt.metric == "sink"].groupby("input", sort=False):
+    alpha = per_prompt[per_prompt.metric == "first_token"]
+    for name, df in alpha.groupby("input", sort=False):
         per_seq = (df.score > cfg.eps).groupby(df.prompt).mean().to_numpy() * 100
         low, high = bootstrap_mean_ci(per_seq[:, None], n_boot=cfg.n_boot, seed=cfg.seed)
         mean_alpha = df.groupby(["layer", "head"]).score.mean()
@@ -379,7 +376,7 @@ def massive_by_layer(resid: pd.DataFrame) -> pd.DataFrame:
 def relate_to_sink(massive: pd.DataFrame, scores: pd.DataFrame, eps: float) -> pd.DataFrame:
     """Add ``sink_head_share``: the share of layer l's heads whose mean alpha_1 exceeds
     ``eps``, next to boundary l (the residual stream that layer l reads)."""
-    sink = scores[scores.metric == "sink"]
+    sink = scores[scores.metric == "first_token"]
     share = (sink.score > eps).groupby([sink.input, sink.layer]).mean()
     share = share.rename("sink_head_share").reset_index()
     return massive.merge(share, on=["input", "layer"], how="left")
@@ -472,7 +469,7 @@ def _bos_lines(scores: pd.DataFrame) -> list[str]:
             continue
         with_bos = _mean_share(scores, kind, "share_bos")
         first_with = _mean_share(scores, kind, "share_first_content")
-        first_without = _mean_share(scores, f"{kind}_no_bos", "sink")
+        first_without = _mean_share(scores, f"{kind}_no_bos", "first_token")
         lines.append(
             f"{kind}, head mean: with BOS, the BOS receives {with_bos:.3f} of the attention "
             f"and the first content token {first_with:.3f}; without BOS the first content "

@@ -9,8 +9,8 @@ INPUT = Column("input", "str", "input set: natural, random or repeated, each opt
 
 HEAD_SCORES = Table(
     "head_scores",
-    "per-head metrics on natural text: sink (alpha_1), share_<token type>, top<r>_share, "
-    "entropy, normalized_entropy", (*HEAD_KEYS, *SCORE_COLUMNS))
+    "per-head metrics on natural text: first_token (alpha_1), share_<token type>, "
+    "top<r>_share, entropy, normalized_entropy", (*HEAD_KEYS, *SCORE_COLUMNS))
 
 INPUT_SCORES = Table(
     "input_scores", "the metrics of head_scores on every input set",
@@ -45,7 +45,7 @@ SINK_PER_PROMPT = Table("sink_per_prompt", "alpha_1 of every head on every seque
     *columns(("prompt", "int", "sequence index within its input set"),
              ("layer", "int", "layer index, from 0"),
              ("head", "int", "query head index within the layer, from 0"),
-             ("metric", "str", "always sink"),
+             ("metric", "str", "always first_token"),
              ("score", "float", "alpha_1: mean weight on position 0 over the real queries")),
     INPUT))
 

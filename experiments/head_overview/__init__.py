@@ -12,7 +12,7 @@ Metrics in ``head_scores.parquet`` (mean over prompts, with a 95% bootstrap inte
 - ``normalized_entropy``: H divided by log(number of keys the query can see); 1 is uniform
   attention, 0 is all weight on one token. Queries that see one key are left out.
 - ``mean_distance``: mean over queries of sum_k A[q, k] |q - k|, in tokens.
-- ``self``: mean over queries of A[q, q].
+- ``self_attention``: mean over queries of A[q, q].
 
 The patterns are reduced as the forward pass runs; nothing is cached.
 
@@ -28,28 +28,24 @@ from dataclasses import dataclass
 import pandas as pd
 
 from experiments.head_overview.tables import TABLES
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording import reductions
-from workbench.scores import patterns
+from workbench.scores import metrics
 from workbench.scores.stats import summarize
 
-METRICS: dict[str, reductions.Reduction] = {
-    "entropy": patterns.entropy,
-    "normalized_entropy": patterns.normalized_entropy,
-    "mean_distance": patterns.mean_distance,
-    "self": patterns.self_attention,
-}
+REDUCTIONS = metrics.reductions("entropy", "normalized_entropy", "mean_distance",
+                                "self_attention")
 
 
 @dataclass(frozen=True)
 class Config:
     prompt_set: str = param("natural", "prompt set to score on")
-    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of the bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         check_prompt_set(self.prompt_set)
@@ -79,6 +75,6 @@ class Result:
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Entropy, distance and self-attention of every head on a prompt set."""
     prompts = load_prompt_set(cfg.prompt_set, model)
-    per_prompt = reductions.reduce_patterns(model, prompts, METRICS,
+    per_prompt = reductions.reduce_patterns(model, prompts, REDUCTIONS,
                                             max_batch_tokens=cfg.max_batch_tokens)
     return Result(summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed), per_prompt)

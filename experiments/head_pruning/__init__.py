@@ -110,7 +110,7 @@ from experiments.head_pruning.measure import (
 )
 from experiments.head_pruning.tables import TABLES
 from workbench.core import progress
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.interventions.importance import Accumulation
 from workbench.interventions.masks import Ablation, head_means
@@ -167,10 +167,11 @@ class Config:
         10, "heads per metric of other experiments joined with the survival order", min=1)
     speed_repeats: int = param(
         3, "timed runs of the models with heads removed from the weights (0: skip)", min=0)
-    batch_tokens: int = param(1024, "tokens per forward batch", min=1)
-    n_boot: int = param(1000, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of text selection, random orders, probes and bootstrap",
-                      min=0)
+    # half the usual batch, which also sets the examples per gradient batch
+    # (accumulate=batch) and the batch timed for the speed-up
+    max_batch_tokens: int = shared("max_batch_tokens", 1024)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")  # of text selection, random orders, probes and bootstrap
 
     def __post_init__(self) -> None:
         if not self.importance or len(set(self.importance)) != len(self.importance):
@@ -192,7 +193,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     info = model.info
     n_total = info.n_layers * info.n_heads
     objective = make_objective(model, cfg)
-    means = (head_means(model, objective.fit, max_batch_tokens=cfg.batch_tokens)
+    means = (head_means(model, objective.fit, max_batch_tokens=cfg.max_batch_tokens)
              if cfg.ablation == "mean" else None)
     pruner = Pruner(model, objective, cfg, means)
     with progress.stages("head-pruning", 4) as stage:

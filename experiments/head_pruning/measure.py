@@ -72,13 +72,13 @@ class CausalObjective:
     repeats: list[Prompt]
     repeat_len: int
     bos: bool
-    batch_tokens: int
+    max_batch_tokens: int
     metrics: tuple[str, ...] = LOSS_METRICS
 
     def evaluate(self, model: Model) -> dict[str, np.ndarray]:
         """Per-prompt values of every metric under the active mask."""
-        held = token_losses(model, self.heldout, max_batch_tokens=self.batch_tokens)
-        rep = token_losses(model, self.repeats, max_batch_tokens=self.batch_tokens)
+        held = token_losses(model, self.heldout, max_batch_tokens=self.max_batch_tokens)
+        rep = token_losses(model, self.repeats, max_batch_tokens=self.max_batch_tokens)
         second = repeat_losses(rep, self.repeat_len, 2, start=int(self.bos))[:, 1]
         return {"heldout_loss": np.array([t.mean().item() for t in held]),
                 "second_repeat_loss": second}
@@ -102,11 +102,11 @@ class EncoderObjective:
     reference_fit: Float[Tensor, "example d_model"]
     reference_heldout: Float[Tensor, "example d_model"]
     probes: Float[Tensor, "example probe d_model"]
-    batch_tokens: int
+    max_batch_tokens: int
     metrics: tuple[str, ...] = (SIMILARITY,)
 
     def evaluate(self, model: Model) -> dict[str, np.ndarray]:
-        emb = sentence_embeddings(model, self.heldout, max_batch_tokens=self.batch_tokens)
+        emb = sentence_embeddings(model, self.heldout, max_batch_tokens=self.max_batch_tokens)
         return {SIMILARITY: F.cosine_similarity(emb, self.reference_heldout, dim=-1).numpy()}
 
     def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
@@ -142,16 +142,16 @@ def make_objective(model: Model, cfg: Config) -> Objective:
                                   seed=cfg.seed)
         return CausalObjective(fit, prefix_holding(fit, model, cfg.ablation_tokens), heldout,
                                repeats, cfg.repeat_len, model.info.bos_token_id is not None,
-                               cfg.batch_tokens)
+                               cfg.max_batch_tokens)
     fit = sentence_prompts(model, "fit", cfg.fit_tokens, cfg.seed)
     heldout = sentence_prompts(model, "heldout", cfg.eval_tokens, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     probes = torch.randn(len(fit), cfg.probes, model.info.d_model, generator=gen)
     return EncoderObjective(
         fit, prefix_holding(fit, model, cfg.ablation_tokens), heldout,
-        sentence_embeddings(model, fit, max_batch_tokens=cfg.batch_tokens),
-        sentence_embeddings(model, heldout, max_batch_tokens=cfg.batch_tokens),
-        probes, cfg.batch_tokens)
+        sentence_embeddings(model, fit, max_batch_tokens=cfg.max_batch_tokens),
+        sentence_embeddings(model, heldout, max_batch_tokens=cfg.max_batch_tokens),
+        probes, cfg.max_batch_tokens)
 
 
 # ---- pruning orders -----------------------------------------------------------------------
@@ -257,18 +257,18 @@ class Pruner:
     def gradients(self, values: Float[Tensor, "layer head_index"]
                   ) -> Float[Tensor, "example output layer head_index"]:
         return mask_gradients(self.model, self.objective.fit, self.objective.example_loss,
-                              values, means=self.means, max_batch_tokens=self.cfg.batch_tokens)
+                              values, means=self.means, max_batch_tokens=self.cfg.max_batch_tokens)
 
     def ablations(self, values: Float[Tensor, "layer head_index"]
                   ) -> Float[Tensor, "example layer head_index"]:
         return ablation_importance(self.model, self.objective.ablation_fit,
                                    self.objective.row_degradation, self.head_mask(values),
-                                   means=self.means, max_batch_tokens=self.cfg.batch_tokens)
+                                   means=self.means, max_batch_tokens=self.cfg.max_batch_tokens)
 
     def raw_gradient(self, grads: Tensor) -> Float[Tensor, "layer head_index"]:
         """Michel et al.'s ``E|dL/dxi|`` (``accumulate=batch``: per batch of
-        ``batch_tokens // chunk_tokens`` consecutive examples)."""
-        batch = max(1, self.cfg.batch_tokens // self.cfg.chunk_tokens)
+        ``max_batch_tokens // chunk_tokens`` consecutive examples)."""
+        batch = max(1, self.cfg.max_batch_tokens // self.cfg.chunk_tokens)
         return gradient_importance(grads, accumulate=self.cfg.accumulate, batch_size=batch)
 
     def gradient_score(self, grads: Tensor, values: Tensor) -> Tensor:
@@ -555,7 +555,7 @@ def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> p
     model = pruner.model
     if repeats < 1 or not masks or pruner.cfg.ablation != "zero":
         return SPEEDUP.empty()
-    batch = model.batches(pruner.objective.heldout, max_tokens=pruner.cfg.batch_tokens)[0]
+    batch = model.batches(pruner.objective.heldout, max_tokens=pruner.cfg.max_batch_tokens)[0]
     skipped = adapter_of(model).removal_reason(model.bridge.original_model.config)
     if skipped:  # masks still work through hooks: only this step is left out, with why
         return pd.DataFrame([{"budget": budget, "n_removed": int((values == 0).sum()),

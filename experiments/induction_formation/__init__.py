@@ -112,7 +112,7 @@ from experiments.induction_formation import checks  # noqa: F401 (registers the 
 from experiments.induction_formation.measure import Result, make_probes, result, train_one
 from experiments.induction_formation.tables import TABLES
 from workbench.core import progress
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.models import checkpoints, native
 from workbench.models.base import Model
@@ -172,9 +172,8 @@ class Config:
         1, "checkpoints either side of the window still counted as in it", min=0)
     composition: bool = param(
         True, "K-composition check: ablate each layer-0 head of the final models")
-    n_boot: int = param(200, "bootstrap resamples for intervals", min=1)
-    seed: int = param(0, "seed of the weights, the data order and the probe sequences",
-                      min=0)
+    n_boot: int = shared("n_boot", 200)
+    seed: int = shared("seed")  # of the weights, the data order and the probe sequences
 
     def __post_init__(self) -> None:
         if not self.layers or len(set(self.layers)) != len(self.layers):

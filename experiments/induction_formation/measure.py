@@ -21,7 +21,7 @@ from workbench.interventions.ablation import ablated
 from workbench.models import checkpoints, native
 from workbench.models.base import Model
 from workbench.recording.capture import head_patterns, pattern_rows
-from workbench.scores import patterns, phase_change
+from workbench.scores import metrics, phase_change
 from workbench.scores.heads import score_heads
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.store.schema import Table
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # induction is Olsson et al.'s second-repeat score; the probes repeat twice, so the pooled
-# variant (patterns.induction_pooled) would equal it and is not written
-METRICS = {"previous_token": patterns.previous_token, "induction": patterns.induction}
+# variant (induction_pooled) would equal it and is not written
+REDUCTIONS = metrics.reductions("previous_token", "induction")
 TAG = ["model", "n_layers", "step", "tokens"]
 
 
@@ -102,7 +102,7 @@ def copy_losses(model: Model, prompts: Sequence[Prompt], repeat_len: int
 
 def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> pd.DataFrame:
     """previous_token and induction of every head, summarised over prompts, with nulls."""
-    table = score_heads(model, prompts, METRICS, inputs="repeated random tokens",
+    table = score_heads(model, prompts, REDUCTIONS, inputs="repeated random tokens",
                         n_boot=cfg.n_boot, seed=cfg.seed)
     return table.drop(columns="inputs")  # every score here is on the same probes
 

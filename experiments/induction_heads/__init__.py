@@ -99,7 +99,7 @@ from experiments.induction_heads.measure import (
 )
 from experiments.induction_heads.tables import TABLES
 from workbench.core import progress
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import load_prompt_set
@@ -124,9 +124,9 @@ class Config:
     icl_halfwidth: int = param(
         10, "icl_score_window averages positions 50 +- this and 500 +- this", min=0, max=40)
     copying_tokens: int = param(200, "tokens for the copying score", min=2)
-    n_boot: int = param(1000, "bootstrap resamples", min=1)
-    seed: int = param(0, "seed for tokens, draws and bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         if self.icl_tokens <= 500 + self.icl_halfwidth:

@@ -25,7 +25,7 @@ from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
 from workbench.recording import hooks
 from workbench.recording.reductions import reduce_patterns
-from workbench.scores import patterns
+from workbench.scores import metrics
 from workbench.scores.heads import copying_scores, score_heads, summarize_tokens, top_heads
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.qk_attribution import require_pre_norm
@@ -114,13 +114,12 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.tensor(random_token_ids(model, cfg.copying_tokens, gen))
     return pd.concat([
-        score_heads(model, repeated, {"induction": patterns.induction,
-                                      "induction_pooled": patterns.induction_pooled},
+        score_heads(model, repeated, metrics.reductions("induction", "induction_pooled"),
                     inputs="repeated random tokens", **common),
         summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
                          inputs="random tokens (direct path)", n_boot=cfg.n_boot,
                          seed=cfg.seed),
-        score_heads(model, natural, {"previous_token": patterns.previous_token},
+        score_heads(model, natural, metrics.reductions("previous_token"),
                     inputs="natural text", **common),
     ], ignore_index=True)
 
@@ -141,7 +140,7 @@ def _tracked_score(model: Model, prompts: Sequence[Prompt], tracked: list[Head],
     """Mean ``induction`` (Olsson) score of the tracked heads (the pass stops after the
     deepest of their layers)."""
     layers = sorted({layer for layer, _ in tracked})
-    per_prompt = reduce_patterns(model, prompts, {"induction": patterns.induction},
+    per_prompt = reduce_patterns(model, prompts, metrics.reductions("induction"),
                                  max_batch_tokens=cfg.max_batch_tokens, layers=layers,
                                  desc="induction")
     keep = per_prompt.set_index(["layer", "head"]).index.isin(tracked)

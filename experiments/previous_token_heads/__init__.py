@@ -41,13 +41,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from experiments.previous_token_heads.tables import TABLES
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording.record import record
-from workbench.scores import patterns
+from workbench.scores import metrics
 from workbench.scores.heads import score_heads
 
 
@@ -58,9 +58,9 @@ class Config:
     n_tokens: int = param(128, "tokens per corpus prompt", min=2)
     n_repeated: int = param(32, "repeated random sequences", min=2)
     seq_len: int = param(40, "length of each random sequence", min=2)
-    n_boot: int = param(1000, "bootstrap resamples", min=2)
-    seed: int = param(0, "seed for random tokens and bootstrap", min=0)
-    max_batch_tokens: int = param(2048, "tokens per forward batch", min=1)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
+    max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         if self.text != "corpus":
@@ -107,15 +107,14 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
     ctx = ctx or Context()
     natural = natural_prompts(model, cfg)
-    positional = {"previous_token": patterns.previous_token}
-    if not model.info.causal:
-        positional["next_token"] = patterns.next_token
+    positional = ("previous_token",) if model.info.causal else ("previous_token", "next_token")
     repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
                                seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     table = pd.concat([
-        score_heads(model, natural, positional, inputs=text_label(cfg), **common),
-        score_heads(model, repeated, {"duplicate_token": patterns.duplicate_token},
+        score_heads(model, natural, metrics.reductions(*positional), inputs=text_label(cfg),
+                    **common),
+        score_heads(model, repeated, metrics.reductions("duplicate_token"),
                     inputs="repeated random tokens", **common),
     ], ignore_index=True)
     if ctx.workdir is not None:

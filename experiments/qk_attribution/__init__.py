@@ -26,7 +26,7 @@ Definitions (tables ``attribution``, ``pair_contributions``, ``pair_matrix``):
 Positions (``positions=auto`` follows ``metric``): for ``induction``, every query of the
 second repeat of ``repeated-random`` prompts with its induction target key (the token after
 the query token's earlier occurrence); for ``previous_token``, every query with the token
-before it; for ``sink``, every query with the first token.
+before it; for ``first_token``, every query with the first token.
 
 Heads (``heads=auto``): the top ``n_heads`` heads by ``metric`` in the newest complete run of
 its head-finding experiment on the same weights (``induction-heads``, ``previous-token-
@@ -73,13 +73,14 @@ from experiments.qk_attribution.measure import (
     sources_table,
 )
 from experiments.qk_attribution.tables import TABLES
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.scores.qk_attribution import require_linearisable
 
-Metric = Literal["induction", "previous_token", "sink"]
+Metric = Literal["induction", "previous_token", "first_token"]
+"""The head kinds explained, each a registered head metric with a source in ``METRIC_SOURCES``."""
 Positions = Literal["auto", "induction", "previous", "first"]
 
 
@@ -99,8 +100,8 @@ class Config:
     n_random: int = param(20, "random same-layer draws for the group control", min=1)
     n_patch: int = param(3, "top components path-patched per head and side", min=0)
     patch_prompts: int = param(4, "prompts the path-patch check runs on", min=1)
-    n_boot: int = param(1000, "bootstrap resamples", min=1)
-    seed: int = param(0, "seed of prompts, draws and bootstrap", min=0)
+    n_boot: int = shared("n_boot")
+    seed: int = shared("seed")
 
     def __post_init__(self) -> None:
         if self.heads != "auto":
@@ -110,7 +111,7 @@ class Config:
 
     @property
     def rule(self) -> str:
-        return METRIC_SOURCES[self.metric][2] if self.positions == "auto" else self.positions
+        return METRIC_SOURCES[self.metric][1] if self.positions == "auto" else self.positions
 
 
 @dataclass

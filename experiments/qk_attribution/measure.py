@@ -22,7 +22,7 @@ from workbench.interventions.ablation import Head, random_same_layer
 from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
 from workbench.recording import hooks
-from workbench.scores import patterns
+from workbench.scores import metrics
 from workbench.scores import qk_attribution as qk
 from workbench.scores.heads import score_heads, top_heads
 from workbench.scores.stats import bootstrap_mean_ci
@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 METRIC_SOURCES = {
-    # metric: (experiment whose head_scores hold it, reduction, position rule)
-    "induction": ("induction-heads", patterns.induction, "induction"),
-    "previous_token": ("previous-token-heads", patterns.previous_token, "previous"),
-    "sink": ("attention-sinks", patterns.first_token, "first"),
+    # metric: (experiment whose head_scores hold it, position rule)
+    "induction": ("induction-heads", "induction"),
+    "previous_token": ("previous-token-heads", "previous"),
+    "first_token": ("attention-sinks", "first"),
 }
 
 
@@ -103,12 +103,12 @@ def choose_heads(model: Model, cfg: Config, ctx: Context, prompts: Sequence[Prom
             raise WorkbenchError(f"heads {', '.join(bad)} do not exist: {info.name} has "
                                  f"{info.n_layers} layers of {info.n_heads} heads")
         return heads, "given"
-    experiment, reduction, _ = METRIC_SOURCES[cfg.metric]
+    experiment, _ = METRIC_SOURCES[cfg.metric]
     scores, run_id = _stored_scores(ctx, model, experiment)
     if not scores.empty and (scores.metric == cfg.metric).any():
         return top_heads(scores, cfg.metric, cfg.n_heads), run_id
-    scores = score_heads(model, prompts, {cfg.metric: reduction}, inputs="the prompt set",
-                         n_boot=1, seed=cfg.seed)
+    scores = score_heads(model, prompts, metrics.reductions(cfg.metric),
+                         inputs="the prompt set", n_boot=1, seed=cfg.seed)
     return top_heads(scores, cfg.metric, cfg.n_heads), "computed"
 
 
@@ -132,7 +132,7 @@ def previous_token_heads(model: Model, cfg: Config, ctx: Context, heads: list[He
     if deepest == 0:
         return [], "none below layer 0"
     natural = load_prompt_set("natural", model)
-    scores = score_heads(model, natural, {"previous_token": patterns.previous_token},
+    scores = score_heads(model, natural, metrics.reductions("previous_token"),
                          inputs="natural text", n_boot=1, seed=cfg.seed)
     scores = scores[scores.layer < deepest]
     return top_heads(scores, "previous_token", cfg.n_previous, exclude=heads), "computed"

@@ -24,7 +24,7 @@ def served(tmp_path_factory, llama, bert):
     proc.wait(10)
 
 
-def expected_grid(run, input_name: str, metric: str = "sink") -> np.ndarray:
+def expected_grid(run, input_name: str, metric: str = "first_token") -> np.ndarray:
     """A metric (alpha_1 by default) as a [layer, head] grid, straight from the run's table."""
     scores = run.table("input_scores")
     sink = scores[(scores.input == input_name) & (scores.metric == metric)]

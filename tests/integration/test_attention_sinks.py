@@ -63,7 +63,7 @@ def test_alpha_1_and_shares_match_huggingface_attentions(name, request):
     types = model_token_types(model)
     metrics = measure.sink_reductions(TokenTyper.for_model(model), types)
     got = reduce_patterns(model, prompts, {k: metrics[k] for k in
-                                           ("sink", *[f"share_{t}" for t in types])})
+                                           ("first_token", *[f"share_{t}" for t in types])})
     cls = AutoModelForCausalLM if model.info.causal else AutoModel
     hf = cls.from_pretrained(str(cache.hf_dir(name)), attn_implementation="eager").eval()
     for i, prompt in enumerate(prompts):
@@ -72,9 +72,9 @@ def test_alpha_1_and_shares_match_huggingface_attentions(name, request):
         with torch.inference_mode():
             attentions = hf(torch.tensor([ids]), output_attentions=True, **kwargs).attentions
         alpha = torch.stack([a[0, :, :, 0].mean(-1) for a in attentions])  # [layer, head]
-        mine = got[(got.prompt == i) & (got.metric == "sink")].sort_values(["layer", "head"])
+        mine = got[(got.prompt == i) & (got.metric == "first_token")].sort_values(["layer", "head"])
         np.testing.assert_allclose(mine.score.to_numpy(), alpha.reshape(-1), atol=1e-5)
-        shares = got[(got.prompt == i) & (got.metric != "sink")]
+        shares = got[(got.prompt == i) & (got.metric != "first_token")]
         totals = shares.groupby(["layer", "head"]).score.sum()
         np.testing.assert_allclose(totals, 1.0, atol=1e-5)
 
@@ -110,7 +110,7 @@ def test_small_run_on_smollm2_from_python(smollm2, runs_dir):
     assert run.table("skipped").empty
     scores = run.table("input_scores")
     no_bos = scores[scores.input == "natural_no_bos"].set_index(["layer", "head", "metric"])
-    np.testing.assert_allclose(no_bos.xs("sink", level="metric").score,
+    np.testing.assert_allclose(no_bos.xs("first_token", level="metric").score,
                                no_bos.xs("share_first_content", level="metric").score,
                                atol=1e-6)
 
@@ -131,6 +131,6 @@ def test_minilm_from_the_command_line(runs_dir):
     assert set(skipped.index) == {"bos", "streaming", "repeated"}
     assert "no next-token perplexity" in skipped["streaming"]
     scores = run.table("head_scores").set_index(["layer", "head", "metric"])
-    np.testing.assert_allclose(scores.xs("sink", level="metric").score,
+    np.testing.assert_allclose(scores.xs("first_token", level="metric").score,
                                scores.xs("share_cls", level="metric").score, atol=1e-6)
     assert scores.xs("share_sep", level="metric").score.between(0, 1).all()

@@ -103,8 +103,7 @@ def workbench_per_prompt(model, prompts: list[Prompt]) -> pd.DataFrame:
 
 def workbench_sink_rate(per_prompt: pd.DataFrame) -> float:
     """Sink_1^eps by the attention-sinks experiment's own code, from per-prompt alpha_1."""
-    alpha = per_prompt[per_prompt.metric == "first_token"].assign(metric="sink",
-                                                                   input="reference")
+    alpha = per_prompt[per_prompt.metric == "first_token"].assign(input="reference")
     cfg = SimpleNamespace(eps=EPS, n_boot=10, seed=0)
     return float(sink_rates(alpha, cfg).sink_rate.iloc[0])
 

@@ -99,10 +99,12 @@ USAGE = [
                  "got -1", id="limit-negative"),
     pytest.param([*RECORD, "--limit", "ten"], "--limit: expected a whole number >= 1, got "
                  "'ten'", id="limit-not-a-number"),
-    pytest.param([*RECORD, "--max-batch-tokens", "0"], "argument --max-batch-tokens: expected "
-                 "a whole number >= 1, got 0", id="max-batch-tokens-zero"),
-    pytest.param([*RECORD, "--max-batch-tokens", "-64"], "--max-batch-tokens: expected a "
-                 "whole number >= 1, got -64", id="max-batch-tokens-negative"),
+    pytest.param([*RECORD, "--max-batch-tokens", "0"], "argument --max-batch-tokens: "
+                 "max_batch_tokens: expected at least 1, got 0", id="max-batch-tokens-zero"),
+    pytest.param([*RECORD, "--max-batch-tokens", "-64"], "--max-batch-tokens: max_batch_tokens: "
+                 "expected at least 1, got -64", id="max-batch-tokens-negative"),
+    pytest.param([*RECORD, "--max-batch-tokens", "many"], "--max-batch-tokens: "
+                 "max_batch_tokens: expected int, got 'many'", id="max-batch-tokens-text"),
     pytest.param(["show", "x", "--rows", "0"], "argument --rows: expected a whole number >= 1, "
                  "got 0", id="rows-zero"),
     pytest.param(["show", "x", "--rows", "-5"], "--rows: expected a whole number >= 1, got -5",
@@ -299,8 +301,12 @@ CONFIG = [
                  "got 0", id="permutation-n-prompts-zero"),
     pytest.param("induction-heads", ["n_prompts=0"], "n_prompts: expected at least 2, got 0",
                  id="induction-n-prompts-zero"),
-    pytest.param("head-overview", ["n_boot=0"], "n_boot: expected at least 1, got 0",
-                 id="n-boot-zero"),
+    pytest.param("head-overview", ["n_boot=1"], "n_boot: expected at least 2, got 1",
+                 id="n-boot-one"),
+    pytest.param("head-pruning", ["seed=18446744073709551616"], "seed: expected at most "
+                 "4294967295, got 18446744073709551616", id="seed-above-32-bits"),
+    pytest.param("head-pruning", ["batch_tokens=512"], "no config field 'batch_tokens' "
+                 "(did you mean 'max_batch_tokens'", id="old-batch-field"),
     pytest.param("head-pruning", ["max_fraction=2"], "max_fraction: expected at most 1, got 2.0",
                  id="fraction-above-one"),
     pytest.param("attention-sinks", ["eps=nan"], "eps: expected a finite number, got nan",

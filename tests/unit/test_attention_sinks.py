@@ -47,7 +47,7 @@ def hand_patterns() -> torch.Tensor:
 
 def test_alpha_1_by_hand(llama):
     metrics = measure.sink_reductions(TokenTyper.for_model(llama), ["other"])
-    alpha = metrics["sink"](hand_patterns(), ctx_for([[0, 263, 263, 263]]))[0]
+    alpha = metrics["first_token"](hand_patterns(), ctx_for([[0, 263, 263, 263]]))[0]
     # head 0: (1 + 0.5 * 3) / 4; head 1: (1 + 1/2 + 1/3 + 1/4) / 4; head 2: (1 + 0 + 0 + 0) / 4
     expected = [2.5 / 4, (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4, 0.25]
     np.testing.assert_allclose(alpha.numpy(), expected, rtol=1e-6)
@@ -58,7 +58,8 @@ def test_sink_rate_by_hand():
     alpha = {(0, 0): 0.625, (0, 1): 0.52, (0, 2): 0.25,
              (1, 0): 0.9, (1, 1): 0.05, (1, 2): 0.31}
     per_prompt = pd.DataFrame([{"input": "natural", "prompt": p, "layer": 0, "head": h,
-                                "metric": "sink", "score": a} for (p, h), a in alpha.items()])
+                                "metric": "first_token", "score": a}
+                               for (p, h), a in alpha.items()])
     cfg = Config(n_prompts=2, eps=0.3, n_boot=50)
     row = measure.sink_rates(per_prompt, cfg).iloc[0]
     # sequence 0: 2 of 3 heads above 0.3; sequence 1: 2 of 3 -> (2/3 + 2/3) / 2
@@ -93,7 +94,8 @@ def test_padded_keys_and_queries_are_not_counted(llama):
     ids = torch.tensor([[0, 263, 263, 3]])
     ctx = PatternContext(ids, torch.tensor([3]), torch.tensor([[True, True, True, False]]),
                          layer=0, causal=True)
-    assert metrics["sink"](pattern, ctx).item() == pytest.approx(2.0 / 3)  # (1 + .5 + .5) / 3
+    # (1 + .5 + .5) / 3
+    assert metrics["first_token"](pattern, ctx).item() == pytest.approx(2.0 / 3)
     assert metrics["share_bos"](pattern, ctx).item() == pytest.approx(2.0 / 3)
 
 
@@ -201,7 +203,7 @@ def test_run_on_the_tiny_llama(tiny_runs):
     totals = shares.groupby(["input", "layer", "head"]).score.sum()
     np.testing.assert_allclose(totals, 1.0, atol=1e-5)  # exclusive types cover every key
     no_bos = scores[scores.input == "natural_no_bos"].set_index(["layer", "head", "metric"])
-    np.testing.assert_allclose(no_bos.xs("sink", level="metric").score,
+    np.testing.assert_allclose(no_bos.xs("first_token", level="metric").score,
                                no_bos.xs("share_first_content", level="metric").score,
                                atol=1e-6)  # without BOS, position 0 is the first content token
     assert set(run.table("sink_rates").input) == {
@@ -227,7 +229,7 @@ def test_encoder_run_skips_what_does_not_apply(tiny_runs):
     assert "no next-token perplexity" in skipped["streaming"]
     assert set(run.table("sink_rates").input) == {"natural", "random", "repeated"}
     scores = run.table("head_scores").set_index(["layer", "head", "metric"])
-    np.testing.assert_allclose(scores.xs("sink", level="metric").score,
+    np.testing.assert_allclose(scores.xs("first_token", level="metric").score,
                                scores.xs("share_cls", level="metric").score, atol=1e-6)
     assert "[CLS]/[SEP]/punctuation" in summary
     assert "bound method" not in summary and "broadest head L" in summary

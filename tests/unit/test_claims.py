@@ -21,7 +21,7 @@ def claim(**over):
     base = {"id": "c1", "kind": "reproduction", "paper": "Someone 2020", "where": "Table 1",
             "statement": "s", "published": "p", "applies_to": "any", "models": ["m"],
             "experiment": "head-overview", "config": {"n_boot": 20},
-            "check": {"name": "max_score_at_least", "metric": "self", "threshold": 0.0}}
+            "check": {"name": "max_score_at_least", "metric": "self_attention", "threshold": 0.0}}
     return {**base, **over}
 
 
@@ -51,6 +51,11 @@ def test_load_and_select(tmp_path):
     ([claim(check={"threshold": 1})], "a.json has no '0.check.name'"),
     ([claim(models="smollm2")], "a.json '0.models': expected a valid array, got \"smollm2\""),
     ({"id": "c1"}, "a.json: expected a valid array"),
+    ([claim(check={"name": "heads_in_top_k", "metric": "sink", "heads": [], "k": 1})],
+     r"a.json: claim c1: unknown head metric 'sink' \(the old name of 'first_token'\); "
+     "known head metrics: copying, duplicate_token, "),
+    ([claim(check={"name": "max_score_at_least", "metric": "previous", "threshold": 0})],
+     "unknown head metric 'previous' .*known head metrics: "),
 ])
 def test_malformed_claim_files(tmp_path, entries, message):
     with pytest.raises(WorkbenchError, match=message):
@@ -70,7 +75,7 @@ def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):
     entries = [
         claim(id="passes", models=[folder]),
         claim(id="fails", models=[folder],
-              check={"name": "max_score_at_least", "metric": "self", "threshold": 2.0}),
+              check={"name": "max_score_at_least", "metric": "self_attention", "threshold": 2.0}),
         claim(id="encoder-only", models=[folder], applies_to="encoder"),
         claim(id="offline", models=["no-such-org/model-x9"]),
         claim(id="bad-check", models=[folder], check={"name": "no-such-check"}),
@@ -83,7 +88,7 @@ def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):
     assert verdicts == {"passes": "pass", "fails": "fail", "encoder-only": "skipped",
                         "offline": "skipped"}
     row = table.set_index("claim").loc["fails"]
-    assert "max self = " in row.measured and "(threshold 2.0)" in row.measured
+    assert "max self_attention = " in row.measured and "(threshold 2.0)" in row.measured
     # the stored row carries the interval and the threshold it was judged against
     assert row.threshold == 2.0 and row.ci_low <= row.value <= row.ci_high < 2.0
     assert set(table.kind) == {"reproduction"} and list(table.columns) == claims.VERDICT_COLUMNS
@@ -106,7 +111,7 @@ class _Constant:
 
     def tables(self):
         return {"head_scores": pd.DataFrame({"layer": [0, 1], "head": [2, 3],
-                                             "metric": ["m", "m"],
+                                             "metric": ["induction", "induction"],
                                              "score": [self.value, self.value / 2]})}
 
     def summary(self):
@@ -129,10 +134,10 @@ def test_model_free_claims_run_once_without_a_model(tmp_path):
     entries = [
         claim(id="free-pass", applies_to="none", models=[],
               experiment="test-trains-its-own-models", config={"value": 0.7},
-              check={"name": "max_score_at_least", "metric": "m", "threshold": 0.5}),
+              check={"name": "max_score_at_least", "metric": "induction", "threshold": 0.5}),
         claim(id="free-fail", applies_to="none", models=[],
               experiment="test-trains-its-own-models", config={"value": 0.2},
-              check={"name": "max_score_at_least", "metric": "m", "threshold": 0.5}),
+              check={"name": "max_score_at_least", "metric": "induction", "threshold": 0.5}),
     ]
     loaded = claims.load_claims(write(tmp_path, entries))
     assert all(c.model_free for c in loaded)
@@ -140,7 +145,8 @@ def test_model_free_claims_run_once_without_a_model(tmp_path):
     assert dict(zip(table.claim, table.verdict, strict=True)) == {"free-pass": "pass",
                                                                 "free-fail": "fail"}
     assert set(table.model) == {"-"} and (table.run != "").all()
-    assert "m = 0.700 (no interval in the table) at L0H2 (threshold 0.5)" in table.measured.iloc[0]
+    assert ("induction = 0.700 (no interval in the table) at L0H2 (threshold 0.5)"
+            in table.measured.iloc[0])
     assert (table.value.iloc[0], table.ci_low.iloc[0], table.ci_high.iloc[0]) == (0.7, 0.7, 0.7)
     run = RunStore(tmp_path / "runs").get(table.run.iloc[0])
     assert run.meta.model is None and run.config == {"value": 0.7}
@@ -186,7 +192,7 @@ def test_an_invariant_is_parsed_with_its_kind_and_quote(tmp_path):
 
 def test_reproduce_prints_reproductions_and_invariants_apart(tmp_path, monkeypatch, capsys):
     free = {"applies_to": "none", "models": [], "experiment": "test-trains-its-own-models",
-            "check": {"name": "max_score_at_least", "metric": "m", "threshold": 0.5}}
+            "check": {"name": "max_score_at_least", "metric": "induction", "threshold": 0.5}}
     write(tmp_path, [claim(id="finding", config={"value": 0.7}, **free),
                      claim(id="theorem", kind="invariant", config={"value": 0.2}, **free)])
     (tmp_path / "prompts").symlink_to(paths.data_dir() / "prompts")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -9,7 +11,8 @@ import pytest
 
 from workbench.core.errors import ConfigError, UnknownNameError
 from workbench.core.registry import Registry
-from workbench.harness.config import apply_overrides, fields
+from workbench.harness.config import SHARED, apply_overrides, fields, shared
+from workbench.harness.experiment import all_experiments
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,50 @@ def test_unknown_names_suggest_the_closest_known_ones(name, known, hint):
         registry.register(n, 0)
     assert registry.unknown_message(name) == (
         f"unknown model '{name}'{hint}; known models: {', '.join(known)}")
+
+
+# ---- fields several experiments share ----------------------------------------------------
+
+def _shared_fields() -> list[tuple[str, dataclasses.Field, object]]:
+    """``(experiment, field, type)`` of every experiment config field named in SHARED."""
+    out = []
+    for exp in all_experiments():
+        hints = typing.get_type_hints(exp.config)
+        out += [(exp.name, f, hints[f.name]) for f in dataclasses.fields(exp.config)
+                if f.name in SHARED]
+    return out
+
+
+def test_every_experiment_takes_a_shared_field_from_its_one_declaration():
+    found = _shared_fields()
+    assert {f.name for _, f, _ in found} == {"n_boot", "seed", "max_batch_tokens"}
+    for name, f, tp in found:
+        decl = SHARED[f.name]
+        assert tp is decl.type, (name, f.name)
+        assert dict(f.metadata) == dict(shared(f.name).metadata), (name, f.name)
+    every_field = {f.name for exp in all_experiments() for f in dataclasses.fields(exp.config)}
+    assert "batch_tokens" not in every_field  # one name: max_batch_tokens
+
+
+def test_a_shared_field_is_a_new_field_each_time_with_its_own_default():
+    @dataclass(frozen=True)
+    class A:
+        n_boot: int = shared("n_boot")
+
+    @dataclass(frozen=True)
+    class B:
+        n_boot: int = shared("n_boot", 200)
+
+    assert (A().n_boot, B().n_boot) == (SHARED["n_boot"].default, 200)
+    assert fields(A)[0].range == fields(B)[0].range == "2 .. 10000"
+
+
+@pytest.mark.parametrize("exp", [e for e in all_experiments()
+                                 if "seed" in {f.name for f in dataclasses.fields(e.config)}],
+                         ids=lambda e: e.name)
+def test_every_seed_is_a_32_bit_unsigned_integer(exp):
+    assert apply_overrides(exp.config, {"seed": 2**32 - 1}).seed == 2**32 - 1
+    for bad, message in ((2**64, "seed: expected at most 4294967295"),
+                         (-1, "seed: expected at least 0")):
+        with pytest.raises(ConfigError, match=message):
+            apply_overrides(exp.config, {"seed": bad})

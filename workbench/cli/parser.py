@@ -10,7 +10,7 @@ before anything heavy is imported.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, get_args
 
 from workbench.cli.dashboard import cmd_dashboard
@@ -28,8 +28,9 @@ from workbench.cli.reproduce import cmd_reproduce
 from workbench.cli.runs import cmd_runs, cmd_show
 from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
-from workbench.core.errors import WorkbenchError
-from workbench.core.options import Dtype, PatternStorage, Status, StoreDtype
+from workbench.core.errors import ConfigError, WorkbenchError
+from workbench.core.options import PatternStorage, Status, StoreDtype
+from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
 
 MODEL_HELP = ("bundled name (`workbench models`), hub id, model folder, .gguf file or "
               "<run-id>/L<n>:<step>")
@@ -78,6 +79,20 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _shared_value(name: str) -> Callable[[str], Any]:
+    """An argparse type: a value of the shared config field ``name`` (its type and range,
+    :data:`workbench.harness.config.SHARED`), checked as ``--set`` checks it."""
+    decl = SHARED[name]
+
+    def parse(text: str) -> Any:
+        try:
+            return check_value(parse_value(text, decl.type, name), decl.type, name, decl.range)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def _port(text: str) -> int:
     """An argparse type: a TCP port, 1..65535."""
     try:
@@ -105,8 +120,9 @@ def _out_option(p: argparse.ArgumentParser, store: str = "write") -> None:
 
 
 def _dtype_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="float32", choices=get_args(Dtype),
-                   help="model parameter dtype (default float32)")
+    dtype = SHARED["dtype"]
+    p.add_argument("--dtype", default=dtype.default, choices=literal_choices(dtype.type),
+                   help=f"{dtype.help} (default {dtype.default})")
 
 
 def _mask_option(p: argparse.ArgumentParser) -> None:
@@ -145,8 +161,10 @@ def _add_record_command(sub: Subparsers) -> None:
                    help="record only the first N prompts")
     p.add_argument("--store-dtype", default="float16", choices=get_args(StoreDtype),
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
-    p.add_argument("--max-batch-tokens", type=_at_least_one, default=2048, metavar="N",
-                   help="tokens per forward batch (default 2048)")
+    batch = SHARED["max_batch_tokens"]
+    p.add_argument("--max-batch-tokens", type=_shared_value("max_batch_tokens"),
+                   default=batch.default, metavar="N",
+                   help=f"{batch.help} (default {batch.default})")
     p.add_argument("--patterns", default="auto", choices=get_args(PatternStorage),
                    help="how patterns are stored: every weight (dense), the k largest per "
                    "query row plus exact first-token, diagonal, previous-token and left-out "

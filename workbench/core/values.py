@@ -48,6 +48,10 @@ class Range:
     above: float | None = None
 
 
+SEED = Range(min=0, max=2**32 - 1)
+"""The range of a seed: NumPy's legacy seeding (and much code that reseeds from a seed)
+takes 32-bit unsigned integers, so a larger seed is refused before it can fail later."""
+
 Bounds = Range | Mapping[str, Any] | None
 """A :class:`Range`, or a mapping with its keys (a dataclass field's metadata)."""
 

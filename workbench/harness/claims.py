@@ -31,6 +31,9 @@ finding. ``workbench reproduce`` reports the two in separate groups.
 
 Checks are functions registered with :func:`claim_check`: ``check(run, **params) ->
 Measurement``. Generic ones live here; an experiment registers its own next to its code.
+A parameter annotated :data:`HeadMetric` names a head metric, and a claim that gives it a
+name :mod:`workbench.scores.metrics` does not register is refused when it is loaded (or,
+for an experiment's check, before anything runs), with the registered names listed.
 A numeric check compares an interval (bootstrap, or across seeds or orders) with the
 claim's threshold (:meth:`Measurement.compare`), and a check whose run could not reach the
 claimed quantity says ``undecided`` and why.
@@ -44,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +60,7 @@ from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.records import STRICT, Json, Record, RecordList, matching
 from workbench.core.registry import Registry, did_you_mean
+from workbench.scores import metrics
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table, columns, tables
 
@@ -141,6 +146,8 @@ class Measurement:
 
 Check = Callable[..., Measurement]
 CHECKS: Registry[Check] = Registry("claim check")
+HeadMetric = Annotated[str, "a registered head metric"]
+"""The type of a check parameter that names a head metric (checked against the registry)."""
 
 
 def claim_check(name: str) -> Callable[[Check], Check]:
@@ -228,6 +235,24 @@ CLAIMS_FILE = RecordList(Claim)
 MAX_CLAIMS_FILE = 16 << 20
 
 
+def check_metric_names(claim: Claim) -> None:
+    """Refuse a claim whose check gives a :data:`HeadMetric` parameter an unregistered
+    name (a check not registered yet, an experiment's before discovery, is let through).
+
+    Raises:
+        UnknownNameError: naming the claim and listing the registered metrics.
+    """
+    if claim.check.name not in CHECKS:
+        return
+    params = claim.check.params
+    hints = typing.get_type_hints(CHECKS.get(claim.check.name), include_extras=True)
+    for param in (p for p, tp in hints.items() if tp == HeadMetric and p in params):
+        try:
+            metrics.get(params[param])
+        except UnknownNameError as exc:
+            raise UnknownNameError(f"{claim.file}: claim {claim.id}: {exc}") from None
+
+
 def read_claims_file(path: Path) -> tuple[Claim, ...]:
     """The claims of one file.
 
@@ -246,6 +271,7 @@ def read_claims_file(path: Path) -> tuple[Claim, ...]:
     claims = CLAIMS_FILE.from_json(data, what=path.name)
     for claim in claims:
         claim._file = path.name
+        check_metric_names(claim)
     return claims
 
 
@@ -407,6 +433,7 @@ def summary(table: pd.DataFrame) -> str:
 # ---- generic checks -----------------------------------------------------------------------
 
 def _head_scores(run: Run, metric: str) -> pd.DataFrame:
+    metrics.require([metric])
     scores = run.table("head_scores")
     picked = scores[scores.metric == metric]
     if picked.empty:
@@ -415,7 +442,7 @@ def _head_scores(run: Run, metric: str) -> pd.DataFrame:
 
 
 @claim_check("max_score_at_least")
-def max_score_at_least(run: Run, *, metric: str, threshold: float) -> Measurement:
+def max_score_at_least(run: Run, *, metric: HeadMetric, threshold: float) -> Measurement:
     """The best head's ``metric`` is at least ``threshold``: its bootstrap interval
     (over prompts) is judged against the threshold. A table without intervals is judged
     on the score alone, and the text says so."""
@@ -432,7 +459,7 @@ def max_score_at_least(run: Run, *, metric: str, threshold: float) -> Measuremen
 
 
 @claim_check("heads_in_top_k")
-def heads_in_top_k(run: Run, *, metric: str, heads: list[str], k: int) -> Measurement:
+def heads_in_top_k(run: Run, *, metric: HeadMetric, heads: list[str], k: int) -> Measurement:
     """Every published head ``"layer.head"`` ranks within the top ``k`` by ``metric``."""
     ranked = _head_scores(run, metric)
     labels = [f"{r.layer}.{r.head}" for r in ranked.itertuples()]
@@ -448,9 +475,11 @@ def known_checks() -> list[str]:
 
 
 def ensure_checks_exist(claims: Sequence[Claim]) -> None:
-    """Fail early on a claim whose check is not registered (after experiments load)."""
+    """Fail early on a claim whose check is not registered, or names an unregistered head
+    metric (after experiments load)."""
     for claim in claims:
         if claim.check.name not in CHECKS:
             raise UnknownNameError(
                 f"claim '{claim.id}' uses unknown check '{claim.check.name}'; "
                 f"known checks: {', '.join(known_checks())}")
+        check_metric_names(claim)

@@ -11,7 +11,10 @@ a value out of range, a NaN or an unknown field is refused before anything runs,
 message naming the field and what it expects. A field of layer indices
 (``param(..., layer=True)``) is checked against the model by :func:`check_layers` once
 the model is known, still before a run exists. Checks that relate several fields stay in
-the config's ``__post_init__``.
+the config's ``__post_init__``. A field that several experiments have (``n_boot``,
+``seed``, ``max_batch_tokens``) is declared once, in :data:`SHARED`, and each config takes
+it with :func:`shared`, so it has one name, one help line and one range everywhere (and
+``workbench sweep``'s ``set`` reaches every experiment that has it).
 
 Examples:
     >>> @dataclass(frozen=True)
@@ -35,12 +38,20 @@ from typing import Any
 
 from workbench.core import values as value_rules
 from workbench.core.errors import ConfigError
+from workbench.core.options import Dtype
 from workbench.core.registry import did_you_mean
-from workbench.core.values import check_value, describe_type, literal_choices, parse_value
+from workbench.core.values import (
+    SEED,
+    Range,
+    check_value,
+    describe_type,
+    literal_choices,
+    parse_value,
+)
 
-__all__ = ["FieldInfo", "apply_overrides", "check_config", "check_layers", "check_value",
-           "describe_range", "describe_type", "fields", "literal_choices", "param",
-           "parse_value", "split_overrides"]
+__all__ = ["SHARED", "FieldInfo", "Shared", "apply_overrides", "check_config", "check_layers",
+           "check_value", "describe_range", "describe_type", "fields", "literal_choices",
+           "param", "parse_value", "shared", "split_overrides"]
 
 
 def param(default: Any, help: str, *, min: float | None = None, max: float | None = None,
@@ -58,6 +69,58 @@ def param(default: Any, help: str, *, min: float | None = None, max: float | Non
     """
     metadata = {"help": help, "min": min, "max": max, "above": above, "layer": layer}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A field several configs (and commands) have: its type, usual default, help and range."""
+
+    type: Any
+    default: Any
+    help: str
+    range: Range | None = None
+
+
+SHARED: dict[str, Shared] = {
+    # an interval needs at least two resamples to have a spread; the bootstrap holds
+    # n_boot x prompts x heads numbers at once, so the cap keeps it in memory
+    "n_boot": Shared(int, 1000, "bootstrap resamples of the 95% intervals",
+                     Range(min=2, max=10_000)),
+    "seed": Shared(int, 0, "seed of everything random in the run", SEED),
+    "max_batch_tokens": Shared(int, 2048, "tokens per forward batch", Range(min=1, max=1 << 20)),
+    "dtype": Shared(Dtype, "float32", "parameter dtype the model is loaded in"),
+}
+"""The shared fields by name; ``dtype`` is an option of the commands that load a model."""
+
+
+def shared(name: str, default: Any = dataclasses.MISSING) -> Any:
+    """The config field ``name`` of :data:`SHARED`: its help and range, and its default
+    unless ``default`` is given. Each call makes a new field (a dataclass owns, and
+    changes, the field object it is given).
+
+    Args:
+        name: a key of :data:`SHARED`; the config annotates the field with its ``type``.
+        default: this config's default, when it differs from the usual one.
+
+    Returns:
+        A dataclass field, as :func:`param` makes it.
+
+    Examples:
+        >>> @dataclass(frozen=True)
+        ... class Config:
+        ...     n_boot: int = shared("n_boot", 200)
+        >>> apply_overrides(Config, ["n_boot=1"])
+        Traceback (most recent call last):
+        ...
+        workbench.core.errors.ConfigError: n_boot: expected at least 2, got 1
+
+    Raises:
+        KeyError: ``name`` is not a shared field (a programming error).
+    """
+    decl = SHARED[name]
+    value = decl.default if default is dataclasses.MISSING else default
+    r = decl.range or Range()
+    return param(value, decl.help, min=r.min, max=r.max, above=r.above)
 
 
 @dataclass(frozen=True)

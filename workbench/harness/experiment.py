@@ -35,6 +35,7 @@ from workbench.harness.config import apply_overrides, check_config, check_layers
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Model
 from workbench.models.load import load_model
+from workbench.scores import metrics
 from workbench.store.records import Interventions
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table
@@ -241,6 +242,7 @@ def run_experiment(name: str, model: str | Model | None,
         with applied(loaded, heads_mask) if loaded is not None else nullcontext():
             result = exp.run(loaded, cfg, Context(workdir=active.dir, store=store))
         for table_name, df in result.tables().items():
+            metrics.check_table(df)
             active.save_table(table_name, df)
         active.update(summary=result.summary())
     return store.get(active.final)

@@ -26,7 +26,7 @@ import torch
 from workbench.core import paths
 from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
 from workbench.core.registry import Registry, did_you_mean
-from workbench.core.values import Range, check_keywords, keyword_types
+from workbench.core.values import SEED, Range, check_keywords, keyword_types
 
 if TYPE_CHECKING:
     from workbench.models.base import Model
@@ -186,7 +186,7 @@ def random_token_ids(model: Model, n: int, generator: torch.Generator) -> list[i
 def repeated_random(model: Model, n_prompts: Annotated[int, Range(min=1)] = 8,
                     seq_len: Annotated[int, Range(min=1)] = 32,
                     repeats: Annotated[int, Range(min=1)] = 2,
-                    seed: Annotated[int, Range(min=0)] = 0) -> list[Prompt]:
+                    seed: Annotated[int, SEED] = 0) -> list[Prompt]:
     """Random token sequences repeated ``repeats`` times, after BOS (causal models) or
     framed as ``[CLS] ... [SEP]`` (encoders).
 

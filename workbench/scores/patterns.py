@@ -5,7 +5,9 @@ Each function maps one layer's weights ``A[batch, head, query, key]`` and a
 averaged over the queries for which the score is defined (a score with no such query is
 NaN for that prompt). Padded queries and keys are never counted. Run them over prompts
 with :func:`workbench.recording.reductions.reduce_patterns`, or with intervals and nulls
-with :func:`workbench.scores.heads.score_heads`. A new metric goes here.
+with :func:`workbench.scores.heads.score_heads`. A new metric goes here, and is declared
+(its meaning, source and scale) in :mod:`workbench.scores.metrics`, under the function's
+name: the name every table stores.
 
 Shape of attention (Clark et al. 2019, "What Does BERT Look At?"):
 

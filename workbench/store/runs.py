@@ -64,7 +64,7 @@ from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.store import provenance, validate
 from workbench.store.records import Interventions, ModelInfo, RunMeta, TableEntry
-from workbench.store.schema import SchemaError, Table
+from workbench.store.schema import SchemaError, Table, current_metric_names
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,9 @@ class Run:
     def table(self, name: str) -> pd.DataFrame:
         """Read a table, checking its SHA-256.
 
-        The file is read once, and the bytes that were hashed are the bytes parsed.
+        The file is read once, and the bytes that were hashed are the bytes parsed. A
+        ``metric`` column holding the old name of a metric holds its registered name
+        instead (:func:`~workbench.store.schema.current_metric_names`).
 
         Raises:
             WorkbenchError: no such table (the message lists the run's tables), a damaged
@@ -230,10 +232,11 @@ class Run:
         if hashlib.sha256(data).hexdigest() != self._entry(name).sha256:
             raise ChecksumError(f"checksum mismatch for {path}: the table was changed or damaged")
         try:
-            return pd.read_parquet(io.BytesIO(data))
+            frame = pd.read_parquet(io.BytesIO(data))
         except (OSError, ValueError, pyarrow.ArrowException) as exc:
             raise WorkbenchError(f"table '{name}' of run {self.id} is not readable Parquet "
                                  f"({_one_line(exc)})") from None
+        return current_metric_names(frame)
 
     def verify(self) -> None:
         """Re-hash every table of the run against ``run.json``.

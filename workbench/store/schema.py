@@ -132,7 +132,7 @@ HEAD_KEYS = columns(
     ("head", "int", "query head index within the layer, from 0"),
 )
 SCORE_COLUMNS = columns(
-    ("metric", "str", "which score (see the experiment's docstring)"),
+    ("metric", "str", "which score: a head metric of workbench.scores.metrics"),
     ("score", "float", "mean over prompts"),
     ("ci_low", "float", "95% bootstrap interval over prompts, low end"),
     ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
@@ -149,6 +149,20 @@ def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True
     ``layer, head, metric, score, ci_low, ci_high, n_prompts`` (+ ``null, inputs``) + ``extra``."""
     cols = (*HEAD_KEYS, *SCORE_COLUMNS, *(NULL_COLUMNS if null else ()), *extra)
     return Table("head_scores", meaning, cols)
+
+
+LEGACY_METRIC_NAMES = {"sink": "first_token", "self": "self_attention"}
+"""Metric names that runs written before the metric registry
+(:mod:`workbench.scores.metrics`) stored, and the registered names they stand for."""
+
+
+def current_metric_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the old metric names of its ``metric`` column (if it has one) replaced
+    by the registered ones (:data:`LEGACY_METRIC_NAMES`), so that every reader of a stored
+    table sees one name per metric; any other frame is returned as it is."""
+    if "metric" not in frame.columns or not frame.metric.isin(LEGACY_METRIC_NAMES).any():
+        return frame
+    return frame.assign(metric=frame.metric.replace(LEGACY_METRIC_NAMES))
 
 
 def describe(declared: Mapping[str, Table]) -> str:
