@@ -17,8 +17,9 @@ import torch
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
 from workbench.scores.attention import worked_example
 from workbench.store.runs import Run
@@ -36,41 +37,30 @@ DEFAULT_CONDITION = "no positions, no mask"
 
 @safe_layout("Equivariance")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs(EXPERIMENT)
-    body: list = [html.H2("Equivariance")]
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        body.append(html.P(EMPTY, className="wb-note"))
-    else:
-        chosen = data.choose(run, runs, shows=SHOWS)
-        body += [
-            html.Div(id="equivariance-error"),
-            html.Div(className="wb-controls", children=[
-                labelled("run", run_dropdown("equivariance-run", runs, chosen), "34em")]),
-            html.H3("Verdicts"),
-            html.P("Each row: the largest (for equivariant / unchanged) or smallest (for not "
-                   "equivariant / changes) of max|f(PX) - P f(X)| / max|f(X)| over prompts, "
-                   "seeds and layers, against the stated tolerance.", className="wb-note"),
-            dash_table.DataTable(
-                id="equivariance-verdicts", page_size=30, sort_action="native",
-                columns=[{"name": c, "id": c} for c in VERDICT_COLUMNS],
-                tooltip_header={c: VERDICTS.column(c).meaning for c in VERDICT_COLUMNS},
-                style_cell={"textAlign": "left", "fontSize": "0.8em", "whiteSpace": "normal",
-                            "maxWidth": "28em"},
-                style_data_conditional=[
-                    {"if": {"filter_query": '{verdict} = "fail"'}, "color": "#b91c1c"},
-                    {"if": {"filter_query": '{verdict} = "n/a"'}, "color": "#9ca3af"}]),
-            html.H3("A head before and after a permutation"),
-            _view_controls(),
-            html.P(id="equivariance-permutation", className="wb-note"),
-            html.P(id="equivariance-view-stats", className="wb-note"),
-            html.Div(className="wb-row", children=[
-                exports.graph("equivariance-before", chosen),
-                exports.graph("equivariance-after", chosen),
-                exports.graph("equivariance-back", chosen)]),
-            exports.table_download("equivariance"),
-        ]
-    return html.Div([*body, html.H3("Worked example: “the cat was hungry”"),
-                     worked_example_section()])
+    return run_page("equivariance", "Equivariance", shows=SHOWS, requested=run, empty=EMPTY,
+                    controls=[], body=lambda chosen: [
+        html.H3("Verdicts"),
+        html.P("Each row: the largest (for equivariant / unchanged) or smallest (for not "
+               "equivariant / changes) of max|f(PX) - P f(X)| / max|f(X)| over prompts, "
+               "seeds and layers, against the stated tolerance.", className="wb-note"),
+        dash_table.DataTable(
+            id="equivariance-verdicts", page_size=30, sort_action="native",
+            columns=[{"name": c, "id": c} for c in VERDICT_COLUMNS],
+            tooltip_header={c: VERDICTS.column(c).meaning for c in VERDICT_COLUMNS},
+            style_cell={"textAlign": "left", "fontSize": "0.8em", "whiteSpace": "normal",
+                        "maxWidth": "28em"},
+            style_data_conditional=[
+                {"if": {"filter_query": '{verdict} = "fail"'}, "color": "#b91c1c"},
+                {"if": {"filter_query": '{verdict} = "n/a"'}, "color": "#9ca3af"}]),
+        html.H3("A head before and after a permutation"),
+        _view_controls(),
+        html.P(id="equivariance-permutation", className="wb-note"),
+        html.P(id="equivariance-view-stats", className="wb-note"),
+        html.Div(className="wb-row", children=[
+            exports.graph("equivariance-before", chosen),
+            exports.graph("equivariance-after", chosen),
+            exports.graph("equivariance-back", chosen)]),
+    ], after=[html.H3("Worked example: “the cat was hungry”"), worked_example_section()])
 
 
 exports.follow("equivariance-run", page="equivariance",

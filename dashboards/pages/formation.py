@@ -14,8 +14,9 @@ from dash import Input, Output, callback, dcc, html, no_update
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
+from dashboards.components.skeleton import run_page
 from experiments.induction_formation.tables import (
     CHECKPOINT_PATTERNS,
     HEAD_SCORES,
@@ -34,18 +35,11 @@ WINDOW_COLOUR = "rgba(234, 179, 8, 0.25)"
 
 @safe_layout("Formation")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("induction-formation")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Formation"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Formation"),
-        html.Div(id="formation-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("formation-run", runs, chosen), "34em"),
-            labelled("model", dcc.Dropdown(id="formation-model", clearable=False)),
-            labelled("head", dcc.Dropdown(id="formation-head", clearable=False), "10em"),
-        ]),
+    return run_page("formation", "Formation", shows=SHOWS, requested=run, empty=EMPTY,
+                    controls=[
+        labelled("model", dcc.Dropdown(id="formation-model", clearable=False)),
+        labelled("head", dcc.Dropdown(id="formation-head", clearable=False), "10em"),
+    ], body=lambda chosen: [
         html.P(id="formation-summary", className="wb-note"),
         exports.graph("formation-curves", chosen),
         exports.graph("formation-heads", chosen),
@@ -55,7 +49,6 @@ def layout(run: str | None = None, **_: str) -> html.Div:
                              marks=None, allow_direct_input=False)],
                  className="wb-control", style={"maxWidth": "60em"}),
         exports.graph("formation-pattern", chosen),
-        exports.table_download("formation"),
     ])
 
 

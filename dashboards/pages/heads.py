@@ -17,8 +17,9 @@ from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown, run_options
+from dashboards.components.controls import labelled, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
+from dashboards.components.skeleton import run_page, runs_of
 from experiments.induction_heads.tables import ABLATION, ICL, LOSS_BY_POSITION, REPEAT_LOSS
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
@@ -42,10 +43,6 @@ GRAPHS = ["heads-heatmap", "heads-compare-heatmap", "heads-difference", "heads-e
           "heads-repeat-loss", "heads-icl", "heads-ablation"]
 
 
-def _runs() -> list:
-    return [r for exp in EXPERIMENTS for r in data.runs(exp)]
-
-
 def _scores(run: Run) -> pd.DataFrame:
     """The run's head scores, found by its experiment's declaration."""
     return run.table(EXPERIMENTS[run.experiment].name)
@@ -59,33 +56,23 @@ def table_columns(declared: Table) -> list[str]:
 
 @safe_layout("Heads")
 def layout(run: str | None = None, compare: str | None = None, **_: str) -> html.Div:
-    runs = sorted(_runs(), key=lambda r: r.meta.started_at, reverse=True)
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Heads"), html.P(
-            "No head-finding runs yet: `workbench run induction-heads --model smollm2`.",
-            className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
+    runs = runs_of(SHOWS)
     problems = []
-    if compare is not None:
+    if compare is not None and runs:
         try:
             compare = data.choose(compare, runs, shows=SHOWS)
         except WorkbenchError as exc:  # the page still shows the run; only the comparison goes
             problems.append(message(f"compare: {one_line(exc)}"))
             compare = None
-    return html.Div([
-        html.H2("Heads"),
-        *problems,
-        html.Div(id="heads-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("heads-run", runs, chosen), "34em"),
-            labelled("metric", dcc.Dropdown(id="heads-metric", clearable=False)),
-            labelled("compare with", dcc.Dropdown(run_options(runs), compare,
-                                                  id="heads-compare",
-                                                  placeholder="another run (optional)"),
-                     "34em"),
-            labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1,
-                                        max=500, step=1)),
-        ]),
+    return run_page("heads", "Heads", shows=SHOWS, requested=run, runs=runs, notices=problems,
+                    empty="No head-finding runs yet: `workbench run induction-heads --model "
+                          "smollm2`.", controls=[
+        labelled("metric", dcc.Dropdown(id="heads-metric", clearable=False)),
+        labelled("compare with", dcc.Dropdown(run_options(runs), compare, id="heads-compare",
+                                              placeholder="another run (optional)"), "34em"),
+        labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=500,
+                                    step=1)),
+    ], body=lambda chosen: [
         html.Div(id="heads-compare-note"),
         html.Div(className="wb-row", children=[
             exports.graph("heads-heatmap", chosen),
@@ -104,7 +91,6 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
             html.Div(className="wb-row", children=[
                 exports.graph("heads-repeat-loss", chosen), exports.graph("heads-icl", chosen)]),
             exports.graph("heads-ablation", chosen)]),
-        exports.table_download("heads"),
     ])
 
 

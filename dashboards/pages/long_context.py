@@ -19,9 +19,9 @@ from dashboards.components.controls import (
     labelled,
     recording_choices,
     recording_layout_choices,
-    run_dropdown,
 )
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/long-context", name="Long context", order=8,
@@ -38,35 +38,14 @@ TOP_ROWS = 16
 
 @safe_layout("Long context")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("record")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Long context"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    prompts, layers, heads, problem = recording_layout_choices(chosen)
-
-    def number(name: str, value: int, width: str = "7em") -> dcc.Input:
-        return dcc.Input(id=f"long-context-{name}", type="number", min=0, step=1,
-                         value=value, debounce=True, style={"width": width})
-
-    return html.Div([
-        html.H2("Long context"),
-        html.Div(problem, id="long-context-error"),
+    return run_page("long-context", "Long context", shows=SHOWS, requested=run, empty=EMPTY,
+                    controls=_controls, problem=lambda chosen: recording_layout_choices(
+                        chosen)[3], body=lambda chosen: [
         html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("long-context-run", runs, chosen), "34em"),
-            labelled("prompt", dcc.Dropdown(id="long-context-prompt", options=prompts,
-                                            value=0, clearable=False), "24em"),
-            labelled("layer", dcc.Dropdown(id="long-context-layer", options=layers,
-                                           value=0, clearable=False)),
-            labelled("head", dcc.Dropdown(id="long-context-head", options=heads,
-                                          value=0, clearable=False)),
-            labelled("pooling", dcc.RadioItems(id="long-context-pooling", value="max",
-                                               inline=True, options=["max", "sum"])),
-        ]),
-        html.Div(className="wb-controls", children=[
-            labelled("window: first query", number("q0", 0)),
-            labelled("first key", number("k0", 0)),
-            labelled("tokens a side", number("span", WINDOW_CELLS)),
-            labelled("query for top-k", number("query", 0)),
+            labelled("window: first query", _number("q0", 0)),
+            labelled("first key", _number("k0", 0)),
+            labelled("tokens a side", _number("span", WINDOW_CELLS)),
+            labelled("query for top-k", _number("query", 0)),
         ]),
         html.Div(className="wb-row", children=[
             exports.graph("long-context-overview", chosen),
@@ -74,8 +53,26 @@ def layout(run: str | None = None, **_: str) -> html.Div:
         ]),
         html.H3("Top keys of the chosen query"),
         html.Div(id="long-context-topk"),
-        exports.table_download("long-context"),
     ])
+
+
+def _controls(chosen: str) -> list:
+    prompts, layers, heads, _ = recording_layout_choices(chosen)
+    return [
+        labelled("prompt", dcc.Dropdown(id="long-context-prompt", options=prompts, value=0,
+                                        clearable=False), "24em"),
+        labelled("layer", dcc.Dropdown(id="long-context-layer", options=layers, value=0,
+                                       clearable=False)),
+        labelled("head", dcc.Dropdown(id="long-context-head", options=heads, value=0,
+                                      clearable=False)),
+        labelled("pooling", dcc.RadioItems(id="long-context-pooling", value="max",
+                                           inline=True, options=["max", "sum"])),
+    ]
+
+
+def _number(name: str, value: int, width: str = "7em") -> dcc.Input:
+    return dcc.Input(id=f"long-context-{name}", type="number", min=0, step=1, value=value,
+                     debounce=True, style={"width": width})
 
 
 exports.follow("long-context-run", page="long-context",

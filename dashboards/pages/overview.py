@@ -14,8 +14,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
+from dashboards.components.skeleton import run_page
 from experiments.head_overview.tables import HEAD_SCORES
 from workbench.scores import metrics
 
@@ -30,17 +31,9 @@ TABLE_COLUMNS = [c for c in HEAD_SCORES.names if c != "metric"]
 
 @safe_layout("Overview")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("head-overview")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Overview"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Overview"),
-        html.Div(id="overview-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("overview-run", runs, chosen), "34em"),
-            labelled("metric", dcc.Dropdown(id="overview-metric", clearable=False), "16em"),
-        ]),
+    return run_page("overview", "Overview", shows=SHOWS, requested=run, empty=EMPTY, controls=[
+        labelled("metric", dcc.Dropdown(id="overview-metric", clearable=False), "16em"),
+    ], body=lambda chosen: [
         html.Ul(id="overview-summary", className="wb-note"),
         html.Div(className="wb-row", children=[exports.graph("overview-heatmap", chosen),
                                                exports.graph("overview-layers", chosen)]),
@@ -49,7 +42,6 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             columns=[{"name": c, "id": c} for c in TABLE_COLUMNS],
             tooltip_header={c: HEAD_SCORES.column(c).meaning for c in TABLE_COLUMNS},
             style_cell={"fontSize": "0.85em", "textAlign": "left"}),
-        exports.table_download("overview"),
     ])
 
 

@@ -11,8 +11,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 from experiments.head_pruning.tables import (
     HEAD_SCORES,
     KIND_EXPERIMENTS,
@@ -34,20 +35,12 @@ TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}
 
 @safe_layout("Pruning")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("head-pruning")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Pruning"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Pruning"),
-        html.Div(id="pruning-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("pruning-run", runs, chosen), "34em"),
-            labelled("importance", dcc.Dropdown(id="pruning-kind", clearable=False), "16em"),
-            labelled("metric", dcc.Dropdown(id="pruning-metric", clearable=False), "16em"),
-            labelled("budget", dcc.Dropdown(id="pruning-budget", clearable=False)),
-            labelled("order", dcc.Dropdown(id="pruning-order", clearable=False), "16em"),
-        ]),
+    return run_page("pruning", "Pruning", shows=SHOWS, requested=run, empty=EMPTY, controls=[
+        labelled("importance", dcc.Dropdown(id="pruning-kind", clearable=False), "16em"),
+        labelled("metric", dcc.Dropdown(id="pruning-metric", clearable=False), "16em"),
+        labelled("budget", dcc.Dropdown(id="pruning-budget", clearable=False)),
+        labelled("order", dcc.Dropdown(id="pruning-order", clearable=False), "16em"),
+    ], body=lambda chosen: [
         html.Div(className="wb-row", children=[exports.graph("pruning-importance", chosen),
                                                exports.graph("pruning-curves", chosen)]),
         html.Div(className="wb-row", children=[exports.graph("pruning-mask", chosen),
@@ -61,7 +54,6 @@ def layout(run: str | None = None, **_: str) -> html.Div:
         html.Details(id="pruning-summary-box", children=[
             html.Summary("the run's summary", id="pruning-summary-title"),
             html.Ul(id="pruning-summary", className="wb-note")]),
-        exports.table_download("pruning"),
     ])
 
 

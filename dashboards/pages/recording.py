@@ -12,9 +12,9 @@ from dashboards.components.controls import (
     labelled,
     recording_choices,
     recording_layout_choices,
-    run_dropdown,
 )
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
@@ -27,28 +27,26 @@ MAX_TOKENS = 512
 
 @safe_layout("Recording")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("record")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Recording"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    prompts, layers, heads, problem = recording_layout_choices(chosen)
-    return html.Div([
-        html.H2("Recording"),
-        html.Div(problem, id="recording-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("recording-run", runs, chosen), "34em"),
-            labelled("prompt", dcc.Dropdown(id="recording-prompt", options=prompts, value=0,
-                                            clearable=False), "28em"),
-            labelled("layer", dcc.Dropdown(id="recording-layer", options=layers, value=0,
-                                           clearable=False)),
-            labelled("head", dcc.Dropdown(id="recording-head", options=heads, value=0,
-                                          clearable=False)),
-        ]),
+    return run_page("recording", "Recording", shows=SHOWS, requested=run, empty=EMPTY,
+                    controls=_controls, problem=lambda chosen: recording_layout_choices(
+                        chosen)[3], body=lambda chosen: [
         html.Div(className="wb-row", children=[
             exports.graph("recording-pattern", chosen),
             exports.graph("recording-grid", chosen),
         ]),
     ])
+
+
+def _controls(chosen: str) -> list:
+    prompts, layers, heads, _ = recording_layout_choices(chosen)
+    return [
+        labelled("prompt", dcc.Dropdown(id="recording-prompt", options=prompts, value=0,
+                                        clearable=False), "28em"),
+        labelled("layer", dcc.Dropdown(id="recording-layer", options=layers, value=0,
+                                       clearable=False)),
+        labelled("head", dcc.Dropdown(id="recording-head", options=heads, value=0,
+                                      clearable=False)),
+    ]
 
 
 exports.follow("recording-run", page="recording", graphs=["recording-pattern", "recording-grid"])

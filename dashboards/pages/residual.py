@@ -7,33 +7,26 @@ import numpy as np
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, prompt_options, run_dropdown
+from dashboards.components.controls import labelled, prompt_options
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
                    experiments=SHOWS)
 
+EMPTY = "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`."
+
 
 @safe_layout("Residual stream")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("record")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Residual stream"), html.P(
-            "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`.",
-            className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Residual stream"),
-        html.Div(id="residual-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("residual-run", runs, chosen), "34em"),
-            labelled("prompt", dcc.Dropdown(id="residual-prompt", clearable=False), "28em"),
-        ]),
+    return run_page("residual", "Residual stream", shows=SHOWS, requested=run, empty=EMPTY,
+                    controls=[
+        labelled("prompt", dcc.Dropdown(id="residual-prompt", clearable=False), "28em"),
+    ], body=lambda chosen: [
         html.P(id="residual-stats", className="wb-note"),
         exports.graph("residual-heatmap", chosen),
         exports.graph("residual-lines", chosen),
-        exports.table_download("residual"),
     ])
 
 

@@ -15,8 +15,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 from experiments.attention_sinks.tables import (
     HEAD_SCORES,
     INPUT_SCORES,
@@ -49,19 +50,11 @@ ALPHA_1 = metrics.get("first_token").name
 
 @safe_layout("Attention sinks")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("attention-sinks")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Attention sinks"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Attention sinks"),
-        html.Div(id="sinks-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("sinks-run", runs, chosen), "34em"),
-            labelled("input", dcc.Dropdown(id="sinks-input", clearable=False), "16em"),
-            labelled("heatmap metric", dcc.Dropdown(id="sinks-metric", clearable=False),
-                     "16em"),
-        ]),
+    return run_page("sinks", "Attention sinks", shows=SHOWS, requested=run, empty=EMPTY,
+                    controls=[
+        labelled("input", dcc.Dropdown(id="sinks-input", clearable=False), "16em"),
+        labelled("heatmap metric", dcc.Dropdown(id="sinks-metric", clearable=False), "16em"),
+    ], body=lambda chosen: [
         html.Ul(id="sinks-summary", className="wb-note"),
         html.Div(className="wb-row", children=[exports.graph("sinks-heatmap", chosen),
                                                exports.graph("sinks-rates", chosen)]),
@@ -75,10 +68,8 @@ def layout(run: str | None = None, **_: str) -> html.Div:
                 {"label": " running perplexity since the window filled ", "value": "running"},
                 {"label": " perplexity in bins of positions", "value": "binned"}]),
             exports.graph("sinks-streaming", chosen),
-            dash_table.DataTable(id="sinks-streaming-table",
-                                 style_cell={"fontSize": "0.85em"}),
+            dash_table.DataTable(id="sinks-streaming-table", style_cell={"fontSize": "0.85em"}),
         ]),
-        exports.table_download("sinks"),
     ])
 
 

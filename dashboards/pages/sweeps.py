@@ -19,8 +19,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
+from dashboards.components.skeleton import run_page
 from workbench.harness.sweep_tables import CELLS, SCORES
 
 SHOWS = ["sweep"]
@@ -34,28 +35,20 @@ MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 
 @safe_layout("Sweeps")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("sweep")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Sweeps"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Sweeps"),
-        html.Div(id="sweeps-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("sweep", run_dropdown("sweeps-run", runs, chosen), "34em"),
-            labelled("metric", dcc.Dropdown(id="sweeps-metric", clearable=False), "22em"),
-            labelled("columns", dcc.RadioItems(
-                id="sweeps-columns", value="grid", inline=True,
-                options=[{"label": "every head (layer x head)", "value": "grid"},
-                         {"label": "top-k heads", "value": "top"}])),
-            labelled("k", dcc.Input(id="sweeps-k", type="number", min=1, max=50, step=1,
-                                    value=5), "5em"),
-        ]),
+    return run_page("sweeps", "Sweeps", shows=SHOWS, requested=run, empty=EMPTY,
+                    run_label="sweep", controls=[
+        labelled("metric", dcc.Dropdown(id="sweeps-metric", clearable=False), "22em"),
+        labelled("columns", dcc.RadioItems(
+            id="sweeps-columns", value="grid", inline=True,
+            options=[{"label": "every head (layer x head)", "value": "grid"},
+                     {"label": "top-k heads", "value": "top"}])),
+        labelled("k", dcc.Input(id="sweeps-k", type="number", min=1, max=50, step=1,
+                                value=5), "5em"),
+    ], body=lambda chosen: [
         html.P(id="sweeps-summary", className="wb-note"),
         exports.graph("sweeps-mosaic", chosen),
         html.Div(id="sweeps-open", className="wb-note"),
         exports.graph("sweeps-lines", chosen),
-        exports.table_download("sweeps"),
     ])
 
 

@@ -19,8 +19,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
-from dashboards.components.controls import labelled, run_dropdown
+from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
 from experiments.qk_attribution.tables import (
     ATTRIBUTION,
     PAIR_CONTRIBUTIONS,
@@ -45,26 +46,18 @@ _COMPONENT = re.compile(r"^L(\d+)(H(\d+)|MLP|attn_bias)$")
 
 @safe_layout("Why")
 def layout(run: str | None = None, **_: str) -> html.Div:
-    runs = data.runs("qk-attribution")
-    if not runs and run is None:  # a requested run is checked, and refused, below
-        return html.Div([html.H2("Why"), html.P(EMPTY, className="wb-note")])
-    chosen = data.choose(run, runs, shows=SHOWS)
-    return html.Div([
-        html.H2("Why does this head attend here?"),
-        html.Div(id="why-error"),
-        html.Div(className="wb-controls", children=[
-            labelled("run", run_dropdown("why-run", runs, chosen), "34em"),
-            labelled("head", dcc.Dropdown(id="why-head", clearable=False), "10em"),
-            labelled("prompt", dcc.Dropdown(id="why-prompt", clearable=False), "10em"),
-            labelled("query", dcc.Dropdown(id="why-query-pos", clearable=False), "18em"),
-        ]),
+    return run_page("why", "Why does this head attend here?", shows=SHOWS, requested=run,
+                    empty=EMPTY, controls=[
+        labelled("head", dcc.Dropdown(id="why-head", clearable=False), "10em"),
+        labelled("prompt", dcc.Dropdown(id="why-prompt", clearable=False), "10em"),
+        labelled("query", dcc.Dropdown(id="why-query-pos", clearable=False), "18em"),
+    ], body=lambda chosen: [
         html.P(id="why-note", className="wb-note"),
         exports.graph("why-strip", chosen),
         html.Div(className="wb-row", children=[exports.graph("why-key", chosen),
                                                exports.graph("why-query", chosen)]),
         html.Div(className="wb-row", children=[exports.graph("why-pairs", chosen),
                                                exports.graph("why-aggregate", chosen)]),
-        exports.table_download("why"),
     ])
 
 

@@ -383,7 +383,7 @@ class Recording:
 
     def tokens(self, prompt: int) -> list[str]:
         """Token strings of prompt ``prompt``."""
-        return self._prompt(prompt).tokens
+        return list(self._prompt(prompt).tokens)
 
     def length(self, prompt: int) -> int:
         """The number of tokens of prompt ``prompt``."""
