@@ -9,7 +9,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
 
-.PHONY: setup fetch demo dashboard test unit lint bench clean
+.PHONY: setup fetch demo dashboard test unit lint fuzz bench clean
 
 $(BIN)/workbench: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: fetch
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# A longer fuzzing run for before a release: many more examples than `make test` tries.
+fuzz: fetch
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/fuzz --hypothesis-show-statistics $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check workbench experiments dashboards tests benchmarks
