@@ -15,7 +15,7 @@ import pytest
 
 from tests.tiny import fake_info
 from workbench.core.errors import ChecksumError, WorkbenchError
-from workbench.store.runs import INCOMPLETE, RunStore
+from workbench.store.runs import INCOMPLETE, RunStore, process_started
 from workbench.store.schema import SchemaError, Table, columns, tables
 
 MODEL = fake_info()
@@ -145,3 +145,30 @@ def test_an_empty_table_still_matches_its_declaration():
         empty = table.empty()
         table.check(empty)
         assert list(empty.columns) == table.names and len(empty) == 0
+
+
+def test_a_reused_pid_does_not_keep_a_dead_run_running(tmp_path):
+    """A staged run whose pid now belongs to another process (this one, started at another
+    time) is interrupted; with the start time of this process it is running."""
+    store = RunStore(tmp_path)
+    folder = tmp_path / INCOMPLETE / "20990101-000000-exp-tiny-beef"
+    folder.mkdir(parents=True)
+    meta = {"run_id": folder.name, "experiment": "exp", "status": "running", "config": {},
+            "started_at": "2099-01-01T00:00:00+00:00", "model": None, "pid": os.getpid()}
+    for started, status in [(process_started() - 3600, "interrupted"),
+                            (process_started(), "running"), (None, "running")]:
+        (folder / "run.json").write_text(json.dumps({**meta, "pid_started": started}))
+        assert store.get(folder.name).status == status, started
+
+
+def test_a_run_that_finishes_while_the_store_is_listed_is_never_damaged(tmp_path, monkeypatch):
+    """The listing saw a run staged, and it moved into place before it was read: it is
+    listed once, as the finished run, whether or not the store's own listing saw it too."""
+    store = RunStore(tmp_path)
+    with store.start("exp", MODEL, Cfg()) as run:
+        pass
+    staged, done = tmp_path / INCOMPLETE / run.id, tmp_path / run.id
+    for seen in ([staged], [staged, done]):
+        monkeypatch.setattr(RunStore, "_run_folders", lambda self, seen=seen: list(seen))
+        listed = [(r.id, r.status, r.path) for r in store.runs()]
+        assert listed == [(run.id, "complete", done)], seen

@@ -171,6 +171,9 @@ class RunMeta(Record):
     machine: Machine | None = None
     pid: Annotated[int, Field(ge=1, le=PID_MAX)] | None = None
     """The process that wrote the run."""
+    pid_started: Annotated[float, Field(ge=0)] | None = None
+    """When that process started (seconds since the epoch): a live process with the same
+    pid but another start time is not the writer (the pid was reused)."""
     tables: dict[Annotated[str, Field(max_length=200)], TableEntry] = Field(default_factory=dict)
     interventions: Interventions | None = None
     """What was changed in the model for the whole run (``None``: nothing)."""

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 import pyarrow
 
 from workbench.core import checksums, durable
@@ -73,6 +74,9 @@ INCOMPLETE = ".incomplete"
 RESERVE = ".run.json.reserve"
 """Room for the ``failed`` record, taken when a run starts, for when the disk fills up."""
 RESERVE_BYTES = 64 * 1024
+START_SLACK = 2.0
+"""How far (seconds) a live process's start time may differ from the one recorded and it
+still be the run's writer (the kernel's clock tick and the float round trip)."""
 MAX_RUN_JSON = 32 << 20
 """A ``run.json`` larger than this is damaged (a real one is a few kilobytes)."""
 
@@ -149,7 +153,7 @@ class Run:
             return cls._damaged(path, data, problem or "unreadable")
         staged = path.parent.name == INCOMPLETE
         if meta.status == "running" or (staged and meta.status == "complete"):
-            if _alive(meta.pid):
+            if _alive(meta.pid, meta.pid_started):
                 meta = meta.model_copy(update={"status": "running"})
             else:
                 meta = meta.model_copy(update={
@@ -255,18 +259,30 @@ class Run:
                                     "or damaged")
 
 
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+def _alive(pid: int | None, started: float | None = None) -> bool:
+    """Whether the process that wrote a run still runs: ``pid`` lives, is not a zombie, and
+    (when its start time was recorded) started when the run's process did, so that a pid
+    reused after a restart does not keep a dead run ``running`` for ever."""
+    if pid is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - started) <= START_SLACK
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except (psutil.AccessDenied, OSError):  # it exists, but this user cannot look at it
         return True
-    except OSError:
-        return False
-    return True
+
+
+def process_started(pid: int | None = None) -> float | None:
+    """When process ``pid`` (default: this one) started, as the kernel says (seconds since
+    the epoch), or ``None`` if that cannot be read."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
 
 
 def _describe(error: BaseException) -> str:
@@ -428,7 +444,8 @@ class RunStore:
             "model": info.to_data() if info else None, "config": cfg,
             "seed": seed if isinstance(seed, int) else None,
             "workbench_version": provenance.workbench_version(), **provenance.collect(),
-            "started_at": _now(), "status": "running", "pid": os.getpid(), **(extra or {}),
+            "started_at": _now(), "status": "running", "pid": os.getpid(),
+            "pid_started": process_started(), **(extra or {}),
         }, what=RUN_JSON)
         staging = self.root / INCOMPLETE / run_id
         staging.mkdir(parents=True)
@@ -453,10 +470,14 @@ class RunStore:
             raise
 
     def _run_folders(self) -> list[Path]:
-        """Folders directly inside the store (and its ``.incomplete/``) that hold a
-        ``run.json``; symlinks are not followed, so nothing outside is listed."""
+        """Folders directly inside the store's ``.incomplete/`` and the store itself that
+        hold a ``run.json``; symlinks are not followed, so nothing outside is listed.
+
+        ``.incomplete/`` is listed first: a run that finishes meanwhile moves from there
+        into the store, so it is found in one of the two listings (or both), never in
+        neither."""
         found = []
-        for parent in (self.root, self.root / INCOMPLETE):
+        for parent in (self.root / INCOMPLETE, self.root):
             if parent.is_symlink() or not parent.is_dir():
                 continue
             try:
@@ -477,17 +498,33 @@ class RunStore:
              status: Status | None = None) -> list[Run]:
         """Stored runs, oldest first, optionally filtered. Damaged runs are listed too,
         with ``status == "damaged"`` and the reason in ``meta.error``."""
-        found = []
+        found: dict[str, Run] = {}
         for path in self._run_folders():
-            run = Run.load(path)
+            run = self._load(path)
+            if run.id in found and found[run.id].path.parent.name != INCOMPLETE:
+                continue  # listed in both places while it finished: the finished one
+            found[run.id] = run
+        chosen = []
+        for run in found.values():
             if experiment and run.experiment != experiment:
                 continue
             if model and run.model_name != model:
                 continue
             if status and run.status != status:
                 continue
-            found.append(run)
-        return sorted(found, key=lambda r: (r.meta.started_at, r.id))
+            chosen.append(run)
+        return sorted(chosen, key=lambda r: (r.meta.started_at, r.id))
+
+    def _load(self, path: Path) -> Run:
+        """:meth:`Run.load`, and for a staged run whose folder moved into the store while it
+        was being read (it finished), the finished run."""
+        run = Run.load(path)
+        if run.status == "damaged" and path.parent.name == INCOMPLETE \
+                and not os.path.lexists(path / RUN_JSON):
+            moved = self.root / path.name
+            if os.path.lexists(moved / RUN_JSON) and not moved.is_symlink():
+                return Run.load(moved)
+        return run
 
     def get(self, ref: str | Path) -> Run:
         """A run by id, id prefix, or the path of its folder, which must be directly inside
