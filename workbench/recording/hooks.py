@@ -10,10 +10,17 @@ the last block, before the final norm.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from workbench.core.errors import WorkbenchError
+from workbench.core.registry import did_you_mean
+
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from workbench.inputs.batching import Batch
+    from workbench.models.base import Model
 
 
 def pattern(layer: int) -> str:
@@ -100,6 +107,77 @@ def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
         hooks_list.append((stop_after, stop))
     with bridge.hooks(fwd_hooks=hooks_list), contextlib.suppress(_Stop):
         bridge(batch.input_ids, return_type=None, **batch.forward_kwargs())
+
+
+def caching_hooks(names: Sequence[str], *, detach: bool = True
+                  ) -> tuple[dict[str, Tensor], list[tuple[str, Callable[[Tensor, Any], None]]]]:
+    """Forward hooks that keep the activations at ``names``, for a pass the caller runs
+    itself (an attention called on its own, say); :func:`capture` runs one.
+
+    Each activation is kept as a copy, in its own dtype: some families change an
+    activation in place after its hook point (Falcon adds the attention output to the MLP
+    output it has just handed to ``hook_mlp_out``), and a view would change with it.
+
+    Args:
+        names: hook points (canonical names or aliases such as ``hook_resid_pre``).
+        detach: keep the copies out of the autograd graph; ``False`` lets a gradient flow
+            back through them (when grad is on).
+
+    Returns:
+        ``(kept, fwd_hooks)`` for ``bridge.hooks(fwd_hooks=...)``: ``kept[name]`` is set
+        when the pass reaches ``name`` (a point that fires again overwrites it).
+    """
+    kept: dict[str, Tensor] = {}
+
+    def keep(name: str) -> Callable[[Tensor, Any], None]:
+        def hook(tensor: Tensor, hook: Any) -> None:
+            kept[name] = (tensor.detach() if detach else tensor).clone()
+        return hook
+
+    return kept, [(name, keep(name)) for name in dict.fromkeys(names)]
+
+
+def capture(model: Model, batch: Batch, names: Sequence[str], *, stop_after: str | None = None,
+            detach: bool = True) -> dict[str, Tensor]:
+    """Run the model on a batch and keep the activations at ``names``: TransformerLens'
+    ``run_with_cache(names_filter=names)``, stopped as early as it can be.
+
+    The pass stops once every name has fired, so nothing after the last of them in
+    forward order runs (later blocks, the unembedding); or after ``stop_after``. Hooks and
+    head masks already active on the bridge apply. A point that fires more than once in
+    a pass (Gemma 3's shared rotary tables, once per layer type) keeps its last firing
+    before the stop.
+
+    Args:
+        model: the model (the hooks go on ``model.bridge``).
+        batch: right-padded inputs (:meth:`Model.batches`), passed with their mask.
+        names: hook points to keep (canonical names or aliases).
+        stop_after: stop after this hook point instead.
+        detach: see :func:`caching_hooks` (copies, in their own dtype).
+
+    Returns:
+        ``{name: activation}`` of the whole batch, padding included, in the order of
+        ``names``, for each name that fired (one the bridge has but never calls, or one
+        after ``stop_after``, is absent).
+
+    Raises:
+        WorkbenchError: a name (or ``stop_after``) that is no hook point of the model.
+    """
+    wanted = list(dict.fromkeys(names))
+    known = model.bridge.hook_dict
+    for name in [*wanted, *([stop_after] if stop_after is not None else [])]:
+        if name not in known:
+            raise WorkbenchError(f"{model.info.name} has no hook point {name!r}"
+                                 f"{did_you_mean(name, known)}")
+    kept, fwd = caching_hooks(wanted, detach=detach)
+    if stop_after is None:
+        def stop_when_all_kept(tensor: Tensor, hook: Any) -> None:
+            if len(kept) == len(wanted):
+                raise _Stop
+
+        fwd += [(name, stop_when_all_kept) for name in wanted]
+    run_hooked(model.bridge, batch, fwd, stop_after=stop_after)
+    return {name: kept[name] for name in wanted if name in kept}
 
 
 def attention_kwargs(bridge: Any, layer: int, input_ids: Any, *,
