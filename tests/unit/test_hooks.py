@@ -80,6 +80,6 @@ def test_unknown_hook_names_are_refused_with_the_close_ones(llama):
     with pytest.raises(WorkbenchError) as err:
         hooks.capture(llama, batch, ["blocks.0.attn.hook_patern"])
     assert str(err.value) == ("tiny-llama has no hook point 'blocks.0.attn.hook_patern' (did you "
-                              "mean 'blocks.0.attn.hook_pattern'?)")
+                              "mean 'blocks.0.attn.hook_pattern' or 'blocks.1.attn.hook_pattern'?)")
     with pytest.raises(WorkbenchError, match=r"no hook point 'blocks\.9\.hook_z'"):
         hooks.capture(llama, batch, [hooks.z(0)], stop_after="blocks.9.hook_z")
