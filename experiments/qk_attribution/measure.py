@@ -365,18 +365,11 @@ def _patched(model: Model, prompts: list[list[int]], source: str, target: Head, 
     layer, head = target
     batch = model.batches([qk.ids_prompt(ids) for ids in prompts],
                           max_tokens=max(map(len, prompts)) * len(prompts))[0]
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(name: str):
-        def hook(t: torch.Tensor, hook: object) -> None:
-            seen[name] = t[:, head].detach().double()
-        return hook
-
+    names = [hooks.scores(layer), hooks.pattern(layer)]
     with torch.no_grad(), path_removed(model, [source], [target], "k" if side == "key" else "q"):
-        hooks.run_hooked(model.bridge, batch, [(hooks.scores(layer), keep("s")),
-                                               (hooks.pattern(layer), keep("p"))],
-                         stop_after=hooks.pattern(layer))
-    return [(seen["s"][i], seen["p"][i]) for i in range(len(prompts))]
+        kept = hooks.capture(model, batch, names)
+    scores, pattern = (kept[name][:, head].double() for name in names)
+    return [(scores[i], pattern[i]) for i in range(len(prompts))]
 
 
 def path_check_table(model: Model, atts: list[Attributed], cfg: Config) -> pd.DataFrame:

@@ -31,9 +31,9 @@ own ``hook_attn_scores`` for every pair, :attr:`HeadAttribution.error`). With gr
 attention the key side is the head's key-value group: ``k`` is shared by every query head
 of the group (:attr:`HeadAttribution.kv_group`).
 
-Memory: one forward pass per prompt with hooks on every component output; each hook keeps
-only its component at the positions some pair needs (never the whole cache), and the pass
-stops after the deepest chosen layer's scores.
+Memory: one forward pass per prompt that keeps only what the split reads (never the whole
+cache) and stops after the deepest chosen layer's pattern; each head's output ``z W_O`` is
+formed afterwards, at the positions some pair needs only.
 
 Examples:
     >>> pairs = pair_positions(ids, "induction")                # doctest: +SKIP
@@ -117,17 +117,10 @@ def require_pre_norm(model: Model) -> None:
         raise ModelCapabilityError(
             f"QK attribution needs a pre-norm block with a first norm (ln1); {model.info.name}"
             " has none")
-    seen: dict[str, Tensor] = {}
-
-    def keep(name: str):
-        def hook(tensor: Tensor, hook: Any) -> None:
-            seen.setdefault(name, tensor.detach())
-        return hook
-
     ids = [model.info.bos_token_id or 0, model.pad_id]
     batch = model.batches([ids_prompt(ids)])[0]
-    hooks.run_hooked(model.bridge, batch, [(n, keep(n)) for n in names],
-                     stop_after="blocks.0.attn.hook_in")
+    # a post-norm block's ln1 comes after its attention: stopped there, it has not fired
+    seen = hooks.capture(model, batch, names, stop_after="blocks.0.attn.hook_in")
     pre_norm = (len(seen) == len(names)
                 and torch.allclose(seen[names[0]], seen[names[1]])
                 and torch.allclose(seen[names[2]], seen[names[3]]))
@@ -235,55 +228,47 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 
 @dataclass
 class _Captured:
-    """What the hooks keep of one prompt: components at the needed positions only."""
+    """What one prompt's pass gives the split: components at the needed positions only."""
 
     positions: Tensor
     components: list[tuple[str, int, Tensor]] = field(default_factory=list)
-    """``(name, layer it comes from (-1: embeddings), [P, d_model] output)``"""
+    """``(name, layer it comes from (-1: embeddings), [P, d_model] output)``, in forward order"""
     per_layer: dict[str, Tensor] = field(default_factory=dict)
+    """every kept activation of the prompt, by hook name"""
 
 
-def _capture_hooks(model: Model, w_o: Tensor, cap: _Captured, layers: Sequence[int]
-                   ) -> list[tuple[str, Any]]:
-    """Hooks that keep each component feeding ``layers`` (at ``cap.positions``) and, at the
-    chosen layers, the norm scales, rotary tables, real q/k, scores and patterns."""
-    bridge, pos = model.bridge, cap.positions
-    deepest = max(layers)
-
-    def embed(x: Tensor, hook: Any) -> None:
-        cap.components.append((EMBED, -1, x[0, pos].double()))
-
-    def head_out(layer: int):
-        def hook(z: Tensor, hook: Any) -> None:
-            out = torch.einsum("phd,hdm->phm", z[0, pos].double(), w_o[layer].double())
-            cap.components += [(f"L{layer}H{h}", layer, out[:, h]) for h in range(out.shape[1])]
-            bias = _attn_out_bias(bridge, layer)
-            if bias is not None:
-                cap.components.append((f"L{layer}attn_bias", layer,
-                                       bias.double().expand(len(pos), -1)))
-        return hook
-
-    def mlp_out(layer: int):
-        def hook(x: Tensor, hook: Any) -> None:
-            cap.components.append((f"L{layer}MLP", layer, x[0, pos].double()))
-        return hook
-
-    def keep(name: str):
-        def hook(x: Tensor, hook: Any) -> None:
-            cap.per_layer[name] = x[0].detach()
-        return hook
-
-    fwd = [(hooks.resid(0, model.info.n_layers), embed)]
-    for layer in range(deepest):
-        fwd += [(hooks.z(layer), head_out(layer)), (f"blocks.{layer}.hook_mlp_out", mlp_out(layer))]
+def _capture_names(model: Model, layers: Sequence[int]) -> list[str]:
+    """The hook points read: each component feeding ``layers`` and, at the chosen layers,
+    the norm scales, rotary tables, real q/k, scores and patterns."""
+    names = [hooks.resid(0, model.info.n_layers)]
+    for layer in range(max(layers)):
+        names += [hooks.z(layer), f"blocks.{layer}.hook_mlp_out"]
     for layer in sorted(set(layers)):
-        names = [f"blocks.{layer}.ln1.hook_scale", hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
-                 hooks.scores(layer), hooks.pattern(layer)]
+        names += [f"blocks.{layer}.ln1.hook_scale", hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
+                  hooks.scores(layer), hooks.pattern(layer)]
         names += [n for n in (f"blocks.{layer}.attn.hook_cos", f"blocks.{layer}.attn.hook_sin",
                               hooks.rotated(layer, "q"), hooks.rotated(layer, "k"))
-                  if n in bridge.hook_dict]
-        fwd += [(n, keep(n)) for n in names]
-    return fwd
+                  if n in model.bridge.hook_dict]
+    return names
+
+
+def _components(model: Model, w_o: Tensor, kept: dict[str, Tensor], positions: Tensor,
+                deepest: int) -> _Captured:
+    """Every component's output at ``positions`` (float64) below layer ``deepest``: the
+    embeddings, each head's ``z W_O``, each attention output bias, each MLP."""
+    pos = positions
+    cap = _Captured(pos, per_layer={name: t[0] for name, t in kept.items()})
+    cap.components.append((EMBED, -1, kept[hooks.resid(0, model.info.n_layers)][0, pos].double()))
+    for layer in range(deepest):
+        out = torch.einsum("phd,hdm->phm", kept[hooks.z(layer)][0, pos].double(),
+                           w_o[layer].double())
+        cap.components += [(f"L{layer}H{h}", layer, out[:, h]) for h in range(out.shape[1])]
+        bias = _attn_out_bias(model.bridge, layer)
+        if bias is not None:
+            cap.components.append((f"L{layer}attn_bias", layer, bias.double().expand(len(pos), -1)))
+        mlp = kept[f"blocks.{layer}.hook_mlp_out"][0, pos].double()
+        cap.components.append((f"L{layer}MLP", layer, mlp))
+    return cap
 
 
 def _attn_out_bias(bridge: Any, layer: int) -> Tensor | None:
@@ -512,12 +497,12 @@ def attribute_prompt(model: Model, ids: Sequence[int], heads: Sequence[Head],
             raise WorkbenchError(f"head L{layer}H{head} does not exist: {info.name} has "
                                  f"{info.n_layers} layers of {info.n_heads} heads")
     positions = torch.tensor(sorted({p for pair in pairs for p in pair}))
-    cap = _Captured(positions)
     layers = [layer for layer, _ in heads]
     batch: Batch = model.batches([ids_prompt(ids)], max_tokens=max(n, 1))[0]
     weights = weights or Weights.of(model)
     with torch.no_grad():
-        hooks.run_hooked(model.bridge, batch, _capture_hooks(model, weights.w_o, cap, layers),
-                         stop_after=hooks.pattern(max(layers)))
+        kept = hooks.capture(model, batch, _capture_names(model, layers),
+                             stop_after=hooks.pattern(max(layers)))
+        cap = _components(model, weights.w_o, kept, positions, max(layers))
         return [_attribute_head(model, weights, cap, layer, head, pairs, top)
                 for layer, head in heads]
