@@ -7,7 +7,7 @@ components (``embed``, heads ``LxHy``, MLPs ``LxMLP``) from the query, key or va
 chosen target heads only; everything else in the model still sees them.
 
 How: at each target layer, the first norm's scale is frozen at its value on the input (the
-linearisation of :mod:`workbench.scores.qk_attribution`), so a component's part of the
+linearisation of :mod:`workbench.models.norms`), so a component's part of the
 projection is ``W n(c)``; the hook on ``hook_q`` / ``hook_k`` / ``hook_v`` subtracts it,
 at every position. The sources are read in the same pass, as the (possibly already
 patched) model computes them. With grouped-query attention ``k`` and ``v`` are shared by
@@ -33,8 +33,8 @@ from torch import Tensor
 from workbench.core.errors import WorkbenchError
 from workbench.interventions.ablation import Head
 from workbench.models.base import Model
+from workbench.models.norms import EMBED, first_norm, normalise
 from workbench.recording import hooks
-from workbench.scores.qk_attribution import EMBED, first_norm, normalise
 
 InputPath = Literal["q", "k", "v"]
 """Which input of the target heads a source is removed from."""

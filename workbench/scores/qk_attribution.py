@@ -10,7 +10,7 @@ where ``n_t`` is the normalised residual stream at ``t`` and ``R_t`` the rotary 
 outputs: the embeddings (token plus learned positions, if any: ``blocks.0.hook_resid_pre``),
 every earlier head's output ``z_h W_O^h``, every earlier attention output bias and every
 earlier MLP's output. With the norm's per-position scale frozen at its value on the input
-(the standard linearisation; the scales are recorded), the norm is linear in that sum::
+(:mod:`workbench.models.norms`; the scales are recorded), the norm is linear in that sum::
 
     RMSNorm:    n_t = sum_c c_t / s_t * w                       (s_t = sqrt(mean x_t^2 + eps))
     LayerNorm:  n_t = sum_c (c_t - mean(c_t)) / s_t * w  +  b
@@ -58,13 +58,13 @@ from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
+from workbench.models.norms import EMBED, FirstNorm, first_norm, normalise
 from workbench.recording import hooks
 
 Head = tuple[int, int]
 PositionRule = Literal["induction", "previous", "first"]
 """Which key each query is explained on: the token after the query token's one earlier
 occurrence (induction, Olsson et al.'s second repeat), the previous token, or the first."""
-EMBED = "embed"
 OTHER = "other"
 
 
@@ -277,59 +277,6 @@ def _attn_out_bias(bridge: Any, layer: int) -> Tensor | None:
 
 
 # ---- the algebra ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FirstNorm:
-    """A layer's first norm, as the linear map it is once its scale is frozen."""
-
-    weight: Tensor
-    bias: Tensor | None
-    center: bool
-
-
-def first_norm(model: Model, layer: int) -> FirstNorm:
-    """The layer's first norm: RMSNorm (scale only) or LayerNorm (centred, with a bias).
-
-    Args:
-        model: the model.
-        layer: the block whose ``ln1`` is read.
-
-    Returns:
-        Its weight (float64), bias (LayerNorm only) and whether it centres.
-
-    Raises:
-        ModelCapabilityError: a norm without a weight.
-    """
-    ln = model.bridge.blocks[layer].ln1
-    module = getattr(ln, "_original_component", ln)
-    weight = getattr(module, "weight", None)
-    if weight is None:
-        raise ModelCapabilityError(f"layer {layer}'s first norm has no weight to linearise")
-    center = isinstance(module, torch.nn.LayerNorm)
-    bias = getattr(module, "bias", None) if center else None
-    # Gemma-style RMSNorm multiplies by (1 + w); its class says so
-    offset = 1.0 if "Gemma" in type(module).__name__ else 0.0
-    return FirstNorm(weight.detach().double() + offset,
-                 None if bias is None else bias.detach().double(), center)
-
-
-def normalise(stack: Float[Tensor, "*component pos d_model"], scale: Float[Tensor, " pos"],
-              norm: FirstNorm) -> Float[Tensor, "*component pos d_model"]:
-    """The norm's linear part applied to components, with the per-position ``scale``
-    (``ln1.hook_scale``) frozen; the norm's bias is not included (it is a component).
-
-    Args:
-        stack: component outputs ``[..., pos, d_model]``.
-        scale: the norm's scale at each position, as the model computed it on the input.
-        norm: :func:`first_norm`.
-
-    Returns:
-        The components' parts of the normalised stream, same shape as ``stack``.
-    """
-    if norm.center:
-        stack = stack - stack.mean(-1, keepdim=True)
-    return stack / scale[..., :, None] * norm.weight
-
 
 def _rotate(x: Float[Tensor, "component pos d_head"], cos: Tensor | None, sin: Tensor | None
             ) -> Float[Tensor, "component pos d_head"]:
