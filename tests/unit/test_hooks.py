@@ -63,10 +63,13 @@ def test_a_pass_stopped_early_keeps_the_same_tensors_and_skips_later_blocks(llam
 def test_kept_tensors_are_copies_and_detached_unless_asked(llama):
     [batch] = llama.batches(PROMPTS)
     name = hooks.z(0)
-    kept, keep = hooks.caching_hooks([name])
-    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=[*keep, (name, lambda z, hook: z.zero_())]):
+    # the bridge hands ln1's output to the attention as it is: zeroing the attention's
+    # input in place zeroes the very tensor ln1.hook_out saw
+    kept, keep = hooks.caching_hooks(["blocks.0.ln1.hook_out"])
+    zero = [(hooks.attn_in(0), lambda x, hook: x.zero_())]
+    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=[*keep, *zero]):
         llama.bridge(batch.input_ids, return_type=None, **batch.forward_kwargs())
-    assert kept[name].abs().max() > 0  # zeroed in place after it was kept
+    assert kept["blocks.0.ln1.hook_out"].abs().max() > 0
     with torch.enable_grad():
         assert not hooks.capture(llama, batch, [name])[name].requires_grad
         attached = hooks.capture(llama, batch, [name], detach=False)[name]

@@ -114,9 +114,10 @@ def caching_hooks(names: Sequence[str], *, detach: bool = True
     """Forward hooks that keep the activations at ``names``, for a pass the caller runs
     itself (an attention called on its own, say); :func:`capture` runs one.
 
-    Each activation is kept as a copy, in its own dtype: some families change an
-    activation in place after its hook point (Falcon adds the attention output to the MLP
-    output it has just handed to ``hook_mlp_out``), and a view would change with it.
+    Each activation is kept as a copy, in its own dtype: hook points can hand over one and
+    the same tensor (``ln1.hook_out`` is ``attn.hook_in``, a block's ``hook_out`` the next
+    one's ``hook_in``), so a later hook that edits its input in place (TransformerLens'
+    ``z[:, :, head] = 0`` idiom) would change a kept view.
 
     Args:
         names: hook points (canonical names or aliases such as ``hook_resid_pre``).
