@@ -17,8 +17,8 @@ PROMPTS = [Prompt(text="the cat sat on the mat and the dog sat on the rug"),
 
 def _names(model):
     n = model.info.n_layers
-    return [hooks.resid(0, n), hooks.pattern(0), hooks.z(0), "blocks.0.ln1.hook_scale",
-            "blocks.0.hook_mlp_out", hooks.scores(n - 1), hooks.resid(n, n)]
+    return [hooks.resid(0, n), hooks.pattern(0), hooks.z(0), hooks.norm_scale(0),
+            hooks.mlp_out(0), hooks.scores(n - 1), hooks.resid(n, n)]
 
 
 @pytest.mark.parametrize("which", ["llama", "bert"])

@@ -48,6 +48,16 @@ def attn_in(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_in"
 
 
+def mlp_out(layer: int) -> str:
+    """The MLP sublayer's contribution to the residual stream."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def norm_scale(layer: int) -> str:
+    """The per-position scale of the block's first norm (``ln1``): ``[batch, pos, 1]``."""
+    return f"blocks.{layer}.ln1.hook_scale"
+
+
 def attn_o_out(layer: int) -> str:
     """The output projection's result, the sublayer's output before the residual add."""
     return f"blocks.{layer}.attn.o.hook_out"

@@ -242,9 +242,9 @@ def _capture_names(model: Model, layers: Sequence[int]) -> list[str]:
     the norm scales, rotary tables, real q/k, scores and patterns."""
     names = [hooks.resid(0, model.info.n_layers)]
     for layer in range(max(layers)):
-        names += [hooks.z(layer), f"blocks.{layer}.hook_mlp_out"]
+        names += [hooks.z(layer), hooks.mlp_out(layer)]
     for layer in sorted(set(layers)):
-        names += [f"blocks.{layer}.ln1.hook_scale", hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
+        names += [hooks.norm_scale(layer), hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
                   hooks.scores(layer), hooks.pattern(layer)]
         names += [n for n in (f"blocks.{layer}.attn.hook_cos", f"blocks.{layer}.attn.hook_sin",
                               hooks.rotated(layer, "q"), hooks.rotated(layer, "k"))
@@ -266,7 +266,7 @@ def _components(model: Model, w_o: Tensor, kept: dict[str, Tensor], positions: T
         bias = _attn_out_bias(model.bridge, layer)
         if bias is not None:
             cap.components.append((f"L{layer}attn_bias", layer, bias.double().expand(len(pos), -1)))
-        mlp = kept[f"blocks.{layer}.hook_mlp_out"][0, pos].double()
+        mlp = kept[hooks.mlp_out(layer)][0, pos].double()
         cap.components.append((f"L{layer}MLP", layer, mlp))
     return cap
 
@@ -349,7 +349,7 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
     ki = torch.tensor([at[k] for _, k in pairs])
     get = cap.per_layer.get
     _require_fired(model, cap, layer)
-    scale = get(f"blocks.{layer}.ln1.hook_scale")[cap.positions, 0].double()
+    scale = get(hooks.norm_scale(layer))[cap.positions, 0].double()
     cos, sin = (get(f"blocks.{layer}.attn.hook_{n}") for n in ("cos", "sin"))
     cos, sin = (None if t is None else t[cap.positions].double() for t in (cos, sin))
     w = _head_weights(model, weights, layer, head)
@@ -383,7 +383,7 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
 def _require_fired(model: Model, cap: _Captured, layer: int) -> None:
     """Raise unless the hooks the split reads at ``layer`` fired (on some bridges a hook
     point exists but the attention implementation never calls it)."""
-    names = [f"blocks.{layer}.ln1.hook_scale", hooks.scores(layer), hooks.pattern(layer)]
+    names = [hooks.norm_scale(layer), hooks.scores(layer), hooks.pattern(layer)]
     rotary = f"blocks.{layer}.attn.hook_cos" in cap.per_layer
     names += [hooks.rotated(layer, w) if rotary else hooks.qkv(layer, w) for w in ("q", "k")]
     missing = [n for n in names if n not in cap.per_layer]
