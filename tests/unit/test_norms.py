@@ -18,25 +18,19 @@ from workbench.recording import hooks
 PROMPT = Prompt(text="the cat sat on the mat and the dog sat on the rug")
 
 
-def _random_norms(hf_model, tokenizer, name, **kwargs):
-    """A copy with random norm weights and biases (ones and zeros would hide a missing one)."""
-    hf = copy.deepcopy(hf_model)
+@pytest.fixture(scope="module", params=["llama", "bert"])
+def model(request):
+    """The tiny Llama (RMSNorm) or BERT (LayerNorm) with random norm weights and biases:
+    ones and zeros would hide a missing one."""
+    bert = request.param == "bert"
+    hf = copy.deepcopy(request.getfixturevalue(f"{request.param}_hf"))
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        for param_name, p in hf.named_parameters():
-            if "norm" in param_name.lower():
+        for name, p in hf.named_parameters():
+            if "norm" in name.lower():
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-    return tiny.wrap(hf, tokenizer, name, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def llama_norms(llama_hf, tokenizer):
-    return _random_norms(llama_hf, tokenizer, "tiny-llama-norms")
-
-
-@pytest.fixture(scope="module")
-def bert_norms(bert_hf, bert_tokenizer):
-    return _random_norms(bert_hf, bert_tokenizer, "tiny-bert-norms", has_lm_head=False)
+    tokenizer = request.getfixturevalue("bert_tokenizer" if bert else "tokenizer")
+    return tiny.wrap(hf, tokenizer, f"tiny-{request.param}-norms", has_lm_head=not bert)
 
 
 def _reference(model, layer):
@@ -48,10 +42,8 @@ def _reference(model, layer):
     return x, scale[:, 0], out
 
 
-@pytest.mark.parametrize(("which", "layer"), [("llama_norms", 0), ("llama_norms", 1),
-                                              ("bert_norms", 0), ("bert_norms", 1)])
-def test_frozen_norm_of_a_sum_is_the_sum_of_the_parts(which, layer, request):
-    model = request.getfixturevalue(which)
+@pytest.mark.parametrize("layer", [0, 1])
+def test_frozen_norm_of_a_sum_is_the_sum_of_the_parts(model, layer):
     x, scale, out = _reference(model, layer)
     norm = first_norm(model, layer)
     module = model.bridge.blocks[layer].ln1._original_component
@@ -61,7 +53,7 @@ def test_frozen_norm_of_a_sum_is_the_sum_of_the_parts(which, layer, request):
     centred = x - x.mean(-1, keepdim=True) if norm.center else x
     torch.testing.assert_close(scale, (centred.pow(2).mean(-1) + eps).sqrt(), atol=1e-5,
                                rtol=1e-5)
-    assert norm.center == (which == "bert_norms") and (norm.bias is not None) == norm.center
+    assert norm.center == (not model.info.causal) and (norm.bias is not None) == norm.center
     assert torch.equal(norm.weight, module.weight.detach().double())
     assert not norm.center or torch.equal(norm.bias, module.bias.detach().double())
     bias = norm.bias if norm.bias is not None else 0

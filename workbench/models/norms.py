@@ -1,24 +1,20 @@
 """A block's first norm with its scale frozen: linear, so a residual decomposition survives it.
 
-RMSNorm and LayerNorm divide each position's residual stream ``x_t`` by a scale computed
-from ``x_t`` itself (``s_t = sqrt(mean x_t^2 + eps)``; for LayerNorm the standard
-deviation, after centring), so the norm of a sum of upstream parts is not the sum of the
-parts' norms. *Frozen* means that ``s_t`` is taken from a reference forward pass (the
-bridge's ``ln1.hook_scale`` on the real input) and held fixed. The norm is then linear::
+RMSNorm and LayerNorm divide each position's stream ``x_t`` by a scale computed from
+``x_t`` itself (``s_t = sqrt(mean x_t^2 + eps)``; LayerNorm centres first), so the norm of
+a sum of parts is not the sum of their norms. *Frozen*: ``s_t`` is taken from a reference
+pass (``ln1.hook_scale`` on the real input) and held fixed, which leaves the linear map::
 
     RMSNorm:    n(x_t) = x_t / s_t * w
     LayerNorm:  n(x_t) = (x_t - mean(x_t)) / s_t * w   (+ b, a part of its own)
 
-so splitting the stream into components (:data:`EMBED`, each head's output, each MLP's)
-carries through the norm exactly, and on the reference input the parts still sum to what
-the live norm computed. This is the usual linearisation of attribution through a norm
-(TransformerLens' ``ActivationCache.apply_ln_to_stack`` divides by the cached scale too).
-:mod:`workbench.scores.qk_attribution` splits a head's scores with it;
-:mod:`workbench.interventions.paths` removes components from one input of a head.
+Split into components (:data:`EMBED`, each head's output, each MLP's), the stream then
+passes through the norm exactly, and on the reference input the parts sum to the live
+norm's output (TransformerLens' ``apply_ln_to_stack`` divides by the cached scale too).
+:mod:`workbench.scores.qk_attribution` and :mod:`workbench.interventions.paths` use it.
 
 Examples:
-    >>> norm = first_norm(model, layer)                          # doctest: +SKIP
-    >>> parts = normalise(stack, scale, norm)  # sums to ln1(x) - norm.bias  # doctest: +SKIP
+    >>> parts = normalise(stack, scale, first_norm(model, layer))  # doctest: +SKIP
 """
 
 from __future__ import annotations

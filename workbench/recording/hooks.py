@@ -121,22 +121,19 @@ def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
 
 def caching_hooks(names: Sequence[str], *, detach: bool = True
                   ) -> tuple[dict[str, Tensor], list[tuple[str, Callable[[Tensor, Any], None]]]]:
-    """Forward hooks that keep the activations at ``names``, for a pass the caller runs
-    itself (an attention called on its own, say); :func:`capture` runs one.
+    """Forward hooks keeping the activations at ``names``, for a pass the caller runs some
+    other way (an attention called on its own, say); :func:`capture` runs a batch.
 
-    Each activation is kept as a copy, in its own dtype: hook points can hand over one and
-    the same tensor (``ln1.hook_out`` is ``attn.hook_in``, a block's ``hook_out`` the next
-    one's ``hook_in``), so a later hook that edits its input in place (TransformerLens'
-    ``z[:, :, head] = 0`` idiom) would change a kept view.
+    Each is kept as a copy in its own dtype: hook points can hand over the same tensor
+    (``ln1.hook_out`` is ``attn.hook_in``), which a later hook may edit in place
+    (TransformerLens' ``z[:, :, head] = 0`` idiom).
 
     Args:
         names: hook points (canonical names or aliases such as ``hook_resid_pre``).
-        detach: keep the copies out of the autograd graph; ``False`` lets a gradient flow
-            back through them (when grad is on).
+        detach: keep the copies out of the autograd graph (``False``: a gradient flows).
 
     Returns:
-        ``(kept, fwd_hooks)`` for ``bridge.hooks(fwd_hooks=...)``: ``kept[name]`` is set
-        when the pass reaches ``name`` (a point that fires again overwrites it).
+        ``(kept, fwd_hooks)``: ``kept[name]`` is set (again) each time ``name`` fires.
     """
     kept: dict[str, Tensor] = {}
 
@@ -150,33 +147,28 @@ def caching_hooks(names: Sequence[str], *, detach: bool = True
 
 def capture(model: Model, batch: Batch, names: Sequence[str], *, stop_after: str | None = None,
             detach: bool = True) -> dict[str, Tensor]:
-    """Run the model on a batch and keep the activations at ``names``: TransformerLens'
-    ``run_with_cache(names_filter=names)``, stopped as early as it can be.
-
-    The pass stops once every name has fired, so nothing after the last of them in
-    forward order runs (later blocks, the unembedding); or after ``stop_after``. Hooks and
-    head masks already active on the bridge apply. A point that fires more than once in
-    a pass (Gemma 3's shared rotary tables, once per layer type) keeps its last firing
-    before the stop.
+    """Run a batch and keep the activations at ``names`` (copied by :func:`caching_hooks`):
+    ``run_with_cache(names_filter=names)``, stopped once the last of them has fired (or
+    after ``stop_after``), so later blocks and the unembedding never run. Hooks and head
+    masks active on the bridge apply; a point firing twice before the stop (Gemma 3's
+    rotary tables, once per layer type) keeps its last firing.
 
     Args:
         model: the model (the hooks go on ``model.bridge``).
-        batch: right-padded inputs (:meth:`Model.batches`), passed with their mask.
-        names: hook points to keep (canonical names or aliases).
-        stop_after: stop after this hook point instead.
-        detach: see :func:`caching_hooks` (copies, in their own dtype).
+        batch: right-padded inputs (:meth:`Model.batches`), run with their mask.
+        names: hook points (canonical names or aliases).
+        stop_after: the hook point to stop after instead.
+        detach: see :func:`caching_hooks`.
 
     Returns:
-        ``{name: activation}`` of the whole batch, padding included, in the order of
-        ``names``, for each name that fired (one the bridge has but never calls, or one
-        after ``stop_after``, is absent).
+        ``{name: activation}`` of the whole batch in the order of ``names``; a point the
+        bridge never calls, or one after ``stop_after``, is absent.
 
     Raises:
         WorkbenchError: a name (or ``stop_after``) that is no hook point of the model.
     """
-    wanted = list(dict.fromkeys(names))
-    known = model.bridge.hook_dict
-    for name in [*wanted, *([stop_after] if stop_after is not None else [])]:
+    wanted, known = list(dict.fromkeys(names)), model.bridge.hook_dict  # built anew per read
+    for name in [*wanted, *([stop_after] if stop_after else [])]:
         if name not in known:
             raise WorkbenchError(f"{model.info.name} has no hook point {name!r}"
                                  f"{did_you_mean(name, known)}")
