@@ -110,21 +110,11 @@ def encode_prompts(model: Model, prompt_set: str, n_prompts: int, max_tokens: in
 
 # ---- running the model ---------------------------------------------------------------------
 
-def _capture(store: dict[str, Tensor], key: str) -> Callable[[Tensor, Any], None]:
-    def hook(tensor: Tensor, hook: Any) -> None:
-        store[key] = tensor.detach().clone()
-
-    return hook
-
-
 def layer_inputs(model: Model, enc: Encoded, layers: Sequence[int]
                  ) -> dict[int, Float[Tensor, "batch pos d_model"]]:
     """What each layer's attention sublayer reads (``attn.hook_in``) on one prompt."""
-    store: dict[str, Tensor] = {}
-    fwd = [(hooks.attn_in(layer), _capture(store, str(layer))) for layer in layers]
-    hooks.run_hooked(model.bridge, enc.batch, fwd,
-                     stop_after=hooks.attn_in(max(layers)))
-    return {layer: store[str(layer)] for layer in layers}
+    kept = hooks.capture(model, enc.batch, [hooks.attn_in(layer) for layer in layers])
+    return {layer: kept[hooks.attn_in(layer)] for layer in layers}
 
 
 def sublayer(model: Model, layer: int, x: Float[Tensor, "batch pos d_model"], *, rope: bool,
@@ -152,12 +142,11 @@ def sublayer(model: Model, layer: int, x: Float[Tensor, "batch pos d_model"], *,
     mask = causal_mask(n) if causal else full_mask(n)
     kwargs = {**positional_inputs(model, layer, n, rope=rope),
               "attention_mask": additive_mask(mask, x.dtype)[None, None]}
-    store: dict[str, Tensor] = {}
-    fwd = [(hooks.attn_o_out(layer), _capture(store, "out")),
-           (hooks.pattern(layer), _capture(store, "pattern")), *fwd_hooks]
-    with model.bridge.hooks(fwd_hooks=fwd), own_mask_lifted(model):
+    names = [hooks.attn_o_out(layer), hooks.pattern(layer)]
+    kept, keep = hooks.caching_hooks(names)
+    with model.bridge.hooks(fwd_hooks=[*keep, *fwd_hooks]), own_mask_lifted(model):
         model.bridge.blocks[layer].attn(x, **kwargs)
-    return store["out"], store["pattern"]
+    return kept[names[0]], kept[names[1]]
 
 
 def positional_inputs(model: Model, layer: int, n: int, *, rope: bool) -> dict[str, Any]:
@@ -207,12 +196,11 @@ def model_output(model: Model, enc: Encoded, *, perm: Int[Tensor, " pos"] | None
     if model.info.has_lm_head:
         with model.bridge.hooks(fwd_hooks=list(fwd_hooks)), lifted:
             return model.bridge(ids, return_type="logits", **kwargs)[0]
-    store: dict[str, Tensor] = {}
-    n_layers = model.info.n_layers
-    fwd = [*fwd_hooks, (hooks.resid(n_layers, n_layers), _capture(store, "out"))]
-    with model.bridge.hooks(fwd_hooks=fwd), lifted:
+    final = hooks.resid(model.info.n_layers, model.info.n_layers)
+    kept, keep = hooks.caching_hooks([final])
+    with model.bridge.hooks(fwd_hooks=[*fwd_hooks, *keep]), lifted:
         model.bridge(ids, return_type=None, **kwargs)
-    return store["out"][0]
+    return kept[final][0]
 
 
 def output_kind(model: Model) -> str:

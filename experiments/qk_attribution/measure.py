@@ -21,6 +21,7 @@ from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.interventions.ablation import Head, random_same_layer
 from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
+from workbench.models.norms import EMBED
 from workbench.recording import hooks
 from workbench.scores import metrics
 from workbench.scores import qk_attribution as qk
@@ -179,7 +180,7 @@ _COMPONENT = re.compile(r"^L(?P<layer>\d+)(?P<what>H\d+|MLP|attn_bias)$")
 def _kind(name: str) -> tuple[str, int]:
     """A component's kind and the layer it comes from (-1: embed; -2: the head's own
     biases, ln_bias, q_bias and k_bias)."""
-    if name == qk.EMBED:
+    if name == EMBED:
         return "embed", -1
     match = _COMPONENT.match(name)
     if match is None:
@@ -318,7 +319,7 @@ def group_table(model: Model, atts: list[Attributed], previous: list[Head], cfg:
                 idx = [col[label(m)] for m in members if label(m) in col]
                 return share[:, idx].sum(1)
 
-            groups = {("embed", -1, qk.EMBED): summed([]) + share[:, col[qk.EMBED]]}
+            groups = {("embed", -1, EMBED): summed([]) + share[:, col[EMBED]]}
             if draws:
                 prev = summed(previous)
                 rand = np.stack([summed(d) for d in draws], 1)  # [prompt, draw]
@@ -365,18 +366,11 @@ def _patched(model: Model, prompts: list[list[int]], source: str, target: Head, 
     layer, head = target
     batch = model.batches([qk.ids_prompt(ids) for ids in prompts],
                           max_tokens=max(map(len, prompts)) * len(prompts))[0]
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(name: str):
-        def hook(t: torch.Tensor, hook: object) -> None:
-            seen[name] = t[:, head].detach().double()
-        return hook
-
+    names = [hooks.scores(layer), hooks.pattern(layer)]
     with torch.no_grad(), path_removed(model, [source], [target], "k" if side == "key" else "q"):
-        hooks.run_hooked(model.bridge, batch, [(hooks.scores(layer), keep("s")),
-                                               (hooks.pattern(layer), keep("p"))],
-                         stop_after=hooks.pattern(layer))
-    return [(seen["s"][i], seen["p"][i]) for i in range(len(prompts))]
+        kept = hooks.capture(model, batch, names)
+    scores, pattern = (kept[name][:, head].double() for name in names)
+    return [(scores[i], pattern[i]) for i in range(len(prompts))]
 
 
 def path_check_table(model: Model, atts: list[Attributed], cfg: Config) -> pd.DataFrame:

@@ -22,6 +22,7 @@ from workbench.inputs.prompts import Prompt
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.adapters import FAMILIES, adapter_for
 from workbench.models.surgery import hf_forward, plain_copy, remove_heads
+from workbench.recording import hooks
 from workbench.recording.record import record
 
 ADAPTERS = {family: adapter_for(cls) for family, (cls, _) in BUILDERS.items()}
@@ -110,15 +111,8 @@ def test_heads_removed_from_the_weights_compute_the_zero_masked_model(families, 
 
 def _masked_body(model, batch):
     """An encoder's final hidden states (after its last block's norm) under a mask."""
-    store = {}
-    n = model.info.n_layers
-
-    def keep(tensor, hook):
-        store["out"] = tensor.detach().clone()
-
-    with model.bridge.hooks(fwd_hooks=[(f"blocks.{n - 1}.hook_out", keep)]):
-        model.bridge(batch.input_ids, return_type=None, **batch.forward_kwargs())
-    return store["out"]
+    name = f"blocks.{model.info.n_layers - 1}.hook_out"
+    return hooks.capture(model, batch, [name])[name]
 
 
 @pytest.mark.parametrize(("family", "experiment"),

@@ -24,16 +24,10 @@ IDS = torch.tensor([[0, 7, 9, 11, 13, 15, 17]])
 
 
 def _capture(model, names, **kwargs):
-    store = {}
-
-    def keep(name):
-        def hook(tensor, hook):
-            store[name] = tensor.detach().clone()
-        return hook
-
-    with model.bridge.hooks(fwd_hooks=[(n, keep(n)) for n in names]):
+    kept, keep = hooks.caching_hooks(names)
+    with model.bridge.hooks(fwd_hooks=keep):
         model.bridge(IDS, return_type=None, **kwargs)
-    return store
+    return kept
 
 
 def test_alibi_shift_adds_slope_times_c_to_every_score(families):

@@ -27,16 +27,9 @@ def attributed(smollm2):
 
 
 def _scores(model, ids, layer, head):
-    seen = {}
-
-    def keep(t, hook):
-        seen["s"] = t[0, head].detach().double()
-
-    batch = model.batches([qk.ids_prompt(ids)])[0]
+    batch, name = model.batches([qk.ids_prompt(ids)])[0], hooks.scores(layer)
     with torch.no_grad():
-        hooks.run_hooked(model.bridge, batch, [(hooks.scores(layer), keep)],
-                         stop_after=hooks.scores(layer))
-    return seen["s"]
+        return hooks.capture(model, batch, [name])[name][0, head].double()
 
 
 def test_parts_sum_to_smollm2s_own_scores(smollm2, attributed):

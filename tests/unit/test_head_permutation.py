@@ -20,18 +20,12 @@ def gen(seed: int) -> torch.Generator:
 def attention_run(model, layer):
     """The sublayer's output (``hook_attn_out``) and pattern on one prompt, whole forward."""
     ids, type_ids = model.encode(Prompt(text="the cat sat on the mat and the dog sat"))
-    store = {}
-
-    def keep(key):
-        def hook(tensor, hook):
-            store[key] = tensor.detach().clone()
-        return hook
-
     kwargs = {"token_type_ids": torch.tensor([type_ids])} if type_ids else {}
-    fwd = [(hooks.attn_out(layer), keep("out")), (hooks.pattern(layer), keep("pattern"))]
-    with torch.no_grad(), model.bridge.hooks(fwd_hooks=fwd):
+    names = [hooks.attn_out(layer), hooks.pattern(layer)]
+    kept, keep = hooks.caching_hooks(names)
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=keep):
         model.bridge(torch.tensor([ids]), return_type=None, **kwargs)
-    return store["out"], store["pattern"]
+    return kept[names[0]], kept[names[1]]
 
 
 @pytest.mark.parametrize("n_heads, n_kv", [(9, 3), (4, 2), (12, 12), (8, 1)])

@@ -78,13 +78,9 @@ def chain_rule_gradient(model, prompt, values):
     """sum over positions of <dL/dz'_h, z_h>, with z_h captured before the mask and z' after
     it, and L the prompt's mean next-token loss computed here from the logits."""
     ids = torch.tensor([model.encode(prompt)[0]])
-    before, after = {}, {}
-
-    def keep(store, layer):
-        def hook(z, hook):
-            store[layer] = z.detach().clone()
-
-        return hook
+    n_layers = model.info.n_layers
+    before, first = hooks.caching_hooks([hooks.z(layer) for layer in range(n_layers)])
+    after = {}
 
     def keep_grad(store, layer):
         def hook(z, hook):  # a fresh tensor that the rest of the model reads
@@ -94,15 +90,13 @@ def chain_rule_gradient(model, prompt, values):
 
         return hook
 
-    n_layers = model.info.n_layers
-    first = [(hooks.z(layer), keep(before, layer)) for layer in range(n_layers)]
     last = [(hooks.z(layer), keep_grad(after, layer)) for layer in range(n_layers)]
     with torch.enable_grad(), model.bridge.hooks(fwd_hooks=first), \
             applied(model, HeadMask(values.clone())), model.bridge.hooks(fwd_hooks=last):
         logits = model.bridge(ids)
         loss = F.cross_entropy(logits[0, :-1], ids[0, 1:])
         loss.backward()
-    return torch.stack([(after[layer].grad * before[layer]).sum((0, 1, 3))
+    return torch.stack([(after[layer].grad * before[hooks.z(layer)]).sum((0, 1, 3))
                         for layer in range(n_layers)]).detach()
 
 

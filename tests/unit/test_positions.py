@@ -22,29 +22,21 @@ def inputs(model, n=7, seed=0):
     return torch.randn(1, n, model.info.d_model, generator=torch.Generator().manual_seed(seed))
 
 
-def keep(store, key):
-    def hook(tensor, hook):
-        store[key] = tensor.detach().clone()
-    return hook
-
-
 def final_residual(model, fwd=(), **kwargs):
-    store = {}
-    n = model.info.n_layers
-    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[*fwd, (hooks.resid(n, n),
-                                                                keep(store, "out"))]):
+    final = hooks.resid(model.info.n_layers, model.info.n_layers)
+    kept, keep = hooks.caching_hooks([final])
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[*fwd, *keep]):
         model.bridge(IDS, return_type=None, **kwargs)
-    return store["out"]
+    return kept[final]
 
 
 def sublayer_output(model, x, position_embeddings, fwd=()):
     """Layer 0's attention output, the bridge's own causal mask."""
-    store = {}
-    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[*fwd, ("blocks.0.attn.o.hook_out",
-                                                                keep(store, "out"))]):
+    kept, keep = hooks.caching_hooks([hooks.attn_o_out(0)])
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[*fwd, *keep]):
         model.bridge.blocks[0].attn(x, position_embeddings=position_embeddings,
                                     attention_mask=None)
-    return store["out"]
+    return kept[hooks.attn_o_out(0)]
 
 
 def test_removing_rope_by_hooks_equals_an_identity_rotation(llama):
@@ -82,17 +74,15 @@ def test_without_position_embeddings_position_ids_no_longer_matter(bert):
 def test_float64_angles_agree_with_the_model_and_refuse_other_models(llama, bert):
     pos = torch.arange(9)[None] + 5
     x = inputs(llama, 9)
-    store = {}
-    fwd = [*float64_angle_hooks(llama, pos), ("rotary_emb.hook_cos", keep(store, "cos")),
-           ("rotary_emb.hook_sin", keep(store, "sin"))]
-    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=fwd):
+    store, keep = hooks.caching_hooks([hooks.ROTARY_COS, hooks.ROTARY_SIN])
+    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=[*float64_angle_hooks(llama, pos), *keep]):
         llama.bridge.rotary_emb(x, pos)
     cos, sin = llama.bridge.rotary_emb(x, pos)
-    torch.testing.assert_close(store["cos"], cos, atol=1e-6, rtol=0)
-    torch.testing.assert_close(store["sin"], sin, atol=1e-6, rtol=0)
+    torch.testing.assert_close(store[hooks.ROTARY_COS], cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(store[hooks.ROTARY_SIN], sin, atol=1e-6, rtol=0)
     # the hook's values are the float64 ones, rounded once
     angle = (pos[0, 3].double() * llama.bridge.rotary_emb.original_component.inv_freq.double())
-    torch.testing.assert_close(store["cos"][0, 3, : angle.numel()].double(), angle.cos(),
+    torch.testing.assert_close(store[hooks.ROTARY_COS][0, 3, : angle.numel()].double(), angle.cos(),
                                atol=1e-7, rtol=0)
     with pytest.raises(WorkbenchError, match="inv_freq"):
         float64_angle_hooks(bert, pos)

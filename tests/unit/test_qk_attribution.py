@@ -41,18 +41,12 @@ def model(llama_hf, tokenizer):
 
 def _real(model, ids, layer, fwd=()):
     """The model's own scores and pattern at ``layer``, and its pre-rotary q and k."""
-    seen = {}
-
-    def keep(name):
-        def hook(t, hook):
-            seen[name] = t[0].detach().double()
-        return hook
-
     names = [hooks.scores(layer), hooks.pattern(layer), hooks.qkv(layer, "q"),
              hooks.qkv(layer, "k")]
-    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[*fwd, *[(n, keep(n)) for n in names]]):
+    kept, keep = hooks.caching_hooks(names)
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[*fwd, *keep]):
         model.bridge(torch.tensor([ids]), return_type=None)
-    return [seen[n] for n in names]
+    return [kept[n][0].double() for n in names]
 
 
 def test_pair_positions_by_hand():

@@ -7,7 +7,7 @@ components (``embed``, heads ``LxHy``, MLPs ``LxMLP``) from the query, key or va
 chosen target heads only; everything else in the model still sees them.
 
 How: at each target layer, the first norm's scale is frozen at its value on the input (the
-linearisation of :mod:`workbench.scores.qk_attribution`), so a component's part of the
+linearisation of :mod:`workbench.models.norms`), so a component's part of the
 projection is ``W n(c)``; the hook on ``hook_q`` / ``hook_k`` / ``hook_v`` subtracts it,
 at every position. The sources are read in the same pass, as the (possibly already
 patched) model computes them. With grouped-query attention ``k`` and ``v`` are shared by
@@ -33,8 +33,8 @@ from torch import Tensor
 from workbench.core.errors import WorkbenchError
 from workbench.interventions.ablation import Head
 from workbench.models.base import Model
+from workbench.models.norms import EMBED, first_norm, normalise
 from workbench.recording import hooks
-from workbench.scores.qk_attribution import EMBED, first_norm, normalise
 
 InputPath = Literal["q", "k", "v"]
 """Which input of the target heads a source is removed from."""
@@ -95,7 +95,8 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
     bridge, info = model.bridge, model.info
     per_group = info.n_heads // info.n_kv_heads
     seen: list[tuple[int, Tensor]] = []  # (layer of origin, [batch, pos, d_model])
-    scales: dict[int, Tensor] = {}
+    target_layers = sorted({layer for layer, _ in targets})
+    scales, keep_scales = hooks.caching_hooks([hooks.norm_scale(layer) for layer in target_layers])
     w_o = bridge.W_O.detach()
     weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
 
@@ -115,11 +116,6 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
             seen.append((layer, x.detach()))
         return hook
 
-    def scale(layer: int):
-        def hook(s: Tensor, hook: Any) -> None:
-            scales[layer] = s[..., 0].detach()
-        return hook
-
     def patch(layer: int, indices: list[int]):
         norm = first_norm(model, layer)
 
@@ -127,23 +123,22 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
             feeding = [t for origin, t in seen if origin < layer]
             if not feeding:
                 return x
-            removed = normalise(torch.stack(feeding).sum(0).double(), scales[layer].double(),
-                                norm).to(x.dtype)
+            scale = scales[hooks.norm_scale(layer)][..., 0].double()
+            removed = normalise(torch.stack(feeding).sum(0).double(), scale, norm).to(x.dtype)
             x = x.clone()
             for i in indices:
                 x[:, :, i] -= removed @ weights[layer, i]
             return x
         return hook
 
-    fwd: list[tuple[str, Any]] = [(hooks.resid(0, info.n_layers), embed)]
+    fwd: list[tuple[str, Any]] = [*keep_scales, (hooks.resid(0, info.n_layers), embed)]
     for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
         heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
         fwd.append((hooks.z(layer), head_out(layer, heads)))
     for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
-        fwd.append((f"blocks.{layer}.hook_mlp_out", mlp_out(layer)))
-    for layer in sorted({layer for layer, _ in targets}):
+        fwd.append((hooks.mlp_out(layer), mlp_out(layer)))
+    for layer in target_layers:
         heads = [h for target_layer, h in targets if target_layer == layer]
         indices = sorted(set(heads if path == "q" else [h // per_group for h in heads]))
-        fwd += [(f"blocks.{layer}.ln1.hook_scale", scale(layer)),
-                (hooks.qkv(layer, path), patch(layer, indices))]
+        fwd.append((hooks.qkv(layer, path), patch(layer, indices)))
     return fwd

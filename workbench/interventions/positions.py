@@ -57,16 +57,14 @@ def no_rope_hooks(layers: Iterable[int]) -> list[Hook]:
     """
     fwd: list[Hook] = []
     for layer in layers:
-        stash: dict[str, Tensor] = {}
-        for name in ("q", "k"):
-            def keep(tensor: Tensor, hook: Any, stash=stash, name=name) -> None:
-                stash[name] = tensor.detach().clone()
+        names = {which: hooks.qkv(layer, which) for which in ("q", "k")}
+        kept, keep = hooks.caching_hooks(list(names.values()))
+        fwd += keep
+        for which, name in names.items():
+            def restore(tensor: Tensor, hook: Any, kept=kept, name=name) -> Tensor:
+                return kept[name]
 
-            def restore(tensor: Tensor, hook: Any, stash=stash, name=name) -> Tensor:
-                return stash[name]
-
-            fwd.append((hooks.qkv(layer, name), keep))
-            fwd.append((hooks.rotated(layer, name), restore))
+            fwd.append((hooks.rotated(layer, which), restore))
     return fwd
 
 

@@ -15,8 +15,6 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 import torch
@@ -41,19 +39,10 @@ def head_patterns(model: Model, prompt: Prompt
         to 1 over the keys it can see.
     """
     (batch,) = model.batches([prompt])
-    n_layers = model.info.n_layers
-    found: dict[int, Tensor] = {}
-
-    def keep(layer: int):
-        def hook(pattern: Tensor, hook: Any) -> None:
-            found[layer] = pattern[0].detach().float().clone()
-
-        return hook
-
-    fwd = [(hooks.pattern(layer), keep(layer)) for layer in range(n_layers)]
+    names = [hooks.pattern(layer) for layer in range(model.info.n_layers)]
     with torch.inference_mode():
-        hooks.run_hooked(model.bridge, batch, fwd, stop_after=hooks.pattern(n_layers - 1))
-    return torch.stack([found[layer] for layer in range(n_layers)])
+        kept = hooks.capture(model, batch, names)
+    return torch.stack([kept[name][0].float() for name in names])
 
 
 def pattern_rows(stack: Float[Tensor, "layer head_index query_pos key_pos"], *,

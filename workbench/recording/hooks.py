@@ -10,10 +10,17 @@ the last block, before the final norm.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from workbench.core.errors import WorkbenchError
+from workbench.core.registry import did_you_mean
+
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from workbench.inputs.batching import Batch
+    from workbench.models.base import Model
 
 
 def pattern(layer: int) -> str:
@@ -39,6 +46,16 @@ def attn_out(layer: int) -> str:
 def attn_in(layer: int) -> str:
     """The attention sublayer's input (after the block's first norm): ``[batch, pos, d_model]``."""
     return f"blocks.{layer}.attn.hook_in"
+
+
+def mlp_out(layer: int) -> str:
+    """The MLP sublayer's contribution to the residual stream."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def norm_scale(layer: int) -> str:
+    """The per-position scale of the block's first norm (``ln1``): ``[batch, pos, 1]``."""
+    return f"blocks.{layer}.ln1.hook_scale"
 
 
 def attn_o_out(layer: int) -> str:
@@ -100,6 +117,70 @@ def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
         hooks_list.append((stop_after, stop))
     with bridge.hooks(fwd_hooks=hooks_list), contextlib.suppress(_Stop):
         bridge(batch.input_ids, return_type=None, **batch.forward_kwargs())
+
+
+def caching_hooks(names: Sequence[str], *, detach: bool = True
+                  ) -> tuple[dict[str, Tensor], list[tuple[str, Callable[[Tensor, Any], None]]]]:
+    """Forward hooks keeping the activations at ``names``, for a pass the caller runs some
+    other way (an attention called on its own, say); :func:`capture` runs a batch.
+
+    Each is kept as a copy in its own dtype: hook points can hand over the same tensor
+    (``ln1.hook_out`` is ``attn.hook_in``), which a later hook may edit in place
+    (TransformerLens' ``z[:, :, head] = 0`` idiom).
+
+    Args:
+        names: hook points (canonical names or aliases such as ``hook_resid_pre``).
+        detach: keep the copies out of the autograd graph (``False``: a gradient flows).
+
+    Returns:
+        ``(kept, fwd_hooks)``: ``kept[name]`` is set (again) each time ``name`` fires.
+    """
+    kept: dict[str, Tensor] = {}
+
+    def keep(name: str) -> Callable[[Tensor, Any], None]:
+        def hook(tensor: Tensor, hook: Any) -> None:
+            kept[name] = (tensor.detach() if detach else tensor).clone()
+        return hook
+
+    return kept, [(name, keep(name)) for name in dict.fromkeys(names)]
+
+
+def capture(model: Model, batch: Batch, names: Sequence[str], *, stop_after: str | None = None,
+            detach: bool = True) -> dict[str, Tensor]:
+    """Run a batch and keep the activations at ``names`` (copied by :func:`caching_hooks`):
+    ``run_with_cache(names_filter=names)``, stopped once the last of them has fired (or
+    after ``stop_after``), so later blocks and the unembedding never run. Hooks and head
+    masks active on the bridge apply; a point firing twice before the stop (Gemma 3's
+    rotary tables, once per layer type) keeps its last firing.
+
+    Args:
+        model: the model (the hooks go on ``model.bridge``).
+        batch: right-padded inputs (:meth:`Model.batches`), run with their mask.
+        names: hook points (canonical names or aliases).
+        stop_after: the hook point to stop after instead.
+        detach: see :func:`caching_hooks`.
+
+    Returns:
+        ``{name: activation}`` of the whole batch in the order of ``names``; a point the
+        bridge never calls, or one after ``stop_after``, is absent.
+
+    Raises:
+        WorkbenchError: a name (or ``stop_after``) that is no hook point of the model.
+    """
+    wanted, known = list(dict.fromkeys(names)), model.bridge.hook_dict  # built anew per read
+    for name in [*wanted, *([stop_after] if stop_after else [])]:
+        if name not in known:
+            raise WorkbenchError(f"{model.info.name} has no hook point {name!r}"
+                                 f"{did_you_mean(name, known)}")
+    kept, fwd = caching_hooks(wanted, detach=detach)
+    if stop_after is None:
+        def stop_when_all_kept(tensor: Tensor, hook: Any) -> None:
+            if len(kept) == len(wanted):
+                raise _Stop
+
+        fwd += [(name, stop_when_all_kept) for name in wanted]
+    run_hooked(model.bridge, batch, fwd, stop_after=stop_after)
+    return {name: kept[name] for name in wanted if name in kept}
 
 
 def attention_kwargs(bridge: Any, layer: int, input_ids: Any, *,

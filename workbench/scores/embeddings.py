@@ -14,7 +14,6 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -54,13 +53,8 @@ def batch_embeddings(model: Model, batch: Batch) -> Float[Tensor, "batch d_model
         One embedding per row of the batch, in the model's dtype.
     """
     name = hooks.resid(model.info.n_layers, model.info.n_layers)
-    seen: dict[str, Tensor] = {}
-
-    def keep(resid: Tensor, hook: Any) -> None:
-        seen["resid"] = resid
-
-    hooks.run_hooked(model.bridge, batch, [(name, keep)], stop_after=name)
-    return mean_pool(seen["resid"], batch.attention_mask)
+    resid = hooks.capture(model, batch, [name], detach=False)[name]
+    return mean_pool(resid, batch.attention_mask)
 
 
 def sentence_embeddings(model: Model, prompts: Sequence[Prompt], *,

@@ -10,7 +10,7 @@ where ``n_t`` is the normalised residual stream at ``t`` and ``R_t`` the rotary 
 outputs: the embeddings (token plus learned positions, if any: ``blocks.0.hook_resid_pre``),
 every earlier head's output ``z_h W_O^h``, every earlier attention output bias and every
 earlier MLP's output. With the norm's per-position scale frozen at its value on the input
-(the standard linearisation; the scales are recorded), the norm is linear in that sum::
+(:mod:`workbench.models.norms`; the scales are recorded), the norm is linear in that sum::
 
     RMSNorm:    n_t = sum_c c_t / s_t * w                       (s_t = sqrt(mean x_t^2 + eps))
     LayerNorm:  n_t = sum_c (c_t - mean(c_t)) / s_t * w  +  b
@@ -31,9 +31,9 @@ own ``hook_attn_scores`` for every pair, :attr:`HeadAttribution.error`). With gr
 attention the key side is the head's key-value group: ``k`` is shared by every query head
 of the group (:attr:`HeadAttribution.kv_group`).
 
-Memory: one forward pass per prompt with hooks on every component output; each hook keeps
-only its component at the positions some pair needs (never the whole cache), and the pass
-stops after the deepest chosen layer's scores.
+Memory: one forward pass per prompt that keeps only what the split reads (never the whole
+cache) and stops after the deepest chosen layer's pattern; each head's output ``z W_O`` is
+formed afterwards, at the positions some pair needs only.
 
 Examples:
     >>> pairs = pair_positions(ids, "induction")                # doctest: +SKIP
@@ -58,13 +58,13 @@ from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
+from workbench.models.norms import EMBED, FirstNorm, first_norm, normalise
 from workbench.recording import hooks
 
 Head = tuple[int, int]
 PositionRule = Literal["induction", "previous", "first"]
 """Which key each query is explained on: the token after the query token's one earlier
 occurrence (induction, Olsson et al.'s second repeat), the previous token, or the first."""
-EMBED = "embed"
 OTHER = "other"
 
 
@@ -117,17 +117,10 @@ def require_pre_norm(model: Model) -> None:
         raise ModelCapabilityError(
             f"QK attribution needs a pre-norm block with a first norm (ln1); {model.info.name}"
             " has none")
-    seen: dict[str, Tensor] = {}
-
-    def keep(name: str):
-        def hook(tensor: Tensor, hook: Any) -> None:
-            seen.setdefault(name, tensor.detach())
-        return hook
-
     ids = [model.info.bos_token_id or 0, model.pad_id]
     batch = model.batches([ids_prompt(ids)])[0]
-    hooks.run_hooked(model.bridge, batch, [(n, keep(n)) for n in names],
-                     stop_after="blocks.0.attn.hook_in")
+    # a post-norm block's ln1 comes after its attention: stopped there, it has not fired
+    seen = hooks.capture(model, batch, names, stop_after="blocks.0.attn.hook_in")
     pre_norm = (len(seen) == len(names)
                 and torch.allclose(seen[names[0]], seen[names[1]])
                 and torch.allclose(seen[names[2]], seen[names[3]]))
@@ -235,55 +228,47 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 
 @dataclass
 class _Captured:
-    """What the hooks keep of one prompt: components at the needed positions only."""
+    """What one prompt's pass gives the split: components at the needed positions only."""
 
     positions: Tensor
     components: list[tuple[str, int, Tensor]] = field(default_factory=list)
-    """``(name, layer it comes from (-1: embeddings), [P, d_model] output)``"""
+    """``(name, layer it comes from (-1: embeddings), [P, d_model] output)``, in forward order"""
     per_layer: dict[str, Tensor] = field(default_factory=dict)
+    """every kept activation of the prompt, by hook name"""
 
 
-def _capture_hooks(model: Model, w_o: Tensor, cap: _Captured, layers: Sequence[int]
-                   ) -> list[tuple[str, Any]]:
-    """Hooks that keep each component feeding ``layers`` (at ``cap.positions``) and, at the
-    chosen layers, the norm scales, rotary tables, real q/k, scores and patterns."""
-    bridge, pos = model.bridge, cap.positions
-    deepest = max(layers)
-
-    def embed(x: Tensor, hook: Any) -> None:
-        cap.components.append((EMBED, -1, x[0, pos].double()))
-
-    def head_out(layer: int):
-        def hook(z: Tensor, hook: Any) -> None:
-            out = torch.einsum("phd,hdm->phm", z[0, pos].double(), w_o[layer].double())
-            cap.components += [(f"L{layer}H{h}", layer, out[:, h]) for h in range(out.shape[1])]
-            bias = _attn_out_bias(bridge, layer)
-            if bias is not None:
-                cap.components.append((f"L{layer}attn_bias", layer,
-                                       bias.double().expand(len(pos), -1)))
-        return hook
-
-    def mlp_out(layer: int):
-        def hook(x: Tensor, hook: Any) -> None:
-            cap.components.append((f"L{layer}MLP", layer, x[0, pos].double()))
-        return hook
-
-    def keep(name: str):
-        def hook(x: Tensor, hook: Any) -> None:
-            cap.per_layer[name] = x[0].detach()
-        return hook
-
-    fwd = [(hooks.resid(0, model.info.n_layers), embed)]
-    for layer in range(deepest):
-        fwd += [(hooks.z(layer), head_out(layer)), (f"blocks.{layer}.hook_mlp_out", mlp_out(layer))]
+def _capture_names(model: Model, layers: Sequence[int]) -> list[str]:
+    """The hook points read: each component feeding ``layers`` and, at the chosen layers,
+    the norm scales, rotary tables, real q/k, scores and patterns."""
+    names = [hooks.resid(0, model.info.n_layers)]
+    for layer in range(max(layers)):
+        names += [hooks.z(layer), hooks.mlp_out(layer)]
     for layer in sorted(set(layers)):
-        names = [f"blocks.{layer}.ln1.hook_scale", hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
-                 hooks.scores(layer), hooks.pattern(layer)]
+        names += [hooks.norm_scale(layer), hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
+                  hooks.scores(layer), hooks.pattern(layer)]
         names += [n for n in (f"blocks.{layer}.attn.hook_cos", f"blocks.{layer}.attn.hook_sin",
                               hooks.rotated(layer, "q"), hooks.rotated(layer, "k"))
-                  if n in bridge.hook_dict]
-        fwd += [(n, keep(n)) for n in names]
-    return fwd
+                  if n in model.bridge.hook_dict]
+    return names
+
+
+def _components(model: Model, w_o: Tensor, kept: dict[str, Tensor], positions: Tensor,
+                deepest: int) -> _Captured:
+    """Every component's output at ``positions`` (float64) below layer ``deepest``: the
+    embeddings, each head's ``z W_O``, each attention output bias, each MLP."""
+    pos = positions
+    cap = _Captured(pos, per_layer={name: t[0] for name, t in kept.items()})
+    cap.components.append((EMBED, -1, kept[hooks.resid(0, model.info.n_layers)][0, pos].double()))
+    for layer in range(deepest):
+        out = torch.einsum("phd,hdm->phm", kept[hooks.z(layer)][0, pos].double(),
+                           w_o[layer].double())
+        cap.components += [(f"L{layer}H{h}", layer, out[:, h]) for h in range(out.shape[1])]
+        bias = _attn_out_bias(model.bridge, layer)
+        if bias is not None:
+            cap.components.append((f"L{layer}attn_bias", layer, bias.double().expand(len(pos), -1)))
+        mlp = kept[hooks.mlp_out(layer)][0, pos].double()
+        cap.components.append((f"L{layer}MLP", layer, mlp))
+    return cap
 
 
 def _attn_out_bias(bridge: Any, layer: int) -> Tensor | None:
@@ -292,59 +277,6 @@ def _attn_out_bias(bridge: Any, layer: int) -> Tensor | None:
 
 
 # ---- the algebra ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FirstNorm:
-    """A layer's first norm, as the linear map it is once its scale is frozen."""
-
-    weight: Tensor
-    bias: Tensor | None
-    center: bool
-
-
-def first_norm(model: Model, layer: int) -> FirstNorm:
-    """The layer's first norm: RMSNorm (scale only) or LayerNorm (centred, with a bias).
-
-    Args:
-        model: the model.
-        layer: the block whose ``ln1`` is read.
-
-    Returns:
-        Its weight (float64), bias (LayerNorm only) and whether it centres.
-
-    Raises:
-        ModelCapabilityError: a norm without a weight.
-    """
-    ln = model.bridge.blocks[layer].ln1
-    module = getattr(ln, "_original_component", ln)
-    weight = getattr(module, "weight", None)
-    if weight is None:
-        raise ModelCapabilityError(f"layer {layer}'s first norm has no weight to linearise")
-    center = isinstance(module, torch.nn.LayerNorm)
-    bias = getattr(module, "bias", None) if center else None
-    # Gemma-style RMSNorm multiplies by (1 + w); its class says so
-    offset = 1.0 if "Gemma" in type(module).__name__ else 0.0
-    return FirstNorm(weight.detach().double() + offset,
-                 None if bias is None else bias.detach().double(), center)
-
-
-def normalise(stack: Float[Tensor, "*component pos d_model"], scale: Float[Tensor, " pos"],
-              norm: FirstNorm) -> Float[Tensor, "*component pos d_model"]:
-    """The norm's linear part applied to components, with the per-position ``scale``
-    (``ln1.hook_scale``) frozen; the norm's bias is not included (it is a component).
-
-    Args:
-        stack: component outputs ``[..., pos, d_model]``.
-        scale: the norm's scale at each position, as the model computed it on the input.
-        norm: :func:`first_norm`.
-
-    Returns:
-        The components' parts of the normalised stream, same shape as ``stack``.
-    """
-    if norm.center:
-        stack = stack - stack.mean(-1, keepdim=True)
-    return stack / scale[..., :, None] * norm.weight
-
 
 def _rotate(x: Float[Tensor, "component pos d_head"], cos: Tensor | None, sin: Tensor | None
             ) -> Float[Tensor, "component pos d_head"]:
@@ -417,7 +349,7 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
     ki = torch.tensor([at[k] for _, k in pairs])
     get = cap.per_layer.get
     _require_fired(model, cap, layer)
-    scale = get(f"blocks.{layer}.ln1.hook_scale")[cap.positions, 0].double()
+    scale = get(hooks.norm_scale(layer))[cap.positions, 0].double()
     cos, sin = (get(f"blocks.{layer}.attn.hook_{n}") for n in ("cos", "sin"))
     cos, sin = (None if t is None else t[cap.positions].double() for t in (cos, sin))
     w = _head_weights(model, weights, layer, head)
@@ -451,7 +383,7 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
 def _require_fired(model: Model, cap: _Captured, layer: int) -> None:
     """Raise unless the hooks the split reads at ``layer`` fired (on some bridges a hook
     point exists but the attention implementation never calls it)."""
-    names = [f"blocks.{layer}.ln1.hook_scale", hooks.scores(layer), hooks.pattern(layer)]
+    names = [hooks.norm_scale(layer), hooks.scores(layer), hooks.pattern(layer)]
     rotary = f"blocks.{layer}.attn.hook_cos" in cap.per_layer
     names += [hooks.rotated(layer, w) if rotary else hooks.qkv(layer, w) for w in ("q", "k")]
     missing = [n for n in names if n not in cap.per_layer]
@@ -512,12 +444,12 @@ def attribute_prompt(model: Model, ids: Sequence[int], heads: Sequence[Head],
             raise WorkbenchError(f"head L{layer}H{head} does not exist: {info.name} has "
                                  f"{info.n_layers} layers of {info.n_heads} heads")
     positions = torch.tensor(sorted({p for pair in pairs for p in pair}))
-    cap = _Captured(positions)
     layers = [layer for layer, _ in heads]
     batch: Batch = model.batches([ids_prompt(ids)], max_tokens=max(n, 1))[0]
     weights = weights or Weights.of(model)
     with torch.no_grad():
-        hooks.run_hooked(model.bridge, batch, _capture_hooks(model, weights.w_o, cap, layers),
-                         stop_after=hooks.pattern(max(layers)))
+        kept = hooks.capture(model, batch, _capture_names(model, layers),
+                             stop_after=hooks.pattern(max(layers)))
+        cap = _components(model, weights.w_o, kept, positions, max(layers))
         return [_attribute_head(model, weights, cap, layer, head, pairs, top)
                 for layer, head in heads]

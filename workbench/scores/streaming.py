@@ -205,15 +205,10 @@ def _last_position_logits(model: Model, windows: Int[Tensor, "batch pos"]
     """Logits at the last position only (the unembedding of the others is skipped)."""
     n_layers = model.info.n_layers
     final = hooks.resid(n_layers, n_layers)
-    grabbed: dict[str, Tensor] = {}
-
-    def grab(resid: Tensor, hook: Any) -> None:
-        grabbed["last"] = resid[:, -1]
-
     batch = Batch(windows, torch.ones_like(windows), None, [windows.shape[1]] * len(windows),
                   list(range(len(windows))))
-    hooks.run_hooked(model.bridge, batch, [(final, grab)], stop_after=final)
-    return model.bridge.unembed(model.bridge.ln_final(grabbed["last"][:, None]))[:, 0]
+    resid = hooks.capture(model, batch, [final])[final]
+    return model.bridge.unembed(model.bridge.ln_final(resid[:, -1:]))[:, 0]
 
 
 def recompute_losses(model: Model, ids: Int[Tensor, " pos"], window: int,
