@@ -134,7 +134,7 @@ def test_a_kill_while_finishing_leaves_nothing_complete_looking(tmp_path, step, 
         assert run.status == "failed" and run.meta.error == "RuntimeError: the experiment broke"
     else:
         assert run.status == "interrupted" and "without finishing" in run.meta.error
-        assert store.remove_incomplete() == 1 and store.runs() == []
+        assert len(store.remove_leftovers()) == 1 and store.runs() == []
     assert_nothing_complete(store)
 
 

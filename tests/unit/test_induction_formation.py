@@ -4,6 +4,7 @@ end-to-end run of the induction-formation experiment."""
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 
@@ -12,9 +13,11 @@ import pytest
 import torch
 
 from experiments.induction_formation.tables import PHASE_CHANGE, TABLES
+from tests import tiny
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import get, run_experiment
+from workbench.harness.sweep_spec import expand, parse_spec
 from workbench.models import checkpoints, native
 from workbench.models.load import load_model
 from workbench.scores import phase_change
@@ -418,3 +421,33 @@ def test_outside_a_run_store_nothing_is_kept(tmp_path, monkeypatch):
     assert not phase.detected.any() and phase.start_step.isna().all()
     assert sorted(set(tables["training_curve"].step)) == [0, 3]
     assert list(scratch.iterdir()) == []  # the scratch tokenizer folder is gone
+
+
+@pytest.mark.parametrize("end", ["interrupted", "failed"])
+def test_checkpoints_of_an_unfinished_run_are_not_results(tokenizer, tmp_path, monkeypatch,
+                                                           capsys, end):
+    """An interrupted (or failed) training run's checkpoints are refused by name and by a
+    sweep's glob, with what to do; `workbench clean` lists and removes the interrupted."""
+    run = _saved_run(tmp_path, tokenizer, layers=(1,), steps=(0,))
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(tmp_path / "runs"))
+    meta = json.loads((run.path / "run.json").read_text())
+    staged = tmp_path / "runs" / ".incomplete" / run.id
+    if end == "interrupted":  # its process died before it finished
+        staged.parent.mkdir(exist_ok=True)
+        run.path.rename(staged)
+        meta.update(status="running", pid=None)
+    else:
+        meta.update(status="failed", error="RuntimeError: out of memory")
+    (staged if end == "interrupted" else run.path).joinpath("run.json").write_text(
+        json.dumps(meta))
+    with pytest.raises(WorkbenchError, match=f"run {run.id} is {end}: its checkpoints are "
+                                             "not results of a finished run"):
+        load_model(f"{run.id}:0")
+    spec = parse_spec({"experiments": ["previous-token-heads"], "models": [f"{run.id}/L*:*"]})
+    with pytest.raises(WorkbenchError, match=f"is {end}: its checkpoints are not results"):
+        expand(spec, runs_dir=tmp_path / "runs")
+    status, out, _ = tiny.cli(capsys, "clean")
+    assert status == 0 and (run.id in "\n".join(out)) == (end == "interrupted")
+    if end == "interrupted":
+        status, out, _ = tiny.cli(capsys, "clean", "--yes")
+        assert status == 0 and not staged.exists() and "removed 1 runs" in out[-1]

@@ -128,7 +128,7 @@ def test_pooled_overview_and_window_match_the_definition(pair, how):
 def test_a_window_reads_only_the_chunks_of_its_rows(llama, tmp_path, monkeypatch):
     monkeypatch.setattr(zarr_store, "QUERY_BLOCK", 8)
     read: list[str] = []
-    get = zarr.storage.LocalStore.get
+    get = zarr_store.ConfinedStore.get
 
     async def counting(self, key, *args, **kwargs):
         read.append(key)
@@ -140,9 +140,9 @@ def test_a_window_reads_only_the_chunks_of_its_rows(llama, tmp_path, monkeypatch
                      include_resid=False, topk=K)
         assert rec.length(0) > 32
         read.clear()
-        monkeypatch.setattr(zarr.storage.LocalStore, "get", counting)
+        monkeypatch.setattr(zarr_store.ConfinedStore, "get", counting)
         rec.pooled(0, 1, 0, window=(17, 30, 0, 30))
-        monkeypatch.setattr(zarr.storage.LocalStore, "get", get)
+        monkeypatch.setattr(zarr_store.ConfinedStore, "get", get)
         chunks = sorted({k for k in read if "/c/" in k and "topk_keys" not in k})
         # query rows 17..29 lie in query blocks 2 and 3 of 8 rows
         assert chunks == sorted(f"{kind}/L001/c/0/0/{b}/0" for kind in kinds for b in (2, 3))

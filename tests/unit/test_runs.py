@@ -77,7 +77,7 @@ def test_killed_process_leaves_an_interrupted_run(tmp_path):
     proc.wait()
     run = RunStore(tmp_path).get(run_id)
     assert run.status == "interrupted" and "without finishing" in run.meta.error
-    assert RunStore(tmp_path).remove_incomplete() == 1
+    assert len(RunStore(tmp_path).remove_leftovers()) == 1
 
 
 def test_corrupt_table_is_detected(tmp_path):

@@ -25,7 +25,7 @@ from workbench.cli.models import cmd_fetch, cmd_models, cmd_prompts, cmd_verify
 from workbench.cli.record import cmd_record
 from workbench.cli.render import _out
 from workbench.cli.reproduce import cmd_reproduce
-from workbench.cli.runs import cmd_runs, cmd_show
+from workbench.cli.runs import cmd_clean, cmd_runs, cmd_show
 from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
 from workbench.core.errors import ConfigError, WorkbenchError
@@ -239,6 +239,10 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.add_argument("--table", help="also print the first rows of this table")
     p.add_argument("--rows", type=_at_least_one, default=20, help="rows of --table to print")
     _out_option(p, store="read")
+    p = _add(sub, "clean", cmd_clean, "list (and with --yes remove) the runs that processes "
+             "which died left unfinished in the store's .incomplete/")
+    p.add_argument("--yes", action="store_true", help="remove them")
+    _out_option(p)
     p = _add(sub, "dashboard", cmd_dashboard, "serve the dashboard")
     p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
     p.set_defaults(store="read")

@@ -1,5 +1,5 @@
-"""The run-store commands: ``runs`` (list the stored runs) and ``show`` (one run, and the
-first rows of one of its tables)."""
+"""The run-store commands: ``runs`` (list the stored runs), ``show`` (one run, and the
+first rows of one of its tables) and ``clean`` (what processes that died left behind)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,22 @@ def cmd_show(args: argparse.Namespace) -> None:
         with pd.option_context("display.width", 120, "display.max_columns", 20):
             _out(run.table(args.table).head(args.rows).to_string(index=False))
     _out(str(run.path))
+
+
+def cmd_clean(args: argparse.Namespace) -> None:
+    from workbench.store.runs import RunStore
+
+    store = RunStore(paths.runs_dir(args.out))
+    found = store.remove_leftovers() if args.yes else store.leftovers()
+    if not found:
+        _out(f"nothing left behind in {store.root / '.incomplete'}")
+        return
+    rows = [{"run": r.id, "experiment": r.experiment, "status": r.status,
+             "started": r.meta.started_at[:19], "why": (r.meta.error or "")[:60]}
+            for r in found]
+    _out(_table(rows, ["run", "experiment", "status", "started", "why"]))
+    if args.yes:
+        _out(f"\nremoved {len(found)} runs left by processes that died")
+    else:
+        _out(f"\n{len(found)} runs left by processes that died; `workbench clean --yes` "
+             "removes them")

@@ -58,13 +58,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr
 
-from workbench.core import paths
 from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.core.records import Count, Json, PositiveInt, Record, RecordError
 from workbench.harness.config import apply_overrides, check_config
 from workbench.harness.experiment import Experiment, get
 from workbench.models import cache, checkpoints, reference
-from workbench.store.runs import RunStore
 
 MAX_SPEC = 1 << 20
 """A sweep spec larger than this is not one (a real one is a few hundred bytes)."""
@@ -349,7 +347,7 @@ def _bundled_checksum(name: str) -> str | None:
 
 def _glob(name: str, glob: reference.CheckpointGlob, runs_dir: str | Path | None,
           every: int | None) -> list[ModelRef]:
-    run = RunStore(paths.runs_dir(runs_dir)).get(glob.run)
+    run = checkpoints.finished_run(glob.run, runs_dir)
     available = checkpoints.list_checkpoints(run.path)
     found = [c for c in available if fnmatch.fnmatchcase(f"L{c.n_layers}", glob.model)
              and fnmatch.fnmatchcase(str(c.step), glob.step)

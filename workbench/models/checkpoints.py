@@ -44,6 +44,7 @@ from workbench.core.options import Dtype
 from workbench.core.records import Count, Hex64, Json, Record
 from workbench.models.base import Model
 from workbench.models.native import ModelSpec, as_model, build_bridge
+from workbench.store.runs import Run, RunStore
 from workbench.store.validate import confined_file, real
 
 log = logging.getLogger(__name__)
@@ -305,9 +306,7 @@ def resolve(run: str, model: str, step: int, *, runs_dir: str | Path | None = No
     Raises:
         WorkbenchError: no such run, model or step (the message lists what exists).
     """
-    from workbench.store.runs import RunStore
-
-    found = RunStore(paths.runs_dir(runs_dir)).get(run)
+    found = finished_run(run, runs_dir)
     available = list_checkpoints(found.path)
     layers = sorted({c.n_layers for c in available})
     if not layers:
@@ -329,9 +328,26 @@ def resolve(run: str, model: str, step: int, *, runs_dir: str | Path | None = No
         shown = ", ".join(str(c.step) for c in steps)
         raise WorkbenchError(f"run {found.id} has no checkpoint at step {step} for "
                              f"L{n_layers}; steps: {shown}")
-    if found.status != "complete":
-        log.warning("run %s is %s; loading its checkpoint anyway", found.id, found.status)
     return found.id, match[0]
+
+
+def finished_run(run: str, runs_dir: str | Path | None = None) -> Run:
+    """The complete run ``run`` (an id or unique prefix) whose checkpoints are asked for.
+
+    A run that was interrupted, failed or is still training did not finish what its
+    checkpoints belong to, so they are not results: they are refused, not loaded with a
+    warning.
+
+    Raises:
+        WorkbenchError: no such run, or it is not complete (the message says what to do).
+    """
+    found = RunStore(paths.runs_dir(runs_dir)).get(run)
+    if found.status != "complete":
+        fix = ("`workbench clean` removes the runs of processes that died" if found.status
+               == "interrupted" else "wait for it to finish, or train again")
+        raise WorkbenchError(f"run {found.id} is {found.status}: its checkpoints are not "
+                             f"results of a finished run; {fix}")
+    return found
 
 
 def load(run: str, model: str, step: int, *, dtype: Dtype = "float32", device: str = "cpu",

@@ -27,6 +27,7 @@ Examples:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,12 @@ from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.recording import hooks, legacy, sparse, zarr_store
 from workbench.recording.index import FORMAT, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
+from workbench.store.records import RunMeta
 from workbench.store.validate import confined_file, real
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 INDEX = "index.json"
+RUN_JSON = "run.json"
 DENSE_UP_TO = 1024
 """``auto`` stores patterns dense up to this many tokens (the longest prompt), topk above."""
 DEFAULT_TOPK = 16
@@ -257,11 +260,17 @@ MAX_INDEX = 256 << 20
 """An ``index.json`` larger than this is not one (a big recording's is tens of megabytes)."""
 
 
-def _read_index(root: Path) -> RecordingIndex:
+def _read_index(root: Path, anchor: str | None = None) -> RecordingIndex:
     """``index.json`` of recording folder ``root``, parsed and checked.
 
+    Args:
+        root: the recording folder.
+        anchor: the SHA-256 its run's ``run.json`` keeps of this ``index.json`` (``None``
+            for a recording outside a run, or of a run written before anchors were kept).
+
     Raises:
-        WorkbenchError: unreadable, not JSON, or not the shape of an index.
+        WorkbenchError: unreadable, not JSON, not the shape of an index, or not the index
+            its run recorded.
     """
     where = root / INDEX
     file = confined_file(root, INDEX, what=f"recording {root}")
@@ -272,10 +281,28 @@ def _read_index(root: Path) -> RecordingIndex:
         raise WorkbenchError(f"cannot read {where} ({exc.strerror})") from None
     if len(data) > MAX_INDEX:
         raise WorkbenchError(f"{where} is larger than {MAX_INDEX >> 20} MiB: not an index")
+    if anchor is not None and hashlib.sha256(data).hexdigest() != anchor:
+        raise ChecksumError(f"{where} is not the index its run recorded (run.json keeps "
+                            "another SHA-256): the recording is damaged")
     try:
         return RecordingIndex.from_json(data, what=str(where))
     except RecordError as exc:
         raise WorkbenchError(f"{exc}: the recording is damaged") from None
+
+
+def _anchor(run_dir: Path, root: Path) -> str | None:
+    """The SHA-256 that ``run_dir``'s ``run.json`` keeps of recording ``root``'s index.
+
+    Raises:
+        WorkbenchError: the ``run.json`` is not readable as one (the recording cannot then
+            be checked against it).
+    """
+    try:
+        data = confined_file(run_dir, RUN_JSON, what=f"run {run_dir.name}").read_bytes()
+        meta = RunMeta.from_json(data, what=str(run_dir / RUN_JSON))
+    except (RecordError, OSError) as exc:
+        raise WorkbenchError(f"the recording's run is damaged: {exc}") from None
+    return meta.recordings.get(root.name)
 
 
 @dataclass(frozen=True)
@@ -312,7 +339,7 @@ class Recording:
         self.prompts = index.prompts
         self.patterns, self.topk = index.patterns, index.topk
         legacy_format = self.format_version == LEGACY_FORMAT
-        self._group = None if legacy_format else zarr_store.open_group(root)
+        self._group = None if legacy_format else zarr_store.open_group(root, index.files)
 
     @classmethod
     def open(cls, path: str | Path) -> Recording:
@@ -336,30 +363,32 @@ class Recording:
         if not (root / INDEX).is_file():
             raise WorkbenchError(f"no recording in {path} (expected {INDEX})")
         # a recording inside a run (recording/, example/) must not be a symlink out of it
-        run_dir = root.parent if (root.parent / "run.json").is_file() else root
+        run_dir = root.parent if (root.parent / RUN_JSON).is_file() else root
         if not real(root).is_relative_to(real(run_dir)):
             raise WorkbenchError(f"recording {root} leads outside its run folder {run_dir} "
                                  "(through a symlink)")
-        index = _read_index(root)
+        index = _read_index(root, _anchor(run_dir, root) if run_dir != root else None)
         zarr_store.check_files(root, index.files, what=f"{root / INDEX} file")
         rec = cls(root, index)
         if rec._group is not None:
-            for kind, count, shape in rec._arrays():
+            for kind, count, shape, dtypes in rec._arrays():
                 for layer in range(count):
-                    zarr_store.check_array(rec._group, kind, layer, shape)
+                    zarr_store.check_array(rec._group, kind, layer, shape, dtypes)
         return rec
 
-    def _arrays(self) -> list[tuple[str, int, tuple[int, ...]]]:
-        """``(kind, how many layers, shape)`` of every array the index implies."""
-        p, h, t = len(self.prompts), self.n_heads, self.index.longest or 0
-        kinds = {"dense": [("attn", (p, h, t, t))],
-                 "topk": [("topk_weights", (p, h, t, self.topk or 0)),
-                          ("topk_keys", (p, h, t, self.topk or 0)),
-                          ("exact", (p, h, t, len(sparse.CHANNELS)))],
+    def _arrays(self) -> list[tuple[str, int, tuple[int, ...], tuple[str, ...]]]:
+        """``(kind, how many layers, shape, dtypes the writer may choose)`` of every array
+        the index implies."""
+        p, h, t, k = len(self.prompts), self.n_heads, self.index.longest or 0, self.topk or 0
+        stored = (self.index.store_dtype, "float32")  # float16 widened if it would overflow
+        kinds = {"dense": [("attn", (p, h, t, t), (self.index.store_dtype,))],
+                 "topk": [("topk_weights", (p, h, t, k), ("float32",)),
+                          ("topk_keys", (p, h, t, k), (str(np.dtype(sparse.key_dtype(t))),)),
+                          ("exact", (p, h, t, len(sparse.CHANNELS)), ("float32",))],
                  "none": []}[self.patterns]
-        out = [(kind, self.n_layers, shape) for kind, shape in kinds]
+        out = [(kind, self.n_layers, shape, dtypes) for kind, shape, dtypes in kinds]
         if self.has_resid:
-            out.append(("resid", self.n_layers + 1, (p, t, self.d_model)))
+            out.append(("resid", self.n_layers + 1, (p, t, self.d_model), stored))
         return out
 
     def verify(self) -> None:

@@ -25,14 +25,20 @@ xarray/dask) reads it without the workbench.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.storage import LocalStore
 
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
@@ -155,24 +161,128 @@ def manifest_problem(root: Path, files: Mapping[str, FileEntry]) -> str | None:
     return None
 
 
-def open_group(root: Path) -> zarr.Group:
-    """The group of recording folder ``root``, read-only.
+class ConfinedStore(LocalStore):
+    """The group's files, read only as the manifest lists them, checked at every read.
+
+    Every key read must be a regular file (not a symlink, a FIFO or a device) inside the
+    recording folder, opened without following a symlink, of its listed size; a listed file
+    that is missing is an error (never the fill value); a file the manifest does not list is
+    an error too (a chunk added later would be read as data). A chunk the writer never wrote
+    (all padding) is neither listed nor present, and reads as the fill value. So what a
+    reader is served is checked when it is read, not only when the recording was opened:
+    a file replaced after that (a symlink out of the store, a FIFO) is refused.
+    """
+
+    def __init__(self, root: Path | str, *, files: Mapping[str, FileEntry] | None = None,
+                 read_only: bool = True) -> None:
+        super().__init__(root, read_only=read_only)
+        self.files = dict(files or {})
+        self._real = Path(os.path.realpath(self.root))
+
+    def with_read_only(self, read_only: bool = False) -> ConfinedStore:
+        return type(self)(self.root, files=self.files, read_only=read_only)
+
+    async def get(self, key: str, prototype: BufferPrototype | None = None,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        if prototype is None:
+            prototype = default_buffer_prototype()
+        data = await asyncio.to_thread(self._read, key)
+        if data is None:
+            return None
+        return prototype.buffer.from_bytes(_ranged(data, byte_range))
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Any) -> list[Buffer | None]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    def _read(self, key: str) -> bytes | None:
+        """The bytes of file ``key`` (``None`` for a chunk never written), checked."""
+        path, rel = self.root / key, f"{GROUP}/{key}"
+        entry = self.files.get(rel)
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if entry is not None:
+                raise ChecksumError(f"{path} is missing: the recording is damaged") from None
+            return None
+        if entry is None:
+            raise ChecksumError(f"{path} is not listed in the manifest: the recording is "
+                                "damaged")
+        if not stat.S_ISREG(mode) or not Path(os.path.realpath(path)).is_relative_to(
+                self._real):
+            raise WorkbenchError(f"{path} is not a regular file inside the recording")
+        data = _read_regular(path)
+        if len(data) != entry.size:
+            raise ChecksumError(f"{path} has {len(data)} bytes, expected {entry.size}: the "
+                                "recording is damaged")
+        # chunks carry a CRC-32C of their own; metadata is small, so it is hashed each read
+        if key.endswith("zarr.json") and hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise ChecksumError(f"{path} changed since it was written: the recording is "
+                                "damaged")
+        return data
+
+
+def _read_regular(path: Path) -> bytes:
+    """A regular file's bytes, opened without following a symlink or blocking on a FIFO
+    put in its place since it was checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {path} ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WorkbenchError(f"{path} is not a regular file inside the recording")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def _ranged(data: bytes, byte_range: ByteRequest | None) -> bytes:
+    if byte_range is None:
+        return data
+    if isinstance(byte_range, RangeByteRequest):
+        return data[byte_range.start:byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return data[byte_range.offset:]
+    if isinstance(byte_range, SuffixByteRequest):
+        return data[max(0, len(data) - byte_range.suffix):]
+    raise TypeError(f"unexpected byte range {byte_range!r}")
+
+
+def open_group(root: Path, files: Mapping[str, FileEntry]) -> zarr.Group:
+    """The group of recording folder ``root``, read-only, through :class:`ConfinedStore`.
+
+    Args:
+        root: the recording folder.
+        files: its manifest (``index.json``'s ``files``).
 
     Raises:
         WorkbenchError: no readable Zarr group there.
     """
     try:
-        return zarr.open_group(str(root / GROUP), mode="r")
+        return zarr.open_group(store=ConfinedStore(root / GROUP, files=files), mode="r")
     except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:
         raise WorkbenchError(f"{root / GROUP} is not a readable Zarr group ({exc}): "
                              "the recording is damaged") from None
 
 
-def check_array(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...]) -> None:
-    """The array exists with the shape the manifest implies.
+def check_array(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...],
+                dtypes: tuple[str, ...]) -> None:
+    """The array exists, with the shape the manifest implies and exactly the metadata the
+    writer writes for it (chunks, codecs, byte order, fill value, dimension names): an
+    array whose metadata was edited, even re-hashed in the manifest, is not read as data.
+
+    Args:
+        group: the recording's group.
+        kind: a key of :data:`DIMS`.
+        layer: the layer (boundary for ``resid``).
+        shape: the shape the manifest implies.
+        dtypes: the dtypes the writer may have chosen (float16 widened to float32 when a
+            value would overflow it).
 
     Raises:
-        WorkbenchError: it is missing or has another shape.
+        WorkbenchError: it is missing, or its metadata is not the writer's.
     """
     name = array_name(kind, layer)
     try:
@@ -184,3 +294,15 @@ def check_array(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...]
         got = getattr(array, "shape", "a group")
         raise WorkbenchError(f"array {name} of {GROUP} has shape {got}, expected {shape}: "
                              "the recording is damaged")
+    found = array.metadata.to_dict()
+    if str(found.get("data_type")) not in dtypes or found != _written(kind, layer, shape,
+                                                                     found["data_type"]):
+        raise WorkbenchError(f"array {name} of {GROUP} has metadata the writer does not "
+                             "write (dtype, chunks, codecs or byte order): the recording is "
+                             "damaged")
+
+
+def _written(kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> dict[str, Any]:
+    """The metadata :func:`create` writes for this array, made in memory."""
+    group = zarr.open_group(store=zarr.storage.MemoryStore(), mode="w")
+    return create(group, kind, layer, shape, str(dtype)).metadata.to_dict()

@@ -175,6 +175,9 @@ class RunMeta(Record):
     """When that process started (seconds since the epoch): a live process with the same
     pid but another start time is not the writer (the pid was reused)."""
     tables: dict[Annotated[str, Field(max_length=200)], TableEntry] = Field(default_factory=dict)
+    recordings: dict[RelPath, Hex64] = Field(default_factory=dict)
+    """The SHA-256 of each recording's ``index.json`` (by its folder in the run), kept when
+    the run completes: an index edited afterwards, its manifest re-hashed, is refused."""
     interventions: Interventions | None = None
     """What was changed in the model for the whole run (``None``: nothing)."""
     summary: tuple[Text, ...] = ()

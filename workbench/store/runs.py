@@ -70,6 +70,8 @@ from workbench.store.schema import SchemaError, Table, current_metric_names
 log = logging.getLogger(__name__)
 
 RUN_JSON = "run.json"
+RECORDING_INDEX = "index.json"
+"""What marks a folder inside a run as a recording (its index is anchored in run.json)."""
 INCOMPLETE = ".incomplete"
 RESERVE = ".run.json.reserve"
 """Room for the ``failed`` record, taken when a run starts, for when the disk fills up."""
@@ -285,6 +287,16 @@ def process_started(pid: int | None = None) -> float | None:
         return None
 
 
+def _recording_indexes(folder: Path) -> dict[str, str]:
+    """``{folder name: SHA-256 of its index.json}`` of the recordings directly inside a run
+    folder (``recording/``, ``example/``)."""
+    found = {}
+    for index in sorted(folder.glob(f"*/{RECORDING_INDEX}")):
+        if index.is_file() and not index.is_symlink() and not index.parent.is_symlink():
+            found[index.parent.name] = checksums.sha256_file(index)
+    return found
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".rstrip(": ")
 
@@ -352,7 +364,8 @@ class ActiveRun:
         """Mark the run complete, flush it, move it into place: in that order, so that a
         kill at any step leaves a folder under ``.incomplete/`` (which no reader believes)
         or a complete run whose every byte is on disk."""
-        self.meta = self.meta.replace(status="complete", ended_at=_now())
+        self.meta = self.meta.replace(status="complete", ended_at=_now(),
+                                      recordings=_recording_indexes(self._at))
         self._write()
         durable.remove_quietly(self._at / RESERVE)
         durable.fsync_tree(self._at)
@@ -619,12 +632,22 @@ class RunStore:
             return run
         return None
 
-    def remove_incomplete(self) -> int:
-        """Delete interrupted runs; return how many."""
-        removed = 0
-        for run in self.runs(status="interrupted"):
-            shutil.rmtree(run.path)
-            removed += 1
+    def leftovers(self) -> list[Run]:
+        """The runs left in ``.incomplete/`` by processes that died: interrupted ones, and
+        damaged ones (a staged ``run.json`` is written whole before anything else, so a
+        damaged one was left by something that is not a workbench run)."""
+        return [r for r in self.runs() if r.path.parent.name == INCOMPLETE
+                and r.status in ("interrupted", "damaged")]
+
+    def remove_leftovers(self) -> list[Run]:
+        """Delete :meth:`leftovers` (each checked again just before, so a run whose process
+        is alive is never removed); return what was removed."""
+        removed = []
+        for run in self.leftovers():
+            again = Run.load(run.path)
+            if again.status in ("interrupted", "damaged") and not run.path.is_symlink():
+                shutil.rmtree(run.path)
+                removed.append(run)
         return removed
 
 
