@@ -83,7 +83,7 @@ def test_a_fifo_in_place_of_a_chunk_is_refused_without_blocking(store):
         try:
             rec.pattern(0, 0)
             outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 (the outcome is asserted below)
+        except BaseException as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=read, daemon=True)
@@ -169,9 +169,9 @@ def test_the_index_anchor_is_kept_when_the_run_completes(pristine):
     assert run.meta.recordings == {"recording": checksums.sha256_file(index)}
 
 
-def test_a_run_without_an_anchor_still_opens(store, tmp_path):
+def test_a_run_without_an_anchor_still_opens(store):
     """Runs written before the index was anchored keep opening."""
-    root, folder = store
+    _, folder = store
     meta = json.loads((folder.parent / "run.json").read_text())
     meta.pop("recordings")
     (folder.parent / "run.json").write_text(json.dumps(meta))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import zarr.storage
 
 from workbench.inputs.prompts import Prompt
 from workbench.recording import zarr_store
