@@ -47,7 +47,8 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.registry import did_you_mean
 
 __all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
-           "RecordList", "RelPath", "json_schema", "matching", "problem", "schema_text"]
+           "RecordList", "RelPath", "inert", "json_schema", "matching", "problem",
+           "schema_text"]
 
 STRICT = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
                     validate_default=False, ser_json_inf_nan="constants")
@@ -184,9 +185,16 @@ _SIMPLE = {
 }
 
 
+def inert(text: str) -> str:
+    """``text`` with every character that is not printable escaped (newlines, terminal
+    escapes), so that text read from a file cannot break a one-line message or rewrite the
+    screen it is printed on."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _where(loc: tuple[Any, ...]) -> str:
     skipped = ("function-", "tagged-union", "[key]")
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(skipped))]
+    parts = [inert(str(p)) for p in loc if not (isinstance(p, str) and p.startswith(skipped))]
     # pydantic names the member a union tried ('int', 'list[str]'); the field is what counts
     keep = [p for p in parts if not re.fullmatch(r"[a-z_]+\[.*\]|int|str|float|bool|none|"
                                                  r"[A-Z]\w*", p)]
@@ -196,9 +204,9 @@ def _where(loc: tuple[Any, ...]) -> str:
 def _shown(value: Any) -> str:
     """A value as the file would spell it (JSON: ``null``, ``true``, ``"text"``), short."""
     try:
-        text = json.dumps(value, ensure_ascii=False)
+        text = inert(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError):
-        text = repr(value)
+        text = inert(repr(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -239,6 +247,7 @@ def _container(tp: Any) -> Any:
 def problem(exc: ValidationError, what: str, root: Any = None) -> str:
     """One line for the first error of a validation: the file, the field, what it expects
     and what it holds (``run.json 'pid': expected at most 2147483647, got 4294967296``)."""
+    what = inert(what)
     errors = exc.errors(include_url=False)
     if not errors:
         return f"{what} does not match its format"
@@ -254,7 +263,7 @@ def problem(exc: ValidationError, what: str, root: Any = None) -> str:
         known = _fields_at(root, tuple(first.get("loc", ()))[:-1])
         if not known:
             return f"{what} has an unknown field{field}"
-        name = str(first["loc"][-1])
+        name = inert(str(first["loc"][-1]))
         return (f"{what} has an unknown field{field}{did_you_mean(name, known)}; "
                 f"fields there: {', '.join(known)}")
     if kind == "value_error":  # a record's own check: its message says what it expects
