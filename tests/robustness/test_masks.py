@@ -141,7 +141,7 @@ def test_unreadable_mask_file(capsys, runs_dir, llama_folder, tmp_path, content,
 def test_mask_folder_instead_of_file(capsys, runs_dir, llama_folder, tmp_path):
     result = cli(capsys, "record", str(llama_folder), "--text", "hi", "--heads-mask",
                  str(tmp_path))
-    check_refused(result, 2, f"cannot read head mask {tmp_path}", runs_dir)
+    check_refused(result, 2, f"head mask {tmp_path} is not a regular file", runs_dir)
 
 
 @pytest.mark.parametrize("data, message", [

@@ -58,6 +58,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.records import STRICT, Json, Record, RecordList, matching
 from workbench.core.registry import Registry, did_you_mean
 from workbench.scores import metrics
@@ -260,14 +261,7 @@ def read_claims_file(path: Path) -> tuple[Claim, ...]:
         WorkbenchError: unreadable, too large, not JSON, or a claim that does not match
             :class:`Claim` (the message names the file, the claim's place and the field).
     """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CLAIMS_FILE + 1)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read the claims file {path} ({exc.strerror})") from None
-    if len(data) > MAX_CLAIMS_FILE:
-        raise WorkbenchError(f"{path.name} is larger than {MAX_CLAIMS_FILE >> 20} MiB: "
-                             "not a claims file")
+    data = read_bounded(path, MAX_CLAIMS_FILE, what="the claims file")
     claims = CLAIMS_FILE.from_json(data, what=path.name)
     for claim in claims:
         claim._file = path.name

@@ -59,6 +59,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr
 
 from workbench.core.errors import ConfigError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.records import Count, Json, PositiveInt, Record, RecordError
 from workbench.harness.config import apply_overrides, check_config
 from workbench.harness.experiment import Experiment, get
@@ -168,12 +169,10 @@ def load_spec(path: str | Path) -> Spec:
     """
     path = Path(path)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SPEC + 1)
-        if len(data) > MAX_SPEC:
-            raise SpecError(f"the sweep spec {path} is larger than {MAX_SPEC >> 10} KiB")
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_bounded(path, MAX_SPEC, what="the sweep spec").decode("utf-8")
+    except WorkbenchError as exc:
+        raise SpecError(str(exc)) from None
+    except UnicodeDecodeError as exc:
         raise SpecError(f"cannot read the sweep spec {path}: {exc}") from None
     return parse_text(text, name=path.stem, where=str(path))
 

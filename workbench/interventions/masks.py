@@ -38,6 +38,7 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.options import Ablation
 from workbench.core.records import RecordError
 from workbench.inputs.prompts import Prompt, load_prompt_set, prompt_set_names
@@ -170,14 +171,7 @@ class HeadMask:
             WorkbenchError: unreadable, not a mask, or inconsistent (see :meth:`from_json`).
         """
         source = f"head mask {path}"
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_FILE + 1)
-        except OSError as exc:
-            raise WorkbenchError(f"cannot read head mask {path}: {exc.strerror}") from None
-        if len(data) > MAX_FILE:
-            raise WorkbenchError(f"cannot read head mask {path}: larger than "
-                                 f"{MAX_FILE >> 20} MiB")
+        data = read_bounded(path, MAX_FILE, what="head mask")
         try:
             record = HeadMaskFile.from_json(data, what=source)
         except RecordError as exc:

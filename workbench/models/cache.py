@@ -44,7 +44,6 @@ import os
 import secrets
 import shutil
 import sqlite3
-import stat
 import subprocess
 import sys
 import zipfile
@@ -59,6 +58,7 @@ from pydantic import Field, field_validator
 from workbench.core import checksums, durable, paths
 from workbench.core.checksums import FileStamp
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.records import Hex64, Record, RecordError, RelPath
 from workbench.models import gguf, zoo
 
@@ -137,12 +137,9 @@ def _read(path: Path, record: type[M], fix: str) -> M:
             or not of its shape (naming the field, with ``fix``).
     """
     try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_MANIFEST_BYTES:
-            raise _damaged(path, "not a regular file of a sensible size", fix)
-        data = path.read_bytes()
-    except OSError as exc:
-        raise _damaged(path, f"cannot read it: {exc.strerror}", fix) from None
+        data = read_bounded(path, _MAX_MANIFEST_BYTES, what=MANIFEST, follow=False)
+    except WorkbenchError as exc:
+        raise _damaged(path, str(exc), fix) from None
     try:
         return record.from_json(data, what=MANIFEST)
     except RecordError as exc:

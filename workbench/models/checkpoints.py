@@ -40,6 +40,7 @@ from pydantic import AfterValidator, Field, field_validator
 
 from workbench.core import checksums, paths
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.options import Dtype
 from workbench.core.records import Count, Hex64, Json, Record
 from workbench.models.base import Model
@@ -207,11 +208,7 @@ def read_meta(folder: str | Path) -> CheckpointMeta:
     folder = Path(folder)
     try:
         file = confined_file(folder, META, what=f"checkpoint {folder}")
-        with open(file, "rb") as fh:
-            data = fh.read(_MAX_META + 1)
-        if len(data) > _MAX_META:
-            raise WorkbenchError(f"{folder / META} is larger than {_MAX_META >> 20} MiB")
-        meta = json.loads(data)
+        meta = json.loads(read_bounded(file, _MAX_META, what=META))
     except (OSError, ValueError, RecursionError, WorkbenchError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise WorkbenchError(f"{folder} is not a readable checkpoint ({reason})") from None

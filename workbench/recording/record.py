@@ -40,6 +40,7 @@ from jaxtyping import Float
 
 from workbench.core import checksums, durable, progress
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.options import PatternStorage, StoreDtype
 from workbench.core.records import RecordError
 from workbench.inputs.batching import Batch, make_batches
@@ -274,13 +275,7 @@ def _read_index(root: Path, anchor: str | None = None) -> RecordingIndex:
     """
     where = root / INDEX
     file = confined_file(root, INDEX, what=f"recording {root}")
-    try:
-        with open(file, "rb") as fh:
-            data = fh.read(MAX_INDEX + 1)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read {where} ({exc.strerror})") from None
-    if len(data) > MAX_INDEX:
-        raise WorkbenchError(f"{where} is larger than {MAX_INDEX >> 20} MiB: not an index")
+    data = read_bounded(file, MAX_INDEX, what="recording index")
     if anchor is not None and hashlib.sha256(data).hexdigest() != anchor:
         raise ChecksumError(f"{where} is not the index its run recorded (run.json keeps "
                             "another SHA-256): the recording is damaged")
@@ -298,9 +293,10 @@ def _anchor(run_dir: Path, root: Path) -> str | None:
             be checked against it).
     """
     try:
-        data = confined_file(run_dir, RUN_JSON, what=f"run {run_dir.name}").read_bytes()
-        meta = RunMeta.from_json(data, what=str(run_dir / RUN_JSON))
-    except (RecordError, OSError) as exc:
+        file = confined_file(run_dir, RUN_JSON, what=f"run {run_dir.name}")
+        meta = RunMeta.from_json(read_bounded(file, MAX_INDEX, what=RUN_JSON),
+                                 what=str(run_dir / RUN_JSON))
+    except WorkbenchError as exc:
         raise WorkbenchError(f"the recording's run is damaged: {exc}") from None
     return meta.recordings.get(root.name)
 

@@ -42,6 +42,7 @@ from zarr.storage import LocalStore
 
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.recording.index import FileEntry
 from workbench.store.validate import confined_file
 
@@ -211,7 +212,7 @@ class ConfinedStore(LocalStore):
         if not stat.S_ISREG(mode) or not Path(os.path.realpath(path)).is_relative_to(
                 self._real):
             raise WorkbenchError(f"{path} is not a regular file inside the recording")
-        data = _read_regular(path)
+        data = read_bounded(path, None, what="recording file", follow=False)
         if len(data) != entry.size:
             raise ChecksumError(f"{path} has {len(data)} bytes, expected {entry.size}: the "
                                 "recording is damaged")
@@ -220,22 +221,6 @@ class ConfinedStore(LocalStore):
             raise ChecksumError(f"{path} changed since it was written: the recording is "
                                 "damaged")
         return data
-
-
-def _read_regular(path: Path) -> bytes:
-    """A regular file's bytes, opened without following a symlink or blocking on a FIFO
-    put in its place since it was checked."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read {path} ({exc.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise WorkbenchError(f"{path} is not a regular file inside the recording")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read()
-    finally:
-        os.close(fd)
 
 
 def _ranged(data: bytes, byte_range: ByteRequest | None) -> bytes:

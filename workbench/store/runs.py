@@ -61,6 +61,7 @@ import pyarrow
 
 from workbench.core import checksums, durable
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.core.files import read_bounded
 from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.store import provenance, validate
@@ -102,14 +103,9 @@ def _read_meta(path: Path) -> tuple[RunMeta | None, bytes | None, str | None]:
     with it (``None`` if nothing)."""
     try:
         file = validate.confined_file(path, RUN_JSON, what=f"run {path.name}")
-        with open(file, "rb") as fh:
-            data = fh.read(MAX_RUN_JSON + 1)
+        data = read_bounded(file, MAX_RUN_JSON, what=RUN_JSON)
     except WorkbenchError as exc:
         return None, None, str(exc)
-    except OSError as exc:
-        return None, None, f"cannot read {path / RUN_JSON} ({exc.strerror})"
-    if len(data) > MAX_RUN_JSON:
-        return None, None, f"run.json is larger than {MAX_RUN_JSON >> 20} MiB"
     try:
         meta = RunMeta.from_json(data, what=RUN_JSON)
     except RecordError as exc:
