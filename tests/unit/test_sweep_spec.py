@@ -15,7 +15,7 @@ import pytest
 
 from experiments.previous_token_heads import Config as PreviousTokenConfig
 from tests import tiny
-from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
+from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.harness import sweep
 from workbench.harness.config import param
 from workbench.harness.experiment import experiment, run_experiment
@@ -90,11 +90,12 @@ set = {{ n_boot = 7 }}
     ({"experiments": ["previous-token-heads"], "models": ["smollm"]}, UnknownNameError,
      "unknown model 'smollm' (did you mean 'smollm2'"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"], "set": {"n_promts": 2}},
-     ConfigError, "no config field 'n_promts' (did you mean 'n_prompts'"),
+     SpecError, "no config field 'n_promts' (did you mean 'n_prompts'"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"], "grid": {"n_prompts": []}},
      SpecError, "'grid.n_prompts': expected at least 1 item(s), got []"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"],
-      "grid": {"n_prompts": [0]}}, ConfigError, "n_prompts: expected at least 2, got 0"),
+      "grid": {"n_prompts": [0]}}, SpecError, "the sweep's cell previous-token-heads on "
+     "'smollm2' (n_prompts=0): n_prompts: expected at least 2, got 0"),
     ({"experiments": ["test-sweep-no-seed"], "models": ["smollm2"], "seeds": [1]}, SpecError,
      "experiment 'test-sweep-no-seed' has no seed field"),
     ({}, SpecError, "the sweep has no cells"),
