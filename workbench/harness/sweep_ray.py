@@ -148,7 +148,7 @@ def connect(address: str | None, *, cpus: int, gpus: float) -> Session:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = address or "a local Ray"
+            where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
             raise WorkbenchError(f"cannot start or join {where}: "
                                  f"{_first_line(exc)}") from None
         started = address is None
@@ -176,22 +176,24 @@ def _first_line(exc: BaseException) -> str:
 
 
 def check_reachable(address: str | None, timeout: float = REACH_TIMEOUT) -> None:
-    """Refuse a cluster address that accepts no TCP connection within ``timeout`` seconds.
+    """Refuse the cluster ``ray.init(address)`` would join when it accepts no TCP
+    connection within ``timeout`` seconds.
 
-    ``None`` and ``auto`` are checked through ``RAY_ADDRESS`` when it is set (Ray reads
-    it for both), and ``auto`` otherwise through the address Ray finds on this machine.
+    That cluster is ``RAY_ADDRESS`` when it is set (Ray reads it first), else the address
+    given, else (for ``None`` and ``auto``) the one Ray finds on this machine: the last
+    ``ray start`` (and for ``auto`` any running one). ``None`` with none found starts a
+    local Ray, which needs no check.
 
     Raises:
         WorkbenchError: the address is not one, or nothing answers there.
     """
-    given = os.environ.get("RAY_ADDRESS") or address
-    if given is None or given == "local":
-        return  # a local Ray is started
-    target = parse_address(given)
+    env = os.environ.get("RAY_ADDRESS")
+    given = env or address
+    if given == "local":
+        return
+    target = _found_address(given) if given in (None, "auto") else parse_address(given)
     if target is None:
-        target = _found_address()
-        if target is None:
-            return  # none found: ray.init says so at once
+        return  # a local Ray starts, or (auto) ray.init says at once that none runs
     host, port = target
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -199,20 +201,25 @@ def check_reachable(address: str | None, timeout: float = REACH_TIMEOUT) -> None
     except OSError as exc:
         reason = (f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError)
                   else exc.strerror or type(exc).__name__)
-        raise WorkbenchError(f"cannot reach the Ray cluster at {given} ({host}:{port}: "
-                             f"{reason}); start it, or check --address and RAY_ADDRESS"
+        origin = ("RAY_ADDRESS" if env else "--address" if address not in (None, "auto")
+                  else "the cluster Ray found on this machine")
+        raise WorkbenchError(f"cannot reach the Ray cluster at {host}:{port} ({origin}): "
+                             f"{reason}; start it, or check --address and RAY_ADDRESS"
                              ) from None
 
 
-def _found_address() -> tuple[str, int] | None:
-    """The cluster ``auto`` would join on this machine (Ray's own lookup), if any."""
+def _found_address(address: str | None) -> tuple[str, int] | None:
+    """The cluster ``None`` or ``auto`` would join (Ray's own lookup), if any."""
     from ray._private.services import canonicalize_bootstrap_address
 
     try:
-        found = canonicalize_bootstrap_address("auto")
+        found = canonicalize_bootstrap_address(address)
     except (ConnectionError, ValueError):
         return None
-    return parse_address(found) if found else None
+    try:
+        return parse_address(found) if found else None
+    except WorkbenchError:
+        return None  # a form this check does not read: ray.init reads it
 
 
 @contextmanager
