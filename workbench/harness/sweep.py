@@ -275,13 +275,14 @@ def _schedule(todo: Sequence[Cell], outcomes: dict[int, Outcome], total: int, sl
                 outcomes[cell.index] = _collect(ray, ref, cell)
         report(_progress(total, outcomes, 0))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (raised as one by the CLI)
-        why = str(exc) or "Ctrl-C"
-        log.warning("interrupted (%s): cancelling %d running cells", why, len(running))
+        # Inside ray.wait Ray turns any KeyboardInterrupt into a plain one, so the cause
+        # is named only when the exception still says it
+        why = f"the sweep was interrupted{f' ({exc})' if str(exc) else ''}"
+        log.warning("%s: cancelling %d running cells", why, len(running))
         _cancel(ray, running, outcomes, why)
         for cell in queue:
-            outcomes[cell.index] = Outcome(
-                cell.index, "not run", error=f"the sweep was interrupted ({why}) before it "
-                "started")
+            outcomes[cell.index] = Outcome(cell.index, "not run",
+                                           error=f"{why} before it started")
         raise
 
 
@@ -313,7 +314,7 @@ def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome],
         with contextlib.suppress(ray.exceptions.RayError):  # one that ended on its own
             outcome = ray.get(ref, timeout=0) if ref in ready else None   # keeps its outcome
         outcomes[cell.index] = outcome or Outcome(
-            cell.index, "cancelled", error=f"cancelled: the sweep was interrupted ({why})")
+            cell.index, "cancelled", error=f"cancelled: {why}")
 
 
 # ---- the sweep's tables -------------------------------------------------------------------
