@@ -43,7 +43,7 @@ from typing import Annotated, Any, Generic, Self, TypeVar
 import pydantic
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError, printable
 from workbench.core.registry import did_you_mean
 
 __all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
@@ -186,7 +186,8 @@ _SIMPLE = {
 
 def _where(loc: tuple[Any, ...]) -> str:
     skipped = ("function-", "tagged-union", "[key]")
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(skipped))]
+    parts = [printable(str(p)) for p in loc
+             if not (isinstance(p, str) and p.startswith(skipped))]
     # pydantic names the member a union tried ('int', 'list[str]'); the field is what counts
     keep = [p for p in parts if not re.fullmatch(r"[a-z_]+\[.*\]|int|str|float|bool|none|"
                                                  r"[A-Z]\w*", p)]

@@ -19,7 +19,7 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from workbench.core.errors import UnknownNameError
+from workbench.core.errors import UnknownNameError, printable
 
 T = TypeVar("T")
 
@@ -75,7 +75,7 @@ class Registry(Generic[T]):
 
     def unknown_message(self, name: str) -> str:
         known = ", ".join(sorted(self._items)) or "(none)"
-        return (f"unknown {self.kind} '{name}'{did_you_mean(name, self._items)}; "
+        return (f"unknown {self.kind} '{printable(name)}'{did_you_mean(name, self._items)}; "
                 f"known {self.plural}: {known}")
 
     def names(self) -> list[str]:

@@ -61,7 +61,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, Field, PrivateAttr
 
 from workbench.core import paths
-from workbench.core.errors import ConfigError, ModelCapabilityError, WorkbenchError
+from workbench.core.errors import ConfigError, ModelCapabilityError, WorkbenchError, printable
 from workbench.core.records import INT_MAX, Count, Json, PositiveInt, Record, RecordError
 from workbench.harness import matrix
 from workbench.harness.config import apply_overrides, check_config, check_layers
@@ -212,18 +212,18 @@ def load_spec(path: str | Path) -> Spec:
         SpecError: the file cannot be read, is not a regular file or not TOML, or has an
             unknown key, a value of the wrong type, a repeated value or a field set twice.
     """
-    path = Path(path)
+    path, shown = Path(path), printable(str(path))
     try:
         if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block, a folder fails late
-            raise SpecError(f"the sweep spec {path} is not a file; expected a TOML file")
+            raise SpecError(f"the sweep spec {shown} is not a file; expected a TOML file")
         with open(path, "rb") as fh:
             data = fh.read(MAX_SPEC + 1)
         if len(data) > MAX_SPEC:
-            raise SpecError(f"the sweep spec {path} is larger than {MAX_SPEC >> 10} KiB")
+            raise SpecError(f"the sweep spec {shown} is larger than {MAX_SPEC >> 10} KiB")
         text = data.decode("utf-8")
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the name, or not UTF-8
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise SpecError(f"cannot read the sweep spec {path}: {reason}") from None
+        raise SpecError(f"cannot read the sweep spec {shown}: {reason}") from None
     return parse_text(text, name=path.stem, where=str(path))
 
 
@@ -232,9 +232,11 @@ def parse_text(text: str, *, name: str = "sweep", where: str = "") -> Spec:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"the sweep spec {where or name} is not valid TOML: {exc}") from None
+        raise SpecError(f"the sweep spec {printable(where or name)} is not valid TOML: "
+                        f"{exc}") from None
     except RecursionError:  # tomllib recurses into nested arrays and tables
-        raise SpecError(f"the sweep spec {where or name} is nested too deeply") from None
+        raise SpecError(f"the sweep spec {printable(where or name)} is nested too deeply"
+                        ) from None
     return parse_spec(raw, name=name, text=text, where=where)
 
 
@@ -255,7 +257,7 @@ def parse_spec(raw: Mapping[str, Any], *, name: str = "sweep", text: str = "",
         SpecError: an unknown key, a value of the wrong type, an empty grid, a value
             listed twice, or a field given by two keys (``seeds`` and ``[grid] seed``).
     """
-    what = f"the sweep spec {where}".rstrip()
+    what = f"the sweep spec {printable(where)}".rstrip()
     if not isinstance(raw, Mapping):
         raise SpecError(f"{what} is not a table of keys, got {type(raw).__name__}")
     _check_values(raw, what)
@@ -275,7 +277,8 @@ def _check_values(raw: Mapping[str, Any], what: str) -> None:
     while stack:  # by hand, not recursion: a hostile spec nests deeply
         where, value = stack.pop()
         if isinstance(value, Mapping):
-            stack.extend((f"{where}.{k}".lstrip("."), v) for k, v in value.items())
+            stack.extend((f"{where}.{printable(str(k))}".lstrip("."), v)
+                         for k, v in value.items())
         elif isinstance(value, list | tuple):
             stack.extend((f"{where}.{i}", v) for i, v in enumerate(value))
         elif isinstance(value, datetime.date | datetime.time):
@@ -293,16 +296,16 @@ def _check_each_field_once(spec: Spec, what: str) -> None:
     common: dict[str, Iterable[str]] = {"[set]": spec.set, "[grid]": spec.grid}
     if spec.seeds:
         common["seeds"] = ("seed",)
-    sections = [{**common, f"[by_experiment.{name}] set": section.set,
-                 f"[by_experiment.{name}] grid": section.grid}
+    sections = [{**common, f"[by_experiment.{printable(name)}] set": section.set,
+                 f"[by_experiment.{printable(name)}] grid": section.grid}
                 for name, section in spec.by_experiment.items()]
     for sources in sections or [common]:
         seen: dict[str, str] = {}
         for where, keys in sources.items():
             for key in keys:
                 if key in seen:
-                    raise SpecError(f"{what} sets the field '{key}' twice, in {seen[key]} and "
-                                    f"in {where}; give it in one place")
+                    raise SpecError(f"{what} sets the field '{printable(key)}' twice, in "
+                                    f"{seen[key]} and in {where}; give it in one place")
                 seen[key] = where
     for i, entry in enumerate(spec.cells):
         if entry.seed is not None and "seed" in entry.set:
@@ -359,8 +362,9 @@ def _check_sections(spec: Spec) -> None:
         raise SpecError("the sweep has no cells: name experiments = [...] or add [[cells]]")
     for exp in spec.by_experiment:
         if exp not in spec.experiments:
-            raise SpecError(f"by_experiment.{exp} names an experiment the sweep does not run; "
-                            f"experiments: {', '.join(spec.experiments) or 'none'}")
+            raise SpecError(f"by_experiment.{printable(exp)} names an experiment the sweep "
+                            "does not run; "
+                            f"experiments: {printable(', '.join(spec.experiments)) or 'none'}")
 
 
 def count_cells(spec: Spec, n_models: Callable[[str], int]) -> int:
