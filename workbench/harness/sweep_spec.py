@@ -32,6 +32,15 @@ the seed; it is built and checked by :func:`workbench.harness.config.apply_overr
 bad field fails here, before anything runs. Experiments that build their own models
 (``induction-formation``) get one cell per config, whatever ``models`` says.
 
+Each field has one place: a field given by two keys (``[set]`` and ``[grid]``, a section and
+``by_experiment``, ``seeds`` and a ``seed`` field) is refused, as are a value listed twice
+and two cells that are one run (the same experiment, model and full config, whatever
+spelling led there). The number of cells is counted before any is built, and a spec of
+more than :data:`MAX_CELLS` is refused. Every model is checked as far as it can be without
+loading it (:func:`resolve_model`), and a cell whose model its experiment refuses (known
+from the model's facts, by the check the run makes once the model has loaded) carries the
+reason as its ``skip``.
+
 Models: bundled names, hub ids, local model folders, checkpoints ``<run-id>/L<n>:<step>``,
 and checkpoint globs such as ``<run-id>/L2:*`` or ``<run-id>/L*:*`` (shell patterns over
 the model ``L<n>`` and the step, in the run store the sweep writes to), which expand to
