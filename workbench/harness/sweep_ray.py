@@ -10,6 +10,12 @@ worker, not once per cell, and the driver submits cells grouped by model, so the
 that frees up usually has the next cell's model loaded already. A worker that dies fails
 only its cell; Ray starts another.
 
+Before Ray starts, the resources a cell asks for are checked (:func:`cpus_problem`,
+:func:`gpus_problem`; the parser uses the same checks) and so is the cluster's address: it
+must accept a connection within :data:`REACH_TIMEOUT` seconds, where Ray would retry a dead
+one for minutes. ``ray.init`` takes over SIGTERM; the handler the process had is put back,
+so a terminated sweep cancels and records its cells as Ctrl-C does.
+
 ``ray`` is imported only here and only when a sweep runs, so the workbench works without
 it (``pip install interp-workbench[ray]``).
 """
@@ -224,15 +230,16 @@ def _found_address(address: str | None) -> tuple[str, int] | None:
 
 @contextmanager
 def _keeping_sigterm() -> Iterator[None]:
-    """Put back this process's SIGTERM handler after the block (``ray.init`` replaces it
-    with one that exits at once, and a started Ray node with one that kills its processes
-    and exits with status 1)."""
+    """Put back the SIGTERM handler this process installed, after the block: ``ray.init``
+    replaces it with one that exits at once, and a started Ray node with one that kills
+    its processes and exits with status 1. (With no handler of its own, the process keeps
+    Ray's, which at least stops the local Ray.)"""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
         yield
     finally:
-        if previous is not None:
+        if callable(previous):
             signal.signal(signal.SIGTERM, previous)
 
 
