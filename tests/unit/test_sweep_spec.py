@@ -193,6 +193,8 @@ def test_the_sweep_tables_join_each_cells_head_scores(runs_dir, llama_folder):
     cells = expand(spec)
     run = run_experiment("previous-token-heads", str(llama_folder), cells[0].overrides,
                          runs_dir=runs_dir)
+    # the run answers its cell (same weights and config) and no other
+    assert {i: r.id for i, r in sweep.reusable(cells, store).items()} == {0: run.id}
     outcomes = {0: Outcome(0, "complete", run.id, seconds=1.5),
                 1: Outcome(1, "failed", "", "RuntimeError: boom")}
     table = sweep.cells_table(store, cells, outcomes, "2000-01-01T00:00:00")

@@ -103,17 +103,30 @@ def reusable(cells: Sequence[Cell], store: RunStore) -> dict[int, Run]:
     Returns:
         ``{cell index: matching run}``.
     """
+    # one listing of the store first: find_matching reads every run of an experiment,
+    # which for thousands of cells is worth doing only where a match can be
+    stored = {(run.experiment, run.model_name) for run in store.runs(status="complete")}
     found = {}
     for cell in cells:
         if cell.skip or (cell.model is not None and cell.model.checksum is None):
             continue
-        model = None if cell.model is None else {"name": cell.model.name,
-                                                 "checksum": cell.model.checksum}
-        run = store.find_matching(cell.experiment, model, cell.overrides,
+        if (cell.experiment, cell.model.name if cell.model else None) not in stored:
+            continue
+        weights = None if cell.model is None else _Weights(cell.model.name, cell.model.checksum)
+        run = store.find_matching(cell.experiment, weights, cell.overrides,
                                   check=verify_stored_files)
         if run is not None:
             found[cell.index] = run
     return found
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The two facts of a model's info that :meth:`RunStore.find_matching` compares,
+    known without loading it (it reads them as attributes, as of a ``ModelInfo``)."""
+
+    name: str
+    checksum: str
 
 
 def fetch_bundled(cells: Sequence[Cell]) -> None:
