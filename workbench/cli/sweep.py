@@ -86,9 +86,13 @@ def _sweep_bar(total: int, quiet: bool) -> Any:
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc="cells", dynamic_ncols=True, file=sys.stderr, smoothing=0)
+    bars: list[Any] = []  # drawn at the first report, so a refusal before it is one line
 
     def show(p: Any) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc="cells", dynamic_ncols=True, file=sys.stderr,
+                             smoothing=0))
+        bar = bars[0]
         bar.set_postfix_str(f"{p.done} done, {p.running} running, {p.failed} failed",
                             refresh=False)
         bar.update(p.done + p.failed - bar.n)
@@ -96,4 +100,5 @@ def _sweep_bar(total: int, quiet: bool) -> Any:
     try:
         yield show
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()

@@ -236,12 +236,12 @@ def run_sweep(spec: Spec, cells: Sequence[Cell], *, runs_dir: str | Path | None 
     todo = [c for c in cells if c.index not in outcomes]
     fetch_bundled(todo)  # a model no worker could fetch fails the sweep before it starts
     report = on_progress or (lambda p: None)
-    report(_progress(len(cells), outcomes, 0))
     session = sweep_ray.connect(address, cpus=cpus, gpus=gpus) if todo else None
     since = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         if session is not None:
             sweep_ray.check_workers_can_write(root)
+        report(_progress(len(cells), outcomes, 0))  # once nothing can refuse the sweep
         with store.start("sweep", None, spec.to_dict(), tables=TABLES,
                          extra={"cpus": cpus, "gpus": gpus, "address": address}) as active:
             (active.dir / SPEC_FILE).write_text(spec.text, encoding="utf-8")
