@@ -56,7 +56,7 @@ def test_a_sweep_gives_the_tables_of_the_runs_made_one_by_one(ray_local, folders
     assert result.experiment == "sweep" and result.status == "complete"
     table = result.table("cells")
     assert table.status.tolist() == ["complete"] * 4
-    assert result.meta.cells == table.run_id.tolist()
+    assert list(result.meta.cells) == table.run_id.tolist()
     assert (result.path / sweep.SPEC_FILE).is_file()
     # each worker loads each model it runs once, whatever the number of its cells
     loads = table.groupby(["worker", "model"]).loaded_model.sum()
