@@ -31,6 +31,7 @@ from workbench.core import paths
 from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.core.options import PatternStorage, Status, StoreDtype
 from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
+from workbench.harness.sweep_ray import cpus_problem, gpus_problem, parse_address
 
 MODEL_HELP = ("bundled name (`workbench models`), hub id, model folder, .gguf file or "
               "<run-id>/L<n>:<step>")
@@ -102,6 +103,38 @@ def _port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
     return value
+
+
+def _cell_cpus(text: str) -> int:
+    """An argparse type: the CPUs one sweep cell asks for (a whole number Ray can give)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = text
+    if problem := cpus_problem(value):
+        raise argparse.ArgumentTypeError(problem)
+    return int(value)
+
+
+def _cell_gpus(text: str) -> float:
+    """An argparse type: the GPUs one sweep cell asks for (finite, bounded, a fraction of
+    one or whole GPUs), refused before Ray starts."""
+    try:
+        value: Any = float(text)
+    except ValueError:
+        value = text
+    if problem := gpus_problem(value):
+        raise argparse.ArgumentTypeError(problem)
+    return float(value)
+
+
+def _ray_address(text: str) -> str:
+    """An argparse type: ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``."""
+    try:
+        parse_address(text)
+    except WorkbenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _add(sub: Subparsers, name: str, fn: Any, help: str,
@@ -207,13 +240,14 @@ def _add_experiment_commands(sub: Subparsers) -> None:
     p.add_argument("spec", metavar="SPEC", help="a TOML sweep spec (see data/sweeps/)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the cells and a cost estimate from earlier runs; run nothing")
-    p.add_argument("--cpus", type=_at_least_one, default=1, metavar="N",
+    p.add_argument("--cpus", type=_cell_cpus, default=1, metavar="N",
                    help="CPUs per cell, also its torch threads (default 1: one cell per core)")
-    p.add_argument("--gpus", type=float, default=0, metavar="N", help="GPUs per cell "
-                   "(default 0; with any, models load on cuda)")
-    p.add_argument("--address", metavar="auto|ray://HOST:PORT", help="join a running Ray "
-                   "cluster (default: start a local one); the run store must be a path "
-                   "every node sees")
+    p.add_argument("--gpus", type=_cell_gpus, default=0, metavar="N", help="GPUs per cell: "
+                   "a fraction of one or whole GPUs (default 0; with any, models load on "
+                   "cuda)")
+    p.add_argument("--address", type=_ray_address, metavar="auto|ray://HOST:PORT",
+                   help="join a running Ray cluster (default: start a local one); it must "
+                   "answer within seconds, and the run store must be a path every node sees")
     _dtype_option(p)
     _out_option(p)
     p = _add(sub, "reproduce", cmd_reproduce, "check published claims against measured results")

@@ -29,3 +29,10 @@ class ConfigError(WorkbenchError):
 
 class ModelCapabilityError(WorkbenchError):
     """An experiment asked a model for something it cannot honestly do."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control and other unprintable characters escaped (``\\n``), for
+    a message that quotes a name from a file: the message must stay one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)

@@ -20,7 +20,7 @@ import errno
 import os
 import stat
 
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError, printable
 
 
 def read_bounded(path: str | os.PathLike[str], limit: int | None, *, what: str,
@@ -39,24 +39,27 @@ def read_bounded(path: str | os.PathLike[str], limit: int | None, *, what: str,
             ``limit`` (one line naming it).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    shown = printable(str(path))
     try:
         fd = os.open(path, flags)
+    except ValueError:  # a NUL byte in the name
+        raise WorkbenchError(f"{what} {shown} is not a file name") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
-            raise WorkbenchError(f"{what} {path} is a symbolic link, not a regular "
+            raise WorkbenchError(f"{what} {shown} is a symbolic link, not a regular "
                                  "file") from None
-        raise WorkbenchError(f"cannot read {what} {path} ({exc.strerror})") from None
+        raise WorkbenchError(f"cannot read {what} {shown} ({exc.strerror})") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise WorkbenchError(f"{what} {path} is not a regular file")
+            raise WorkbenchError(f"{what} {shown} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = fh.read() if limit is None else fh.read(limit + 1)
     except OSError as exc:
-        raise WorkbenchError(f"cannot read {what} {path} ({exc.strerror})") from None
+        raise WorkbenchError(f"cannot read {what} {shown} ({exc.strerror})") from None
     finally:
         os.close(fd)
     if limit is not None and len(data) > limit:
-        raise WorkbenchError(f"{what} {path} is larger than {_size(limit)}: not a real one")
+        raise WorkbenchError(f"{what} {shown} is larger than {_size(limit)}: not a real one")
     return data
 
 

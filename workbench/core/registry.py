@@ -19,7 +19,7 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from workbench.core.errors import UnknownNameError
+from workbench.core.errors import UnknownNameError, printable
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ class Registry(Generic[T]):
         if not isinstance(name, str):
             return f"a {self.kind} is named by a string, got {_shown(name)}; known " \
                    f"{self.plural}: {known}"
-        return (f"unknown {self.kind} '{name}'{did_you_mean(name, self._items)}; "
+        return (f"unknown {self.kind} '{printable(name)}'{did_you_mean(name, self._items)}; "
                 f"known {self.plural}: {known}")
 
     def names(self) -> list[str]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core import values as value_rules
-from workbench.core.errors import ConfigError
+from workbench.core.errors import ConfigError, printable
 from workbench.core.options import Dtype
 from workbench.core.registry import did_you_mean
 from workbench.core.values import (
@@ -189,7 +189,8 @@ def apply_overrides(cls: type, overrides: Iterable[str] | Mapping[str, Any] = ()
     values = {}
     for key, value in pairs.items():
         if key not in by_name:
-            raise ConfigError(f"{cls.__module__.split('.')[-1]} has no config field '{key}'"
+            raise ConfigError(f"{cls.__module__.split('.')[-1]} has no config field "
+                              f"'{printable(key)}'"
                               f"{did_you_mean(key, by_name)}; fields: {', '.join(by_name)}")
         tp, meta = hints[key], by_name[key].metadata
         raw = parse_value(value, tp, key) if isinstance(value, str) else value

@@ -33,7 +33,7 @@ from workbench.core.options import Dtype
 from workbench.core.registry import Registry, did_you_mean
 from workbench.harness.config import apply_overrides, check_config, check_layers
 from workbench.interventions.masks import HeadMask, applied
-from workbench.models.base import Model
+from workbench.models.base import Capabilities, Model, require
 from workbench.models.load import load_model
 from workbench.scores import metrics
 from workbench.store.records import Interventions
@@ -104,6 +104,21 @@ class Experiment:
             raise UnknownNameError(f"experiment '{self.name}' has no config '{base}'; "
                                    f"known configs: {', '.join(named)}")
         return {**named[base], **pins}
+
+    def check_fit(self, facts: Capabilities) -> None:
+        """Refuse a model ``requires`` excludes: the check a run makes once its model has
+        loaded, and a sweep's plan makes from what it knows before loading.
+
+        Args:
+            facts: the loaded model's info, or what is known of it without loading it
+                (an unknown fact refuses nothing).
+
+        Raises:
+            ModelCapabilityError: the reason (an encoder for a causal experiment).
+        """
+        if self.requires != "any":
+            require(facts, causal=True, lm_head=self.requires == "causal_lm",
+                    what=f"experiment '{self.name}'")
 
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
@@ -220,9 +235,8 @@ def run_experiment(name: str, model: str | Model | None,
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))
     loaded = load_model(model, dtype=dtype, runs_dir=runs_dir) if isinstance(model, str) else model
-    if loaded is not None and exp.requires != "any":
-        loaded.require(causal=True, lm_head=exp.requires == "causal_lm",
-                       what=f"experiment '{name}'")
+    if loaded is not None:
+        exp.check_fit(loaded.info)
     if loaded is not None and exp.check_model is not None:
         exp.check_model(loaded)
     if loaded is not None:  # layer fields must name layers this model has

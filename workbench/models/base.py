@@ -18,7 +18,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Float, Int
@@ -34,6 +34,42 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+
+class Capabilities(Protocol):
+    """What a model can honestly be used for: a loaded model's :class:`ModelInfo`, or what
+    is known of a model before it loads (``None``: not known until it does)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def causal(self) -> bool | None: ...
+    @property
+    def has_lm_head(self) -> bool | None: ...
+
+
+def require(facts: Capabilities, *, causal: bool | None = None, lm_head: bool | None = None,
+            what: str = "this") -> None:
+    """Refuse, with a reason, what a model with ``facts`` cannot honestly do; a fact that
+    is not known yet (``None``) refuses nothing, so the check is repeated once it loads.
+
+    Args:
+        facts: the model's :class:`ModelInfo`, or its facts known before loading.
+        causal: ``True`` when ``what`` needs a causal (left-to-right) model.
+        lm_head: ``True`` when ``what`` needs a trained language-model head.
+        what: what is asked, for the message.
+
+    Raises:
+        ModelCapabilityError: e.g. a loss asked of an encoder with no trained LM head.
+    """
+    name = facts.name
+    if causal is True and facts.causal is False:
+        raise ModelCapabilityError(f"{what} needs a causal model; {name} is bidirectional")
+    if lm_head is True and facts.has_lm_head is False:
+        raise ModelCapabilityError(
+            f"{what} needs a trained language-model head; {name} has none "
+            "(its head is randomly initialised), so no loss or prediction is reported"
+        )
 
 
 class Model:
@@ -118,19 +154,12 @@ class Model:
 
     def require(self, *, causal: bool | None = None, lm_head: bool | None = None,
                 what: str = "this") -> None:
-        """Refuse, with a reason, what this model cannot honestly do.
+        """Refuse, with a reason, what this model cannot honestly do (see :func:`require`).
 
         Raises:
             ModelCapabilityError: e.g. a loss asked of an encoder with no trained LM head.
         """
-        name = self.info.name
-        if causal is True and not self.info.causal:
-            raise ModelCapabilityError(f"{what} needs a causal model; {name} is bidirectional")
-        if lm_head is True and not self.info.has_lm_head:
-            raise ModelCapabilityError(
-                f"{what} needs a trained language-model head; {name} has none "
-                "(its head is randomly initialised), so no loss or prediction is reported"
-            )
+        require(self.info, causal=causal, lm_head=lm_head, what=what)
 
     def logits(self, input_ids: Int[Tensor, "batch pos"] | Int[Tensor, " pos"] | Sequence[int]
                | Sequence[Sequence[int]],
