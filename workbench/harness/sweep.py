@@ -371,8 +371,12 @@ def cells_table(store: RunStore, cells: Sequence[Cell], outcomes: Mapping[int, O
         out = outcomes.get(cell.index) or Outcome(cell.index, "not run",
                                                   error="the sweep ended before it started")
         run_id = out.run_id or (_cell_run(store, cell, since)
-                                if out.status in ("failed", "cancelled") else "")
-        rows.append({**_key_columns(cell, run_id), "status": out.status, "error": out.error,
+                                if out.status in ("failed", "cancelled", "not run") else "")
+        status, error = out.status, out.error
+        if status != "complete" and run_id and store.get(run_id).status == "complete":
+            # it finished just before the sweep was stopped, and never got to report it
+            status, error = "complete", ""
+        rows.append({**_key_columns(cell, run_id), "status": status, "error": error,
                      "seconds": float(out.seconds),
                      "config": json.dumps(dict(cell.overrides), sort_keys=True),
                      "worker": out.pid, "loaded_model": out.loaded,
