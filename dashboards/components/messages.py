@@ -34,6 +34,8 @@ from workbench.core.errors import WorkbenchError
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+ERROR_COLOUR = "#b91c1c"
+"""The colour of a message's text in a figure's title (``wb-error`` lines use it too)."""
 READ_ERRORS = (WorkbenchError, OSError)
 """What reading a run may raise for reasons outside the dashboard's code."""
 
@@ -60,7 +62,7 @@ def _plain(text: str) -> str:
 def message_figure(text: str) -> go.Figure:
     """An empty figure that says why it is empty, instead of bare axes."""
     fig = go.Figure()
-    fig.update_layout(title={"text": _plain(text), "font": {"color": "#b91c1c", "size": 14}},
+    fig.update_layout(title={"text": _plain(text), "font": {"color": ERROR_COLOUR, "size": 14}},
                       xaxis={"visible": False}, yaxis={"visible": False}, height=160,
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
     return fig

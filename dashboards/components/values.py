@@ -487,7 +487,8 @@ def declared(fn: Callable[..., Any]) -> list[tuple[str, Spec]]:
         where = f"callback {fn.__qualname__}, parameter {name!r}"
         if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
             raise TypeError(f"{where}: a callback names each of its inputs")
-        found.append((name.replace("_", " "), _spec_of(hints.get(name), where)))
+        # the label in messages: ``top_k`` is "top k", ``input_`` (not the builtin) "input"
+        found.append((name.strip("_").replace("_", " "), _spec_of(hints.get(name), where)))
     return found
 
 

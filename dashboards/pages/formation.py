@@ -213,12 +213,12 @@ def draw_heads(run_id: RunId, model: Name):
           Input("formation-run", "value"), Input("formation-model", "value"),
           Input("formation-head", "value"), Input("formation-step", "value"))
 @safe
-def draw_pattern(run_id: RunId, model: Name, head: NamedHead, index: Index):
-    if model is None or head is None or index is None:
+def draw_pattern(run_id: RunId, model: Name, head: NamedHead, checkpoint: Index):
+    if model is None or head is None or checkpoint is None:
         return no_update
     _check_model(run_id, model)
     steps = _steps(run_id, model)
-    step = steps[below("checkpoint", index, len(steps), f"checkpoints of {model}")]
+    step = steps[below("checkpoint", checkpoint, len(steps), f"checkpoints of {model}")]
     patterns = _table(run_id, CHECKPOINT_PATTERNS)
     mine = patterns[patterns.model == model]
     layer, h = head

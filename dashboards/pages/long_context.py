@@ -164,11 +164,11 @@ def _read_args(run_id: str | None, prompt: int | None, layer: int | None,
           Input("long-context-layer", "value"), Input("long-context-head", "value"),
           Input("long-context-pooling", "value"))
 @safe
-def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, how: Pooling):
+def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
-    pooled = rec.pooled(prompt, layer, head, max_cells=OVERVIEW_CELLS, how=how)
+    pooled = rec.pooled(prompt, layer, head, max_cells=OVERVIEW_CELLS, how=pooling)
     n = rec.length(prompt)
     left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
     title = (f"L{layer}H{head}, whole pattern, {n} tokens: {_pooling_note(pooled)}{left}"
@@ -207,13 +207,13 @@ def window_of(n: int, q0: int | None, k0: int | None, span: int | None
           Input("long-context-pooling", "value"), Input("long-context-q0", "value"),
           Input("long-context-k0", "value"), Input("long-context-span", "value"))
 @safe
-def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, how: Pooling,
-                q0: Index, k0: Index, span: Index):
+def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
+                first_query: Index, first_key: Index, span: Index):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
-    window = window_of(rec.length(prompt), q0, k0, span)
-    pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=how)
+    window = window_of(rec.length(prompt), first_query, first_key, span)
+    pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=pooling)
     title = (f"window: queries {window[0]}..{window[1] - 1}, keys {window[2]}..{window[3] - 1}"
              f": {_pooling_note(pooled)}<br>click a cell to list its query's top keys")
     return _heatmap(pooled, rec.tokens(prompt), title)

@@ -105,7 +105,7 @@ def _input_scores(run: Run, input_name: str) -> pd.DataFrame:
         Refused: the run scored no such input.
     """
     scores = run.table(INPUT_SCORES.name)
-    among("input", input_name, list(dict.fromkeys(scores.input)), "the run's inputs")
+    among("input name", input_name, list(dict.fromkeys(scores.input)), "the run's inputs")
     return scores[scores.input == input_name]
 
 

@@ -220,15 +220,15 @@ def cell_of(point: dict) -> int:
 @callback(Output("sweeps-open", "children"), Input("sweeps-mosaic", "clickData"),
           Input("sweeps-run", "value"))
 @safe
-def open_cell(index: Annotated[int | None, Click(cell_of, "a click on a row of the mosaic")],
+def open_cell(cell: Annotated[int | None, Click(cell_of, "a click on a row of the mosaic")],
               run_id: RunId):
-    if index is None:
+    if cell is None:
         return "Click a cell of the mosaic to open its run."
     cells = _table(run_id, "cells")
-    match = cells[(cells.cell == index) & (cells.run_id != "")]
+    match = cells[(cells.cell == cell) & (cells.run_id != "")]
     if match.empty:
-        return message(f"sweep {run_id} has no run for cell {index}")
-    cell = match.iloc[0]
-    return html.Span([f"cell {cell.cell}: {cell.experiment} on {cell.model} → ",
-                      dcc.Link(f"open run {cell.run_id}", id="sweeps-open-link",
-                               href=links.run_link(cell.run_id, cell.experiment))])
+        return message(f"sweep {run_id} has no run for cell {cell}")
+    row = match.iloc[0]
+    return html.Span([f"cell {row.cell}: {row.experiment} on {row.model} → ",
+                      dcc.Link(f"open run {row.run_id}", id="sweeps-open-link",
+                               href=links.run_link(row.run_id, row.experiment))])
