@@ -10,6 +10,7 @@ Examples:
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -184,8 +185,9 @@ def callback_key(app: Dash, output: str) -> str:
 
 
 def messages_in(response: Any) -> list[str]:
-    """Every message a callback's response shows: ``wb-error`` lines and the titles of
-    the empty figures that say why they are empty."""
+    """Every message a callback's response shows, as the page shows it: ``wb-error``
+    lines, and the titles of the empty figures that say why they are empty (Plotly shows
+    a title's entities as the characters they stand for)."""
     found: list[str] = []
     if isinstance(response, dict):
         props = response.get("props")
@@ -194,7 +196,7 @@ def messages_in(response: Any) -> list[str]:
         layout = response.get("layout")
         title = layout.get("title") if isinstance(layout, dict) else None
         if isinstance(title, dict) and title.get("font", {}).get("color") == ERROR_COLOUR:
-            found.append(title.get("text"))
+            found.append(html.unescape(str(title.get("text"))))
         for value in response.values():
             found += messages_in(value)
     elif isinstance(response, list):
