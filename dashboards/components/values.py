@@ -156,9 +156,13 @@ class Real(Spec):
         return float(value)
 
 
+NOT_IN_A_LINE = {"Cc", "Zl", "Zp"}
+"""Unicode categories a line of text has none of: controls, line and paragraph separators."""
+
+
 def _is_line(value: Any, max_chars: int) -> bool:
     return (isinstance(value, str) and len(value) <= max_chars
-            and not any(unicodedata.category(c) == "Cc" for c in value))
+            and not any(unicodedata.category(c) in NOT_IN_A_LINE for c in value))
 
 
 @dataclass(frozen=True)
