@@ -69,6 +69,7 @@ def _steps(run_id: str, model: str) -> list[int]:
 
 
 def _models(phase: pd.DataFrame) -> list[str]:
+    """The models the run trained, smallest first (one ``phase_change`` row each)."""
     return phase.sort_values("n_layers").model.tolist()
 
 

@@ -134,6 +134,7 @@ def choose_run(run_id: RunId, metric: Name):
 
 
 def _metrics(scores: pd.DataFrame) -> list[str]:
+    """The metrics a run's head scores hold, in the order the table holds them."""
     return list(dict.fromkeys(scores.metric))
 
 
