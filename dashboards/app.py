@@ -23,13 +23,13 @@ DEBUG_REFUSED = ("--debug serves an interactive debugger; it is refused on a non
                  "host")
 # Dash's debug mode turns all of these on; each is named off so no DASH_* variable of the
 # environment turns one back on behind a server that is not in debug mode.
+DEV_TOOLS_OFF = {"dev_tools_ui": False, "dev_tools_props_check": False,
+                 "dev_tools_serve_dev_bundles": False, "dev_tools_hot_reload": False,
+                 "dev_tools_prune_errors": False}
 ROUTER = ".._pages_content.children..._pages_store.data.."
 """The callback of Dash's pages that answers an address with its page's layout."""
 ADDRESS = Text(max_chars=10 * MAX_CHARS)
 """The router's address and query: text, as a browser's location always is."""
-DEV_TOOLS_OFF = {"dev_tools_ui": False, "dev_tools_props_check": False,
-                 "dev_tools_serve_dev_bundles": False, "dev_tools_hot_reload": False,
-                 "dev_tools_prune_errors": False}
 
 
 def create_app(runs_dir: str | Path) -> Dash:
@@ -89,7 +89,7 @@ def _refuse_bad_address(app: Dash) -> flask.Response | None:
         return None
     log.warning("page router: %s", problem)
     answer = {"multi": True, "response": {
-        "_pages_content": {"children": refused("workbench", problem)},
+        "_pages_content": {"children": refused(app.title, problem)},
         "_pages_store": {"data": {"title": app.title}}}}
     return flask.Response(to_json_plotly(answer), mimetype="application/json")
 

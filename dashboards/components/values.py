@@ -315,6 +315,10 @@ def cell_of(point: dict) -> tuple[int, int]:
     return math.floor(y), math.floor(x)
 
 
+ZOOM_KEYS = ("xaxis.range[0]", "xaxis.range[1]", "yaxis.range[0]", "yaxis.range[1]")
+"""The keys of a box drawn on a figure (Plotly's zoom) in its ``relayoutData``."""
+
+
 @dataclass(frozen=True)
 class Zoom(Spec):
     """Plotly's ``relayoutData``: the box of a zoom, ``(x0, x1, y0, y1)``, or ``None``
@@ -324,15 +328,13 @@ class Zoom(Spec):
     def expects(self) -> str:
         return "an object of layout changes whose axis ranges are numbers"
 
-    KEYS = ("xaxis.range[0]", "xaxis.range[1]", "yaxis.range[0]", "yaxis.range[1]")
-
     def parse(self, value: Any) -> tuple[float, float, float, float] | None:
         if not isinstance(value, dict):
             raise _Misfit
-        if not all(k in value for k in self.KEYS):
+        if not all(k in value for k in ZOOM_KEYS):
             return None
         try:
-            x0, x1, y0, y1 = (coordinate(value[k]) for k in self.KEYS)
+            x0, x1, y0, y1 = (coordinate(value[k]) for k in ZOOM_KEYS)
         except ValueError:
             raise _Misfit from None
         return x0, x1, y0, y1

@@ -2,7 +2,7 @@
 
 The callbacks are found in ``app.callback_map`` (a new one is fuzzed without a line here),
 Dash's page router among them, and fuzzed page by page: each example draws one callback of
-its page, then its values (one test per callback would post 60 x 78 requests in the ``ci``
+its page, then its values (one test per callback would post 60 x 76 requests in the ``ci``
 profile, over a minute and a half on two cores). Since a page's draws need not reach each
 of its callbacks, every input of every callback is also posted each class of crafted
 value once, the others left unset. Each example posts one request to Dash's endpoint
@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from dashboards.app import create_app
 from dashboards.components.exports import table_choice
 from dashboards.components.messages import ERROR_COLOUR
+from dashboards.components.values import ZOOM_KEYS
 from tests.dashboard_runs import messages_in, names_in, post_callback, request_body
 from tests.robustness.test_dashboard_paths import MARKER, crafted
 
@@ -104,8 +105,7 @@ COORDINATE = st.one_of(SMALL, st.floats(-2, 20, allow_nan=False),
                        st.sampled_from(["3", "2 'tok'", "1: L1 step 4", "x"]), ANY_JSON)
 CLICK = st.fixed_dictionaries({"points": st.lists(st.fixed_dictionaries(
     {"x": COORDINATE, "y": COORDINATE}), min_size=1, max_size=2)})
-ZOOM = st.fixed_dictionaries({k: COORDINATE for k in (
-    "xaxis.range[0]", "xaxis.range[1]", "yaxis.range[0]", "yaxis.range[1]")})
+ZOOM = st.fixed_dictionaries(dict.fromkeys(ZOOM_KEYS, COORDINATE))
 HEAD = st.fixed_dictionaries({"layer": SMALL, "head": SMALL})
 CELL = st.fixed_dictionaries({"row": SMALL, "column": SMALL})
 
