@@ -138,13 +138,29 @@ class Pools:
         return self._mine(component_id)[0]
 
     def run_ids(self, component_id: str) -> st.SearchStrategy:
-        """A run id for the page's run input: mostly of a kind it shows."""
+        """A run id for the page's run input: mostly of a kind it shows, else one the
+        store lists in trouble or one crafted to lead out of it."""
         mine = self._mine(component_id)
         return st.one_of(st.sampled_from(mine), st.sampled_from(mine),
-                         st.sampled_from(self.crafted_ids), ANY_JSON)
+                         st.sampled_from(self.crafted_ids))
 
-    def value(self, item: dict) -> st.SearchStrategy:
-        """A value for one input or state of a callback, by what it holds."""
+    def value(self, item: dict, odd: bool | None = None) -> st.SearchStrategy:
+        """A value for one input or state of a callback, by what it holds.
+
+        Args:
+            item: the input, as the callback map names it.
+            odd: anything JSON holds (``True``), what the page offers (``False``), or
+                either (``None``).
+        """
+        if str(item["id"]).startswith("{"):  # a pattern input: its components and values
+            return st.lists(st.tuples(st.one_of(st.sampled_from(self.names), ANY_JSON),
+                                      st.one_of(SMALL, ANY_JSON)), max_size=3)
+        plausible = self._plausible(item)
+        if odd is None:
+            return st.one_of(plausible, plausible, ANY_JSON)
+        return ANY_JSON if odd else plausible
+
+    def _plausible(self, item: dict) -> st.SearchStrategy:
         component, prop = str(item["id"]), item["property"]
         if self.holds_run(component):
             return self.run_ids(component)
@@ -164,10 +180,7 @@ class Pools:
         else:
             plausible = by_prop.get(prop, st.one_of(
                 st.sampled_from(self.names), SMALL, st.sampled_from([0.25, 0.5, 1])))
-        if component.startswith("{"):  # a pattern input: its components and their values
-            return st.lists(st.tuples(st.one_of(st.sampled_from(self.names), ANY_JSON),
-                                      st.one_of(SMALL, ANY_JSON)), max_size=3)
-        return st.one_of(plausible, plausible, ANY_JSON)
+        return plausible
 
 
 def _changed(spec: dict) -> st.SearchStrategy:
@@ -253,8 +266,12 @@ def test_any_values_posted_to_a_pages_callbacks_get_a_page_not_an_error(app, poo
                                                                         page, data):
     key = data.draw(st.sampled_from(PAGES[page]), label="callback")
     spec = app.callback_map[key]
-    values = {f"{i['id']}.{i['property']}": data.draw(pools.value(i), label=i["id"])
-              for i in spec["inputs"] + spec["state"]}
+    items = {f"{i['id']}.{i['property']}": i for i in spec["inputs"] + spec["state"]}
+    # half the time one input is odd and the others are what the page offers, so a crafted
+    # value also reaches the code past the checks of the others
+    odd = data.draw(st.one_of(st.none(), st.sampled_from(list(items))), label="odd input")
+    values = {name: data.draw(pools.value(i, None if odd is None else name == odd), label=name)
+              for name, i in items.items()}
     changed = data.draw(_changed(spec), label="changedPropIds")
     refusals.lines.clear()
     status, text, payload = post_callback(app, key, values, changed)
