@@ -15,14 +15,17 @@ JSON writes them, strings with control characters, markup or paths leading out o
 store, lists and objects. The ids the client says changed are drawn too.
 
 Every answer must be: HTTP 200, or Dash's 204 where nothing changes; no traceback; nothing
-of the run outside the store; every message on one line and, in a figure, without markup;
-and every value a callback refused (``safe`` logs each refusal) said in the page.
+of the run outside the store, whose files are not even opened (an audit hook watches every
+``open``); every message on one line and, in a figure, without markup; and every value a
+callback refused (``safe`` logs each refusal) said in the page.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,6 +208,36 @@ class Refusals(logging.Handler):
         self.lines.append(record.getMessage().split(": ", 1)[-1])
 
 
+class Opened:
+    """The files opened under a folder while it is watched, symlinks resolved: an audit
+    hook sees every ``open`` of the process, whichever code makes it."""
+
+    def __init__(self) -> None:
+        self.watched: str | None = None
+        self.found: list[str] = []
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if self.watched is None or event != "open" or not args:
+            return
+        try:
+            real = os.path.realpath(os.fsdecode(args[0]))
+        except (TypeError, ValueError):  # a file descriptor, not a path
+            return
+        if real.startswith(self.watched):
+            self.found.append(real)
+
+
+OPENED = Opened()
+sys.addaudithook(OPENED)  # idle until a test sets what it watches; a hook cannot be removed
+
+
+@pytest.fixture(scope="module")
+def outside(stocked) -> Iterator[Opened]:
+    OPENED.watched = os.path.realpath(stocked.hostile.outside) + os.sep
+    yield OPENED
+    OPENED.watched = None
+
+
 @pytest.fixture(scope="module")
 def app(stocked):
     app = create_app(stocked.runs)
@@ -245,11 +278,13 @@ def _message_titles(response: object) -> list[str]:
     return []
 
 
-def check_answer(status: int, text: str, payload: dict, refused: list[str]) -> None:
+def check_answer(status: int, text: str, payload: dict, refused: list[str],
+                 opened: list[str]) -> None:
     """The properties every answer has (see the module's docstring)."""
     assert status in (200, 204), text[:400]
     assert "Traceback" not in text and 'File "' not in text, text[:400]
     assert MARKER not in text
+    assert opened == [], "opened outside the store"
     shown = [str(m) for m in messages_in(payload)]
     for line in shown:
         assert "\n" not in line and "\r" not in line, line
@@ -263,7 +298,7 @@ def check_answer(status: int, text: str, payload: dict, refused: list[str]) -> N
 @pytest.mark.parametrize("page", sorted(PAGES))
 @given(data=st.data())
 def test_any_values_posted_to_a_pages_callbacks_get_a_page_not_an_error(app, pools, refusals,
-                                                                        page, data):
+                                                                        outside, page, data):
     key = data.draw(st.sampled_from(PAGES[page]), label="callback")
     spec = app.callback_map[key]
     items = {f"{i['id']}.{i['property']}": i for i in spec["inputs"] + spec["state"]}
@@ -274,10 +309,11 @@ def test_any_values_posted_to_a_pages_callbacks_get_a_page_not_an_error(app, poo
               for name, i in items.items()}
     changed = data.draw(_changed(spec), label="changedPropIds")
     refusals.lines.clear()
+    outside.found.clear()
     status, text, payload = post_callback(app, key, values, changed)
     # the statistics (--hypothesis-show-statistics) say how many examples went how deep
     event("refused or unreadable" if refusals.lines else f"answered {status}")
-    check_answer(status, text, payload, list(refusals.lines))
+    check_answer(status, text, payload, list(refusals.lines), list(outside.found))
 
 
 CLASSES = [None, "x", "x" * 300, "a\nb<br>", math.nan, math.inf, -math.inf, True, 1.5,
@@ -286,7 +322,8 @@ CLASSES = [None, "x", "x" * 300, "a\nb<br>", math.nan, math.inf, -math.inf, True
 
 
 @pytest.mark.parametrize("key", CALLBACKS, ids=_short)
-def test_every_input_of_every_callback_answers_each_crafted_class(app, pools, refusals, key):
+def test_every_input_of_every_callback_answers_each_crafted_class(app, pools, refusals,
+                                                                   outside, key):
     spec = app.callback_map[key]
     items = [i for i in spec["inputs"] + spec["state"] if not str(i["id"]).startswith("{")]
     runs = {f"{i['id']}.{i['property']}": pools.first_run(str(i["id"])) for i in items
@@ -294,9 +331,10 @@ def test_every_input_of_every_callback_answers_each_crafted_class(app, pools, re
     for item in items:
         for value in CLASSES:
             refusals.lines.clear()
+            outside.found.clear()
             values = {**runs, f"{item['id']}.{item['property']}": value}
             status, text, payload = post_callback(app, key, values)
-            check_answer(status, text, payload, list(refusals.lines))
+            check_answer(status, text, payload, list(refusals.lines), list(outside.found))
 
 
 def test_every_callback_is_fuzzed_and_declares_its_inputs(app):
@@ -321,3 +359,14 @@ def test_a_request_body_names_every_input_the_callback_has(app):
         body = request_body(app, key, {})
         assert len(body["inputs"]) == len(spec["inputs"])
         assert len(body["state"]) == len(spec["state"])
+
+
+def test_the_watch_on_the_outside_sees_a_file_opened_there(outside, stocked):
+    """The control for the property above: opening the secret run's file, directly or
+    through the symlink inside the store, is seen."""
+    hostile = stocked.hostile
+    outside.found.clear()
+    (hostile.outside / hostile.secret / "run.json").read_bytes()
+    (hostile.runs / hostile.secret / "run.json").read_bytes()
+    assert len(outside.found) == 2
+    outside.found.clear()
