@@ -315,9 +315,12 @@ def _collect(ray: Any, ref: Any, cell: Cell) -> Outcome:
 def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome],
             why: str) -> None:
     """Interrupt the running cells (their runs are stored as failed), wait for them to end,
-    then kill any that would not."""
+    then kill any that would not. A task that has already ended is not cancelled (Ray
+    aborts the driver when a cancel races a task's completion)."""
+    ended, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
     for ref in running:
-        ray.cancel(ref, force=False)
+        if ref not in ended:
+            ray.cancel(ref, force=False)
     ready, late = ray.wait(list(running), num_returns=len(running), timeout=CANCEL_GRACE)
     for ref in late:
         ray.cancel(ref, force=True)
@@ -373,7 +376,7 @@ def cells_table(store: RunStore, cells: Sequence[Cell], outcomes: Mapping[int, O
         run_id = out.run_id or (_cell_run(store, cell, since)
                                 if out.status in ("failed", "cancelled", "not run") else "")
         status, error = out.status, out.error
-        if status != "complete" and run_id and store.get(run_id).status == "complete":
+        if status not in DONE and run_id and store.get(run_id).status == "complete":
             # it finished just before the sweep was stopped, and never got to report it
             status, error = "complete", ""
         rows.append({**_key_columns(cell, run_id), "status": status, "error": error,
