@@ -112,6 +112,7 @@ from experiments.induction_formation import checks  # noqa: F401 (registers the 
 from experiments.induction_formation.measure import Result, make_probes, result, train_one
 from experiments.induction_formation.tables import TABLES
 from workbench.core import progress
+from workbench.core.errors import WorkbenchError
 from workbench.core.values import MAX_PROMPTS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
@@ -196,9 +197,10 @@ class Config:
                              f"({self.n_ctx})")
         if not self.sources and not self.text_files:
             raise ValueError("the corpus needs at least one source or text file")
-        missing = [f for f in self.text_files if not Path(f).expanduser().is_file()]
-        if missing:  # refused before a run exists; an unreadable file still fails the run
-            raise ValueError(f"text_files: no such file: {', '.join(missing)}")
+        try:  # each file read and checked whole, before a run exists
+            training_data.check_text_files(self.text_files)
+        except WorkbenchError as exc:
+            raise ValueError(f"text_files: {exc}") from None
 
     def model_spec(self, n_layers: int, d_vocab: int) -> native.ModelSpec:
         return native.ModelSpec(

@@ -57,7 +57,9 @@ import pandas as pd
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from workbench.core import paths
+from workbench.core.display import inert
 from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.reading import read_file
 from workbench.core.records import STRICT, Json, Record, RecordList, matching
 from workbench.core.registry import Registry, did_you_mean
 from workbench.scores import metrics
@@ -257,18 +259,12 @@ def read_claims_file(path: Path) -> tuple[Claim, ...]:
     """The claims of one file.
 
     Raises:
-        WorkbenchError: unreadable, too large, not JSON, or a claim that does not match
-            :class:`Claim` (the message names the file, the claim's place and the field).
+        WorkbenchError: unreadable, not a regular file, too large, not JSON (binary data
+            included), or a claim that does not match :class:`Claim` (one line naming the
+            file, the claim's place and the field).
     """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CLAIMS_FILE + 1)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read the claims file {path} ({exc.strerror})") from None
-    if len(data) > MAX_CLAIMS_FILE:
-        raise WorkbenchError(f"{path.name} is larger than {MAX_CLAIMS_FILE >> 20} MiB: "
-                             "not a claims file")
-    claims = CLAIMS_FILE.from_json(data, what=path.name)
+    data = read_file(path, what="claims file", limit=MAX_CLAIMS_FILE)  # regular files only
+    claims = CLAIMS_FILE.from_json(data, what=inert(path.name))
     for claim in claims:
         claim._file = path.name
         check_metric_names(claim)

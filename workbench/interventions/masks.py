@@ -27,6 +27,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +38,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from workbench.core import progress
+from workbench.core.display import inert
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.options import Ablation
+from workbench.core.reading import read_file
 from workbench.core.records import RecordError
 from workbench.inputs.prompts import Prompt, load_prompt_set, prompt_set_names
 from workbench.models.base import Model
@@ -169,15 +172,8 @@ class HeadMask:
         Raises:
             WorkbenchError: unreadable, not a mask, or inconsistent (see :meth:`from_json`).
         """
-        source = f"head mask {path}"
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_FILE + 1)
-        except OSError as exc:
-            raise WorkbenchError(f"cannot read head mask {path}: {exc.strerror}") from None
-        if len(data) > MAX_FILE:
-            raise WorkbenchError(f"cannot read head mask {path}: larger than "
-                                 f"{MAX_FILE >> 20} MiB")
+        source = f"head mask {inert(os.fsdecode(path))}"
+        data = read_file(path, what="head mask", limit=MAX_FILE)  # regular files only
         try:
             record = HeadMaskFile.from_json(data, what=source)
         except RecordError as exc:
