@@ -1,4 +1,4 @@
-"""Bad input and faults at the command line (issue 11, classes 6 and 7).
+"""Bad input and faults at the command line.
 
 Every case runs the CLI in-process and asserts the documented exit status (2 bad input,
 1 runtime failure, 130 interrupted), a single ``error: ...`` line naming what was wrong,

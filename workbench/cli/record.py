@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli.render import _out
+from workbench.cli.render import _cell, _out
 from workbench.core import paths
 from workbench.core.errors import WorkbenchError
 
@@ -95,5 +95,5 @@ def cmd_record(args: argparse.Namespace) -> None:
                             f"{rec.n_layers} layers x {rec.n_heads} heads, {stored} patterns"])
     final = store.get(run.final)
     for line in final.meta.summary:
-        _out(line)
-    _out(str(final.path))
+        _out(_cell(line))
+    _out(_cell(final.path))
