@@ -32,7 +32,7 @@ SMALL = {"n_prompts": 2, "n_repeated": 2, "n_tokens": 16, "seq_len": 6, "n_boot"
 
 @dataclasses.dataclass(frozen=True)
 class _NoSeed:
-    n: int = param(1, "a number", min=1)
+    n: int = param(1, "a number", min=1, max=10)
 
 
 @experiment("test-sweep-no-seed", config=_NoSeed, tables=tables(head_scores("x")))

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cli.render import _duration, _one_line, _out, _table
+from workbench.cli.render import _cell, _duration, _one_line, _out, _table
 from workbench.core import paths
 
 
@@ -28,8 +28,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         run = sweep.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
                               address=args.address, dtype=args.dtype, on_progress=show)
     for line in run.meta.summary:
-        _out(line)
-    _out(str(run.path))
+        _out(_cell(line))
+    _out(_cell(run.path))
     bad = sweep.failed_cells(run)
     if len(bad):
         first = bad.iloc[0]

@@ -31,7 +31,12 @@ from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.options import Dtype
 from workbench.core.registry import Registry, did_you_mean
-from workbench.harness.config import apply_overrides, check_config, check_layers
+from workbench.harness.config import (
+    apply_overrides,
+    check_config,
+    check_declared,
+    check_layers,
+)
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Capabilities, Model, require
 from workbench.models.load import load_model
@@ -134,7 +139,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
 
     Args:
         name: the registered name (a duplicate raises).
-        config: the frozen ``Config`` dataclass.
+        config: the frozen ``Config`` dataclass; every number field declares a finite
+            ``max`` (:func:`workbench.harness.config.check_declared`).
         tables: ``{name: Table}`` of every table ``run``'s result may hold.
         needs_model: ``False`` for experiments that build their own models.
         demo: config overrides of a quick but meaningful run (``workbench demo``, and the
@@ -151,6 +157,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
         module = importlib.import_module(fn.__module__)
         # the docstring's whole first paragraph: its first line may end mid-sentence
         doc = [" ".join((module.__doc__ or "").strip().split("\n\n")[0].split())]
+        check_declared(config)  # a number field without an upper bound fails at import
         apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",

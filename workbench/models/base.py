@@ -26,7 +26,7 @@ from torch import Tensor
 
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
-from workbench.inputs.prompts import Prompt
+from workbench.inputs.prompts import Prompt, check_length
 from workbench.store.records import ModelInfo
 
 DTYPES: dict[str, torch.dtype] = {
@@ -99,21 +99,14 @@ class Model:
         they are.
 
         Raises:
-            WorkbenchError: the prompt is empty or longer than the model's context.
+            WorkbenchError: the prompt is empty or longer than the model's context; a
+                text far too long to fit is refused before it is tokenized
+                (:func:`workbench.inputs.prompts.check_length`).
         """
-        type_ids: list[int] | None = None
         if prompt.token_ids is not None:
-            ids = list(prompt.token_ids)
-        elif not (prompt.text or "").strip():
-            raise WorkbenchError(f"prompt {prompt.label or ''} is empty".replace("  ", " "))
-        elif self.info.causal:
-            ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-            if self.info.bos_token_id is not None:
-                ids = [self.info.bos_token_id, *ids]
+            ids, type_ids = list(prompt.token_ids), None
         else:
-            enc = self.tokenizer(prompt.text, prompt.pair, add_special_tokens=True)
-            ids = enc["input_ids"]
-            type_ids = enc.get("token_type_ids")
+            ids, type_ids = self._tokenize(prompt)
         if not ids:
             raise WorkbenchError("prompt has no tokens")
         if len(ids) > self.info.n_ctx:
@@ -122,6 +115,18 @@ class Model:
                 f"{self.info.name} has a context of {self.info.n_ctx}".replace("  ", " ")
             )
         return ids, type_ids
+
+    def _tokenize(self, prompt: Prompt) -> tuple[list[int], list[int] | None]:
+        if not (prompt.text or "").strip():
+            raise WorkbenchError(f"prompt {prompt.label or ''} is empty".replace("  ", " "))
+        check_length(prompt, self.info.n_ctx, self.info.name)  # before the tokenizer's work
+        if self.info.causal:
+            ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+            if self.info.bos_token_id is not None:
+                ids = [self.info.bos_token_id, *ids]
+            return ids, None
+        enc = self.tokenizer(prompt.text, prompt.pair, add_special_tokens=True)
+        return enc["input_ids"], enc.get("token_type_ids")
 
     @property
     def pad_id(self) -> int:
