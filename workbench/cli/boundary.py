@@ -129,7 +129,11 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     if isinstance(exc, WorkbenchError):
         return str(exc), 2
     if isinstance(exc, KeyboardInterrupt):
-        return ("terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"), 130
+        # Ray turns a KeyboardInterrupt raised inside ray.wait into a plain one: the signal
+        # received says which it was
+        terminated = isinstance(exc, Terminated) or (_SIGNALLED and _SIGNALLED[-1]
+                                                     == signal.SIGTERM)
+        return ("terminated (SIGTERM)" if terminated else "interrupted"), 130
     if isinstance(exc, OSError):
         return _os_error_line(exc, args), 1
     if isinstance(exc, UnicodeDecodeError):
