@@ -3,6 +3,7 @@ perplexity, and the reductions over prompts (definitions in the package docstrin
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,10 +54,10 @@ CATEGORICAL = tuple(f"top{r}_{w}" for r in TOP_RANKS for w in ("type", "position
 # ---- per-head reductions ----------------------------------------------------------------
 
 class _Received:
-    """r_j and the key types of one layer, computed once and read by several metrics.
+    """A block's share of r_j and the key types, computed once and read by several metrics.
 
-    ``reduce_patterns`` calls every reduction with the same pattern object for a layer;
-    holding a reference to it (so its id cannot be reused) is how a repeat is recognised.
+    ``reduce_patterns`` calls every reduction with the same block of weights; holding a
+    reference to it (so its id cannot be reused) is how a repeat is recognised.
     """
 
     def __init__(self, typer: TokenTyper) -> None:
@@ -75,32 +76,42 @@ class _Received:
         return self._value
 
 
+def _ranked(rank: int, what: Literal["share", "type", "position"],
+            codes: Int[Tensor, "batch key_pos"], r: Float[Tensor, "batch head_index key_pos"]
+            ) -> Float[Tensor, "batch head_index"]:
+    """The share, type code or position of the key receiving the ``rank``-th most weight."""
+    values, index = r.topk(min(3, r.shape[-1]), dim=-1)
+    if what == "share":
+        return values[..., rank - 1]
+    if what == "position":
+        return index[..., rank - 1].float()
+    return codes.gather(1, index[..., rank - 1]).float()
+
+
 def sink_reductions(typer: TokenTyper, types: Sequence[str]) -> dict[str, reductions.Reduction]:
     """Every per-head metric of one scan, keyed by metric name: ``first_token``, ``entropy``,
     ``normalized_entropy``, ``share_<type>`` for each of ``types``, and
     ``top<r>_{share,type,position}`` (the share, type code and position of the key that
-    receives the r-th most weight)."""
+    receives the r-th most weight). Each is block-wise: a share is a sum over query
+    blocks, and the ranking waits for every block's r_j."""
     shared = _Received(typer)
 
-    def share_of(code: int) -> reductions.Reduction:
-        def reduce(pattern: Tensor, ctx: reductions.PatternContext) -> Tensor:
-            r, codes = shared(pattern, ctx)
-            return patterns.received_by(r, codes == code)
-        return reduce
+    def share_of(name: str) -> reductions.BlockReduction:
+        code = TOKEN_TYPES.index(name)
 
-    def top(rank: int, what: Literal["share", "type", "position"]) -> reductions.Reduction:
-        def reduce(pattern: Tensor, ctx: reductions.PatternContext) -> Tensor:
+        def part(pattern: Tensor, ctx: reductions.PatternContext) -> reductions.Total:
             r, codes = shared(pattern, ctx)
-            values, index = r.topk(min(3, r.shape[-1]), dim=-1)
-            if what == "share":
-                return values[..., rank - 1]
-            if what == "position":
-                return index[..., rank - 1].float()
-            return codes.gather(1, index[..., rank - 1]).float()
-        return reduce
+            return reductions.Total(patterns.received_by(r, codes == code))
+        return reductions.BlockReduction(part, f"share_{name}")
+
+    def top(rank: int, what: Literal["share", "type", "position"]) -> reductions.BlockReduction:
+        def part(pattern: Tensor, ctx: reductions.PatternContext) -> reductions.KeyTotals:
+            r, codes = shared(pattern, ctx)
+            return reductions.KeyTotals(r, functools.partial(_ranked, rank, what, codes))
+        return reductions.BlockReduction(part, f"top{rank}_{what}")
 
     out = metrics.reductions("first_token", "entropy", "normalized_entropy")
-    out |= {f"share_{name}": share_of(TOKEN_TYPES.index(name)) for name in types}
+    out |= {f"share_{name}": share_of(name) for name in types}
     for rank in TOP_RANKS:
         for what in ("share", "type", "position"):
             out[f"top{rank}_{what}"] = top(rank, what)
