@@ -122,7 +122,8 @@ def _weight_at(rows: Float[Tensor, "head_index query_pos key_pos"],
                columns: Int[Tensor, " query_pos"]) -> Float[Tensor, "head_index query_pos"]:
     """Each row's weight at its column (0 for a column outside the rows' keys)."""
     inside = (columns >= 0) & (columns < rows.shape[-1])
-    picked = rows[:, torch.arange(rows.shape[1]), columns.clamp(0, rows.shape[-1] - 1)]
+    index = columns.clamp(0, rows.shape[-1] - 1)[None, :, None].expand(rows.shape[0], -1, 1)
+    picked = rows.gather(-1, index)[..., 0]  # gather: fast on a view, where indexing is not
     return torch.where(inside, picked, torch.zeros_like(picked))
 
 
