@@ -105,3 +105,51 @@ def test_a_cached_pass_equals_the_eager_one(llama):
         with blocked_attention.blocked(llama, block=4):
             got = chunked()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_head_mask_at_hook_z_applies_in_a_blocked_pass(llama):
+    """hook_z still fires, so masking a head of layer 0 moves layer 1's patterns alike."""
+    import numpy as np
+
+    from workbench.inputs.prompts import Prompt
+    from workbench.interventions.masks import HeadMask, applied
+    from workbench.recording.reductions import reduce_patterns
+    from workbench.scores import metrics
+
+    prompts = [Prompt(text="the cat sat on the mat and the dog sat on the rug")]
+    fns = metrics.reductions("entropy", "first_token", "previous_token")
+    plain = reduce_patterns(llama, prompts, fns, attention="blocked")
+    with applied(llama, HeadMask.for_model(llama).without([(0, 1), (0, 2)])):
+        dense = reduce_patterns(llama, prompts, fns, attention="dense")
+        got = reduce_patterns(llama, prompts, fns, attention="blocked", block=3)
+    np.testing.assert_allclose(got.score, dense.score, atol=1e-6)
+    moved = (dense.layer == 1) & ((dense.score - plain.score).abs() > 1e-4)
+    assert moved.any()  # the mask changed what layer 1 sees
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_hands_over_float32_softmax_weights(llama_hf, tokenizer, dtype):
+    """In bfloat16 and float16 the softmax stays float32 (as the bridge computes it), and
+    what a consumer reads is that float32 pattern, not its rounding to the model's dtype."""
+    import copy
+
+    from tests import tiny
+    from workbench.models.base import DTYPES
+
+    model = tiny.wrap(copy.deepcopy(llama_hf).to(DTYPES[dtype]), tokenizer, f"tiny-{dtype}",
+                      dtype=dtype)
+    ids = torch.randint(6, 300, (1, 20), generator=torch.Generator().manual_seed(5))
+    dense = hooks.caching_hooks([hooks.pattern(1)])
+    with torch.inference_mode(), model.bridge.hooks(fwd_hooks=dense[1]):
+        model.bridge(ids, return_type=None)
+    blocks = []
+    with torch.inference_mode(), blocked_attention.blocked(model, blocks.append, block=8):
+        model.bridge(ids, return_type=None)
+    assert {b.weights.dtype for b in blocks} == {torch.float32}
+    rebuilt = torch.zeros(1, model.info.n_heads, 20, 20)
+    for b in (b for b in blocks if b.layer == 1):
+        rebuilt[..., b.q0:b.q1, b.k0:b.k1] = b.weights
+    want = dense[0][hooks.pattern(1)]
+    assert want.dtype == DTYPES[dtype]  # the dense pattern is rounded to the model's dtype
+    eps = torch.finfo(DTYPES[dtype]).eps
+    torch.testing.assert_close(rebuilt, want.float(), atol=4 * eps, rtol=0)
