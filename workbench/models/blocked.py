@@ -124,6 +124,7 @@ class RowMask:
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
+        self._last: tuple[tuple[int, int], Tensor | None] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -133,9 +134,15 @@ class RowMask:
     def visible(self, r0: int, r1: int) -> Bool[Tensor, "batch 1 query key"] | None:
         from transformers.masking_utils import sdpa_mask
 
+        # every layer of a pass reads the same mask: a prompt short enough for one block
+        # per layer builds it once (only the last block is kept, so memory stays a block's)
+        if self._last is not None and self._last[0] == (r0, r1):
+            return self._last[1]
         kwargs = {**self.kwargs, "q_length": r1 - r0,
                   "q_offset": self.kwargs.get("q_offset", 0) + r0, "allow_is_causal_skip": False}
-        return sdpa_mask(**kwargs)
+        visible = sdpa_mask(**kwargs)
+        self._last = ((r0, r1), visible)
+        return visible
 
 
 def _row_mask(**kwargs: Any) -> RowMask:
