@@ -160,7 +160,10 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.utilities.architectures import MASKED_LM_ARCHITECTURES
 
-    for arch in getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]:
+    if not getattr(hf_model.config, "architectures", None):
+        # a model built in memory names no class; the bridge picks its adapter by it
+        hf_model.config.architectures = [type(hf_model).__name__]
+    for arch in hf_model.config.architectures:
         refuse_unsupported(arch)
     with contextlib.redirect_stdout(None):
         bridge = TransformerBridge.boot_transformers(
