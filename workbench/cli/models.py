@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from workbench.cli.render import _fill, _out, _table
+from workbench.cli.render import _fill, _one_line, _out, _table
 from workbench.core import paths
 
 
@@ -95,7 +95,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
     checks = verify(args.names, runs_dir=args.out)
     _out(_table([asdict(c) for c in checks], ["name", "kind", "status", "detail"]))
     if (summary := damage_summary(checks)) is not None:
-        sys.stderr.write(f"error: {summary}\n")
+        sys.stderr.write(f"error: {_one_line(summary)}\n")  # it names stored files
         sys.exit(1)
 
 

@@ -32,8 +32,7 @@ from typing import BinaryIO, Literal
 from gguf import GGUFValueType
 
 from workbench.core import checksums
-from workbench.core.errors import WorkbenchError
-from workbench.core.records import inert
+from workbench.core.errors import WorkbenchError, printable
 from workbench.models import adapters
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ _SIZES = {GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.BOOL: 1,
           GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8}
 """Bytes of each fixed-size GGUF value type."""
 _MAX_STRING = 1 << 16
+GGUF_VERSIONS = (2, 3)
+"""The GGUF format versions the ``gguf`` package's reader (which ``transformers`` uses) reads."""
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> tuple[dict[str, str], str]:
@@ -113,7 +114,7 @@ def model_class(path: Path) -> str:
     arch = architecture(path)
     adapter = adapters.FAMILIES_BY_GGUF.get(arch)
     if adapter is None:
-        raise WorkbenchError(f"{path} is a GGUF model of architecture {inert(arch)!r}, which "
+        raise WorkbenchError(f"{path} is a GGUF model of architecture '{printable(arch)}', which "
                              "the workbench cannot load; GGUF architectures it loads: "
                              f"{', '.join(sorted(adapters.FAMILIES_BY_GGUF))}")
     return adapter.architectures[0]
@@ -202,18 +203,41 @@ def _find_architecture(header: _Header) -> str:
     raise ValueError(f"it has no {ARCHITECTURE_KEY} field")
 
 
-def gguf_digest(path: Path) -> str:
-    """SHA-256 of a local GGUF file, after checking that it starts like one.
+def check_gguf(path: Path, *, version: bool = True) -> None:
+    """Refuse a file that does not start like a GGUF model: the magic bytes, then (with
+    ``version``) a format version the reader knows. Reads 8 bytes, so a plan can check a
+    model without hashing or converting it.
+
+    Args:
+        path: the file.
+        version: check the format version too (conversion reports it otherwise).
 
     Raises:
         WorkbenchError: the file cannot be read or is not a GGUF file.
     """
     try:
         with open(path, "rb") as fh:
-            magic = fh.read(len(GGUF_MAGIC))
-        if magic != GGUF_MAGIC:
-            raise WorkbenchError(f"{path} is not a GGUF file (it does not start with the GGUF "
-                                 "magic bytes); expected a .gguf model file")
+            head = fh.read(len(GGUF_MAGIC) + 4)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {path}: {exc.strerror}") from None
+    if head[:len(GGUF_MAGIC)] != GGUF_MAGIC:
+        raise WorkbenchError(f"{path} is not a GGUF file (it does not start with the GGUF "
+                             "magic bytes); expected a .gguf model file")
+    found = int.from_bytes(head[len(GGUF_MAGIC):], "little") if len(head) == 8 else None
+    if version and found not in GGUF_VERSIONS:
+        raise WorkbenchError(f"{path} is not a GGUF file this workbench reads (format version "
+                             f"{found if found is not None else 'missing'}; expected "
+                             f"{' or '.join(map(str, GGUF_VERSIONS))})")
+
+
+def gguf_digest(path: Path) -> str:
+    """SHA-256 of a local GGUF file, after checking that it starts like one.
+
+    Raises:
+        WorkbenchError: the file cannot be read or is not a GGUF file.
+    """
+    check_gguf(path, version=False)  # converting it says what else is wrong
+    try:
         return checksums.sha256_file(path)
     except OSError as exc:
         raise WorkbenchError(f"cannot read {path}: {exc.strerror}") from None

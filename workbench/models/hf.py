@@ -69,6 +69,117 @@ def check_folder(path: Path) -> None:
                              "next to config.json")
 
 
+_MAX_HEADER_BYTES = 100 << 20
+"""The largest safetensors header read (the format's own limit)."""
+_TORCH_STARTS = (b"PK\x03\x04", *(b"\x80" + bytes([p]) for p in range(2, 6)))
+"""How a ``torch.save`` file starts: a zip archive, or a pickle of protocol 2 to 5."""
+
+
+def check_weights(path: Path) -> None:
+    """Refuse a folder whose weight files are not weights, from their headers alone (a
+    plan checks many models without reading gigabytes): a safetensors file's header must
+    be a table of tensors that fits the file, a ``.bin`` file must start like one
+    ``torch.save`` writes, an index must name shards that exist and pass the same checks.
+
+    Args:
+        path: a folder :func:`check_folder` accepted.
+
+    Raises:
+        WorkbenchError: the first weight file that is not one, and why.
+    """
+    for name in WEIGHT_FILES:
+        if (path / name).is_file():
+            if name.endswith(".index.json"):
+                _check_index(path, path / name)
+            else:
+                _check_weight_file(path / name)
+
+
+def _check_weight_file(file: Path) -> None:
+    try:
+        with open(file, "rb") as fh:
+            if file.suffix == ".safetensors":
+                why = _safetensors_problem(fh, file.stat().st_size)
+            else:
+                why = None if fh.read(4).startswith(_TORCH_STARTS) else (
+                    "it does not start like a file torch.save writes")
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {file}: {exc.strerror}") from None
+    if why:
+        raise WorkbenchError(f"{file} is not a weights file ({why}); expected the weights "
+                             "saved with the model")
+
+
+def _safetensors_problem(fh: Any, size: int) -> str | None:
+    """Why an open safetensors file is not one (``None``: its header is a table of tensors
+    whose data lies inside the file)."""
+    head = fh.read(8)
+    n = int.from_bytes(head, "little") if len(head) == 8 else 0
+    if not 2 <= n <= min(_MAX_HEADER_BYTES, size - 8):
+        return f"its header length {n} does not fit the file of {size} bytes"
+    try:
+        table = json.loads(fh.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return "its header is not JSON"
+    if not isinstance(table, dict):
+        return "its header is not a table of tensors"
+    offsets = [t.get("data_offsets") if isinstance(t, dict) else None
+               for k, t in table.items() if k != "__metadata__"]
+    ends = [o[1] if isinstance(o, list) and len(o) == 2 else -1 for o in offsets]
+    if not all(isinstance(e, int) and 0 <= e <= size - 8 - n for e in ends):
+        return "a tensor in its header lies outside the file"
+    return None
+
+
+def _check_index(path: Path, index: Path) -> None:
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {index}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise WorkbenchError(f"{index} is not a weights index (not JSON)") from None
+    shards = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(shards, dict) or not shards or not all(
+            isinstance(v, str) and "/" not in v and v not in ("", ".", "..")
+            for v in shards.values()):
+        raise WorkbenchError(f"{index} is not a weights index (no weight_map of tensors to "
+                             "shard files in the folder)")
+    for shard in sorted(set(shards.values())):
+        if not (path / shard).is_file():
+            raise WorkbenchError(f"{index} names the shard {shard}, which is not in {path}")
+        _check_weight_file(path / shard)
+
+
+def config_facts(src: str | Path, *, local_files_only: bool = True) -> tuple[str | None,
+                                                                           int | None]:
+    """The architecture and number of layers a model's config gives, read as
+    ``transformers`` reads it (so a config that fails its own checks is refused here),
+    without loading the weights.
+
+    Args:
+        src: a model folder, or a hub id in the local Hugging Face cache.
+        local_files_only: never touch the network.
+
+    Returns:
+        ``(architecture or None, layers or None)``.
+
+    Raises:
+        WorkbenchError: the config cannot be read as a model config.
+    """
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(src), local_files_only=local_files_only)
+    except _BAD_FOLDER_ERRORS as exc:
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise WorkbenchError(f"{src} could not be read as a Hugging Face model config "
+                             f"({type(exc).__name__}: {said[:300]})") from None
+    archs = getattr(config, "architectures", None) or []
+    layers = getattr(config, "num_hidden_layers", None)
+    return (archs[0] if archs and isinstance(archs[0], str) else None,
+            layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
+
+
 def folder_checksum(path: Path) -> str:
     """SHA-256 over the weight files of a folder (names and contents, in name order)."""
     weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
