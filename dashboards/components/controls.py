@@ -8,7 +8,9 @@ from dash import dcc, html
 
 from dashboards.components import data
 from dashboards.components.messages import message, one_line
+from dashboards.components.values import below
 from workbench.core.errors import WorkbenchError
+from workbench.recording.record import Recording
 from workbench.store.runs import Run
 
 
@@ -69,3 +71,17 @@ def recording_layout_choices(run_id: str | None
         return *recording_choices(run_id), None
     except (WorkbenchError, OSError) as exc:
         return [], [], [], message(one_line(exc))
+
+
+def check_choice(rec: Recording, prompt: int | None, layer: int | None,
+                 head: int | None) -> None:
+    """Refuse a prompt, layer or head the recording does not have (``None``: not chosen).
+
+    Raises:
+        Refused: the message names the first one beyond the recording.
+    """
+    for label, value, count, what in (("prompt", prompt, len(rec), "prompts in the recording"),
+                                      ("layer", layer, rec.n_layers, "layers in the recording"),
+                                      ("head", head, rec.n_heads, "heads in each layer")):
+        if value is not None:
+            below(label, value, count, what)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from dash import (
     MATCH,
@@ -28,7 +28,6 @@ from dash import (
     State,
     callback,
     clientside_callback,
-    ctx,
     dcc,
     html,
     no_update,
@@ -36,12 +35,15 @@ from dash import (
 
 from dashboards.components import data
 from dashboards.components.messages import safe
+from dashboards.components.values import Clicks, JsonPair, Refused, RunId, shown, triggered
 
 ImageFormat = Literal["png", "svg"]
 TableFormat = Literal["csv", "parquet"]
 IMAGE_FORMATS: tuple[ImageFormat, ...] = ("png", "svg")
 TABLE_FORMATS: tuple[TableFormat, ...] = ("csv", "parquet")
 EXPORT = "wb-export"
+TableChoice = Annotated[tuple[str, str] | None, JsonPair()]
+"""The download dropdown's value, read as (run id, table name) (:func:`table_choice`)."""
 
 
 def filename(run_id: str | None, name: str) -> str:
@@ -123,11 +125,13 @@ def follow(run_input: str, *, page: str, graphs: Sequence[str] = (),
     outputs = [Output(g, "config") for g in graphs]
     outputs += [Output(_table_id(page, "table"), "options"),
                 Output(_table_id(page, "table"), "value"),
-                Output(_table_id(page, "table"), "placeholder")]
+                Output(_table_id(page, "table"), "placeholder"),
+                # a refused run id is said where the downloads are
+                Output(_table_id(page, "error"), "children", allow_duplicate=True)]
 
-    @callback(*outputs, Input(run_input, prop))
+    @callback(*outputs, Input(run_input, prop), prevent_initial_call="initial_duplicate")
     @safe
-    def name_exports(run_id: str | None):
+    def name_exports(run_id: RunId):
         if not run_id:
             return (no_update,) * len(outputs)
         run = data.listed_run(run_id)
@@ -135,40 +139,42 @@ def follow(run_input: str, *, page: str, graphs: Sequence[str] = (),
         options = [{"label": t, "value": table_choice(run.id, t)} for t in names]
         return (*(graph_config(g, run.id) for g in graphs), options,
                 options[0]["value"] if options else None,
-                "a table of the run" if options else "this run has no tables")
+                "a table of the run" if options else "this run has no tables", no_update)
+
+    buttons = {_table_id(page, fmt): fmt for fmt in TABLE_FORMATS}
 
     @callback(Output(_table_id(page, "file"), "data"),
               Output(_table_id(page, "error"), "children"),
-              *(Input(_table_id(page, fmt), "n_clicks") for fmt in TABLE_FORMATS),
+              *(Input(button, "n_clicks") for button in buttons),
               State(_table_id(page, "table"), "value"), prevent_initial_call=True)
     @safe
-    def download(*args: Any):
-        fmt = str(ctx.triggered_id).removeprefix(f"{page}-download-")
-        return send_table(args[-1], fmt)
+    def download(csv_clicks: Clicks, parquet_clicks: Clicks, choice: TableChoice):
+        pressed = triggered()
+        if not isinstance(pressed, str) or pressed not in buttons:
+            raise Refused(f"trigger: expected one of the download buttons, got "
+                          f"{shown(pressed)}")
+        return send_table(choice, buttons[pressed])
 
 
-def send_table(choice: str | None, fmt: str) -> tuple[Any, None]:
+def send_table(choice: tuple[str, str] | None, fmt: TableFormat) -> tuple[Any, None]:
     """The chosen table of a listed, complete run as a ``dcc.Download`` payload.
 
     Args:
-        choice: the dropdown's value (:func:`table_choice`), from the client.
+        choice: the dropdown's run and table (:func:`table_choice`), from the client.
         fmt: ``csv`` or ``parquet``.
 
     Returns:
-        The download and no error message (nothing to send: ``no_update``).
+        The download and no error message (nothing chosen: ``no_update``).
 
     Raises:
         WorkbenchError: no such run, a run that is not complete, or no such table.
     """
-    if not choice or fmt not in TABLE_FORMATS:
+    if choice is None:
         return no_update, None
-    try:
-        run_id, name = json.loads(choice)  # from the client: both are checked by the store
-    except (ValueError, TypeError):
-        return no_update, None
+    run_id, name = choice  # from the client: both are checked by the store
     run = data.get_run(run_id)
-    table = run.table(str(name))
-    stem = filename(run.id, str(name))
+    table = run.table(name)
+    stem = filename(run.id, name)
     if fmt == "csv":
         return dcc.send_data_frame(table.to_csv, f"{stem}.csv", index=False), None
     buffer = io.BytesIO()

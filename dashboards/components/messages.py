@@ -1,16 +1,19 @@
-"""A run that cannot be read becomes a one-line message in the page, never an HTTP 500.
+"""A value the client should not have sent, or a run that cannot be read, becomes a
+one-line message in the page, never an HTTP 500.
 
-:func:`safe` wraps a callback: a :class:`WorkbenchError` (a :class:`ChecksumError` too) or
-an ``OSError`` raised while it reads a run becomes a one-line message, in the page's
-``<page>-error`` banner if the callback writes one, else in each of its outputs: a
-``figure`` becomes an empty figure titled with the message (no bare axes), a ``children`` a
-``wb-error`` line. Other outputs are left as they were. :func:`safe_layout` does the same
-for a page's ``layout``. Any other exception is a bug and still raises.
+:func:`safe` wraps every callback. It first checks each value the client sent against the
+type its parameter declares (:mod:`.values`), then runs the callback; a value that does
+not fit, a :class:`WorkbenchError` (a :class:`ChecksumError` too) or an ``OSError`` raised
+while it reads a run becomes a one-line message, in the page's ``<page>-error`` banner if
+the callback writes one, else in each of its outputs: a ``figure`` becomes an empty figure
+titled with the message (no bare axes), a ``children`` a ``wb-error`` line. Other outputs
+are left as they were. :func:`safe_layout` does the same for a page's ``layout``. Any other
+exception is a bug and still raises.
 
 Examples:
     >>> @callback(Output("x-graph", "figure"), Input("x-run", "value"))  # doctest: +SKIP
     ... @safe
-    ... def draw(run_id):
+    ... def draw(run_id: RunId):
     ...     return figure_of(data.get_run(run_id, shows=["x"]))
 """
 
@@ -18,18 +21,21 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import dash
 import plotly.graph_objects as go
 from dash import dcc, html, no_update
 
+from dashboards.components import values
 from workbench.core.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+ERROR_COLOUR = "#b91c1c"
+"""The colour of a message's text in a figure's title (``wb-error`` lines use it too)."""
 READ_ERRORS = (WorkbenchError, OSError)
 """What reading a run may raise for reasons outside the dashboard's code."""
 
@@ -47,10 +53,16 @@ def message(text: str) -> html.Div:
     return html.Div(text, className="wb-error")
 
 
+def _plain(text: str) -> str:
+    """``text`` as Plotly shows it verbatim: its titles read ``<br>``, ``<a>`` and
+    entities as markup, and a message may quote what the client sent."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def message_figure(text: str) -> go.Figure:
     """An empty figure that says why it is empty, instead of bare axes."""
     fig = go.Figure()
-    fig.update_layout(title={"text": text, "font": {"color": "#b91c1c", "size": 14}},
+    fig.update_layout(title={"text": _plain(text), "font": {"color": ERROR_COLOUR, "size": 14}},
                       xaxis={"visible": False}, yaxis={"visible": False}, height=160,
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
     return fig
@@ -65,9 +77,10 @@ def _fill(spec: Any, text: str, banner: bool) -> Any:
         return [_fill(s, text, banner) for s in spec]
     if banner and not _is_banner(spec):
         return no_update
-    if spec["property"] == "figure":
+    prop = str(spec["property"]).split("@", 1)[0]  # an allow_duplicate output is "prop@hash"
+    if prop == "figure":
         return message_figure(text)
-    if spec["property"] == "children":
+    if prop == "children":
         return message(text)
     return no_update
 
@@ -82,13 +95,15 @@ def failed(text: str) -> Any:
     return tuple(_fill(s, text, banner) for s in spec)
 
 
-def _guarded(fn: F, label: str, on_error: Callable[[str], Any]) -> F:
-    """``fn`` with a failure to read a run logged under ``label`` and answered by
-    ``on_error(one line)`` instead of raised."""
+def _guarded(fn: F, label: str, on_error: Callable[[str], Any],
+             check: Callable[[tuple], Sequence[Any]] = tuple) -> F:
+    """``fn`` with its arguments passed through ``check`` first, and a refused argument or
+    a failure to read a run logged under ``label`` and answered by ``on_error(one line)``
+    instead of raised."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return fn(*check(args), **kwargs)
         except READ_ERRORS as exc:
             text = one_line(exc)
             log.warning("%s: %s", label, text)
@@ -97,8 +112,17 @@ def _guarded(fn: F, label: str, on_error: Callable[[str], Any]) -> F:
 
 
 def safe(fn: F) -> F:
-    """Show a failure to read a run in the callback's outputs instead of raising."""
-    return _guarded(fn, fn.__qualname__, failed)
+    """Check the callback's arguments against the types its parameters declare
+    (:mod:`.values`), and show a refused one, or a failure to read a run, in the
+    callback's outputs instead of raising.
+
+    Raises:
+        TypeError: at import, a parameter of ``fn`` declares no type.
+    """
+    specs = values.declared(fn)
+    wrapper = _guarded(fn, fn.__qualname__, failed, lambda args: values.checked(specs, args))
+    wrapper.declared = specs  # type: ignore[attr-defined]  # read by the tests
+    return wrapper
 
 
 def refused(title: str, text: str) -> html.Div:

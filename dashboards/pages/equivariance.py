@@ -20,6 +20,7 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
 from workbench.scores.attention import worked_example
 from workbench.store.runs import Run
@@ -99,7 +100,7 @@ def table(run_id: str, name: str) -> pd.DataFrame:
           Output("equivariance-head", "options"), Output("equivariance-head", "value"),
           Output("equivariance-error", "children"), Input("equivariance-run", "value"))
 @safe
-def choose_run(run_id: str | None):
+def choose_run(run_id: RunId):
     if run_id is None:
         return (no_update,) * 12
     verdicts = table(run_id, VERDICTS.name)
@@ -113,7 +114,7 @@ def choose_run(run_id: str | None):
     prompts = sorted(patterns.prompt.unique().tolist())
     prompt_opts = [{"label": f"{p}: {_preview(tokens[tokens.prompt == p].token.tolist())}",
                     "value": p} for p in prompts]
-    seeds = sorted(s for s in patterns.seed.unique().tolist() if s >= 0)
+    seeds = _seeds(patterns)
     layers = sorted(patterns.layer.unique().tolist())
     heads = sorted(patterns["head"].unique().tolist())
 
@@ -123,6 +124,26 @@ def choose_run(run_id: str | None):
     return (shown.to_dict("records"), conditions, first(conditions, DEFAULT_CONDITION),
             prompt_opts, first(prompts), [{"label": str(s), "value": s} for s in seeds],
             first(seeds), layers, first(layers), heads, first(heads), None)
+
+
+def _seeds(patterns: pd.DataFrame) -> list[int]:
+    """The permutation seeds (the original input is stored under seed -1)."""
+    return sorted(s for s in patterns.seed.unique().tolist() if s >= 0)
+
+
+def check_view(patterns: pd.DataFrame, condition: str, prompt: int, seed: int, layer: int,
+               head: int) -> None:
+    """Refuse a choice of the view the run's patterns do not hold.
+
+    Raises:
+        Refused: the message names the first value the run does not have.
+    """
+    among("condition", condition, list(dict.fromkeys(patterns.condition)),
+          "the run's conditions")
+    among("prompt", prompt, sorted(patterns.prompt.unique().tolist()), "the run's prompts")
+    among("seed", seed, _seeds(patterns), "the run's permutation seeds")
+    among("layer", layer, sorted(patterns.layer.unique().tolist()), "the run's layers")
+    among("head", head, sorted(patterns["head"].unique().tolist()), "the run's heads")
 
 
 def _preview(tokens: list[str], n: int = 12) -> str:
@@ -144,15 +165,17 @@ def _matrix(patterns: pd.DataFrame, n: int) -> np.ndarray:
           Input("equivariance-prompt", "value"), Input("equivariance-seed", "value"),
           Input("equivariance-layer", "value"), Input("equivariance-head", "value"))
 @safe
-def draw(run_id, condition, prompt, seed, layer, head):
+def draw(run_id: RunId, condition: Name, prompt: Index, seed: Index, layer: Layer, head: Head):
     if None in (run_id, condition, prompt, seed, layer, head):
         return (no_update,) * 5
     patterns = table(run_id, PATTERNS.name)
+    check_view(patterns, condition, prompt, seed, layer, head)
     pick = patterns[(patterns.condition == condition) & (patterns.prompt == prompt)
                     & (patterns.layer == layer) & (patterns["head"] == head)]
     original, permuted = pick[pick.input == "original"], pick[pick.seed == seed]
     if original.empty or permuted.empty:
-        return (no_update,) * 5
+        raise Refused(f"run {run_id} holds no pattern of L{layer}H{head} under '{condition}' "
+                      f"for prompt {prompt} and seed {seed}")
     tokens = table(run_id, TOKENS.name)
     toks = tokens[tokens.prompt == prompt].sort_values("position").token.tolist()
     perms = table(run_id, PERMUTATIONS.name)

@@ -17,6 +17,7 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import Index, Name, NamedHead, RunId, among, below
 from experiments.induction_formation.tables import (
     CHECKPOINT_PATTERNS,
     HEAD_SCORES,
@@ -67,12 +68,26 @@ def _steps(run_id: str, model: str) -> list[int]:
     return sorted(curve[curve.model == model].step.unique().tolist())
 
 
+def _models(phase: pd.DataFrame) -> list[str]:
+    """The models the run trained, smallest first (one ``phase_change`` row each)."""
+    return phase.sort_values("n_layers").model.tolist()
+
+
+def _check_model(run_id: str, model: str) -> str:
+    """``model`` if the run trained it.
+
+    Raises:
+        Refused: it did not.
+    """
+    return among("model", model, _models(_table(run_id, PHASE_CHANGE)), "the run's models")
+
+
 @callback(Output("formation-model", "options"), Output("formation-model", "value"),
           Output("formation-error", "children"), Input("formation-run", "value"))
 @safe
-def choose_run(run_id: str):
+def choose_run(run_id: RunId):
     phase = _table(run_id, PHASE_CHANGE)
-    models = phase.sort_values("n_layers").model.tolist()
+    models = _models(phase)
     if not models:
         return [], None, message(f"run {run_id} trained no models")
     detected = phase[phase.detected].model.tolist()
@@ -82,11 +97,14 @@ def choose_run(run_id: str):
 @callback(Output("formation-head", "options"), Output("formation-head", "value"),
           Output("formation-step", "max"), Output("formation-step", "marks"),
           Output("formation-step", "value"),
-          Input("formation-run", "value"), Input("formation-model", "value"))
+          Output("formation-error", "children", allow_duplicate=True),
+          Input("formation-run", "value"), Input("formation-model", "value"),
+          prevent_initial_call="initial_duplicate")
 @safe
-def choose_model(run_id: str, model: str | None):
+def choose_model(run_id: RunId, model: Name):
     if model is None:
-        return no_update, no_update, no_update, no_update, no_update
+        return (no_update,) * 6
+    _check_model(run_id, model)
     scores = _table(run_id, HEAD_SCORES)
     final = scores[(scores.model == model) & (scores.metric == "induction")]
     final = final[final.step == final.step.max()]
@@ -95,7 +113,8 @@ def choose_model(run_id: str, model: str | None):
     steps = _steps(run_id, model)
     every = max(1, len(steps) // 10)
     marks = {i: str(s) for i, s in enumerate(steps) if i % every == 0 or i == len(steps) - 1}
-    return heads, f"L{int(best['layer'])}H{int(best['head'])}", len(steps) - 1, marks, 0
+    return (heads, f"L{int(best['layer'])}H{int(best['head'])}", len(steps) - 1, marks, 0,
+            no_update)
 
 
 def _phase(run_id: str, model: str) -> pd.Series:
@@ -119,9 +138,10 @@ def _shade(fig: go.Figure, window: pd.Series | None, tokens_per_step: float | No
 @callback(Output("formation-curves", "figure"), Output("formation-summary", "children"),
           Input("formation-run", "value"), Input("formation-model", "value"))
 @safe
-def draw_curves(run_id: str, model: str | None):
+def draw_curves(run_id: RunId, model: Name):
     if model is None:
         return no_update, no_update
+    _check_model(run_id, model)
     curve = _table(run_id, TRAINING_CURVE).sort_values(["n_layers", "step"])
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("loss (nats)", "in-context learning score "
@@ -165,9 +185,10 @@ def _describe(row: pd.Series) -> str:
 @callback(Output("formation-heads", "figure"),
           Input("formation-run", "value"), Input("formation-model", "value"))
 @safe
-def draw_heads(run_id: str, model: str | None):
+def draw_heads(run_id: RunId, model: Name):
     if model is None:
         return no_update
+    _check_model(run_id, model)
     scores = _table(run_id, HEAD_SCORES)
     scores = scores[scores.model == model].sort_values("step")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
@@ -193,17 +214,19 @@ def draw_heads(run_id: str, model: str | None):
           Input("formation-run", "value"), Input("formation-model", "value"),
           Input("formation-head", "value"), Input("formation-step", "value"))
 @safe
-def draw_pattern(run_id: str, model: str | None, head: str | None, index: int | None):
-    if model is None or head is None or index is None:
+def draw_pattern(run_id: RunId, model: Name, head: NamedHead, checkpoint: Index):
+    if model is None or head is None or checkpoint is None:
         return no_update
+    _check_model(run_id, model)
     steps = _steps(run_id, model)
-    if index >= len(steps):
-        return no_update
-    layer, h = (int(x) for x in head[1:].split("H"))
+    step = steps[below("checkpoint", checkpoint, len(steps), f"checkpoints of {model}")]
     patterns = _table(run_id, CHECKPOINT_PATTERNS)
-    one = patterns[(patterns.model == model) & (patterns.step == steps[index])
-                   & (patterns.layer == layer) & (patterns["head"] == h)]
+    mine = patterns[patterns.model == model]
+    layer, h = head
+    labels = [f"L{a}H{b}" for a, b in sorted(set(zip(mine.layer, mine["head"], strict=True)))]
+    among("head", f"L{layer}H{h}", labels, f"the heads of {model}")
+    one = mine[(mine.step == step) & (mine.layer == layer) & (mine["head"] == h)]
     tokens = _table(run_id, PATTERN_TOKENS).sort_values("position").token.tolist()
     return figures.pattern_heatmap(figures.pattern_from_rows(one, len(tokens)), tokens,
-                                   f"{model} {head} at step {steps[index]} "
+                                   f"{model} L{layer}H{h} at step {step} "
                                    "(a random sequence, repeated)")

@@ -9,17 +9,34 @@ declares them (``experiments/<name>/tables.py``), with each column's meaning on 
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import dash
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
+from dash import ALL, Input, Output, State, callback, dash_table, dcc, html, no_update
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from dashboards.components.skeleton import run_page, runs_of
+from dashboards.components.values import (
+    ClickedHead,
+    Fields,
+    Head,
+    Layer,
+    ListOf,
+    Name,
+    Records,
+    RunId,
+    Whole,
+    among,
+    below,
+    check,
+    triggered,
+)
 from experiments.induction_heads.tables import ABLATION, ICL, LOSS_BY_POSITION, REPEAT_LOSS
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
@@ -39,6 +56,14 @@ dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=S
 
 HIDDEN = {"display": "none"}
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
+MAX_K = 500
+TopK = Annotated[int | None, Whole(1, MAX_K)]
+HeadCell = Annotated[dict[str, Any] | None,
+                     Fields((("row", Whole(optional=False)),), extra=True)]
+"""The top-k table's ``active_cell`` (Dash adds ``column``, ``column_id``, ``row_id``)."""
+Selected = Annotated[dict[str, int] | None, Fields((("layer", Whole(optional=False)),
+                                                    ("head", Whole(optional=False))))]
+"""The head picked in the heatmap or the table (``heads-selected``)."""
 GRAPHS = ["heads-heatmap", "heads-compare-heatmap", "heads-difference", "heads-example",
           "heads-repeat-loss", "heads-icl", "heads-ablation"]
 
@@ -70,7 +95,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
         labelled("metric", dcc.Dropdown(id="heads-metric", clearable=False)),
         labelled("compare with", dcc.Dropdown(run_options(runs), compare, id="heads-compare",
                                               placeholder="another run (optional)"), "34em"),
-        labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=500,
+        labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=MAX_K,
                                     step=1)),
     ], body=lambda chosen: [
         html.Div(id="heads-compare-note"),
@@ -101,11 +126,16 @@ exports.follow("heads-run", page="heads", graphs=GRAPHS)
           Output("heads-error", "children"),
           Input("heads-run", "value"), State("heads-metric", "value"))
 @safe
-def choose_run(run_id: str, metric: str | None):
-    names = list(dict.fromkeys(_scores(data.get_run(run_id, shows=SHOWS)).metric))
+def choose_run(run_id: RunId, metric: Name):
+    names = _metrics(_scores(data.get_run(run_id, shows=SHOWS)))
     if not names:
         return [], None, message(f"run {run_id} has no head scores")
     return names, metric if metric in names else names[0], None
+
+
+def _metrics(scores: pd.DataFrame) -> list[str]:
+    """The metrics a run's head scores hold, in the order the table holds them."""
+    return list(dict.fromkeys(scores.metric))
 
 
 def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
@@ -126,13 +156,14 @@ def _compared(compare_id: str | None) -> pd.DataFrame | None:
           Input("heads-run", "value"), Input("heads-metric", "value"), Input("heads-k", "value"),
           Input("heads-compare", "value"))
 @safe
-def draw_run(run_id: str, metric: str | None, k: int | None, compare_id: str | None):
+def draw_run(run_id: RunId, metric: Name, top_k: TopK, compare_id: RunId):
     if metric is None:
         return no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     declared = EXPERIMENTS[run.experiment]
     shown = table_columns(declared)
     scores = _scores(run)
+    among("metric", metric, _metrics(scores), "the run's metrics")
     try:
         other = _compared(compare_id)
     except WorkbenchError:  # the comparison says why; this run is still drawn
@@ -141,7 +172,7 @@ def draw_run(run_id: str, metric: str | None, k: int | None, compare_id: str | N
         None, None)
     title = (f"{metric} · {run.model_name} · {run.experiment}"
              f"<br><sup>{metrics.get(metric).meaning}</sup>")
-    top = scores[scores.metric == metric].nlargest(int(k or 10), "score")
+    top = scores[scores.metric == metric].nlargest(top_k or 10, "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}
     return (figures.head_heatmap(scores, metric, title=title, zmin=zmin, zmax=zmax), rows,
@@ -193,11 +224,12 @@ def difference_figure(scores: pd.DataFrame, other: pd.DataFrame, metric: str,
           Input("heads-compare", "value"), Input("heads-metric", "value"),
           Input("heads-run", "value"))
 @safe
-def draw_compare(compare_id: str | None, metric: str | None, run_id: str):
+def draw_compare(compare_id: RunId, metric: Name, run_id: RunId):
     if not compare_id or metric is None:
         return {}, HIDDEN, {}, HIDDEN, None
     run, other = data.get_run(run_id, shows=SHOWS), data.get_run(compare_id, shows=SHOWS)
     scores, theirs = _scores(run), _scores(other)
+    among("metric", metric, _metrics(scores), "the run's metrics")
     shared = [m for m in dict.fromkeys(scores.metric) if m in set(theirs.metric)]
     note = compare_note(run, other, metric, shared)
     if metric not in set(theirs.metric):
@@ -212,25 +244,37 @@ def draw_compare(compare_id: str | None, metric: str | None, run_id: str):
 
 
 @callback(Output("heads-metric", "value", allow_duplicate=True),
+          Output("heads-error", "children", allow_duplicate=True),
           Input({"type": "heads-use-metric", "metric": ALL}, "n_clicks"),
           prevent_initial_call=True)
-def use_shared_metric(clicks: list[int | None]):
-    if not any(clicks) or not isinstance(ctx.triggered_id, dict):
-        return no_update
-    return ctx.triggered_id["metric"]
+@safe
+def use_shared_metric(clicks: Annotated[list[int | None] | None, ListOf(Whole(), 1000)]):
+    pressed = triggered()
+    if not any(clicks or []) or not isinstance(pressed, dict):
+        return no_update, no_update
+    # the button's id comes from the client too: the metric is checked like a dropdown's
+    return check("metric", Name, pressed.get("metric")), no_update
 
 
+# A new run drops the head picked in the last one (its grid of heads may be smaller).
 @callback(Output("heads-selected", "data"),
+          Output("heads-error", "children", allow_duplicate=True),
           Input("heads-heatmap", "clickData"), Input("heads-table", "active_cell"),
-          State("heads-table", "derived_viewport_data"))
-def select_head(click: dict | None, cell: dict | None, rows: list[dict] | None):
-    if ctx.triggered_id == "heads-heatmap" and click:
-        point = click["points"][0]
-        return {"layer": int(point["y"]), "head": int(point["x"])}
-    if ctx.triggered_id == "heads-table" and cell and rows:
-        row = rows[cell["row"]]
-        return {"layer": int(row["layer"]), "head": int(row["head"])}
-    return no_update
+          Input("heads-run", "value"), State("heads-table", "derived_viewport_data"),
+          prevent_initial_call=True)
+@safe
+def select_head(click: ClickedHead, cell: HeadCell, run_id: RunId, rows: Annotated[
+        list[dict] | None, Records()]):
+    source = triggered()
+    if source == "heads-run":
+        return None, no_update
+    if source == "heads-heatmap" and click:
+        return {"layer": click[0], "head": click[1]}, no_update
+    if source == "heads-table" and cell and rows:
+        row = rows[below("table row", cell["row"], len(rows), "rows shown")]
+        return {"layer": check("layer", Layer, row.get("layer")),
+                "head": check("head", Head, row.get("head"))}, no_update
+    return no_update, no_update
 
 
 def example_prompt(rec: Recording, inputs: str) -> int:
@@ -247,9 +291,12 @@ def example_prompt(rec: Recording, inputs: str) -> int:
           Input("heads-selected", "data"), Input("heads-run", "value"),
           Input("heads-metric", "value"))
 @safe
-def draw_example(selected: dict | None, run_id: str, metric: str | None):
+def draw_example(selected: Selected, run_id: RunId, metric: Name):
     run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
+    if metric is None:
+        return no_update
+    among("metric", metric, _metrics(scores), "the run's metrics")
     picked = scores[scores.metric == metric]
     if picked.empty:
         return no_update
@@ -260,7 +307,8 @@ def draw_example(selected: dict | None, run_id: str, metric: str | None):
         return {}  # the run recorded no example prompts
     rec = data.open_recording(run, "example")
     p = example_prompt(rec, str(picked.inputs.iloc[0]))
-    layer, head = selected["layer"], selected["head"]
+    layer = below("layer", selected["layer"], rec.n_layers, "layers in the run's model")
+    head = below("head", selected["head"], rec.n_heads, "heads in each layer")
     score = picked[(picked["layer"] == layer) & (picked["head"] == head)].score
     label = f" ({metric} {score.iloc[0]:.2f})" if len(score) else ""
     return figures.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
@@ -341,7 +389,7 @@ def ablation_figure(ablation: pd.DataFrame) -> go.Figure:
           Output("heads-icl", "figure"), Output("heads-ablation", "figure"),
           Input("heads-run", "value"))
 @safe
-def draw_induction(run_id: str):
+def draw_induction(run_id: RunId):
     run = data.get_run(run_id, shows=SHOWS)
     names = set(run.table_names())
     wanted = (REPEAT_LOSS, LOSS_BY_POSITION, ICL, ABLATION)

@@ -9,19 +9,35 @@ open that window; click a cell of the window to list its query's top-k keys.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import dash
 import numpy as np
 import plotly.graph_objects as go
-from dash import Input, Output, callback, dcc, html, no_update
+from dash import Input, Output, State, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
 from dashboards.components.controls import (
+    check_choice,
     labelled,
     recording_choices,
     recording_layout_choices,
 )
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import (
+    MAX_INDEX,
+    Click,
+    Head,
+    Index,
+    Layer,
+    OneOf,
+    RunId,
+    Zoom,
+    below,
+    coordinate,
+)
+from workbench.recording.record import Recording
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/long-context", name="Long context", order=8,
@@ -34,6 +50,7 @@ OVERVIEW_CELLS = 512
 WINDOW_CELLS = 256
 """A window of up to this many tokens a side is drawn token by token, with labels."""
 TOP_ROWS = 16
+Pooling = Annotated[str, OneOf(("max", "sum"), optional=False)]
 
 
 @safe_layout("Long context")
@@ -79,14 +96,19 @@ exports.follow("long-context-run", page="long-context",
                graphs=["long-context-overview", "long-context-window"])
 
 
+# The layer and head are kept when the new recording has them: a value beyond its options
+# would be refused by the figures before the dropdown drops it.
 @callback(Output("long-context-prompt", "options"), Output("long-context-prompt", "value"),
-          Output("long-context-layer", "options"), Output("long-context-head", "options"),
+          Output("long-context-layer", "options"), Output("long-context-layer", "value"),
+          Output("long-context-head", "options"), Output("long-context-head", "value"),
           Output("long-context-error", "children"), Input("long-context-run", "value"),
+          State("long-context-layer", "value"), State("long-context-head", "value"),
           prevent_initial_call=True)
 @safe
-def choose_run(run_id: str):
+def choose_run(run_id: RunId, layer: Layer, head: Head):
     prompts, layers, heads = recording_choices(run_id)
-    return prompts, 0, layers, heads, None
+    return (prompts, 0, layers, layer if layer in layers else 0, heads,
+            head if head in heads else 0, None)
 
 
 def _heatmap(pooled, tokens: list[str], title: str) -> go.Figure:
@@ -123,13 +145,17 @@ def _pooling_note(pooled) -> str:
     return cell
 
 
-def _read_args(run_id, prompt, layer, head):
-    """The recording and the checked choice, or ``None`` while a dropdown is empty."""
+def _read_args(run_id: str | None, prompt: int | None, layer: int | None,
+               head: int | None) -> Recording | None:
+    """The recording, its choice checked, or ``None`` while a dropdown is empty.
+
+    Raises:
+        Refused: a prompt, layer or head the recording does not have.
+    """
     if None in (run_id, prompt, layer, head):
         return None
     rec = data.recording(run_id)
-    if prompt >= len(rec) or layer >= rec.n_layers or head >= rec.n_heads:
-        return None
+    check_choice(rec, prompt, layer, head)
     return rec
 
 
@@ -138,11 +164,11 @@ def _read_args(run_id, prompt, layer, head):
           Input("long-context-layer", "value"), Input("long-context-head", "value"),
           Input("long-context-pooling", "value"))
 @safe
-def draw_overview(run_id, prompt, layer, head, how):
+def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
-    pooled = rec.pooled(prompt, layer, head, max_cells=OVERVIEW_CELLS, how=how)
+    pooled = rec.pooled(prompt, layer, head, max_cells=OVERVIEW_CELLS, how=pooling)
     n = rec.length(prompt)
     left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
     title = (f"L{layer}H{head}, whole pattern, {n} tokens: {_pooling_note(pooled)}{left}"
@@ -152,17 +178,18 @@ def draw_overview(run_id, prompt, layer, head, how):
 
 @callback(Output("long-context-q0", "value"), Output("long-context-k0", "value"),
           Output("long-context-span", "value"),
+          Output("long-context-error", "children", allow_duplicate=True),
           Input("long-context-overview", "relayoutData"),
           prevent_initial_call=True)
-def brush(relayout: dict | None):
+@safe
+def brush(zoom: Annotated[tuple[float, float, float, float] | None, Zoom()]):
     """A box drawn (zoomed) on the overview becomes the window."""
-    keys = ("xaxis.range[0]", "xaxis.range[1]", "yaxis.range[0]", "yaxis.range[1]")
-    if not relayout or not all(k in relayout for k in keys):
-        return no_update, no_update, no_update
-    x0, x1, y0, y1 = (float(relayout[k]) for k in keys)
+    if zoom is None:
+        return no_update, no_update, no_update, no_update
+    x0, x1, y0, y1 = zoom
     k0, q0 = max(0, round(min(x0, x1))), max(0, round(min(y0, y1)))
     span = max(1, round(max(abs(x1 - x0), abs(y1 - y0))))
-    return q0, k0, span
+    return q0, k0, span, no_update
 
 
 def window_of(n: int, q0: int | None, k0: int | None, span: int | None
@@ -180,24 +207,42 @@ def window_of(n: int, q0: int | None, k0: int | None, span: int | None
           Input("long-context-pooling", "value"), Input("long-context-q0", "value"),
           Input("long-context-k0", "value"), Input("long-context-span", "value"))
 @safe
-def draw_window(run_id, prompt, layer, head, how, q0, k0, span):
+def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
+                first_query: Index, first_key: Index, span: Index):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
-    window = window_of(rec.length(prompt), q0, k0, span)
-    pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=how)
+    window = window_of(rec.length(prompt), first_query, first_key, span)
+    pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=pooling)
     title = (f"window: queries {window[0]}..{window[1] - 1}, keys {window[2]}..{window[3] - 1}"
              f": {_pooling_note(pooled)}<br>click a cell to list its query's top keys")
     return _heatmap(pooled, rec.tokens(prompt), title)
 
 
+def query_of(point: dict) -> int:
+    """The query position of a click on the window: its ``y`` is a position (a pooled
+    window) or a label ``"position 'token'"`` (a window of single tokens).
+
+    Raises:
+        ValueError: neither.
+    """
+    y = point.get("y")
+    # int() raises ValueError for a label that does not start with a position
+    position = int(y.split(" ", 1)[0][:10]) if isinstance(y, str) else round(coordinate(y))
+    if not 0 <= position <= MAX_INDEX:
+        raise ValueError(position)
+    return position
+
+
 @callback(Output("long-context-query", "value"),
+          Output("long-context-error", "children", allow_duplicate=True),
           Input("long-context-window", "clickData"), prevent_initial_call=True)
-def choose_query(click: dict | None):
-    if not click:
-        return no_update
-    y = click["points"][0]["y"]  # "position 'token'" in a token-level window
-    return int(str(y).split(" ", 1)[0]) if isinstance(y, str) else round(y)
+@safe
+def choose_query(query: Annotated[int | None, Click(query_of, "a click on a cell of the "
+                                                             "window")]):
+    if query is None:
+        return no_update, no_update
+    return query, no_update
 
 
 @callback(Output("long-context-topk", "children"),
@@ -205,12 +250,11 @@ def choose_query(click: dict | None):
           Input("long-context-layer", "value"), Input("long-context-head", "value"),
           Input("long-context-query", "value"))
 @safe
-def list_topk(run_id, prompt, layer, head, query):
+def list_topk(run_id: RunId, prompt: Index, layer: Layer, head: Head, query: Index):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None or query is None:
         return no_update
-    n = rec.length(prompt)
-    q = min(max(0, int(query)), n - 1)
+    q = below("query", query, rec.length(prompt), "positions in the prompt")
     rows = rec.pattern_sparse(prompt, layer, head, queries=(q, q + 1))
     tokens = rec.tokens(prompt)
     kept = [(int(k), float(w)) for k, w in zip(rows.keys[0], rows.weights[0], strict=True)

@@ -17,6 +17,7 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import Name, RunId, among
 from experiments.head_overview.tables import HEAD_SCORES
 from workbench.scores import metrics
 
@@ -52,7 +53,7 @@ exports.follow("overview-run", page="overview", graphs=["overview-heatmap", "ove
           Output("overview-summary", "children"), Output("overview-error", "children"),
           Input("overview-run", "value"))
 @safe
-def choose_run(run_id: str):
+def choose_run(run_id: RunId):
     run = data.get_run(run_id, shows=SHOWS)
     names = list(dict.fromkeys(run.table(HEAD_SCORES.name).metric))
     if not names:
@@ -87,11 +88,12 @@ def layers_figure(scores: pd.DataFrame, metric: str) -> go.Figure:
           Output("overview-table", "data"),
           Input("overview-run", "value"), Input("overview-metric", "value"))
 @safe
-def draw(run_id: str, metric: str | None):
+def draw(run_id: RunId, metric: Name):
     if metric is None:
         return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     scores = run.table(HEAD_SCORES.name)
+    among("metric", metric, list(dict.fromkeys(scores.metric)), "the run's metrics")
     declared = metrics.get(metric)
     bounded = declared.bounded  # on [0, 1], the fixed scale
     title = f"{metric} · {run.model_name}<br><sup>{declared.meaning}</sup>"

@@ -4,6 +4,8 @@ of head and metric) last, in a collapsed section."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import dash
 import numpy as np
 import pandas as pd
@@ -14,6 +16,7 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import ClickedHead, Name, Real, RunId, among, below, triggered
 from experiments.head_pruning.tables import (
     HEAD_SCORES,
     KIND_EXPERIMENTS,
@@ -31,6 +34,8 @@ EMPTY = "No head-pruning runs yet: `workbench run head-pruning --model minilm`."
 LINE_COLOURS = {"gradient": "#2563eb", "ablation": "#059669", "reverse-gradient": "#dc2626",
                 "reverse-ablation": "#d97706"}
 TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}
+Budget = Annotated[float | None, Real(0, 1)]
+"""A fraction of the heads kept (the budget dropdown's values)."""
 
 
 @safe_layout("Pruning")
@@ -69,14 +74,14 @@ exports.follow("pruning-run", page="pruning", graphs=[
           Output("pruning-error", "children"),
           Input("pruning-run", "value"))
 @safe
-def choose_run(run_id: str):
+def choose_run(run_id: RunId):
     run = data.get_run(run_id, shows=SHOWS)
     kinds = sorted(run.table(HEAD_SCORES.name).metric.unique())
     curve = run.table(PRUNING_CURVE.name)
     metrics = list(dict.fromkeys(curve.metric))
     budgets = [{"label": f"{b:.0%}", "value": float(b)}
                for b in sorted(run.table(MASKS.name).budget.unique())]
-    orders = [o for o in dict.fromkeys(curve.order) if o != "random"]
+    orders = _orders(curve)
     summary = [html.Li(line) for line in run.meta.summary]
     return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
             metrics, metrics[0], budgets, budgets[0]["value"] if budgets else None,
@@ -86,11 +91,13 @@ def choose_run(run_id: str):
 @callback(Output("pruning-importance", "figure"),
           Input("pruning-run", "value"), Input("pruning-kind", "value"))
 @safe
-def draw_importance(run_id: str, kind: str | None):
+def draw_importance(run_id: RunId, kind: Name):
     if kind is None:
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
-    return figures.head_heatmap(run.table(HEAD_SCORES.name), kind,
+    scores = run.table(HEAD_SCORES.name)
+    among("importance", kind, sorted(scores.metric.unique()), "the run's importances")
+    return figures.head_heatmap(scores, kind,
                                 title=f"{kind} · {run.model_name} (unpruned model)")
 
 
@@ -129,21 +136,25 @@ def curves_figure(curve: pd.DataFrame, metric: str, model: str) -> go.Figure:
 @callback(Output("pruning-curves", "figure"),
           Input("pruning-run", "value"), Input("pruning-metric", "value"))
 @safe
-def draw_curves(run_id: str, metric: str | None):
+def draw_curves(run_id: RunId, metric: Name):
     if metric is None:
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
-    return curves_figure(run.table(PRUNING_CURVE.name), metric, run.model_name or "")
+    curve = run.table(PRUNING_CURVE.name)
+    among("metric", metric, list(dict.fromkeys(curve.metric)), "the run's metrics")
+    return curves_figure(curve, metric, run.model_name or "")
 
 
 @callback(Output("pruning-mask", "figure"),
           Input("pruning-run", "value"), Input("pruning-budget", "value"))
 @safe
-def draw_mask(run_id: str, budget: float | None):
+def draw_mask(run_id: RunId, budget: Budget):
     if budget is None:
         return no_update
     masks = data.get_run(run_id, shows=SHOWS).table(MASKS.name)
     at = masks[np.isclose(masks.budget, budget)]
+    if at.empty:
+        among("budget", budget, sorted(masks.budget.unique().tolist()), "the run's budgets")
     scores = at.assign(metric="keep", score=at.keep)
     title = (f"mask at budget {budget:.0%} ({at.order.iloc[0]} order): "
              f"{int(at.keep.sum())} of {len(at)} heads kept")
@@ -157,13 +168,19 @@ def _survival_scores(order: pd.DataFrame) -> pd.DataFrame:
     return order.assign(metric="step", score=order.step.astype(float).fillna(never))
 
 
+def _orders(table: pd.DataFrame) -> list[str]:
+    """The importance orders of a table, without the random ones."""
+    return [o for o in dict.fromkeys(table.order) if o != "random"]
+
+
 @callback(Output("pruning-survival", "figure"),
           Input("pruning-run", "value"), Input("pruning-order", "value"))
 @safe
-def draw_survival(run_id: str, order: str | None):
+def draw_survival(run_id: RunId, order: Name):
     if order is None:
         return no_update
     table = data.get_run(run_id, shows=SHOWS).table(PRUNING_ORDER.name)
+    among("order", order, _orders(table), "the run's orders")
     mine = table[table.order == order]
     scores = _survival_scores(mine)
     last = int(scores.score.max())
@@ -175,16 +192,18 @@ def draw_survival(run_id: str, order: str | None):
           Input("pruning-importance", "clickData"), Input("pruning-survival", "clickData"),
           Input("pruning-run", "value"), Input("pruning-order", "value"))
 @safe
-def describe_head(click_importance: dict | None, click_survival: dict | None, run_id: str,
-                  order: str | None):
-    trigger = dash.ctx.triggered_id
-    click = click_survival if trigger == "pruning-survival" else click_importance
+def describe_head(importance_click: ClickedHead, survival_click: ClickedHead, run_id: RunId,
+                  order: Name):
+    trigger = triggered()
+    click = survival_click if trigger == "pruning-survival" else importance_click
     if trigger not in ("pruning-importance", "pruning-survival") or not click:
         return "Click a head in the importance or survival map to see its history."
-    point = click["points"][0]
-    layer, head = int(point["y"]), int(point["x"])
+    layer, head = click
     run = data.get_run(run_id, shows=SHOWS)
-    return head_history(run.table(PRUNING_ORDER.name), run.table(HEAD_SCORES.name), layer, head)
+    scores = run.table(HEAD_SCORES.name)
+    below("layer", layer, int(scores.layer.max()) + 1, "layers in the run's model")
+    below("head", head, int(scores["head"].max()) + 1, "heads in each layer")
+    return head_history(run.table(PRUNING_ORDER.name), scores, layer, head)
 
 
 def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: int) -> str:
@@ -202,7 +221,7 @@ def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: in
 
 @callback(Output("pruning-kinds", "children"), Input("pruning-run", "value"))
 @safe
-def draw_kinds(run_id: str):
+def draw_kinds(run_id: RunId):
     """The run's join with the head-finding and sink runs it found on the same weights."""
     survival = data.get_run(run_id, shows=SHOWS).table(SURVIVAL.name)
     if survival.empty:
@@ -217,7 +236,7 @@ def draw_kinds(run_id: str):
 
 @callback(Output("pruning-speed", "children"), Input("pruning-run", "value"))
 @safe
-def draw_speed(run_id: str):
+def draw_speed(run_id: RunId):
     speed = data.get_run(run_id, shows=SHOWS).table(SPEEDUP.name)
     if speed.empty:
         return html.P("Not measured in this run.", className="wb-note")

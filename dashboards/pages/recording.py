@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
 import dash
-from dash import Input, Output, State, callback, ctx, dcc, html, no_update
+from dash import Input, Output, State, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
 from dashboards.components.controls import (
+    check_choice,
     labelled,
     recording_choices,
     recording_layout_choices,
 )
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import ClickedHead, Head, Index, Layer, RunId, triggered
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
@@ -57,35 +57,39 @@ exports.follow("recording-run", page="recording", graphs=["recording-pattern", "
           Output("recording-error", "children"), Input("recording-run", "value"),
           prevent_initial_call=True)
 @safe
-def choose_run(run_id: str):
+def choose_run(run_id: RunId):
     prompts, layers, heads = recording_choices(run_id)
     return prompts, 0, layers, heads, None
 
 
+# A run's change also checks the layer and head kept from the last run (the dropdowns keep
+# their values), so it is called first too; a refused click is said in the banner.
 @callback(Output("recording-layer", "value"), Output("recording-head", "value"),
+          Output("recording-error", "children", allow_duplicate=True),
           Input("recording-grid", "clickData"), Input("recording-run", "value"),
-          State("recording-layer", "value"), State("recording-head", "value"))
+          State("recording-layer", "value"), State("recording-head", "value"),
+          prevent_initial_call="initial_duplicate")
 @safe
-def choose_head(click: dict | None, run_id: str, layer: int | None, head: int | None):
-    if ctx.triggered_id == "recording-grid" and click:
-        point = click["points"][0]  # grid coordinates are in units of heads and layers
-        return math.floor(point["y"]), math.floor(point["x"])
+def choose_head(click: ClickedHead, run_id: RunId, layer: Layer, head: Head):
     rec = data.recording(run_id)
+    if triggered() == "recording-grid" and click:
+        layer, head = click  # grid coordinates are in units of heads and layers
+        check_choice(rec, None, layer, head)
+        return layer, head, no_update
     layer = layer if layer is not None and layer < rec.n_layers else 0
     head = head if head is not None and head < rec.n_heads else 0
-    return layer, head
+    return layer, head, no_update
 
 
 @callback(Output("recording-pattern", "figure"),
           Input("recording-run", "value"), Input("recording-prompt", "value"),
           Input("recording-layer", "value"), Input("recording-head", "value"))
 @safe
-def draw_pattern(run_id: str, prompt: int | None, layer: int | None, head: int | None):
+def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head):
     if prompt is None or layer is None or head is None:
         return no_update
     rec = data.recording(run_id)
-    if prompt >= len(rec) or layer >= rec.n_layers or head >= rec.n_heads:
-        return no_update
+    check_choice(rec, prompt, layer, head)
     n = min(rec.length(prompt), MAX_TOKENS)
     title = f"layer {layer}, head {head} (L{layer}H{head})"
     if n < rec.length(prompt):
@@ -97,8 +101,9 @@ def draw_pattern(run_id: str, prompt: int | None, layer: int | None, head: int |
 @callback(Output("recording-grid", "figure"),
           Input("recording-run", "value"), Input("recording-prompt", "value"))
 @safe
-def draw_grid(run_id: str, prompt: int | None):
+def draw_grid(run_id: RunId, prompt: Index):
     rec = data.recording(run_id)
-    if prompt is None or prompt >= len(rec):
+    if prompt is None:
         return no_update
+    check_choice(rec, prompt, None, None)
     return figures.pattern_grid(rec, prompt)

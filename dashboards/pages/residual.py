@@ -10,6 +10,7 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled, prompt_options
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import Index, RunId, below
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
@@ -36,7 +37,7 @@ exports.follow("residual-run", page="residual", graphs=["residual-heatmap", "res
 @callback(Output("residual-prompt", "options"), Output("residual-prompt", "value"),
           Output("residual-error", "children"), Input("residual-run", "value"))
 @safe
-def choose_run(run_id: str):
+def choose_run(run_id: RunId):
     rec = data.recording(run_id)
     prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
     return prompts, 0, None
@@ -46,10 +47,11 @@ def choose_run(run_id: str):
           Output("residual-stats", "children"),
           Input("residual-run", "value"), Input("residual-prompt", "value"))
 @safe
-def draw(run_id: str, prompt: int | None):
+def draw(run_id: RunId, prompt: Index):
     rec = data.recording(run_id)
-    if prompt is None or prompt >= len(rec):
+    if prompt is None:
         return no_update, no_update, no_update
+    below("prompt", prompt, len(rec), "prompts in the recording")
     norms = figures.resid_norms(rec, prompt)
     first, rest = norms[:, 0], norms[:, 1:]
     stats = "one token only"

@@ -8,7 +8,7 @@ open in no page."""
 from __future__ import annotations
 
 import json
-from typing import get_args
+from typing import Annotated, get_args
 
 import dash
 from dash import Input, Output, State, callback, dash_table, dcc, html
@@ -16,6 +16,16 @@ from dash import Input, Output, State, callback, dash_table, dcc, html
 from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
+from dashboards.components.values import (
+    ListOf,
+    Name,
+    OneOf,
+    Records,
+    RunId,
+    Whole,
+    below,
+    check,
+)
 from workbench.core.options import Status
 from workbench.store.runs import Run
 
@@ -25,6 +35,9 @@ dash.register_page(__name__, path="/", name="Runs", order=0, experiments=["repro
 
 PAGE_SIZE = 20
 COLUMNS = ["open", "run", "experiment", "model", "status", "started", "tables", "problem"]
+StatusChoice = Annotated[str | None, OneOf(get_args(Status))]
+SelectedRows = Annotated[list[int] | None, ListOf(Whole(optional=False), 1)]
+"""The table's ``selected_rows`` (one row at most: it selects a single run)."""
 
 
 def open_cell(run: Run) -> str:
@@ -86,8 +99,7 @@ def layout(experiment: str | None = None, model: str | None = None, run: str | N
           Input("runs-experiment", "value"), Input("runs-model", "value"),
           Input("runs-status", "value"), State("runs-requested", "data"))
 @safe
-def filter_runs(experiment: str | None, model: str | None, status: str | None,
-                requested: str | None):
+def filter_runs(experiment: Name, model: Name, status: StatusChoice, requested: RunId):
     rows = [row(r) for r in data.runs(experiment=experiment, status=status)]
     rows = [r for r in rows if not model or r["model"] == model]
     if not requested:
@@ -103,12 +115,12 @@ def filter_runs(experiment: str | None, model: str | None, status: str | None,
 @callback(Output("runs-detail", "children"), Output("runs-selected", "data"),
           Input("runs-table", "selected_rows"), State("runs-table", "data"))
 @safe
-def show_run(selected: list[int] | None, rows: list[dict] | None):
-    try:
-        run_id = rows[selected[0]]["run"]  # both come from the client
-    except (IndexError, KeyError, TypeError):
+def show_run(selected: SelectedRows, rows: Annotated[list[dict] | None, Records()]):
+    if not selected:
         return html.P("Select a run to open it.", className="wb-note"), None
-    run = data.listed_run(run_id)
+    rows = rows or []  # both come from the client: the row's run is checked by the store
+    row = rows[below("selected row", selected[0], len(rows), "rows in the table")]
+    run = data.listed_run(check("run", RunId, row.get("run")))
     return detail(run), run.id
 
 

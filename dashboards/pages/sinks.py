@@ -8,6 +8,8 @@ Everything shown is read from the run's tables, by the names declared in
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import dash
 import numpy as np
 import pandas as pd
@@ -18,6 +20,7 @@ from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import Name, OneOf, RunId, among
 from experiments.attention_sinks.tables import (
     HEAD_SCORES,
     INPUT_SCORES,
@@ -43,6 +46,8 @@ TYPE_COLOURS = {"bos": "#1f2937", "cls": "#1f2937", "sep": "#b91c1c",
 STREAMING_SHOWN = ["label", "variant", "n_sinks", "window", "ppl", "ppl_beyond_window",
                    "ppl_matched", "matched_low", "matched_high", "n_matched", "n_tokens"]
 """The columns of streaming_perplexity shown in the page's table, in this order."""
+CURVES = ("running", "binned")
+"""The two views of the streaming perplexity (``sinks-curve``)."""
 HIDDEN = {"display": "none"}
 ALPHA_1 = metrics.get("first_token").name
 """The metric the heatmap shows first."""
@@ -83,7 +88,7 @@ exports.follow("sinks-run", page="sinks", graphs=[
           Output("sinks-summary", "children"), Output("sinks-error", "children"),
           Input("sinks-run", "value"))
 @safe
-def choose_run(run_id: str | None):
+def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
@@ -93,16 +98,25 @@ def choose_run(run_id: str | None):
             [html.Li(line) for line in run.meta.summary], None)
 
 
+def _input_scores(run: Run, input_name: str) -> pd.DataFrame:
+    """The per-input head scores of ``input_name``.
+
+    Raises:
+        Refused: the run scored no such input.
+    """
+    scores = run.table(INPUT_SCORES.name)
+    among("input name", input_name, list(dict.fromkeys(scores.input)), "the run's inputs")
+    return scores[scores.input == input_name]
+
+
 @callback(Output("sinks-heatmap", "figure"), Input("sinks-run", "value"),
           Input("sinks-input", "value"), Input("sinks-metric", "value"))
 @safe
-def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None):
+def draw_heatmap(run_id: RunId, input_name: Name, metric: Name):
     if not run_id or not input_name or not metric:
         return no_update
-    scores = data.get_run(run_id, shows=SHOWS).table(INPUT_SCORES.name)
-    scores = scores[scores.input == input_name]
-    if scores.empty or metric not in set(scores.metric):
-        return no_update
+    scores = _input_scores(data.get_run(run_id, shows=SHOWS), input_name)
+    among("metric", metric, sorted(set(scores.metric)), f"the metrics of {input_name}")
     declared = metrics.get(metric)
     title = f"{metric} ({input_name})<br><sup>{declared.meaning}</sup>"
     return figures.head_heatmap(scores, metric, title=title, colorscale="Blues",
@@ -114,14 +128,11 @@ def draw_heatmap(run_id: str | None, input_name: str | None, metric: str | None)
           Output("sinks-massive", "figure"),
           Input("sinks-run", "value"), Input("sinks-input", "value"))
 @safe
-def draw_input(run_id: str | None, input_name: str | None):
+def draw_input(run_id: RunId, input_name: Name):
     if not run_id or not input_name:
         return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(INPUT_SCORES.name)
-    scores = scores[scores.input == input_name]
-    if scores.empty:
-        return no_update, no_update, no_update
+    scores = _input_scores(run, input_name)
     eps = float(run.table(SINK_RATES.name).eps.iloc[0])
     return (mass_figure(scores, input_name),
             receivers_figure(run.table(TOP_RECEIVERS.name), input_name),
@@ -132,7 +143,7 @@ def draw_input(run_id: str | None, input_name: str | None):
           Output("sinks-streaming-table", "columns"), Output("sinks-streaming-note", "children"),
           Output("sinks-streaming-box", "style"), Input("sinks-run", "value"))
 @safe
-def draw_run(run_id: str | None):
+def draw_run(run_id: RunId):
     if not run_id:
         return no_update, no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
@@ -162,7 +173,7 @@ def skip_reason(run: Run, part: str) -> str | None:
 @callback(Output("sinks-streaming", "figure"), Input("sinks-run", "value"),
           Input("sinks-curve", "value"))
 @safe
-def draw_streaming(run_id: str | None, curve: str | None):
+def draw_streaming(run_id: RunId, curve: Annotated[str | None, OneOf(CURVES)]):
     if not run_id:
         return no_update
     run = data.get_run(run_id, shows=SHOWS)

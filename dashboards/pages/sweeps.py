@@ -10,7 +10,7 @@ declarations in :mod:`workbench.harness.sweep_tables`."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import dash
 import numpy as np
@@ -22,6 +22,7 @@ from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import MAX_INDEX, Click, Name, OneOf, RunId, Whole, among
 from workbench.harness.sweep_tables import CELLS, SCORES
 
 SHOWS = ["sweep"]
@@ -31,6 +32,9 @@ EMPTY = "No sweeps yet. Run one with `workbench sweep data/sweeps/seeds.toml`."
 SEP = "|"
 """Joins an experiment and a metric in the metric dropdown's values."""
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
+MAX_K = 50
+Columns = Annotated[str, OneOf(("grid", "top"), optional=False)]
+TopK = Annotated[int | None, Whole(1, MAX_K)]
 
 
 @safe_layout("Sweeps")
@@ -42,7 +46,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             id="sweeps-columns", value="grid", inline=True,
             options=[{"label": "every head (layer x head)", "value": "grid"},
                      {"label": "top-k heads", "value": "top"}])),
-        labelled("k", dcc.Input(id="sweeps-k", type="number", min=1, max=50, step=1,
+        labelled("k", dcc.Input(id="sweeps-k", type="number", min=1, max=MAX_K, step=1,
                                 value=5), "5em"),
     ], body=lambda chosen: [
         html.P(id="sweeps-summary", className="wb-note"),
@@ -65,8 +69,21 @@ def _split(value: str) -> tuple[str, str]:
     return experiment, metric
 
 
+def _choices(scores: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's (experiment, metric) pairs, one row each, in the dropdown's order."""
+    return scores[["experiment", "metric"]].drop_duplicates().sort_values(["experiment",
+                                                                          "metric"])
+
+
 def _selected(run_id: str, value: str) -> pd.DataFrame:
+    """The scores of the metric dropdown's ``value`` (``experiment|metric``).
+
+    Raises:
+        Refused: the sweep scored no such metric.
+    """
     scores = _table(run_id, "scores")
+    among("metric", value, [f"{r.experiment}{SEP}{r.metric}"
+                            for r in _choices(scores).itertuples()], "the sweep's metrics")
     experiment, metric = _split(value)
     return scores[(scores.experiment == experiment) & (scores.metric == metric)]
 
@@ -84,13 +101,12 @@ def row_label(cell: Any) -> str:
           Output("sweeps-summary", "children"), Output("sweeps-error", "children"),
           Input("sweeps-run", "value"))
 @safe
-def choose_sweep(run_id: str):
+def choose_sweep(run_id: RunId):
     scores = _table(run_id, "scores")
     cells = _table(run_id, "cells")
     counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().sort_index().items())
     summary = f"{len(cells)} cells: {counts}."
-    pairs = scores[["experiment", "metric"]].drop_duplicates().sort_values(["experiment",
-                                                                            "metric"])
+    pairs = _choices(scores)
     if pairs.empty:
         return [], None, summary, message(f"sweep {run_id} has no complete cell with scores")
     options = [{"label": f"{r.metric} ({r.experiment})", "value": f"{r.experiment}{SEP}{r.metric}"}
@@ -141,11 +157,11 @@ def mosaic(scores: pd.DataFrame, metric: str, columns: str, k: int) -> go.Figure
           Input("sweeps-metric", "value"), Input("sweeps-columns", "value"),
           Input("sweeps-k", "value"))
 @safe
-def draw_mosaic(run_id: str, value: str | None, columns: str, k: int | None):
+def draw_mosaic(run_id: RunId, value: Name, columns: Columns, k: TopK):
     if value is None:
         return no_update
     scores = _selected(run_id, value)
-    return mosaic(scores, _split(value)[1], columns, max(1, min(int(k or 5), 50)))
+    return mosaic(scores, _split(value)[1], columns, k or 5)
 
 
 def best_heads(scores: pd.DataFrame) -> pd.DataFrame:
@@ -159,7 +175,7 @@ def best_heads(scores: pd.DataFrame) -> pd.DataFrame:
 @callback(Output("sweeps-lines", "figure"), Input("sweeps-run", "value"),
           Input("sweeps-metric", "value"))
 @safe
-def draw_lines(run_id: str, value: str | None):
+def draw_lines(run_id: RunId, value: Name):
     if value is None:
         return no_update
     metric = _split(value)[1]
@@ -186,19 +202,33 @@ def draw_lines(run_id: str, value: str | None):
     return fig
 
 
+def cell_of(point: dict) -> int:
+    """The sweep cell of a click on the mosaic: a row's label starts with its index.
+
+    Raises:
+        ValueError: the point's row is not such a label.
+    """
+    row = point.get("y")
+    if not isinstance(row, str):
+        raise ValueError(row)
+    index = int(row.split(":", 1)[0][:10])  # the client's word is checked against the cells
+    if not 0 <= index <= MAX_INDEX:
+        raise ValueError(index)
+    return index
+
+
 @callback(Output("sweeps-open", "children"), Input("sweeps-mosaic", "clickData"),
           Input("sweeps-run", "value"))
 @safe
-def open_cell(click: dict | None, run_id: str):
-    try:  # a row's label starts with its cell index; the client's word is checked below
-        index = int(str(click["points"][0]["y"]).split(":", 1)[0])
-    except (KeyError, IndexError, TypeError, ValueError):
+def open_cell(cell: Annotated[int | None, Click(cell_of, "a click on a row of the mosaic")],
+              run_id: RunId):
+    if cell is None:
         return "Click a cell of the mosaic to open its run."
     cells = _table(run_id, "cells")
-    match = cells[(cells.cell == index) & (cells.run_id != "")]
+    match = cells[(cells.cell == cell) & (cells.run_id != "")]
     if match.empty:
-        return message(f"sweep {run_id} has no run for cell {index}")
-    cell = match.iloc[0]
-    return html.Span([f"cell {cell.cell}: {cell.experiment} on {cell.model} → ",
-                      dcc.Link(f"open run {cell.run_id}", id="sweeps-open-link",
-                               href=links.run_link(cell.run_id, cell.experiment))])
+        return message(f"sweep {run_id} has no run for cell {cell}")
+    row = match.iloc[0]
+    return html.Span([f"cell {row.cell}: {row.experiment} on {row.model} → ",
+                      dcc.Link(f"open run {row.run_id}", id="sweeps-open-link",
+                               href=links.run_link(row.run_id, row.experiment))])

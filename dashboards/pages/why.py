@@ -22,6 +22,7 @@ from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
+from dashboards.components.values import Index, NamedHead, RunId, among
 from experiments.qk_attribution.tables import (
     ATTRIBUTION,
     PAIR_CONTRIBUTIONS,
@@ -90,11 +91,22 @@ def component_kind(name: str) -> str:
     return "mlp" if match.group(2) == "MLP" else "head"
 
 
-def _parse_head(value: str) -> tuple[int, int]:
-    match = re.fullmatch(r"L(\d+)H(\d+)", str(value))
-    if match is None:
-        raise dash.exceptions.PreventUpdate
-    return int(match[1]), int(match[2])
+def _heads(scores: pd.DataFrame) -> list[str]:
+    """The run's explained heads, as the head dropdown names them, in layer order."""
+    heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
+    return [head_label(r.layer, r.head) for r in heads.itertuples()]
+
+
+def _mine(scores: pd.DataFrame, head: tuple[int, int], prompt: int) -> pd.DataFrame:
+    """The rows of ``scores`` of one head on one prompt.
+
+    Raises:
+        Refused: the run explains no such head, or has no such prompt.
+    """
+    layer, h = head
+    among("head", head_label(layer, h), _heads(scores), "the run's heads")
+    among("prompt", prompt, sorted(scores.prompt.unique().tolist()), "the run's prompts")
+    return scores[(scores.layer == layer) & (scores["head"] == h) & (scores.prompt == prompt)]
 
 
 @callback(Output("why-head", "options"), Output("why-head", "value"),
@@ -102,13 +114,12 @@ def _parse_head(value: str) -> tuple[int, int]:
           Output("why-note", "children"), Output("why-error", "children"),
           Input("why-run", "value"))
 @safe
-def choose_run(run_id: str | None):
+def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
     scores = run.table(SCORES.name)
-    heads = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
-    options = [head_label(r.layer, r.head) for r in heads.itertuples()]
+    options = _heads(scores)
     prompts = sorted(scores.prompt.unique().tolist())
     return (options, options[0], [{"label": f"prompt {p}", "value": p} for p in prompts],
             prompts[0], source_note(run), None)
@@ -135,20 +146,20 @@ def source_note(run: Run) -> list:
 
 
 @callback(Output("why-query-pos", "options"), Output("why-query-pos", "value"),
-          Input("why-run", "value"), Input("why-head", "value"), Input("why-prompt", "value"))
+          Output("why-error", "children", allow_duplicate=True),
+          Input("why-run", "value"), Input("why-head", "value"), Input("why-prompt", "value"),
+          prevent_initial_call="initial_duplicate")
 @safe
-def choose_query(run_id: str | None, head: str | None, prompt: int | None):
+def choose_query(run_id: RunId, head: NamedHead, prompt: Index):
     if not run_id or head is None or prompt is None:
-        return no_update, no_update
-    layer, h = _parse_head(head)
+        return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(SCORES.name)
-    mine = scores[(scores.layer == layer) & (scores["head"] == h) & (scores.prompt == prompt)]
+    mine = _mine(run.table(SCORES.name), head, prompt)
     tokens = _tokens(run, prompt)
     options = [{"label": f"{r.query_pos} '{tokens[r.query_pos]}' -> {r.key_pos} "
                          f"'{tokens[r.key_pos]}' (w {r.weight:.2f})", "value": int(r.query_pos)}
                for r in mine.drop_duplicates("query_pos").itertuples()]
-    return options, (options[0]["value"] if options else None)
+    return options, (options[0]["value"] if options else None), no_update
 
 
 def _tokens(run: Run, prompt: int) -> list[str]:
@@ -161,11 +172,15 @@ def _tokens(run: Run, prompt: int) -> list[str]:
           Input("why-run", "value"), Input("why-head", "value"), Input("why-prompt", "value"),
           Input("why-query-pos", "value"))
 @safe
-def draw_pair(run_id: str | None, head: str | None, prompt: int | None, query: int | None):
+def draw_pair(run_id: RunId, head: NamedHead, prompt: Index, query: Index):
     if not run_id or head is None or prompt is None or query is None:
         return (no_update,) * 4
-    layer, h = _parse_head(head)
+    layer, h = head
+    name = head_label(layer, h)
     run = data.get_run(run_id, shows=SHOWS)
+    queries = _mine(run.table(SCORES.name), head, prompt)
+    among("query", query, sorted(queries.query_pos.unique().tolist()),
+          f"the queries of {name} on prompt {prompt}")
     tokens = _tokens(run, prompt)
 
     def mine(table: pd.DataFrame) -> pd.DataFrame:
@@ -175,8 +190,8 @@ def draw_pair(run_id: str | None, head: str | None, prompt: int | None, query: i
     pair = mine(run.table(SCORES.name))
     keys = pair.key_pos.tolist()
     contrib = mine(run.table(PAIR_CONTRIBUTIONS.name))
-    title = f"{head}, query {query} '{tokens[query]}' on key {keys[0]} '{tokens[keys[0]]}'"
-    return (strip_figure(mine(run.table(PATTERNS.name)), tokens, query, keys, head),
+    title = f"{name}, query {query} '{tokens[query]}' on key {keys[0]} '{tokens[keys[0]]}'"
+    return (strip_figure(mine(run.table(PATTERNS.name)), tokens, query, keys, name),
             bars_figure(contrib[contrib.side == "key"], f"key side: {title}"),
             bars_figure(contrib[contrib.side == "query"], f"query side: {title}"),
             matrix_figure(mine(run.table(PAIR_MATRIX.name)), f"pairs: {title}",
@@ -235,12 +250,15 @@ def matrix_figure(matrix: pd.DataFrame, title: str, score: float) -> go.Figure:
 @callback(Output("why-aggregate", "figure"), Input("why-run", "value"),
           Input("why-head", "value"))
 @safe
-def draw_aggregate(run_id: str | None, head: str | None):
+def draw_aggregate(run_id: RunId, head: NamedHead):
     if not run_id or head is None:
         return no_update
-    layer, h = _parse_head(head)
-    att = data.get_run(run_id, shows=SHOWS).table(ATTRIBUTION.name)
-    return aggregate_figure(att[(att.layer == layer) & (att["head"] == h)], head)
+    layer, h = head
+    run = data.get_run(run_id, shows=SHOWS)
+    among("head", head_label(layer, h), _heads(run.table(SCORES.name)), "the run's heads")
+    att = run.table(ATTRIBUTION.name)
+    return aggregate_figure(att[(att.layer == layer) & (att["head"] == h)],
+                            head_label(layer, h))
 
 
 def aggregate_figure(att: pd.DataFrame, head: str, top: int = 12) -> go.Figure:

@@ -107,6 +107,7 @@ from experiments.attention_sinks.measure import (
 )
 from experiments.attention_sinks.tables import TABLES
 from workbench.core import progress
+from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import Split
@@ -115,28 +116,30 @@ from workbench.models.base import Model
 
 @dataclass(frozen=True)
 class Config:
-    n_prompts: int = param(100, "sequences per input kind (Gu et al.: about 100)", min=2)
+    n_prompts: int = param(100, "sequences per input kind (Gu et al.: about 100)",
+                           min=2, max=MAX_PROMPTS)
     seq_len: int = param(64, "tokens per sequence, special tokens included (Gu et al.: "
-                             "T = 64)", min=4)
+                             "T = 64)", min=4, max=MAX_SEQUENCE)
     eps: float = param(0.3, "sink threshold on alpha_1 (Gu et al.: 0.3)", min=0.0, max=1.0)
     corpus_split: Split = param(
         "all", "part of the Python documentation used as natural text")
     compare_bos: bool = param(True, "causal models: also run every input without its BOS token")
     n_massive_prompts: int = param(20, "sequences per input kind scanned for massive "
-                                       "activations", min=1)
+                                       "activations", min=1, max=MAX_PROMPTS)
     streaming: bool = param(True, "causal LMs: measure streaming perplexity with and without "
                                   "sinks")
     stream_tokens: int = param(4096, "length of the streamed text in tokens, BOS included",
-                               min=4)
+                               min=4, max=MAX_TEXT_TOKENS)
     window: int = param(256, "W: keys a query may see in the window variants (sinks "
-                             "included)", min=2)
+                             "included)", min=2, max=MAX_SEQUENCE)
     n_sinks: int = param(4, "k: initial tokens kept by the main sink + window variant "
-                            "(Xiao et al.: 4)", min=1)
+                            "(Xiao et al.: 4)", min=1, max=MAX_SEQUENCE)
     sink_sweep: tuple[int, ...] = param((1, 2, 8), "further values of k to measure, e.g. 1,2,8",
-                                        min=1)
+                                        min=1, max=MAX_SEQUENCE)
     recompute_stride: int = param(16, "the recompute reference is evaluated at every n-th "
-                                      "position past W", min=1)
-    chunk: int = param(256, "queries per forward pass in streaming (speed only)", min=1)
+                                      "position past W", min=1, max=MAX_SEQUENCE)
+    chunk: int = param(256, "queries per forward pass in streaming (speed only)",
+                       min=1, max=MAX_SEQUENCE)
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")

@@ -110,6 +110,7 @@ from experiments.head_pruning.measure import (
 )
 from experiments.head_pruning.tables import TABLES
 from workbench.core import progress
+from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.interventions.importance import Accumulation
@@ -127,24 +128,28 @@ three random orders, as when the claims were registered."""
 @dataclass(frozen=True)
 class Config:
     fit_tokens: int = param(
-        2048, "tokens of fit text for gradient importance (never used for evaluation)", min=1)
+        2048, "tokens of fit text for gradient importance (never used for evaluation)",
+        min=1, max=MAX_TEXT_TOKENS)
     ablation_tokens: int = param(
         512, "tokens of the fit text for ablation importance (a forward pass per head; "
-             "0 skips it)", min=0)
+             "0 skips it)", min=0, max=MAX_TEXT_TOKENS)
     eval_tokens: int = param(
         2048, "tokens of held-out text for the evaluation metric (each pruning step of each "
-              "order evaluates them once)", min=1)
-    chunk_tokens: int = param(128, "tokens per natural-text window (causal models)", min=1)
+              "order evaluates them once)", min=1, max=MAX_TEXT_TOKENS)
+    chunk_tokens: int = param(128, "tokens per natural-text window (causal models)",
+                              min=1, max=MAX_SEQUENCE)
     repeat_prompts: int = param(
-        8, "repeated-random prompts for the second-repeat loss (causal models)", min=1)
-    repeat_len: int = param(32, "random tokens per repeat in those prompts", min=1)
+        8, "repeated-random prompts for the second-repeat loss (causal models)",
+        min=1, max=MAX_PROMPTS)
+    repeat_len: int = param(32, "random tokens per repeat in those prompts",
+                            min=1, max=MAX_SEQUENCE)
     importance: tuple[ImportanceKind, ...] = param(
         ("gradient",), "distinct importance kinds that order iterative pruning (each is one "
                        "order; ablation re-estimates every remaining head's ablation "
                        "importance at every step: about 13 more minutes on smollm2 on 2 "
                        "cores, estimated)")
     reverse: bool = param(True, "also prune most-important-first, by the first importance kind")
-    n_random: int = param(2, "random pruning orders (seeds)", min=0)
+    n_random: int = param(2, "random pruning orders (seeds)", min=0, max=100)
     step_fraction: float = param(0.1, "fraction of all heads removed per pruning step",
                                  min=0.001, max=1)
     max_fraction: float = param(1.0, "stop once this fraction of all heads is removed",
@@ -156,7 +161,8 @@ class Config:
     accumulate: Accumulation = param(
         "example", "gradient importance: |dL/dxi| per example (Michel's definition) or per batch")
     probes: int = param(
-        8, "random probes of the embedding per sentence (encoder gradient importance)", min=1)
+        8, "random probes of the embedding per sentence (encoder gradient importance)",
+        min=1, max=MAX_DRAWS)
     budgets: tuple[float, ...] = param(
         (0.1, 0.2, 0.3, 0.5), "pruned fractions whose masks are saved (first importance order)",
         min=0.001, max=1)
@@ -164,9 +170,10 @@ class Config:
         0.05, "degradation allowed for the prunable fraction (relative loss increase, "
               "or 1 - cosine similarity)", min=0, max=1)
     top_k: int = param(
-        10, "heads per metric of other experiments joined with the survival order", min=1)
+        10, "heads per metric of other experiments joined with the survival order",
+        min=1, max=MAX_HEADS)
     speed_repeats: int = param(
-        3, "timed runs of the models with heads removed from the weights (0: skip)", min=0)
+        3, "timed runs of the models with heads removed from the weights (0: skip)", min=0, max=100)
     # half the usual batch, which also sets the examples per gradient batch
     # (accumulate=batch) and the batch timed for the speed-up
     max_batch_tokens: int = shared("max_batch_tokens", 1024)

@@ -138,8 +138,8 @@ def make_objective(model: Model, cfg: Config) -> Objective:
         heldout = token_chunks(model, python_docs("heldout"),
                                n_chunks=cfg.eval_tokens // cfg.chunk_tokens,
                                n_tokens=cfg.chunk_tokens, label="python-docs-heldout")
-        repeats = repeated_random(model, n_prompts=cfg.repeat_prompts, seq_len=cfg.repeat_len,
-                                  seed=cfg.seed)
+        repeats = list(repeated_random(model, n_prompts=cfg.repeat_prompts,
+                                       seq_len=cfg.repeat_len, seed=cfg.seed))
         return CausalObjective(fit, prefix_holding(fit, model, cfg.ablation_tokens), heldout,
                                repeats, cfg.repeat_len, model.info.bos_token_id is not None,
                                cfg.max_batch_tokens)

@@ -112,6 +112,8 @@ from experiments.induction_formation import checks  # noqa: F401 (registers the 
 from experiments.induction_formation.measure import Result, make_probes, result, train_one
 from experiments.induction_formation.tables import TABLES
 from workbench.core import progress
+from workbench.core.errors import WorkbenchError
+from workbench.core.values import MAX_PROMPTS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.models import checkpoints, native
@@ -126,15 +128,19 @@ Source = Literal["pydoc", "docstrings"]
 
 @dataclass(frozen=True)
 class Config:
+    # The upper bounds keep the model and its batches to what a CPU trains: a 48-layer,
+    # 4,096-wide model over 1,024 x 4,096-token batches is already far past what finishes
+    # here. The learning rate and weight decay stop at 1: AdamW's decoupled decay
+    # multiplies the weights by 1 - lr x weight_decay at every step.
     layers: tuple[int, ...] = param((1, 2), "train one model per entry, with this many layers",
-                                    min=1)
+                                    min=1, max=48)
     attn_only: bool = param(True, "attention-only models (false adds an MLP to every block)")
-    d_model: int = param(256, "residual stream width", min=1)
-    n_heads: int = param(4, "attention heads per layer", min=1)
-    d_mlp: int = param(256, "MLP width (only with attn_only=false)", min=1)
-    n_ctx: int = param(128, "context length in tokens (BOS included)", min=2)
+    d_model: int = param(256, "residual stream width", min=1, max=4096)
+    n_heads: int = param(4, "attention heads per layer", min=1, max=64)
+    d_mlp: int = param(256, "MLP width (only with attn_only=false)", min=1, max=16384)
+    n_ctx: int = param(128, "context length in tokens (BOS included)", min=2, max=4096)
     positions: native.Positions = param("learned", "learned absolute positions or rotary")
-    vocab_size: int = param(512, "byte-pair vocabulary size", min=300)
+    vocab_size: int = param(512, "byte-pair vocabulary size", min=300, max=65536)
     sources: tuple[Source, ...] = param(
         ("pydoc", "docstrings"),
         "built-in training text: pydoc (doc topics), docstrings (standard library)")
@@ -143,33 +149,35 @@ class Config:
     repeat_fraction: float = param(
         1.0, "fraction of training windows in which one passage is repeated later on",
         min=0, max=1)
-    steps: int = param(1000, "training steps (optimizer updates)", min=1)
-    batch_size: int = param(32, "sequences per step", min=1)
-    lr: float = param(3e-3, "peak learning rate (AdamW)", above=0)
-    warmup_steps: int = param(100, "linear warm-up steps", min=0)
+    steps: int = param(1000, "training steps (optimizer updates)", min=1, max=10**6)
+    batch_size: int = param(32, "sequences per step", min=1, max=1024)
+    lr: float = param(3e-3, "peak learning rate (AdamW)", above=0, max=1)
+    warmup_steps: int = param(100, "linear warm-up steps", min=0, max=10**6)
     lr_schedule: loop.LrSchedule = param(
         "cosine", "cosine decay to min_lr_fraction after warm-up, or constant")
     min_lr_fraction: float = param(0.1, "final learning rate as a fraction of lr (cosine)",
                                    min=0, max=1)
-    weight_decay: float = param(0.01, "AdamW weight decay", min=0)
+    weight_decay: float = param(0.01, "AdamW weight decay", min=0, max=1)
     checkpoint_every: int = param(
-        25, "save and measure a checkpoint every this many steps (and at step 0)", min=1)
+        25, "save and measure a checkpoint every this many steps (and at step 0)", min=1, max=10**6)
     heldout_windows: int = param(
-        256, "held-out windows for the held-out loss and the ICL score", min=1)
-    icl_early: int = param(13, "early position of the ICL score (Olsson: 50 of 512)", min=1)
-    icl_late: int = param(122, "late position of the ICL score (Olsson: 500 of 512)", min=1)
+        256, "held-out windows for the held-out loss and the ICL score", min=1, max=MAX_PROMPTS)
+    icl_early: int = param(13, "early position of the ICL score (Olsson: 50 of 512)",
+                           min=1, max=4096)
+    icl_late: int = param(122, "late position of the ICL score (Olsson: 500 of 512)",
+                          min=1, max=4096)
     icl_band: int = param(
-        5, "ICL positions are averaged over this many positions either side", min=0)
+        5, "ICL positions are averaged over this many positions either side", min=0, max=4096)
     n_repeat_prompts: int = param(
-        16, "repeated random sequences for head scores and repeat losses", min=1)
-    repeat_len: int = param(40, "random tokens per repeat", min=2)
+        16, "repeated random sequences for head scores and repeat losses", min=1, max=MAX_PROMPTS)
+    repeat_len: int = param(40, "random tokens per repeat", min=2, max=4096)
     pattern_len: int = param(
-        16, "random tokens per repeat of the sequence whose patterns are stored", min=2)
+        16, "random tokens per repeat of the sequence whose patterns are stored", min=2, max=4096)
     min_rise: float = param(
         0.3, "smallest rise of the max induction score that counts as a phase change",
         min=0, max=1)
     window_slack: int = param(
-        1, "checkpoints either side of the window still counted as in it", min=0)
+        1, "checkpoints either side of the window still counted as in it", min=0, max=10**6)
     composition: bool = param(
         True, "K-composition check: ablate each layer-0 head of the final models")
     n_boot: int = shared("n_boot", 200)
@@ -189,9 +197,10 @@ class Config:
                              f"({self.n_ctx})")
         if not self.sources and not self.text_files:
             raise ValueError("the corpus needs at least one source or text file")
-        missing = [f for f in self.text_files if not Path(f).expanduser().is_file()]
-        if missing:  # refused before a run exists; an unreadable file still fails the run
-            raise ValueError(f"text_files: no such file: {', '.join(missing)}")
+        try:  # each file read and checked whole, before a run exists
+            training_data.check_text_files(self.text_files)
+        except WorkbenchError as exc:
+            raise ValueError(f"text_files: {exc}") from None
 
     def model_spec(self, n_layers: int, d_vocab: int) -> native.ModelSpec:
         return native.ModelSpec(

@@ -99,6 +99,7 @@ from experiments.induction_heads.measure import (
 )
 from experiments.induction_heads.tables import TABLES
 from workbench.core import progress
+from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_REPEATS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
@@ -110,20 +111,22 @@ from workbench.scores.losses import repeat_losses, token_losses
 
 @dataclass(frozen=True)
 class Config:
-    n_prompts: int = param(32, "repeated random sequences", min=2)
-    seq_len: int = param(40, "tokens per random sequence", min=2)
-    repeats: int = param(3, "times each sequence is repeated", min=2)
-    n_natural: int = param(16, "natural-text windows (128 tokens) for previous_token", min=2)
-    n_ablate: int = param(3, "previous-token heads to ablate", min=1)
-    n_track: int = param(3, "top induction heads to track", min=1)
-    n_random: int = param(5, "random same-layer ablation draws", min=1)
+    n_prompts: int = param(32, "repeated random sequences", min=2, max=MAX_PROMPTS)
+    seq_len: int = param(40, "tokens per random sequence", min=2, max=MAX_SEQUENCE)
+    repeats: int = param(3, "times each sequence is repeated", min=2, max=MAX_REPEATS)
+    n_natural: int = param(16, "natural-text windows (128 tokens) for previous_token",
+                           min=2, max=MAX_PROMPTS)
+    n_ablate: int = param(3, "previous-token heads to ablate", min=1, max=MAX_HEADS)
+    n_track: int = param(3, "top induction heads to track", min=1, max=MAX_HEADS)
+    n_random: int = param(5, "random same-layer ablation draws", min=1, max=MAX_DRAWS)
     n_path_random: int = param(20, "random same-layer draws of the path patch (Q/K/V only)",
-                               min=1)
-    icl_prompts: int = param(96, "natural-text windows for ICL", min=2)
-    icl_tokens: int = param(512, "tokens per ICL window (> 500 + icl_halfwidth)", min=501)
+                               min=1, max=MAX_DRAWS)
+    icl_prompts: int = param(96, "natural-text windows for ICL", min=2, max=MAX_PROMPTS)
+    icl_tokens: int = param(512, "tokens per ICL window (> 500 + icl_halfwidth)",
+                            min=501, max=MAX_SEQUENCE)
     icl_halfwidth: int = param(
         10, "icl_score_window averages positions 50 +- this and 500 +- this", min=0, max=40)
-    copying_tokens: int = param(200, "tokens for the copying score", min=2)
+    copying_tokens: int = param(200, "tokens for the copying score", min=2, max=MAX_SEQUENCE)
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")

@@ -121,6 +121,7 @@ from experiments.permutation_equivariance import (
 from experiments.permutation_equivariance.measure import PromptContext, Result, Rows
 from experiments.permutation_equivariance.tables import TABLES
 from workbench.core import progress
+from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS, SEED
 from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set
@@ -136,17 +137,18 @@ class Config:
     """What is permuted, on which prompts and layers, and the tolerances stated in advance."""
 
     prompt_set: str = param("natural", "prompts to permute")
-    n_prompts: int = param(4, "how many prompts of the set", min=1)
+    n_prompts: int = param(4, "how many prompts of the set", min=1, max=MAX_PROMPTS)
     max_tokens: int = param(32, "prompts are cut to this many tokens (encoders keep their "
-                            "final [SEP]); at least 4, so a prefix permutation has room", min=4)
+                            "final [SEP]); at least 4, so a prefix permutation has room",
+                            min=4, max=MAX_SEQUENCE)
     seeds: tuple[int, ...] = param((0, 1, 2), "permutation seeds (distinct); each draws a "
-                                   "permutation per prompt and layer", min=0)
+                                   "permutation per prompt and layer", min=0, max=SEED.max)
     layers: tuple[int, ...] = param((), "layers for the sublayer and head checks (empty: "
                                     "every layer)", min=0, layer=True)
     shifts: tuple[int, ...] = param((1, 10, 100, 1000), "constants c added to every position "
-                                    "id", min=1)
+                                    "id", min=1, max=MAX_TEXT_TOKENS)
     view_prompts: int = param(2, "prompts (at most) whose patterns are stored for the "
-                              "dashboard", min=0)
+                              "dashboard", min=0, max=MAX_PROMPTS)
     view_layers: tuple[int, ...] = param((), "layers whose patterns are stored (empty: first, "
                                          "middle and last)", min=0, layer=True)
     sublayer_tolerance: float = param(1e-5, "max relative error of an equivariant sublayer or "

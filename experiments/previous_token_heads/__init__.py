@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from experiments.previous_token_heads.tables import TABLES
+from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
@@ -54,10 +55,10 @@ from workbench.scores.heads import score_heads
 @dataclass(frozen=True)
 class Config:
     text: str = param("corpus", "natural text: 'corpus' (Python docs prose) or a prompt-set name")
-    n_prompts: int = param(32, "natural-text prompts (corpus)", min=2)
-    n_tokens: int = param(128, "tokens per corpus prompt", min=2)
-    n_repeated: int = param(32, "repeated random sequences", min=2)
-    seq_len: int = param(40, "length of each random sequence", min=2)
+    n_prompts: int = param(32, "natural-text prompts (corpus)", min=2, max=MAX_PROMPTS)
+    n_tokens: int = param(128, "tokens per corpus prompt", min=2, max=MAX_SEQUENCE)
+    n_repeated: int = param(32, "repeated random sequences", min=2, max=MAX_PROMPTS)
+    seq_len: int = param(40, "length of each random sequence", min=2, max=MAX_SEQUENCE)
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")

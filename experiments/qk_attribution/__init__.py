@@ -73,6 +73,7 @@ from experiments.qk_attribution.measure import (
     sources_table,
 )
 from experiments.qk_attribution.tables import TABLES
+from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_REPEATS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
@@ -91,15 +92,16 @@ class Config:
     n_heads: int = param(3, "heads to explain when heads=auto", min=1, max=32)
     prompt_set: str = param("auto", "prompt set; auto: repeated-random for induction, "
                             "natural otherwise")
-    n_prompts: int = param(16, "repeated-random prompts", min=1)
-    seq_len: int = param(40, "tokens per random sequence", min=2)
-    repeats: int = param(2, "times each random sequence is repeated", min=2)
+    n_prompts: int = param(16, "repeated-random prompts", min=1, max=MAX_PROMPTS)
+    seq_len: int = param(40, "tokens per random sequence", min=2, max=MAX_SEQUENCE)
+    repeats: int = param(2, "times each random sequence is repeated", min=2, max=MAX_REPEATS)
     positions: Positions = param("auto", "(query, key) rule; auto follows metric")
     top: int = param(5, "components of each side in the pair matrix", min=1, max=20)
-    n_previous: int = param(3, "previous-token heads in the K-composition group", min=1)
-    n_random: int = param(20, "random same-layer draws for the group control", min=1)
-    n_patch: int = param(3, "top components path-patched per head and side", min=0)
-    patch_prompts: int = param(4, "prompts the path-patch check runs on", min=1)
+    n_previous: int = param(3, "previous-token heads in the K-composition group",
+                            min=1, max=MAX_HEADS)
+    n_random: int = param(20, "random same-layer draws for the group control", min=1, max=MAX_DRAWS)
+    n_patch: int = param(3, "top components path-patched per head and side", min=0, max=MAX_HEADS)
+    patch_prompts: int = param(4, "prompts the path-patch check runs on", min=1, max=MAX_PROMPTS)
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
 

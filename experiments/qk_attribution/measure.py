@@ -16,6 +16,7 @@ import torch
 
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
+from workbench.core.values import shown
 from workbench.harness.experiment import Context
 from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.interventions.ablation import Head, random_same_layer
@@ -55,6 +56,12 @@ def label(head: Head) -> str:
     return f"L{head[0]}H{head[1]}"
 
 
+_HEAD = re.compile(r"L(?P<l1>[0-9]{1,6})H(?P<h1>[0-9]{1,6})|(?P<l2>[0-9]{1,6})\.(?P<h2>[0-9]{1,6})",
+                   re.IGNORECASE)
+"""A head as ``L5H1`` or ``5.1``: ASCII digits only (``int()`` would also read other
+scripts' digits and underscores)."""
+
+
 def parse_heads(spec: str) -> list[Head]:
     """``"L5H1 L6H9"`` (or ``5.1,6.9``) as ``[(5, 1), (6, 9)]``.
 
@@ -63,16 +70,12 @@ def parse_heads(spec: str) -> list[Head]:
     """
     heads = []
     for token in spec.replace(",", " ").split():
-        text = token.upper()
-        try:
-            if text.startswith("L") and "H" in text:
-                layer, head = text[1:].split("H")
-            else:
-                layer, head = text.split(".")
-            heads.append((int(layer), int(head)))
-        except ValueError:
-            raise WorkbenchError(f"heads: cannot read {token!r}; expected 'auto' or heads like "
-                                 "'L5H1 L6H9' (or '5.1 6.9')") from None
+        match = _HEAD.fullmatch(token)
+        if match is None:
+            raise WorkbenchError(f"heads: cannot read {shown(token)}; expected 'auto' or heads "
+                                 "like 'L5H1 L6H9' (or '5.1 6.9')")
+        layer, head = (match["l1"], match["h1"]) if match["l1"] else (match["l2"], match["h2"])
+        heads.append((int(layer), int(head)))
     if not heads:
         raise WorkbenchError("heads: no head given; use 'auto' or e.g. 'L5H1 L6H9'")
     return heads

@@ -62,6 +62,8 @@ def page(browser):
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Dash logs a callback that failed on the server (an HTTP 500) to the console
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     yield page
     context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"

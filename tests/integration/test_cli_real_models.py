@@ -23,7 +23,7 @@ def workbench(*args: str) -> list[str]:
 def test_record_and_run_from_the_command_line(model, prompt_set, runs_dir):
     out = workbench("record", model, "--prompt-set", prompt_set, "--limit", "3")
     rec = Recording.open(out[-1])
-    assert len(rec) == 3 and rec.model["name"] == model
+    assert len(rec) == 3 and rec.model.name == model
     out = workbench("run", "head-overview", "--model", model, "--set",
                     f"prompt_set={prompt_set}", "--set", "n_boot=100")
     run = RunStore(runs_dir).get(out[-1])

@@ -1,6 +1,7 @@
 """Sweeps on a real local Ray with 2 CPUs, over the tiny test models saved as folders: the
 same tables as the runs made one by one, a failing cell and a killed worker that leave the
-other cells complete, a rerun that resumes, Ctrl-C, and a store the workers cannot write.
+other cells complete, a rerun that resumes, Ctrl-C, a store the workers cannot write, and a
+cell skipped at plan time that never runs.
 
 Adds about a minute to the suite (Ray start-up, and each worker importing torch once)."""
 
@@ -55,7 +56,7 @@ def test_a_sweep_gives_the_tables_of_the_runs_made_one_by_one(ray_local, folders
     assert result.experiment == "sweep" and result.status == "complete"
     table = result.table("cells")
     assert table.status.tolist() == ["complete"] * 4
-    assert result.meta.cells == table.run_id.tolist()
+    assert list(result.meta.cells) == table.run_id.tolist()
     assert (result.path / sweep.SPEC_FILE).is_file()
     # each worker loads each model it runs once, whatever the number of its cells
     loads = table.groupby(["worker", "model"]).loaded_model.sum()
@@ -182,3 +183,20 @@ def test_the_cli_runs_a_sweep_and_resumes_it(ray_local, folders, runs_dir, capsy
     assert status == 0 and sum("reuse " in line for line in out) == 2
     status, out, _ = tiny.cli(capsys, "sweep", str(spec), "--out", str(runs_dir))
     assert status == 0 and out[-2] == "2 cells: 2 reused"
+
+
+def test_a_cell_refused_at_plan_time_is_skipped_without_running(ray_local, runs_dir, bert_hf,
+                                                               bert_tokenizer, tmp_path):
+    encoder = tiny.save_folder(bert_hf, bert_tokenizer, tmp_path / "bert")
+    spec = parse_spec({"experiments": ["induction-heads", "previous-token-heads"],
+                       "models": [str(encoder)], "set": {"n_boot": 30}})
+    cells = expand(spec, runs_dir)
+    planned = {c.experiment: c.skip for c in cells}
+    assert "is bidirectional" in planned["induction-heads"]
+    result = sweep.run_sweep(spec, cells, runs_dir=runs_dir)
+    table = result.table("cells").set_index("experiment")
+    assert table.loc["induction-heads", "status"] == "skipped"
+    assert table.loc["induction-heads", "error"] == planned["induction-heads"]
+    assert table.loc["induction-heads", "run_id"] == ""
+    assert table.loc["previous-token-heads", "status"] == "complete"
+    assert not RunStore(runs_dir).runs(experiment="induction-heads")  # never started

@@ -21,6 +21,7 @@ import pytest
 from dash._utils import split_callback_id
 
 from dashboards.app import DEBUG_REFUSED, check_host, create_app, serve
+from dashboards.components import figures
 from tests.tiny import fake_info
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.prompts import Prompt
@@ -193,7 +194,7 @@ def crafted(h: Hostile) -> dict[str, tuple[Any, str]]:
         "symlink-leading-out": (h.secret, "no such run"),
         "id-prefix": (h.healthy[:12], "no such run"),
         "empty": ("", "no such run"),
-        "not-a-string": ({"path": str(secret)}, "no such run"),
+        "not-a-string": ({"path": str(secret)}, "run id: expected text"),
         "damaged-run": (h.damaged, "is damaged"),
         "interrupted-run": (h.interrupted, "is interrupted"),
         "wrong-kind": (h.heads, "is an induction-heads run; this page shows record runs"),
@@ -386,26 +387,36 @@ def test_a_port_out_of_range_is_refused(served):
     assert calls == []
 
 
+def _a_bug(monkeypatch) -> None:
+    """Make drawing a pattern fail as a bug in the page would (not a refusal or a damaged
+    run, which are messages): every value it is sent is valid."""
+    def broken(*args: Any, **kwargs: Any):
+        raise RuntimeError("a bug in a figure")
+
+    monkeypatch.setattr(figures, "pattern_heatmap", broken)
+
+
 def test_a_failing_callback_sends_no_traceback_when_debug_is_off(served, hostile, monkeypatch):
     app, _ = served
     monkeypatch.setenv("FLASK_DEBUG", "1")
     monkeypatch.setenv("DASH_DEBUG", "true")
     serve(app, "127.0.0.1", 8050, debug=False)
     app.server.test_client().get("/")
-    # a prompt index that is not a number fails inside the callback (a bug-shaped error)
+    _a_bug(monkeypatch)
     status, text, _ = post(app, "recording-pattern.figure", {
-        "recording-run.value": hostile.healthy, "recording-prompt.value": "x",
+        "recording-run.value": hostile.healthy, "recording-prompt.value": 0,
         "recording-layer.value": 0, "recording-head.value": 0})
     assert status == 500
     assert "Traceback" not in text and "draw_pattern" not in text and ".py" not in text
 
 
-def test_with_the_debugger_the_same_failure_would_send_its_source(hostile):
+def test_with_the_debugger_the_same_failure_would_send_its_source(hostile, monkeypatch):
     """The control for the test above: Dash's debug mode does send the traceback."""
     app = create_app(hostile.runs)
     app.enable_dev_tools(debug=True, dev_tools_hot_reload=False)
     app.server.test_client().get("/")
+    _a_bug(monkeypatch)
     status, text, _ = post(app, "recording-pattern.figure", {
-        "recording-run.value": hostile.healthy, "recording-prompt.value": "x",
+        "recording-run.value": hostile.healthy, "recording-prompt.value": 0,
         "recording-layer.value": 0, "recording-head.value": 0})
     assert status == 500 and "draw_pattern" in text

@@ -19,6 +19,7 @@ SMOKE = {
     "defaults.py": ["--smoke", "{model}"],
     "qk_attribution.py": ["--smoke", "{model}"],
     "sweep.py": ["--smoke", "{model}"],
+    "models.py": ["--smoke"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 

@@ -12,6 +12,7 @@ from tests.tiny import cli
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.harness import claims
+from workbench.harness.config import param
 from workbench.harness.experiment import experiment
 from workbench.store import schema
 from workbench.store.runs import RunStore
@@ -102,7 +103,7 @@ def test_reproduce_verdicts_from_runs(tmp_path, llama_folder):
 
 @dataclass(frozen=True)
 class _TrainsItsOwn:
-    value: float = 1.0
+    value: float = param(1.0, "the value the run reports", min=0, max=10)
 
 
 @dataclass

@@ -136,3 +136,14 @@ def test_every_seed_is_a_32_bit_unsigned_integer(exp):
                          (-1, "seed: expected at least 0")):
         with pytest.raises(ConfigError, match=message):
             apply_overrides(exp.config, {"seed": bad})
+
+
+@pytest.mark.parametrize("name", [[], {}, None, 3, ["a"]])
+def test_a_name_that_is_not_a_string_is_unknown_in_one_line(name):
+    """A name read from a file may be any JSON value: a registry answers it as unknown,
+    listing what it knows, never with a TypeError."""
+    reg: Registry[int] = Registry("widget")
+    reg.register("one", 1)
+    assert name not in reg
+    with pytest.raises(UnknownNameError, match=r"is named by a string, got .*known widgets: one"):
+        reg.get(name)

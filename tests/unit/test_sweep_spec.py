@@ -8,6 +8,7 @@ import dataclasses
 import json
 import statistics
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import duckdb
 import pandas as pd
@@ -15,7 +16,7 @@ import pytest
 
 from experiments.previous_token_heads import Config as PreviousTokenConfig
 from tests import tiny
-from workbench.core.errors import ConfigError, UnknownNameError, WorkbenchError
+from workbench.core.errors import ModelCapabilityError, UnknownNameError, WorkbenchError
 from workbench.harness import sweep
 from workbench.harness.config import param
 from workbench.harness.experiment import experiment, run_experiment
@@ -31,7 +32,7 @@ SMALL = {"n_prompts": 2, "n_repeated": 2, "n_tokens": 16, "seq_len": 6, "n_boot"
 
 @dataclasses.dataclass(frozen=True)
 class _NoSeed:
-    n: int = param(1, "a number", min=1)
+    n: int = param(1, "a number", min=1, max=10)
 
 
 @experiment("test-sweep-no-seed", config=_NoSeed, tables=tables(head_scores("x")))
@@ -90,11 +91,12 @@ set = {{ n_boot = 7 }}
     ({"experiments": ["previous-token-heads"], "models": ["smollm"]}, UnknownNameError,
      "unknown model 'smollm' (did you mean 'smollm2'"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"], "set": {"n_promts": 2}},
-     ConfigError, "no config field 'n_promts' (did you mean 'n_prompts'"),
+     SpecError, "no config field 'n_promts' (did you mean 'n_prompts'"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"], "grid": {"n_prompts": []}},
      SpecError, "'grid.n_prompts': expected at least 1 item(s), got []"),
     ({"experiments": ["previous-token-heads"], "models": ["smollm2"],
-      "grid": {"n_prompts": [0]}}, ConfigError, "n_prompts: expected at least 2, got 0"),
+      "grid": {"n_prompts": [0]}}, SpecError, "the sweep's cell previous-token-heads on "
+     "'smollm2' (n_prompts=0): n_prompts: expected at least 2, got 0"),
     ({"experiments": ["test-sweep-no-seed"], "models": ["smollm2"], "seeds": [1]}, SpecError,
      "experiment 'test-sweep-no-seed' has no seed field"),
     ({}, SpecError, "the sweep has no cells"),
@@ -191,6 +193,8 @@ def test_the_sweep_tables_join_each_cells_head_scores(runs_dir, llama_folder):
     cells = expand(spec)
     run = run_experiment("previous-token-heads", str(llama_folder), cells[0].overrides,
                          runs_dir=runs_dir)
+    # the run answers its cell (same weights and config) and no other
+    assert {i: r.id for i, r in sweep.reusable(cells, store).items()} == {0: run.id}
     outcomes = {0: Outcome(0, "complete", run.id, seconds=1.5),
                 1: Outcome(1, "failed", "", "RuntimeError: boom")}
     table = sweep.cells_table(store, cells, outcomes, "2000-01-01T00:00:00")
@@ -234,3 +238,47 @@ def test_the_demo_sweep_takes_every_100th_checkpoint_of_both_models(runs_dir):
         assert cell.overrides["n_prompts"] == 16
         if cell.experiment == "induction-heads":
             assert (cell.overrides["n_ablate"], cell.overrides["n_track"]) == (1, 1)
+
+
+@pytest.fixture(scope="module")
+def bert_folder(bert_hf, bert_tokenizer, tmp_path_factory):
+    """The tiny BERT (an encoder) saved as a local Hugging Face folder."""
+    return tiny.save_folder(bert_hf, bert_tokenizer, tmp_path_factory.mktemp("tiny-bert"))
+
+
+def test_a_skipped_cell_has_the_reason_its_run_gives(bert_folder, llama_folder, runs_dir):
+    spec = parse_spec({"experiments": ["induction-heads", "previous-token-heads"],
+                       "models": [str(bert_folder), str(llama_folder)],
+                       "set": {"n_boot": 20}})
+    cells = {(c.experiment, Path(c.model.name).name): c for c in expand(spec)}
+    skipped = cells["induction-heads", bert_folder.name]
+    with pytest.raises(ModelCapabilityError) as refused:  # what the run says once loaded
+        run_experiment("induction-heads", skipped.model.name, dict(skipped.overrides),
+                       runs_dir=runs_dir)
+    assert skipped.skip == str(refused.value) and "is bidirectional" in skipped.skip
+    assert not RunStore(runs_dir).runs()  # refused before a run exists, as planned
+    others = [c for key, c in cells.items() if key != ("induction-heads", bert_folder.name)]
+    assert len(others) == 3 and not any(c.skip for c in others)
+
+
+def test_layers_a_model_lacks_are_refused_at_plan_time(llama_folder):
+    ok = {"experiments": ["permutation-equivariance"], "models": [str(llama_folder)]}
+    assert [c.overrides["layers"] for c in expand(parse_spec({**ok, "set": {"layers": [1]}}))
+            ] == [[1]]
+    with pytest.raises(SpecError, match=r"layers: layer 2 is out of range; .* has 2 layers"):
+        expand(parse_spec({**ok, "set": {"layers": [2]}}))
+
+
+def test_the_cell_count_is_known_before_models_are_resolved(monkeypatch):
+    from workbench.harness import sweep_spec
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was resolved before the sweep was counted")
+
+    monkeypatch.setattr(sweep_spec, "resolve_model", refuse)
+    spec = parse_spec({"experiments": ["previous-token-heads"], "models": ["minilm"],
+                       "grid": {"n_prompts": list(range(2, 102)),
+                                "n_boot": list(range(2, 103))}})
+    with pytest.raises(SpecError, match=r"^the sweep has 10,100 cells; one sweep runs at most "
+                       r"10,000"):
+        expand(spec)

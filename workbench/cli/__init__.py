@@ -8,19 +8,24 @@ wrong ends in a single line on stderr, ``error: ...``, and one of three exit sta
 never a Python traceback unless ``-v`` asks for it (it is then printed above the line):
 
 - **2, bad input**: the command as given cannot run. A usage error or an option out of
-  range (``--limit``, ``--max-batch-tokens`` and ``--rows`` below 1, ``--port`` outside
-  1..65535), a run store (``--out``, ``--runs``, ``WORKBENCH_RUNS_DIR``) that is not a
-  folder or cannot be written, and every :class:`WorkbenchError` the library raises: an
-  unknown name, a ``--set`` value of the wrong type or out of range, a malformed head
-  mask, an unreadable ``--file``, a model that cannot do what an experiment needs. These
-  are checked before a model loads or a run exists, so bad input leaves no run behind.
+  range (every numeric option has both bounds: ``--limit``, ``--topk``, ``--rows`` and
+  ``--max-batch-tokens`` in 1..2**20, ``--port`` in 1..65535, ``--cpus`` in 1..1024,
+  ``--gpus`` in 0..64; ``--topk`` also at most the model's context), a run store
+  (``--out``, ``--runs``, ``WORKBENCH_RUNS_DIR``) that is not a folder or cannot be
+  written, and every :class:`WorkbenchError` the library raises: an unknown name, a
+  ``--set`` value of the wrong type or out of range, a malformed head mask or claims
+  file, a ``--file`` or prompt-set file that is not a regular file, is larger than 16
+  MiB or is not UTF-8 text, a prompt too long for the model's context, a model that
+  cannot do what an experiment needs. These are checked before a run exists, so bad
+  input leaves no run behind.
 - **1, runtime failure**: the work started and the machine failed it: a full disk
   (ENOSPC), a read-only file system (EROFS), a permission denied or any other
   :class:`OSError`, text that is not valid UTF-8, out of memory. The line says what
   failed and where ("cannot write the run store /x: [Errno 28] No space left on
   device"); a run that had started is stored as ``failed`` with the cause. Any other
   exception is a bug and also exits 1, as ``error: internal error: <type>: <message>``.
-- **130, interrupted**: Ctrl-C or SIGTERM; a run that had started is stored as failed.
+- **130, interrupted**: Ctrl-C (SIGINT) or SIGTERM, also when the command stops
+  cleanly on it (the dashboard's server); a run that had started is stored as failed.
 
 Where each part lives:
 
@@ -28,7 +33,8 @@ Where each part lives:
   one-line errors and exit statuses above.
 - :mod:`~workbench.cli.parser`: :func:`build_parser`, every command's options and their
   argparse types, ``run``'s ``--help``.
-- :mod:`~workbench.cli.render`: tables, wrapped text, durations and the tqdm progress bars.
+- :mod:`~workbench.cli.render`: tables, wrapped text, durations and the tqdm progress bars;
+  stored text is printed inert (:func:`workbench.core.errors.printable`).
 - one module per group of commands: :mod:`~workbench.cli.models` (``models``, ``fetch``,
   ``verify``, ``prompts``), :mod:`~workbench.cli.record`, :mod:`~workbench.cli.experiments`
   (``run``, ``experiments``, ``demo`` and the experiment help),

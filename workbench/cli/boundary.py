@@ -28,14 +28,33 @@ class Terminated(KeyboardInterrupt):
     is stored as failed) and exits 130."""
 
 
-_TERMINATED: list[int] = []
-"""The SIGTERMs received: a command that swallows the exception (the dashboard's server
-stops cleanly on it) still ends with status 130."""
+_SIGNALLED: list[int] = []
+"""The SIGINTs and SIGTERMs received: a command that swallows the exception (the
+dashboard's server stops cleanly on it and returns) still ends with status 130."""
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    _TERMINATED.append(signum)
-    raise Terminated(f"terminated by signal {signum}")
+def _on_signal(signum: int, frame: Any) -> None:
+    _SIGNALLED.append(signum)
+    raise _interruption(signum)
+
+
+def _interruption(signum: int) -> KeyboardInterrupt:
+    if signum == signal.SIGTERM:
+        return Terminated(f"terminated by signal {signum}")
+    return KeyboardInterrupt()
+
+
+def _handle_signals() -> dict[int, Any]:
+    """Route SIGINT and SIGTERM through :func:`_on_signal`; returns the handlers to put
+    back. A SIGINT the process was started ignoring (``nohup``, a background job) stays
+    ignored."""
+    _SIGNALLED.clear()  # main may run again in the same process (tests, scripts)
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
+            continue
+        previous[signum] = signal.signal(signum, _on_signal)
+    return previous
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
@@ -144,14 +163,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug", "ray"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     progress.render_with(None if args.quiet else _TqdmBars())
-    _TERMINATED.clear()  # main may run again in the same process (tests, scripts)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = _handle_signals()
     try:
         _check_store(args)
         with _TqdmBars.logging() if not args.quiet else contextlib.nullcontext():
             args.fn(args)
-        if _TERMINATED:
-            raise Terminated(f"terminated by signal {_TERMINATED[-1]}")
+        if _SIGNALLED:
+            raise _interruption(_SIGNALLED[-1])
     except BrokenPipeError:
         # stdout closed early (`workbench runs | head`): nothing more to say, and no
         # second error when Python flushes stdout at exit
@@ -161,4 +179,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (Exception, KeyboardInterrupt) as exc:  # the one boundary: see the docstring
         sys.exit(_report(exc, args))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

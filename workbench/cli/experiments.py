@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.record import _heads_mask
-from workbench.cli.render import _WIDTH, _duration, _fill, _out, _wrapped_table
+from workbench.cli.render import _WIDTH, _cell, _duration, _fill, _out, _wrapped_table
 from workbench.core import paths
 
 
@@ -19,9 +19,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
                          dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
-    for line in run.meta.summary:
-        _out(line)
-    _out(str(run.path))
+    for line in run.meta.summary:  # a reused run's, as stored
+        _out(_cell(line))
+    _out(_cell(run.path))
 
 
 def cmd_experiments(args: argparse.Namespace) -> None:

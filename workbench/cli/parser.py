@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, get_args
 
 from workbench.cli.dashboard import cmd_dashboard
@@ -30,7 +31,15 @@ from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
 from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.core.options import PatternStorage, Status, StoreDtype
+from workbench.core.values import Range, check_declaration, shown
 from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
+from workbench.harness.sweep_ray import (
+    MAX_CELL_CPUS,
+    MAX_CELL_GPUS,
+    cpus_problem,
+    gpus_problem,
+    parse_address,
+)
 
 MODEL_HELP = ("bundled name (`workbench models`), hub id, model folder, .gguf file or "
               "<run-id>/L<n>:<step>")
@@ -68,40 +77,59 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
-def _at_least_one(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+@dataclass(frozen=True)
+class Number:
+    """An argparse type: a number of type ``tp`` in ``range``, parsed and checked by the
+    one rule of :mod:`workbench.core.values` (ASCII decimal text, finite, in range). The
+    range needs a finite ``max``, checked when the option is declared, so no option
+    takes a number larger than its declaration allows."""
+
+    tp: type
+    range: Range
+    rule: Callable[[Any], str | None] | None = None
+    """A further rule of the option's values (why a value is refused, or ``None``)."""
+
+    def __post_init__(self) -> None:
+        check_declaration(self.tp, f"a {self.tp.__name__} option", self.range)
+
+    def __call__(self, text: str) -> Any:
+        try:
+            value = check_value(parse_value(text, self.tp, "value"), self.tp, "value",
+                                self.range)
+        except ConfigError:
+            kind = "a whole number" if self.tp is int else "a number"
+            raise argparse.ArgumentTypeError(
+                f"expected {kind} in {self.range.min} .. {self.range.max}, got "
+                f"{shown(text)}") from None
+        if self.rule is not None and (problem := self.rule(value)):
+            raise argparse.ArgumentTypeError(problem)
+        return value
 
 
-def _shared_value(name: str) -> Callable[[str], Any]:
+MAX_COUNT = 1 << 20
+"""The largest ``--limit``, ``--topk`` or ``--rows``: a million prompts, kept weights per
+row or printed rows (a topk is also held to the model's context once it is loaded)."""
+COUNT = Number(int, Range(min=1, max=MAX_COUNT))
+PORT = Number(int, Range(min=1, max=65535))
+CPUS = Number(int, Range(min=1, max=MAX_CELL_CPUS), cpus_problem)
+GPUS = Number(float, Range(min=0, max=MAX_CELL_GPUS), gpus_problem)
+"""A sweep cell's CPUs and GPUs (a fraction of one GPU or whole GPUs, as Ray schedules)."""
+
+
+def _shared_value(name: str) -> Number:
     """An argparse type: a value of the shared config field ``name`` (its type and range,
     :data:`workbench.harness.config.SHARED`), checked as ``--set`` checks it."""
     decl = SHARED[name]
-
-    def parse(text: str) -> Any:
-        try:
-            return check_value(parse_value(text, decl.type, name), decl.type, name, decl.range)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
+    return Number(decl.type, decl.range or Range())
 
 
-def _port(text: str) -> int:
-    """An argparse type: a TCP port, 1..65535."""
+def _ray_address(text: str) -> str:
+    """An argparse type: ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
-    return value
+        parse_address(text)
+    except WorkbenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _add(sub: Subparsers, name: str, fn: Any, help: str,
@@ -157,8 +185,8 @@ def _add_record_command(sub: Subparsers) -> None:
                      "(`workbench prompts` lists them)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="parameter of a generated prompt set, e.g. seq_len=64")
-    p.add_argument("--limit", type=_at_least_one, metavar="N",
-                   help="record only the first N prompts")
+    p.add_argument("--limit", type=COUNT, metavar="N",
+                   help="record only the first N prompts (a generated set stops after them)")
     p.add_argument("--store-dtype", default="float16", choices=get_args(StoreDtype),
                    help="storage dtype (float16 falls back to float32 per block on overflow)")
     batch = SHARED["max_batch_tokens"]
@@ -170,8 +198,9 @@ def _add_record_command(sub: Subparsers) -> None:
                    "query row plus exact first-token, diagonal, previous-token and left-out "
                    "weights (topk), or not at all (none); default auto: dense up to 1,024 "
                    "tokens, topk above")
-    p.add_argument("--topk", type=_at_least_one, default=16, metavar="K",
-                   help="weights kept per query row with topk patterns (default 16)")
+    p.add_argument("--topk", type=COUNT, default=16, metavar="K",
+                   help="weights kept per query row with topk patterns, at most the model's "
+                   "context (default 16)")
     p.add_argument("--no-resid", action="store_true",
                    help="leave out the residual stream (270 MB for one 8,192-token smollm2 "
                    "prompt)")
@@ -207,13 +236,14 @@ def _add_experiment_commands(sub: Subparsers) -> None:
     p.add_argument("spec", metavar="SPEC", help="a TOML sweep spec (see data/sweeps/)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the cells and a cost estimate from earlier runs; run nothing")
-    p.add_argument("--cpus", type=_at_least_one, default=1, metavar="N",
+    p.add_argument("--cpus", type=CPUS, default=1, metavar="N",
                    help="CPUs per cell, also its torch threads (default 1: one cell per core)")
-    p.add_argument("--gpus", type=float, default=0, metavar="N", help="GPUs per cell "
-                   "(default 0; with any, models load on cuda)")
-    p.add_argument("--address", metavar="auto|ray://HOST:PORT", help="join a running Ray "
-                   "cluster (default: start a local one); the run store must be a path "
-                   "every node sees")
+    p.add_argument("--gpus", type=GPUS, default=0, metavar="N", help="GPUs per cell: "
+                   "a fraction of one or whole GPUs (default 0; with any, models load on "
+                   "cuda)")
+    p.add_argument("--address", type=_ray_address, metavar="auto|ray://HOST:PORT",
+                   help="join a running Ray cluster (default: start a local one); it must "
+                   "answer within seconds, and the run store must be a path every node sees")
     _dtype_option(p)
     _out_option(p)
     p = _add(sub, "reproduce", cmd_reproduce, "check published claims against measured results")
@@ -237,7 +267,7 @@ def _add_store_commands(sub: Subparsers) -> None:
     p = _add(sub, "show", cmd_show, "summarise one run")
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
     p.add_argument("--table", help="also print the first rows of this table")
-    p.add_argument("--rows", type=_at_least_one, default=20, help="rows of --table to print")
+    p.add_argument("--rows", type=COUNT, default=20, help="rows of --table to print")
     _out_option(p, store="read")
     p = _add(sub, "clean", cmd_clean, "list (and with --yes remove) the runs that processes "
              "which died left unfinished in the store's .incomplete/")
@@ -248,7 +278,7 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.set_defaults(store="read")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; "
                    "another host makes the runs readable to the network)")
-    p.add_argument("--port", type=_port, default=8050, help="TCP port, 1..65535 (default 8050)")
+    p.add_argument("--port", type=PORT, default=8050, help="TCP port, 1..65535 (default 8050)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode: hot reload and the "
                    "interactive debugger (loopback --host only)")
 

@@ -9,16 +9,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli.render import _out
+from workbench.cli.render import _cell, _out
 from workbench.core import paths
 from workbench.core.errors import WorkbenchError
 
 
-def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any], list[Any]], str]:
-    """The prompts of ``record`` as a function of the model, and their source; text, files
-    and prompt-set parameters are read and checked here, before the model loads."""
+def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any, int | None], list[Any]],
+                                                      str]:
+    """The prompts of ``record`` as a function of the model and ``--limit``, and their
+    source; text, files and prompt-set parameters are read and checked here, before the
+    model loads, and a generated set stops after ``--limit`` prompts."""
     from workbench.harness.config import split_overrides
-    from workbench.inputs.prompts import check_prompt_params, load_prompt_set, prompts_from_text
+    from workbench.inputs.prompts import (
+        check_prompt_params,
+        load_prompt_set,
+        prompts_from_text,
+        read_prompt_file,
+    )
 
     if args.set and args.prompt_set is None:
         raise WorkbenchError("--set sets parameters of a generated prompt set; it needs "
@@ -27,17 +34,24 @@ def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any], list[Any]]
         if not args.text.strip():
             raise WorkbenchError("--text is empty")
         prompts = prompts_from_text(args.text, label="text")
-        return lambda model: prompts, "text"
+        return lambda model, limit: prompts[:limit], "text"
     if args.file is not None:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise WorkbenchError(f"cannot read {args.file}: {exc}") from None
-        prompts = prompts_from_text(text, label=Path(args.file).stem)
-        return lambda model: prompts, f"file:{args.file}"
+        # paragraphs whatever the file's name: a regular UTF-8 file of bounded size
+        prompts = read_prompt_file(Path(args.file), pairs=False)
+        return lambda model, limit: prompts[:limit], f"file:{args.file}"
     name = args.prompt_set
     params = check_prompt_params(name, split_overrides(args.set or []))
-    return lambda model: load_prompt_set(name, model, **params), f"prompt-set:{name}"
+    return (lambda model, limit: load_prompt_set(name, model, limit=limit, **params),
+            f"prompt-set:{name}")
+
+
+def _check_topk(topk: int, model: Any) -> None:
+    """Refuse a ``--topk`` larger than the model's context before anything is allocated:
+    a row never has more keys, and the stored arrays grow with k."""
+    n_ctx = model.info.n_ctx
+    if topk > n_ctx:
+        raise WorkbenchError(f"--topk {topk}: expected at most the context of "
+                             f"{model.info.name} ({n_ctx} tokens)")
 
 
 def _heads_mask(args: argparse.Namespace) -> Any:
@@ -61,7 +75,8 @@ def cmd_record(args: argparse.Namespace) -> None:
     model = load_model(args.model, dtype=args.dtype, runs_dir=args.out)
     if mask is not None:
         mask.check(model)
-    prompts = make_prompts(model)[: args.limit]
+    _check_topk(args.topk, model)
+    prompts = make_prompts(model, args.limit)
     for p in prompts:  # check every prompt before a run is created
         model.encode(p)
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
@@ -80,5 +95,5 @@ def cmd_record(args: argparse.Namespace) -> None:
                             f"{rec.n_layers} layers x {rec.n_heads} heads, {stored} patterns"])
     final = store.get(run.final)
     for line in final.meta.summary:
-        _out(line)
-    _out(str(final.path))
+        _out(_cell(line))
+    _out(_cell(final.path))

@@ -1,6 +1,12 @@
 """How the command line draws on the terminal: fixed-width tables, wrapped text, durations,
 one-line messages, stdout lines, and the tqdm bars that draw :mod:`workbench.core.progress`
-reports (the library reports progress; only the CLI draws it)."""
+reports (the library reports progress; only the CLI draws it).
+
+Stored text (a run's error and summary, names, table cells, claims) is shown inert, by
+:func:`workbench.core.errors.printable`: every table cell and every field a command prints
+goes through :func:`_cell`, so a newline in a stored string cannot forge a row, and
+:func:`_out` escapes whatever control character is left in a line, so no escape sequence
+from any source reaches the terminal."""
 
 from __future__ import annotations
 
@@ -11,11 +17,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.core import progress
+from workbench.core.errors import printable
+
+
+def _cell(value: Any) -> str:
+    """A value as one inert line of text (``""`` for ``None``): newlines, carriage returns
+    and escape sequences are written as escapes."""
+    return "" if value is None else printable(str(value))
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A plain fixed-width table."""
-    body = [["" if r.get(c) is None else str(r.get(c)) for c in columns] for r in rows]
+    """A plain fixed-width table; every cell is :func:`_cell`, so each row is one line."""
+    body = [[_cell(r.get(c)) for c in columns] for r in rows]
     cells = [[str(c) for c in columns], *body]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
@@ -25,7 +38,9 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    """Write ``text`` and a newline to stdout, each line inert (the newlines the renderer
+    put there stay; any other control character is escaped)."""
+    sys.stdout.write("\n".join(printable(line) for line in text.split("\n")) + "\n")
     sys.stdout.flush()
 
 
@@ -45,8 +60,7 @@ def _wrapped_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
                    width: int = _WIDTH) -> str:
     """:func:`_table` whose last column (a description) wraps instead of running on; when
     the other columns leave it under 40 characters, it goes on the lines below its row."""
-    cells = [[str(c) for c in columns],
-             *[["" if r.get(c) is None else str(r.get(c)) for c in columns] for r in rows]]
+    cells = [[str(c) for c in columns], *[[_cell(r.get(c)) for c in columns] for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns) - 1)]
     room = width - sum(widths) - 2 * len(widths)
     if room < 40:
@@ -70,7 +84,8 @@ def _wrapped_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
 
 
 def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    """``text`` as one inert line: its lines joined by spaces, control characters escaped."""
+    return printable(" ".join(line.strip() for line in text.splitlines() if line.strip()))
 
 
 def _duration(seconds: float) -> str:

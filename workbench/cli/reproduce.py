@@ -9,7 +9,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cli.render import _fill, _out, _table
+from workbench.cli.render import _cell, _fill, _out, _table
 from workbench.core import paths
 from workbench.core.errors import WorkbenchError
 
@@ -37,7 +37,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
             _reproduce_row(row)
         _out(f"{title}: {claims_mod.counts(group.verdict)}")
         _out()
-    _out(str(run.path))
+    _out(_cell(run.path))
 
 
 def _last_verdicts(store: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -91,6 +91,6 @@ def _claim_list(selected: Sequence[Any], last: dict[tuple[str, str], dict[str, A
 
 
 def _reproduce_row(row: dict[str, Any]) -> None:
-    _out(f"{row['verdict'].upper():9s} {row['claim']}  [{row['model']}]")
+    _out(f"{_cell(row['verdict']).upper():9s} {_cell(row['claim'])}  [{_cell(row['model'])}]")
     for label in ("source", "published", "measured"):
-        _out(textwrap.indent(textwrap.fill(f"{label}: {row[label]}", 96), " " * 10))
+        _out(textwrap.indent(textwrap.fill(f"{label}: {_cell(row[label])}", 96), " " * 10))

@@ -1,12 +1,28 @@
 """The run-store commands: ``runs`` (list the stored runs), ``show`` (one run, and the
-first rows of one of its tables) and ``clean`` (what processes that died left behind)."""
+first rows of one of its tables) and ``clean`` (what processes that died left behind).
+
+Everything they print comes from stored files a damaged or hostile store may have
+written, so every stored string is shown inert (:func:`workbench.cli.render._cell`): a
+newline in a folder's name or an escape sequence in a run's ``error`` prints as its
+escape, never as a forged row or a rewritten screen. A folder whose name is not a run id
+(:data:`workbench.store.records.RUN_ID_PATTERN`) is listed as ``damaged``."""
 
 from __future__ import annotations
 
 import argparse
+import re
+from typing import Any
 
-from workbench.cli.render import _out, _table
+from workbench.cli.render import _cell, _out, _table
 from workbench.core import paths
+
+
+def _status(run: Any) -> str:
+    """The run's status, ``damaged`` whatever its ``run.json`` says when its folder's name
+    is not a run id (nothing the store writes is named so)."""
+    from workbench.store.records import RUN_ID_PATTERN
+
+    return run.status if re.fullmatch(RUN_ID_PATTERN, run.path.name) else "damaged"
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -16,14 +32,37 @@ def cmd_runs(args: argparse.Namespace) -> None:
     if args.experiment is not None:
         check_run_kind(args.experiment)
     store = RunStore(paths.runs_dir(args.out))
-    runs = store.runs(experiment=args.experiment, model=args.model, status=args.status)
+    runs = [r for r in store.runs(experiment=args.experiment, model=args.model)
+            if args.status is None or _status(r) == args.status]
     if not runs:
-        _out(f"no runs in {store.root}")
+        _out(f"no runs in {_cell(store.root)}")
         return
     rows = [{"run": r.id, "experiment": r.experiment, "model": r.model_name or "-",
-             "status": r.status, "started": r.meta.started_at[:19]} for r in runs]
+             "status": _status(r), "started": r.meta.started_at[:19]} for r in runs]
     _out(_table(rows, ["run", "experiment", "model", "status", "started"]))
-    _out(f"\n{len(runs)} runs in {store.root}")
+    _out(f"\n{len(runs)} runs in {_cell(store.root)}")
+
+
+def _check_table(run: Any, table: str | None) -> None:
+    """Refuse a ``--table`` the run does not have, before anything is printed."""
+    if not table or run.status == "damaged" or table in run.table_names():
+        return
+    from workbench.core.errors import UnknownNameError
+    from workbench.core.registry import did_you_mean
+    from workbench.core.values import shown
+
+    known = run.table_names()
+    raise UnknownNameError(f"run {_cell(run.id)} has no table {shown(table)}"
+                           f"{did_you_mean(table, known)}; its tables: "
+                           f"{', '.join(_cell(k) for k in known) or 'none'}")
+
+
+def _model_line(meta: Any) -> str:
+    if meta.model is None:
+        return "-"
+    model = meta.model
+    return (f"{_cell(model.name)}  ({_cell(model.source)}, "
+            f"sha256 {_cell(model.checksum[:16]) or '-'})")
 
 
 def cmd_show(args: argparse.Namespace) -> None:
@@ -32,41 +71,28 @@ def cmd_show(args: argparse.Namespace) -> None:
     from workbench.store.runs import RunStore
 
     run = RunStore(paths.runs_dir(args.out)).get(args.run)
-    if args.table and run.status != "damaged" and args.table not in run.table_names():
-        from workbench.core.errors import UnknownNameError
-        from workbench.core.registry import did_you_mean
-
-        known = run.table_names()  # refused before anything is printed
-        raise UnknownNameError(f"run {run.id} has no table '{args.table}'"
-                               f"{did_you_mean(args.table, known)}; its tables: "
-                               f"{', '.join(known) or 'none'}")
+    _check_table(run, args.table)
     meta = run.meta
-    _out(f"run        {run.id}")
-    _out(f"experiment {run.experiment}")
-    if meta.model is None:
-        _out("model      -")
-    else:
-        _out(f"model      {meta.model.name}  ({meta.model.source}, "
-             f"sha256 {meta.model.checksum[:16] or '-'})")
-    _out(f"status     {run.status}  ({meta.started_at} -> {meta.ended_at or '...'})")
+    _out(f"run        {_cell(run.id)}")
+    _out(f"experiment {_cell(run.experiment)}")
+    _out(f"model      {_model_line(meta)}")
+    _out(f"status     {_status(run)}  ({_cell(meta.started_at)} -> "
+         f"{_cell(meta.ended_at) or '...'})")
     if meta.error:
-        _out(f"error      {meta.error}")
+        _out(f"error      {_cell(meta.error)}")
     commit, dirty = (meta.git.commit, meta.git.dirty) if meta.git else (None, False)
-    _out(f"code       workbench {meta.workbench_version}, git "
-         f"{(commit or '-')[:12]}{' (dirty)' if dirty else ''}")
-    _out("config     " + json.dumps(meta.config, sort_keys=True))
+    _out(f"code       workbench {_cell(meta.workbench_version)}, git "
+         f"{_cell((commit or '-')[:12])}{' (dirty)' if dirty else ''}")
+    _out("config     " + json.dumps(meta.config, sort_keys=True))  # JSON escapes controls
     for line in meta.summary:
-        _out(f"summary    {line}")
+        _out(f"summary    {_cell(line)}")
     for name, entry in sorted(meta.tables.items()):
-        _out(f"table      {name} ({entry.rows} rows)")
+        _out(f"table      {_cell(name)} ({entry.rows} rows)")
     if (run.path / "recording").is_dir():
         _out("recording  recording/ (open with workbench.recording.Recording.open)")
     if args.table:
-        import pandas as pd
-
-        with pd.option_context("display.width", 120, "display.max_columns", 20):
-            _out(run.table(args.table).head(args.rows).to_string(index=False))
-    _out(str(run.path))
+        _out(_table_head(run, args.table, args.rows))
+    _out(_cell(run.path))
 
 
 def cmd_clean(args: argparse.Namespace) -> None:
@@ -86,3 +112,15 @@ def cmd_clean(args: argparse.Namespace) -> None:
     else:
         _out(f"\n{len(found)} runs left by processes that died; `workbench clean --yes` "
              "removes them")
+
+
+def _table_head(run: Any, table: str, rows: int) -> str:
+    """The first ``rows`` rows of a stored table, every text cell inert."""
+    import pandas as pd
+
+    from workbench.core.errors import printable
+
+    head = run.table(table).head(rows)
+    head = head.map(lambda v: printable(v) if isinstance(v, str) else v)
+    with pd.option_context("display.width", 120, "display.max_columns", 20):
+        return head.to_string(index=False)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cli.render import _duration, _one_line, _out, _table
+from workbench.cli.render import _cell, _duration, _one_line, _out, _table
 from workbench.core import paths
 
 
@@ -28,8 +28,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         run = sweep.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
                               address=args.address, dtype=args.dtype, on_progress=show)
     for line in run.meta.summary:
-        _out(line)
-    _out(str(run.path))
+        _out(_cell(line))
+    _out(_cell(run.path))
     bad = sweep.failed_cells(run)
     if len(bad):
         first = bad.iloc[0]
@@ -40,7 +40,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _sweep_plan(spec: Any, cells: Sequence[Any], args: argparse.Namespace) -> None:
-    """``--dry-run``: the cells, whether each is reused, and a cost estimate."""
+    """``--dry-run``: the cells, whether each is run, reused or skipped (and why), and a
+    cost estimate of those that run."""
     from workbench.harness import sweep
     from workbench.store.runs import RunStore
 
@@ -50,19 +51,31 @@ def _sweep_plan(spec: Any, cells: Sequence[Any], args: argparse.Namespace) -> No
     rows = [{"cell": c.index, "experiment": c.experiment,
              "model": c.model.name if c.model else "-",
              "values": " ".join(f"{k}={v}" for k, v in c.grid.items()),
-             "plan": f"reuse {reused[c.index].id}" if c.index in reused else "run",
-             "estimate": "-" if cost.seconds[c.index] is None
+             "plan": _cell_plan(c, reused),
+             "estimate": "-" if c.skip or cost.seconds[c.index] is None
              else _duration(cost.seconds[c.index])} for c in cells]
     _out(_table(rows, ["cell", "experiment", "model", "values", "plan", "estimate"]))
     slots = sweep.local_slots(args.cpus)
-    _out(f"\n{spec.name}: {len(cells)} cells, {len(reused)} reused")
-    if cost.unknown == len(cells) - len(reused) and cost.unknown:
+    skipped = sum(bool(c.skip) for c in cells)
+    _out(f"\n{spec.name}: {len(cells)} cells, {len(reused)} reused"
+         + (f", {skipped} skipped" if skipped else ""))
+    to_run = [c for c in cells if not c.skip and c.index not in reused]
+    unknown = sum(cost.seconds[c.index] is None for c in to_run)
+    if unknown == len(to_run) and unknown:
         _out("estimate: no estimate (no earlier run of these experiments on these models)")
         return
-    unknown = f"; {cost.unknown} cells have no earlier run to go by" if cost.unknown else ""
-    _out(f"estimate: {_duration(cost.known)} of cell time, about "
-         f"{_duration(cost.known / slots)} on {slots} local workers of {args.cpus} CPUs "
-         f"(model loading and Ray start-up not included){unknown}")
+    known = sum(cost.seconds[c.index] or 0.0 for c in to_run)
+    note = f"; {unknown} cells have no earlier run to go by" if unknown else ""
+    _out(f"estimate: {_duration(known)} of cell time, about "
+         f"{_duration(known / slots)} on {slots} local workers of {args.cpus} CPUs "
+         f"(model loading and Ray start-up not included){note}")
+
+
+def _cell_plan(cell: Any, reused: dict[int, Any]) -> str:
+    """What the sweep will do with a cell: skip it (and why), reuse a run, or run it."""
+    if cell.skip:
+        return f"skip: {cell.skip}"
+    return f"reuse {reused[cell.index].id}" if cell.index in reused else "run"
 
 
 @contextlib.contextmanager
@@ -73,9 +86,13 @@ def _sweep_bar(total: int, quiet: bool) -> Any:
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc="cells", dynamic_ncols=True, file=sys.stderr, smoothing=0)
+    bars: list[Any] = []  # drawn at the first report, so a refusal before it is one line
 
     def show(p: Any) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc="cells", dynamic_ncols=True, file=sys.stderr,
+                             smoothing=0))
+        bar = bars[0]
         bar.set_postfix_str(f"{p.done} done, {p.running} running, {p.failed} failed",
                             refresh=False)
         bar.update(p.done + p.failed - bar.n)
@@ -83,4 +100,5 @@ def _sweep_bar(total: int, quiet: bool) -> Any:
     try:
         yield show
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()

@@ -29,3 +29,27 @@ class ConfigError(WorkbenchError):
 
 class ModelCapabilityError(WorkbenchError):
     """An experiment asked a model for something it cannot honestly do."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable written as its escape: the one
+    way text that did not come from the workbench's own code is shown.
+
+    A run's ``error`` or ``summary``, a model name, a run folder's name, a claim's
+    statement, a table's cells or a name quoted in a message may hold a newline, a carriage
+    return or an ANSI escape sequence (from a damaged or hostile file, or an exception).
+    Printed raw, a newline forges an extra row or a second message line and an escape
+    sequence can rewrite what the screen shows (``complete`` over ``failed``). Not
+    printable (:meth:`str.isprintable`): control characters (C0, DEL, C1), line and
+    paragraph separators, format characters (bidirectional overrides, zero-width marks),
+    unpaired surrogates and unassigned code points; letters, digits and symbols of every
+    script stay as they are.
+
+    Examples:
+        >>> printable("failed\\x1b[2K\\rcomplete")
+        'failed\\\\x1b[2K\\\\rcomplete'
+        >>> printable("run\\nfake-row")
+        'run\\\\nfake-row'
+    """
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)

@@ -43,12 +43,11 @@ from typing import Annotated, Any, Generic, Self, TypeVar
 import pydantic
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError, printable
 from workbench.core.registry import did_you_mean
 
 __all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
-           "RecordList", "RelPath", "inert", "json_schema", "matching", "problem",
-           "schema_text"]
+           "RecordList", "RelPath", "json_schema", "matching", "problem", "schema_text"]
 
 STRICT = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
                     validate_default=False, ser_json_inf_nan="constants")
@@ -185,16 +184,10 @@ _SIMPLE = {
 }
 
 
-def inert(text: str) -> str:
-    """``text`` with every character that is not printable escaped (newlines, terminal
-    escapes), so that text read from a file cannot break a one-line message or rewrite the
-    screen it is printed on."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _where(loc: tuple[Any, ...]) -> str:
     skipped = ("function-", "tagged-union", "[key]")
-    parts = [inert(str(p)) for p in loc if not (isinstance(p, str) and p.startswith(skipped))]
+    parts = [printable(str(p)) for p in loc
+             if not (isinstance(p, str) and p.startswith(skipped))]
     # pydantic names the member a union tried ('int', 'list[str]'); the field is what counts
     keep = [p for p in parts if not re.fullmatch(r"[a-z_]+\[.*\]|int|str|float|bool|none|"
                                                  r"[A-Z]\w*", p)]
@@ -204,9 +197,9 @@ def _where(loc: tuple[Any, ...]) -> str:
 def _shown(value: Any) -> str:
     """A value as the file would spell it (JSON: ``null``, ``true``, ``"text"``), short."""
     try:
-        text = inert(json.dumps(value, ensure_ascii=False))
+        text = printable(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError):
-        text = inert(repr(value))
+        text = printable(repr(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -247,7 +240,7 @@ def _container(tp: Any) -> Any:
 def problem(exc: ValidationError, what: str, root: Any = None) -> str:
     """One line for the first error of a validation: the file, the field, what it expects
     and what it holds (``run.json 'pid': expected at most 2147483647, got 4294967296``)."""
-    what = inert(what)
+    what = printable(what)
     errors = exc.errors(include_url=False)
     if not errors:
         return f"{what} does not match its format"
@@ -263,7 +256,7 @@ def problem(exc: ValidationError, what: str, root: Any = None) -> str:
         known = _fields_at(root, tuple(first.get("loc", ()))[:-1])
         if not known:
             return f"{what} has an unknown field{field}"
-        name = inert(str(first["loc"][-1]))
+        name = printable(str(first["loc"][-1]))
         return (f"{what} has an unknown field{field}{did_you_mean(name, known)}; "
                 f"fields there: {', '.join(known)}")
     if kind == "value_error":  # a record's own check: its message says what it expects

@@ -19,7 +19,7 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from workbench.core.errors import UnknownNameError
+from workbench.core.errors import UnknownNameError, printable
 
 T = TypeVar("T")
 
@@ -33,6 +33,11 @@ def did_you_mean(name: object, known: Iterable[str]) -> str:
     """
     close = difflib.get_close_matches(str(name), list(known), n=2, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Registry(Generic[T]):
@@ -70,12 +75,15 @@ class Registry(Generic[T]):
         """
         try:
             return self._items[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: a list or a dict read from a file
             raise UnknownNameError(self.unknown_message(name)) from None
 
-    def unknown_message(self, name: str) -> str:
+    def unknown_message(self, name: object) -> str:
         known = ", ".join(sorted(self._items)) or "(none)"
-        return (f"unknown {self.kind} '{name}'{did_you_mean(name, self._items)}; "
+        if not isinstance(name, str):
+            return f"a {self.kind} is named by a string, got {_shown(name)}; known " \
+                   f"{self.plural}: {known}"
+        return (f"unknown {self.kind} '{printable(name)}'{did_you_mean(name, self._items)}; "
                 f"known {self.plural}: {known}")
 
     def names(self) -> list[str]:
@@ -85,7 +93,7 @@ class Registry(Generic[T]):
         return sorted(self._items.items())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return isinstance(name, str) and name in self._items
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -258,8 +258,9 @@ def read_claims_file(path: Path) -> tuple[Claim, ...]:
     """The claims of one file.
 
     Raises:
-        WorkbenchError: unreadable, too large, not JSON, or a claim that does not match
-            :class:`Claim` (the message names the file, the claim's place and the field).
+        WorkbenchError: unreadable, not a regular file, too large, not JSON (binary data
+            included), or a claim that does not match :class:`Claim` (one line naming the
+            file, the claim's place and the field).
     """
     data = read_bounded(path, MAX_CLAIMS_FILE, what="the claims file")
     claims = CLAIMS_FILE.from_json(data, what=path.name)

@@ -43,15 +43,22 @@ from workbench.core.registry import did_you_mean
 from workbench.core.values import (
     SEED,
     Range,
+    check_declaration,
     check_value,
     describe_type,
     literal_choices,
     parse_value,
+    shown,
 )
 
-__all__ = ["SHARED", "FieldInfo", "Shared", "apply_overrides", "check_config", "check_layers",
-           "check_value", "describe_range", "describe_type", "fields", "literal_choices",
-           "param", "parse_value", "shared", "split_overrides"]
+__all__ = ["SHARED", "FieldInfo", "Shared", "apply_overrides", "check_config",
+           "check_declared", "check_layers", "check_value", "describe_range", "describe_type",
+           "fields", "literal_choices", "param", "parse_value", "shared", "split_overrides"]
+
+
+MAX_LAYER = (1 << 16) - 1
+"""The largest layer index any model may have (a model record holds at most 2**16
+layers); the loaded model's own count is checked by :func:`check_layers`."""
 
 
 def param(default: Any, help: str, *, min: float | None = None, max: float | None = None,
@@ -65,8 +72,14 @@ def param(default: Any, help: str, *, min: float | None = None, max: float | Non
         max: inclusive upper bound.
         above: exclusive lower bound (a learning rate is ``above=0``).
         layer: the field holds layer indices of the model (an int or a tuple of them),
-            checked against the model's layers by :func:`check_layers`.
+            checked against the model's layers by :func:`check_layers`; its ``max``
+            defaults to the last layer any model may have (:data:`MAX_LAYER`).
+
+    Returns:
+        A dataclass field carrying the help and the range in its metadata.
     """
+    if layer and max is None:
+        max = MAX_LAYER
     metadata = {"help": help, "min": min, "max": max, "above": above, "layer": layer}
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -79,6 +92,9 @@ class Shared:
     default: Any
     help: str
     range: Range | None = None
+
+    def __post_init__(self) -> None:
+        check_declaration(self.type, f"shared field ({self.help})", self.range)
 
 
 SHARED: dict[str, Shared] = {
@@ -157,13 +173,27 @@ def describe_range(metadata: Mapping[str, Any]) -> str:
     return value_rules.describe_range(metadata)
 
 
+def check_declared(cls: type) -> None:
+    """Raise unless every number field of config ``cls`` declares a finite upper bound
+    (``param(..., max=)``); :func:`workbench.harness.experiment.experiment` calls it when
+    an experiment registers, so an unbounded field never reaches a user.
+
+    Raises:
+        TypeError: naming the config and the field (a programming error).
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        check_declaration(hints[f.name], f"{cls.__module__}.{cls.__qualname__}.{f.name}",
+                          f.metadata)
+
+
 def split_overrides(pairs: Iterable[str]) -> dict[str, str]:
     """``["a=1", "b=x"]`` to ``{"a": "1", "b": "x"}``."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set expects key=value, got {pair!r}")
+            raise ConfigError(f"--set expects key=value, got {shown(pair)}")
         out[key.strip()] = value
     return out
 
@@ -189,8 +219,9 @@ def apply_overrides(cls: type, overrides: Iterable[str] | Mapping[str, Any] = ()
     values = {}
     for key, value in pairs.items():
         if key not in by_name:
-            raise ConfigError(f"{cls.__module__.split('.')[-1]} has no config field '{key}'"
-                              f"{did_you_mean(key, by_name)}; fields: {', '.join(by_name)}")
+            raise ConfigError(f"{cls.__module__.split('.')[-1]} has no config field "
+                              f"{shown(key)}{did_you_mean(key, by_name)}; fields: "
+                              f"{', '.join(by_name)}")
         tp, meta = hints[key], by_name[key].metadata
         raw = parse_value(value, tp, key) if isinstance(value, str) else value
         values[key] = check_value(raw, tp, key, meta)

@@ -31,9 +31,14 @@ from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.options import Dtype
 from workbench.core.registry import Registry, did_you_mean
-from workbench.harness.config import apply_overrides, check_config, check_layers
+from workbench.harness.config import (
+    apply_overrides,
+    check_config,
+    check_declared,
+    check_layers,
+)
 from workbench.interventions.masks import HeadMask, applied
-from workbench.models.base import Model
+from workbench.models.base import Capabilities, Model, require
 from workbench.models.load import load_model
 from workbench.scores import metrics
 from workbench.store.records import Interventions
@@ -105,6 +110,21 @@ class Experiment:
                                    f"known configs: {', '.join(named)}")
         return {**named[base], **pins}
 
+    def check_fit(self, facts: Capabilities) -> None:
+        """Refuse a model ``requires`` excludes: the check a run makes once its model has
+        loaded, and a sweep's plan makes from what it knows before loading.
+
+        Args:
+            facts: the loaded model's info, or what is known of it without loading it
+                (an unknown fact refuses nothing).
+
+        Raises:
+            ModelCapabilityError: the reason (an encoder for a causal experiment).
+        """
+        if self.requires != "any":
+            require(facts, causal=True, lm_head=self.requires == "causal_lm",
+                    what=f"experiment '{self.name}'")
+
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
@@ -119,7 +139,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
 
     Args:
         name: the registered name (a duplicate raises).
-        config: the frozen ``Config`` dataclass.
+        config: the frozen ``Config`` dataclass; every number field declares a finite
+            ``max`` (:func:`workbench.harness.config.check_declared`).
         tables: ``{name: Table}`` of every table ``run``'s result may hold.
         needs_model: ``False`` for experiments that build their own models.
         demo: config overrides of a quick but meaningful run (``workbench demo``, and the
@@ -136,6 +157,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
         module = importlib.import_module(fn.__module__)
         # the docstring's whole first paragraph: its first line may end mid-sentence
         doc = [" ".join((module.__doc__ or "").strip().split("\n\n")[0].split())]
+        check_declared(config)  # a number field without an upper bound fails at import
         apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
@@ -220,9 +242,8 @@ def run_experiment(name: str, model: str | Model | None,
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))
     loaded = load_model(model, dtype=dtype, runs_dir=runs_dir) if isinstance(model, str) else model
-    if loaded is not None and exp.requires != "any":
-        loaded.require(causal=True, lm_head=exp.requires == "causal_lm",
-                       what=f"experiment '{name}'")
+    if loaded is not None:
+        exp.check_fit(loaded.info)
     if loaded is not None and exp.check_model is not None:
         exp.check_model(loaded)
     if loaded is not None:  # layer fields must name layers this model has

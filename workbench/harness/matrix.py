@@ -3,7 +3,10 @@
 Derived, never written by hand: the families and what each supports come from the adapters
 registry (:mod:`workbench.models.adapters`), the experiments and what they require from the
 experiment registry. ``workbench models --families`` prints it; ``tests/architectures``
-checks every cell against a real run on a tiny random model of the family.
+checks every cell against a real run on a tiny random model of the family. The bundled
+models (:data:`workbench.models.zoo.MODELS`) are the rows on real pretrained weights
+(:func:`real_weights_matrix`), kept apart: each is its family's row on one real model,
+which ``tests/integration`` runs.
 
 Examples:
     >>> cells = family_matrix()                                       # doctest: +SKIP
@@ -17,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.harness.experiment import Experiment, all_experiments
-from workbench.models.adapters import FAMILIES, Adapter
+from workbench.models import zoo
+from workbench.models.adapters import FAMILIES, Adapter, adapter_for
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,15 @@ def family_matrix() -> list[Cell]:
     """
     experiments = [exp for exp in all_experiments() if exp.needs_model]
     return [cell(adapter, exp) for _, adapter in FAMILIES.items() for exp in experiments]
+
+
+def real_weights_matrix() -> list[tuple[str, Cell]]:
+    """Every bundled model (real pretrained weights) on every experiment that takes a
+    model: its family's cells, models and experiments in name order.
+
+    Returns:
+        ``(bundled model name, the cell of its family)`` per (model, experiment).
+    """
+    experiments = [exp for exp in all_experiments() if exp.needs_model]
+    return [(name, cell(adapter_for(spec.architecture), exp))
+            for name, spec in zoo.MODELS.items() for exp in experiments]

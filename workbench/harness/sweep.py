@@ -1,9 +1,12 @@
 """``workbench sweep``: run the cells of a sweep spec on Ray, resumably, into one sweep run.
 
 A sweep (:mod:`workbench.harness.sweep_spec`) expands into cells before anything runs, so
-an unknown experiment, model or field, an empty grid or a glob matching nothing fails at
-once. Then:
+an unknown experiment, model or field, a model that is not one, an empty grid, a glob
+matching nothing, two cells that are one run or more than
+:data:`~workbench.harness.sweep_spec.MAX_CELLS` cells fail at once, and a cell whose model
+its experiment refuses (an encoder for a causal experiment) is known to be skipped. Then:
 
+0. **Models.** Bundled models are fetched (or verified) once, before Ray starts.
 1. **Reuse.** A cell whose matching complete run exists (the rule of ``workbench run
    --reuse``: same experiment, weights, config and workbench version, every file
    re-hashed) is not run again. The driver checks the cells whose weights' checksum it
@@ -15,8 +18,9 @@ once. Then:
 3. **Cells run as Ray tasks** (:mod:`workbench.harness.sweep_ray`), at most as many at a
    time as the cluster has slots of ``cpus`` CPUs, each an ordinary run in the store. A
    failed cell keeps its cause (its run is stored as failed) and the rest go on. Ctrl-C
-   stops scheduling and cancels the running cells (their runs are stored as failed); the
-   sweep run is then stored as failed too, with the cells table saying what ran.
+   or SIGTERM stops scheduling and cancels the running cells (their runs are stored as
+   failed); the sweep run is then stored as failed too, with the cells table saying what
+   ran (complete, cancelled, not run).
 4. **The sweep is a run** (``experiment = sweep``, :mod:`workbench.harness.sweep_tables`):
    ``spec.toml``, the list of cell runs in ``run.json`` (``cells``), the ``cells`` table
    and the ``scores`` table joining every complete cell's ``head_scores`` with the cell.
@@ -49,6 +53,8 @@ from workbench.harness.experiment import verify_stored_files
 from workbench.harness.sweep_ray import Outcome
 from workbench.harness.sweep_spec import Cell, Spec, expand, load_spec
 from workbench.harness.sweep_tables import CELLS, SCORES, TABLES
+from workbench.models import cache
+from workbench.models.zoo import MODELS
 from workbench.store.runs import Run, RunStore
 
 log = logging.getLogger(__name__)
@@ -90,23 +96,49 @@ def reusable(cells: Sequence[Cell], store: RunStore) -> dict[int, Run]:
 
     Args:
         cells: the sweep's cells; only those whose weights' checksum is known without
-            loading the model are checked here (workers check the others).
+            loading the model are checked here (workers check the others), and none that
+            is skipped.
         store: the run store.
 
     Returns:
         ``{cell index: matching run}``.
     """
+    # one listing of the store first: find_matching reads every run of an experiment,
+    # which for thousands of cells is worth doing only where a match can be
+    stored = {(run.experiment, run.model_name) for run in store.runs(status="complete")}
     found = {}
     for cell in cells:
-        if cell.model is not None and cell.model.checksum is None:
+        if cell.skip or (cell.model is not None and cell.model.checksum is None):
             continue
-        model = None if cell.model is None else {"name": cell.model.name,
-                                                 "checksum": cell.model.checksum}
-        run = store.find_matching(cell.experiment, model, cell.overrides,
+        if (cell.experiment, cell.model.name if cell.model else None) not in stored:
+            continue
+        weights = None if cell.model is None else _Weights(cell.model.name, cell.model.checksum)
+        run = store.find_matching(cell.experiment, weights, cell.overrides,
                                   check=verify_stored_files)
         if run is not None:
             found[cell.index] = run
     return found
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The two facts of a model's info that :meth:`RunStore.find_matching` compares,
+    known without loading it (it reads them as attributes, as of a ``ModelInfo``)."""
+
+    name: str
+    checksum: str
+
+
+def fetch_bundled(cells: Sequence[Cell]) -> None:
+    """Fetch (or verify) every bundled model the cells run on, once, in this process: a
+    model that cannot be had fails here, before Ray starts or a run exists, not in every
+    cell.
+
+    Raises:
+        WorkbenchError: a model that cannot be downloaded or whose cached copy is damaged.
+    """
+    for name in sorted({c.model.name for c in cells if c.model and c.model.name in MODELS}):
+        cache.fetch(name)
 
 
 # ---- the cost estimate --------------------------------------------------------------------
@@ -182,7 +214,8 @@ def run_sweep(spec: Spec, cells: Sequence[Cell], *, runs_dir: str | Path | None 
         cpus: CPUs per cell (``--cpus``; also each worker's torch threads).
         gpus: GPUs per cell (``--gpus``); with any, models load on ``cuda``.
         address: ``None`` for a local Ray sized to the machine (or the Ray this process
-            already runs), ``auto`` or ``ray://host:port`` to join a cluster.
+            already runs), ``auto``, ``ray://host:port`` or ``host:port`` to join a
+            cluster (checked to answer first).
         dtype: model dtype.
         on_progress: called with a :class:`Progress` whenever a cell starts or ends.
 
@@ -192,20 +225,23 @@ def run_sweep(spec: Spec, cells: Sequence[Cell], *, runs_dir: str | Path | None 
     Raises:
         WorkbenchError: Ray is missing or unreachable, or a worker cannot write the store
             (before any run exists).
-        KeyboardInterrupt: Ctrl-C; the running cells and the sweep run are stored as failed.
+        KeyboardInterrupt: Ctrl-C (or SIGTERM, which the CLI raises as one); the running
+            cells and the sweep run are stored as failed.
     """
     root = paths.runs_dir(runs_dir).absolute()  # workers may start in another folder
     store = RunStore(root)
+    outcomes = {c.index: Outcome(c.index, "skipped", error=c.skip) for c in cells if c.skip}
     reused = reusable(cells, store)
-    outcomes = {i: Outcome(i, "reused", run.id) for i, run in reused.items()}
-    todo = [c for c in cells if c.index not in reused]
+    outcomes.update((i, Outcome(i, "reused", run.id)) for i, run in reused.items())
+    todo = [c for c in cells if c.index not in outcomes]
+    fetch_bundled(todo)  # a model no worker could fetch fails the sweep before it starts
     report = on_progress or (lambda p: None)
-    report(_progress(len(cells), outcomes, 0))
     session = sweep_ray.connect(address, cpus=cpus, gpus=gpus) if todo else None
     since = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         if session is not None:
             sweep_ray.check_workers_can_write(root)
+        report(_progress(len(cells), outcomes, 0))  # once nothing can refuse the sweep
         with store.start("sweep", None, spec.to_dict(), tables=TABLES,
                          extra={"cpus": cpus, "gpus": gpus, "address": address}) as active:
             (active.dir / SPEC_FILE).write_text(spec.text, encoding="utf-8")
@@ -236,7 +272,7 @@ def _schedule(todo: Sequence[Cell], outcomes: dict[int, Outcome], total: int, sl
               report: Callable[[Progress], None], *, args: tuple[Any, ...], cpus: int,
               gpus: float) -> None:
     """Run ``todo`` with at most ``slots`` cells at a time, filling ``outcomes`` as cells
-    end; on Ctrl-C cancel the running cells and mark the rest not run."""
+    end; on Ctrl-C or SIGTERM cancel the running cells and mark the rest not run."""
     ray = sweep_ray.import_ray()
     task = sweep_ray.remote_cell(cpus, gpus)
     queue, running = list(todo), {}
@@ -251,12 +287,15 @@ def _schedule(todo: Sequence[Cell], outcomes: dict[int, Outcome], total: int, sl
                 cell = running.pop(ref)
                 outcomes[cell.index] = _collect(ray, ref, cell)
         report(_progress(total, outcomes, 0))
-    except KeyboardInterrupt:
-        log.warning("interrupted: cancelling %d running cells", len(running))
-        _cancel(ray, running, outcomes)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (raised as one by the CLI)
+        # Inside ray.wait Ray turns any KeyboardInterrupt into a plain one, so the cause
+        # is named only when the exception still says it
+        why = f"the sweep was interrupted{f' ({exc})' if str(exc) else ''}"
+        log.warning("%s: cancelling %d running cells", why, len(running))
+        _cancel(ray, running, outcomes, why)
         for cell in queue:
             outcomes[cell.index] = Outcome(cell.index, "not run",
-                                           error="the sweep was interrupted before it started")
+                                           error=f"{why} before it started")
         raise
 
 
@@ -273,11 +312,15 @@ def _collect(ray: Any, ref: Any, cell: Cell) -> Outcome:
                        error=f"{type(exc).__name__}: the worker running the cell died ({first})")
 
 
-def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome]) -> None:
+def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome],
+            why: str) -> None:
     """Interrupt the running cells (their runs are stored as failed), wait for them to end,
-    then kill any that would not."""
+    then kill any that would not. A task that has already ended is not cancelled (Ray
+    aborts the driver when a cancel races a task's completion)."""
+    ended, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
     for ref in running:
-        ray.cancel(ref, force=False)
+        if ref not in ended:
+            ray.cancel(ref, force=False)
     ready, late = ray.wait(list(running), num_returns=len(running), timeout=CANCEL_GRACE)
     for ref in late:
         ray.cancel(ref, force=True)
@@ -287,7 +330,7 @@ def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome]) ->
         with contextlib.suppress(ray.exceptions.RayError):  # one that ended on its own
             outcome = ray.get(ref, timeout=0) if ref in ready else None   # keeps its outcome
         outcomes[cell.index] = outcome or Outcome(
-            cell.index, "cancelled", error="cancelled: the sweep was interrupted (Ctrl-C)")
+            cell.index, "cancelled", error=f"cancelled: {why}")
 
 
 # ---- the sweep's tables -------------------------------------------------------------------
@@ -331,8 +374,12 @@ def cells_table(store: RunStore, cells: Sequence[Cell], outcomes: Mapping[int, O
         out = outcomes.get(cell.index) or Outcome(cell.index, "not run",
                                                   error="the sweep ended before it started")
         run_id = out.run_id or (_cell_run(store, cell, since)
-                                if out.status in ("failed", "cancelled") else "")
-        rows.append({**_key_columns(cell, run_id), "status": out.status, "error": out.error,
+                                if out.status in ("failed", "cancelled", "not run") else "")
+        status, error = out.status, out.error
+        if status not in DONE and run_id and store.get(run_id).status == "complete":
+            # it finished just before the sweep was stopped, and never got to report it
+            status, error = "complete", ""
+        rows.append({**_key_columns(cell, run_id), "status": status, "error": error,
                      "seconds": float(out.seconds),
                      "config": json.dumps(dict(cell.overrides), sort_keys=True),
                      "worker": out.pid, "loaded_model": out.loaded,

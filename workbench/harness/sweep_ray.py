@@ -10,6 +10,12 @@ worker, not once per cell, and the driver submits cells grouped by model, so the
 that frees up usually has the next cell's model loaded already. A worker that dies fails
 only its cell; Ray starts another.
 
+Before Ray starts, the resources a cell asks for are checked (:func:`cpus_problem`,
+:func:`gpus_problem`; the parser uses the same checks) and so is the cluster's address: it
+must accept a connection within :data:`REACH_TIMEOUT` seconds, where Ray would retry a dead
+one for minutes. ``ray.init`` takes over SIGTERM; the handler the process had is put back,
+so a terminated sweep cancels and records its cells as Ctrl-C does.
+
 ``ray`` is imported only here and only when a sweep runs, so the workbench works without
 it (``pip install interp-workbench[ray]``).
 """
@@ -17,18 +23,26 @@ it (``pip install interp-workbench[ray]``).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import resource
 import secrets
+import signal
+import socket
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
-from workbench.harness.sweep_spec import Cell
+
+if TYPE_CHECKING:  # imported by the parser: nothing heavy at import time
+    from workbench.harness.sweep_spec import Cell
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +51,16 @@ CACHED_MODELS = 2
 ENV_PASSED = ("WORKBENCH_RUNS_DIR", "WORKBENCH_CACHE", "WORKBENCH_DATA_DIR", "HF_HOME",
               "HF_HUB_OFFLINE")
 """Environment a cell needs to see as the driver does (set in each task)."""
+MAX_CELL_CPUS = 1024
+MAX_CELL_GPUS = 64
+"""The most CPUs and GPUs one cell may ask for: a Ray task runs on one node, and no node
+has more."""
+GPU_UNIT = 1e-4
+"""The smallest fraction of a GPU Ray schedules (its resource precision)."""
+REACH_TIMEOUT = 3.0
+"""Seconds to wait for a TCP connection to a cluster's address before saying it is
+unreachable (Ray itself retries a dead address for minutes)."""
+_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 
 def import_ray() -> Any:
@@ -49,6 +73,43 @@ def import_ray() -> Any:
     return ray
 
 
+def cpus_problem(cpus: Any) -> str | None:
+    """Why ``cpus`` is not a number of CPUs a cell can ask for (``None``: it is)."""
+    if not isinstance(cpus, int) or isinstance(cpus, bool) or not 1 <= cpus <= MAX_CELL_CPUS:
+        return f"expected a whole number of CPUs per cell in 1..{MAX_CELL_CPUS}, got {cpus!r}"
+    return None
+
+
+def gpus_problem(gpus: Any) -> str | None:
+    """Why ``gpus`` is not a number of GPUs a cell can ask for (``None``: it is): finite,
+    0..:data:`MAX_CELL_GPUS`, a fraction of one GPU (at least :data:`GPU_UNIT`) or whole
+    GPUs, as Ray schedules them."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int | float) or not math.isfinite(gpus):
+        return f"expected a number of GPUs per cell, got {gpus!r}"
+    if not 0 <= gpus <= MAX_CELL_GPUS:
+        return f"expected 0..{MAX_CELL_GPUS} GPUs per cell, got {gpus:g}"
+    if 0 < gpus < GPU_UNIT or (gpus > 1 and gpus != int(gpus)):
+        return (f"expected a fraction of one GPU (at least {GPU_UNIT:g}) or whole GPUs per "
+                f"cell, got {gpus:g}")
+    return None
+
+
+def parse_address(text: str) -> tuple[str, int] | None:
+    """The host and port of a cluster address (``ray://host:port`` or ``host:port``), or
+    ``None`` for ``auto`` (the cluster Ray finds on this machine or in ``RAY_ADDRESS``).
+
+    Raises:
+        WorkbenchError: any other text, or a port outside 1..65535.
+    """
+    if text == "auto":
+        return None
+    match = _ADDRESS.fullmatch(text)
+    if not match or not 1 <= int(match["port"]) <= 65535:
+        raise WorkbenchError(f"expected auto, ray://HOST:PORT or HOST:PORT (a port in "
+                             f"1..65535), got {text[:100]!r}")
+    return match["host"].strip("[]"), int(match["port"])
+
+
 @dataclass(frozen=True)
 class Session:
     """A Ray connection: ``started`` when this process started the local Ray (and so shuts
@@ -59,32 +120,50 @@ class Session:
 
 
 def connect(address: str | None, *, cpus: int, gpus: float) -> Session:
-    """Join Ray at ``address`` (``auto`` or ``ray://host:port``), use the Ray this process
-    already runs, or start a local one sized to the machine.
+    """Join Ray at ``address`` (``auto``, ``ray://host:port`` or ``host:port``), use the
+    Ray this process already runs, or start a local one sized to the machine.
+
+    A cluster's address is first checked to accept a connection within
+    :data:`REACH_TIMEOUT` seconds. The SIGTERM handler this process had is put back once
+    Ray is up: ``ray.init`` installs its own, which exits at once, so a terminated sweep
+    would neither cancel its cells nor record them.
 
     Args:
-        address: ``None`` for a local Ray.
+        address: ``None`` for a local Ray (or ``RAY_ADDRESS``, which Ray reads).
         cpus: CPUs each cell asks for (also its torch threads).
         gpus: GPUs each cell asks for.
 
     Raises:
-        WorkbenchError: Ray is missing, or the cluster cannot be joined, or it has fewer
-            CPUs or GPUs than one cell asks for.
+        WorkbenchError: Ray is missing, ``cpus`` or ``gpus`` is not a request Ray takes,
+            the cluster is unreachable or cannot be joined, or it has fewer CPUs or GPUs
+            than one cell asks for.
     """
-    if cpus < 1 or gpus < 0:
-        raise WorkbenchError(f"a cell needs at least 1 CPU and no negative GPUs; got --cpus "
-                             f"{cpus} --gpus {gpus:g}")
+    for problem in (cpus_problem(cpus), gpus_problem(gpus)):
+        if problem:
+            raise WorkbenchError(f"--cpus/--gpus: {problem}")
     ray = import_ray()
     started = False
     if not ray.is_initialized():
+        local = address is None and not os.environ.get("RAY_ADDRESS")
+        if local and cpus > (os.cpu_count() or 1):  # before a local Ray starts, not after
+            raise WorkbenchError(f"this machine has {os.cpu_count()} CPUs; a cell asks for "
+                                 f"{cpus} (--cpus)")
+        check_reachable(address)
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            with _keeping_sigterm():
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = address or "a local Ray"
+            where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
             raise WorkbenchError(f"cannot start or join {where}: "
-                                 f"{str(exc).splitlines()[0]}") from None
+                                 f"{_first_line(exc)}") from None
         started = address is None
+    return Session(started=started, slots=_slots(ray, cpus, gpus, started))
+
+
+def _slots(ray: Any, cpus: int, gpus: float, started: bool) -> int:
+    """Cells at a time the cluster fits; refuses one that fits none (shutting down a Ray
+    this process started)."""
     have = ray.cluster_resources()
     slots = int(have.get("CPU", 0) // cpus)
     if slots < 1 or (gpus and have.get("GPU", 0) < gpus):
@@ -95,7 +174,73 @@ def connect(address: str | None, *, cpus: int, gpus: float) -> Session:
                              f"{gpus:g} GPUs (--cpus, --gpus)")
     if gpus:
         slots = min(slots, int(have.get("GPU", 0) // gpus))
-    return Session(started=started, slots=slots)
+    return slots
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def check_reachable(address: str | None, timeout: float = REACH_TIMEOUT) -> None:
+    """Refuse the cluster ``ray.init(address)`` would join when it accepts no TCP
+    connection within ``timeout`` seconds.
+
+    That cluster is ``RAY_ADDRESS`` when it is set (Ray reads it first), else the address
+    given, else (for ``None`` and ``auto``) the one Ray finds on this machine: the last
+    ``ray start`` (and for ``auto`` any running one). ``None`` with none found starts a
+    local Ray, which needs no check.
+
+    Raises:
+        WorkbenchError: the address is not one, or nothing answers there.
+    """
+    env = os.environ.get("RAY_ADDRESS")
+    given = env or address
+    if given == "local":
+        return
+    target = _found_address(given) if given in (None, "auto") else parse_address(given)
+    if target is None:
+        return  # a local Ray starts, or (auto) ray.init says at once that none runs
+    host, port = target
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = (f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError)
+                  else exc.strerror or type(exc).__name__)
+        origin = ("RAY_ADDRESS" if env else "--address" if address not in (None, "auto")
+                  else "the cluster Ray found on this machine")
+        raise WorkbenchError(f"cannot reach the Ray cluster at {host}:{port} ({origin}): "
+                             f"{reason}; start it, or check --address and RAY_ADDRESS"
+                             ) from None
+
+
+def _found_address(address: str | None) -> tuple[str, int] | None:
+    """The cluster ``None`` or ``auto`` would join (Ray's own lookup), if any."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError):
+        return None
+    try:
+        return parse_address(found) if found else None
+    except WorkbenchError:
+        return None  # a form this check does not read: ray.init reads it
+
+
+@contextmanager
+def _keeping_sigterm() -> Iterator[None]:
+    """Put back the SIGTERM handler this process installed, after the block: ``ray.init``
+    replaces it with one that exits at once, and a started Ray node with one that kills
+    its processes and exits with status 1. (With no handler of its own, the process keeps
+    Ray's, which at least stops the local Ray.)"""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def disconnect(session: Session) -> None:

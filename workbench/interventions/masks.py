@@ -41,7 +41,8 @@ from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import Ablation
 from workbench.core.records import RecordError
-from workbench.inputs.prompts import Prompt, load_prompt_set, prompt_set_names
+from workbench.core.values import shown
+from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set, prompt_set_names
 from workbench.models.base import Model
 from workbench.recording import hooks
 from workbench.store.records import MASK_FORMAT, HeadMaskFile
@@ -181,11 +182,18 @@ class HeadMask:
         return cls.from_record(record, source)
 
     def check_reference(self, source: str = "head mask") -> None:
-        """Raise unless a ``mean`` mask's reference is a known prompt set."""
-        if self.ablation == "mean" and self.reference not in prompt_set_names():
+        """Raise unless a ``mean`` mask's reference is a known prompt set whose file, if it
+        is one, reads as prompts (it is read during the run)."""
+        if self.ablation != "mean":
+            return
+        if self.reference not in prompt_set_names():
             raise UnknownNameError(
-                f"{source}: the mean ablation's reference '{self.reference}' is not a prompt "
-                f"set; known prompt sets: {', '.join(prompt_set_names())}")
+                f"{source}: the mean ablation's reference {shown(self.reference)} is not a "
+                f"prompt set; known prompt sets: {', '.join(prompt_set_names())}")
+        try:
+            check_prompt_set(self.reference)
+        except WorkbenchError as exc:
+            raise WorkbenchError(f"{source}: the mean ablation's reference: {exc}") from None
 
     def check(self, model: Model) -> None:
         """Raise unless the mask fits ``model``'s layers and query heads (and a ``mean``

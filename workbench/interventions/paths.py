@@ -38,7 +38,7 @@ from workbench.recording import hooks
 
 InputPath = Literal["q", "k", "v"]
 """Which input of the target heads a source is removed from."""
-_SOURCE = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|(?P<mlp>MLP))$")
+_SOURCE = re.compile(r"^L(?P<layer>[0-9]+)(?:H(?P<head>[0-9]+)|(?P<mlp>MLP))$")
 
 
 def parse_source(name: str, model: Model) -> tuple[str, int, int | None]:

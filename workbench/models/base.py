@@ -18,7 +18,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Float, Int
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
-from workbench.inputs.prompts import Prompt
+from workbench.inputs.prompts import Prompt, check_length
 from workbench.store.records import ModelInfo
 
 DTYPES: dict[str, torch.dtype] = {
@@ -34,6 +34,42 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+
+class Capabilities(Protocol):
+    """What a model can honestly be used for: a loaded model's :class:`ModelInfo`, or what
+    is known of a model before it loads (``None``: not known until it does)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def causal(self) -> bool | None: ...
+    @property
+    def has_lm_head(self) -> bool | None: ...
+
+
+def require(facts: Capabilities, *, causal: bool | None = None, lm_head: bool | None = None,
+            what: str = "this") -> None:
+    """Refuse, with a reason, what a model with ``facts`` cannot honestly do; a fact that
+    is not known yet (``None``) refuses nothing, so the check is repeated once it loads.
+
+    Args:
+        facts: the model's :class:`ModelInfo`, or its facts known before loading.
+        causal: ``True`` when ``what`` needs a causal (left-to-right) model.
+        lm_head: ``True`` when ``what`` needs a trained language-model head.
+        what: what is asked, for the message.
+
+    Raises:
+        ModelCapabilityError: e.g. a loss asked of an encoder with no trained LM head.
+    """
+    name = facts.name
+    if causal is True and facts.causal is False:
+        raise ModelCapabilityError(f"{what} needs a causal model; {name} is bidirectional")
+    if lm_head is True and facts.has_lm_head is False:
+        raise ModelCapabilityError(
+            f"{what} needs a trained language-model head; {name} has none "
+            "(its head is randomly initialised), so no loss or prediction is reported"
+        )
 
 
 class Model:
@@ -63,21 +99,14 @@ class Model:
         they are.
 
         Raises:
-            WorkbenchError: the prompt is empty or longer than the model's context.
+            WorkbenchError: the prompt is empty or longer than the model's context; a
+                text far too long to fit is refused before it is tokenized
+                (:func:`workbench.inputs.prompts.check_length`).
         """
-        type_ids: list[int] | None = None
         if prompt.token_ids is not None:
-            ids = list(prompt.token_ids)
-        elif not (prompt.text or "").strip():
-            raise WorkbenchError(f"prompt {prompt.label or ''} is empty".replace("  ", " "))
-        elif self.info.causal:
-            ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-            if self.info.bos_token_id is not None:
-                ids = [self.info.bos_token_id, *ids]
+            ids, type_ids = list(prompt.token_ids), None
         else:
-            enc = self.tokenizer(prompt.text, prompt.pair, add_special_tokens=True)
-            ids = enc["input_ids"]
-            type_ids = enc.get("token_type_ids")
+            ids, type_ids = self._tokenize(prompt)
         if not ids:
             raise WorkbenchError("prompt has no tokens")
         if len(ids) > self.info.n_ctx:
@@ -86,6 +115,18 @@ class Model:
                 f"{self.info.name} has a context of {self.info.n_ctx}".replace("  ", " ")
             )
         return ids, type_ids
+
+    def _tokenize(self, prompt: Prompt) -> tuple[list[int], list[int] | None]:
+        if not (prompt.text or "").strip():
+            raise WorkbenchError(f"prompt {prompt.label or ''} is empty".replace("  ", " "))
+        check_length(prompt, self.info.n_ctx, self.info.name)  # before the tokenizer's work
+        if self.info.causal:
+            ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+            if self.info.bos_token_id is not None:
+                ids = [self.info.bos_token_id, *ids]
+            return ids, None
+        enc = self.tokenizer(prompt.text, prompt.pair, add_special_tokens=True)
+        return enc["input_ids"], enc.get("token_type_ids")
 
     @property
     def pad_id(self) -> int:
@@ -118,19 +159,12 @@ class Model:
 
     def require(self, *, causal: bool | None = None, lm_head: bool | None = None,
                 what: str = "this") -> None:
-        """Refuse, with a reason, what this model cannot honestly do.
+        """Refuse, with a reason, what this model cannot honestly do (see :func:`require`).
 
         Raises:
             ModelCapabilityError: e.g. a loss asked of an encoder with no trained LM head.
         """
-        name = self.info.name
-        if causal is True and not self.info.causal:
-            raise ModelCapabilityError(f"{what} needs a causal model; {name} is bidirectional")
-        if lm_head is True and not self.info.has_lm_head:
-            raise ModelCapabilityError(
-                f"{what} needs a trained language-model head; {name} has none "
-                "(its head is randomly initialised), so no loss or prediction is reported"
-            )
+        require(self.info, causal=causal, lm_head=lm_head, what=what)
 
     def logits(self, input_ids: Int[Tensor, "batch pos"] | Int[Tensor, " pos"] | Sequence[int]
                | Sequence[Sequence[int]],

@@ -24,6 +24,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models import adapters
 from workbench.models.base import DTYPES, Model, ModelInfo
+from workbench.store.records import LayerType
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -66,6 +67,117 @@ def check_folder(path: Path) -> None:
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise WorkbenchError(f"{path} has no weights; expected {' or '.join(WEIGHT_FILES[::2])} "
                              "next to config.json")
+
+
+_MAX_HEADER_BYTES = 100 << 20
+"""The largest safetensors header read (the format's own limit)."""
+_TORCH_STARTS = (b"PK\x03\x04", *(b"\x80" + bytes([p]) for p in range(2, 6)))
+"""How a ``torch.save`` file starts: a zip archive, or a pickle of protocol 2 to 5."""
+
+
+def check_weights(path: Path) -> None:
+    """Refuse a folder whose weight files are not weights, from their headers alone (a
+    plan checks many models without reading gigabytes): a safetensors file's header must
+    be a table of tensors that fits the file, a ``.bin`` file must start like one
+    ``torch.save`` writes, an index must name shards that exist and pass the same checks.
+
+    Args:
+        path: a folder :func:`check_folder` accepted.
+
+    Raises:
+        WorkbenchError: the first weight file that is not one, and why.
+    """
+    for name in WEIGHT_FILES:
+        if (path / name).is_file():
+            if name.endswith(".index.json"):
+                _check_index(path, path / name)
+            else:
+                _check_weight_file(path / name)
+
+
+def _check_weight_file(file: Path) -> None:
+    try:
+        with open(file, "rb") as fh:
+            if file.suffix == ".safetensors":
+                why = _safetensors_problem(fh, file.stat().st_size)
+            else:
+                why = None if fh.read(4).startswith(_TORCH_STARTS) else (
+                    "it does not start like a file torch.save writes")
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {file}: {exc.strerror}") from None
+    if why:
+        raise WorkbenchError(f"{file} is not a weights file ({why}); expected the weights "
+                             "saved with the model")
+
+
+def _safetensors_problem(fh: Any, size: int) -> str | None:
+    """Why an open safetensors file is not one (``None``: its header is a table of tensors
+    whose data lies inside the file)."""
+    head = fh.read(8)
+    n = int.from_bytes(head, "little") if len(head) == 8 else 0
+    if not 2 <= n <= min(_MAX_HEADER_BYTES, size - 8):
+        return f"its header length {n} does not fit the file of {size} bytes"
+    try:
+        table = json.loads(fh.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return "its header is not JSON"
+    if not isinstance(table, dict):
+        return "its header is not a table of tensors"
+    offsets = [t.get("data_offsets") if isinstance(t, dict) else None
+               for k, t in table.items() if k != "__metadata__"]
+    ends = [o[1] if isinstance(o, list) and len(o) == 2 else -1 for o in offsets]
+    if not all(isinstance(e, int) and 0 <= e <= size - 8 - n for e in ends):
+        return "a tensor in its header lies outside the file"
+    return None
+
+
+def _check_index(path: Path, index: Path) -> None:
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {index}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise WorkbenchError(f"{index} is not a weights index (not JSON)") from None
+    shards = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(shards, dict) or not shards or not all(
+            isinstance(v, str) and "/" not in v and v not in ("", ".", "..")
+            for v in shards.values()):
+        raise WorkbenchError(f"{index} is not a weights index (no weight_map of tensors to "
+                             "shard files in the folder)")
+    for shard in sorted(set(shards.values())):
+        if not (path / shard).is_file():
+            raise WorkbenchError(f"{index} names the shard {shard}, which is not in {path}")
+        _check_weight_file(path / shard)
+
+
+def config_facts(src: str | Path, *, local_files_only: bool = True) -> tuple[str | None,
+                                                                           int | None]:
+    """The architecture and number of layers a model's config gives, read as
+    ``transformers`` reads it (so a config that fails its own checks is refused here),
+    without loading the weights.
+
+    Args:
+        src: a model folder, or a hub id in the local Hugging Face cache.
+        local_files_only: never touch the network.
+
+    Returns:
+        ``(architecture or None, layers or None)``.
+
+    Raises:
+        WorkbenchError: the config cannot be read as a model config.
+    """
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(src), local_files_only=local_files_only)
+    except _BAD_FOLDER_ERRORS as exc:
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise WorkbenchError(f"{src} could not be read as a Hugging Face model config "
+                             f"({type(exc).__name__}: {said[:300]})") from None
+    archs = getattr(config, "architectures", None) or []
+    layers = getattr(config, "num_hidden_layers", None)
+    return (archs[0] if archs and isinstance(archs[0], str) else None,
+            layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
 
 
 def folder_checksum(path: Path) -> str:
@@ -159,7 +271,10 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.utilities.architectures import MASKED_LM_ARCHITECTURES
 
-    for arch in getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]:
+    if not getattr(hf_model.config, "architectures", None):
+        # a model built in memory names no class; the bridge picks its adapter by it
+        hf_model.config.architectures = [type(hf_model).__name__]
+    for arch in hf_model.config.architectures:
         refuse_unsupported(arch)
     with contextlib.redirect_stdout(None):
         bridge = TransformerBridge.boot_transformers(
@@ -169,6 +284,7 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
     cfg = bridge.cfg
     causal = cfg.architecture not in MASKED_LM_ARCHITECTURES
     bos = bos_token or tokenizer.bos_token or tokenizer.eos_token
+    layer_types, sliding_window = layer_spans(hf_model.config, cfg.n_layers)
     info = ModelInfo(
         name=name, source=source, checksum=checksum, architecture=str(cfg.architecture),
         n_layers=cfg.n_layers, n_heads=cfg.n_heads,
@@ -177,10 +293,62 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
         positions=_positions(str(cfg.architecture), cfg.positional_embedding_type),
         causal=causal, has_lm_head=has_lm_head,
         bos_token_id=tokenizer.convert_tokens_to_ids(bos) if causal and bos else None,
-        dtype=dtype,
+        dtype=dtype, layer_types=layer_types, sliding_window=sliding_window,
     )
     bridge.eval()
     return Model(bridge, tokenizer, info)
+
+
+_LAYER_TYPES: dict[str, LayerType] = {"full_attention": "global",
+                                       "sliding_attention": "sliding",
+                                       "global": "global", "local": "sliding"}
+"""Hugging Face's names of layer types (``config.layer_types``, GPT-Neo's
+``attention_layers``) as :data:`~workbench.store.records.LayerType`."""
+
+
+def layer_spans(config: Any, n_layers: int) -> tuple[tuple[LayerType, ...], int | None]:
+    """Which layers of a Hugging Face model attend to a sliding window, and how wide it is.
+
+    Read, in this order, from ``config.layer_types`` (Gemma 2 and 3, Qwen2 and others in
+    ``transformers`` 5), a ``sliding_window_pattern`` (every n-th layer global: Gemma 3
+    configs written before ``layer_types``), GPT-Neo's ``attention_layers`` and
+    ``window_size``, or a ``sliding_window`` on a config with no layer types, which its
+    family applies to every layer (Mistral, Mixtral, Phi-3, Starcoder2); otherwise every
+    layer is global.
+
+    Args:
+        config: the Hugging Face model config.
+        n_layers: the model's number of layers.
+
+    Returns:
+        ``(each layer's type, the window)``; the window is ``None`` when no layer slides.
+
+    Raises:
+        WorkbenchError: a layer type the workbench does not read (chunked or linear
+            attention), or layer types that do not match the number of layers.
+    """
+    window = getattr(config, "sliding_window", None)
+    names = getattr(config, "layer_types", None)
+    pattern = getattr(config, "sliding_window_pattern", None)
+    if names is None and isinstance(pattern, int) and pattern > 0:
+        names = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(n_layers)]
+    elif names is None and isinstance(getattr(config, "attention_layers", None), list):
+        names, window = config.attention_layers, getattr(config, "window_size", None)
+    elif names is None:
+        names = ["full_attention" if window is None else "sliding_attention"] * n_layers
+    unknown = sorted({str(n) for n in names} - set(_LAYER_TYPES))
+    if unknown or len(names) != n_layers:
+        raise WorkbenchError(f"the config's layer types {', '.join(unknown) or len(names)} "
+                             f"are not read by the workbench; expected {n_layers} of "
+                             "full_attention and sliding_attention")
+    types = tuple(_LAYER_TYPES[n] for n in names)
+    if "sliding" not in types:
+        return types, None
+    if not isinstance(window, int) or window < 1:
+        raise WorkbenchError(f"the config has sliding layers but a sliding window of "
+                             f"{window!r}; expected a whole number of tokens")
+    return types, window
 
 
 def refuse_unsupported(architecture: str) -> None:

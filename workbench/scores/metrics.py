@@ -84,7 +84,7 @@ def get(name: str) -> Metric:
         UnknownNameError: an unregistered name (the message lists the registered ones, and
             names the metric an old spelling stands for).
     """
-    if name in LEGACY_METRIC_NAMES:
+    if isinstance(name, str) and name in LEGACY_METRIC_NAMES:
         raise UnknownNameError(f"unknown head metric '{name}' (the old name of "
                                f"'{LEGACY_METRIC_NAMES[name]}'); known head metrics: "
                                f"{', '.join(METRICS.names())}")

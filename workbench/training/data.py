@@ -39,7 +39,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError, printable
+from workbench.core.files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +102,62 @@ def stdlib_docstrings(root: Path | None = None) -> list[str]:
     return docs
 
 
+MAX_TEXT_FILE = 64 << 20
+"""The largest training text file read: 64 MiB is some 15M tokens, many times what a
+training run here reads."""
+
+
 def text_files(files: Sequence[str | Path]) -> list[str]:
     """The paragraphs (separated by blank lines) of UTF-8 text files, in order.
 
+    Args:
+        files: paths of regular files of at most :data:`MAX_TEXT_FILE` bytes.
+
+    Returns:
+        The paragraphs of every file, each one document.
+
     Raises:
-        WorkbenchError: a file that cannot be read or is empty.
+        WorkbenchError: a file that cannot be read, is not a regular file, is too large,
+            is not UTF-8 text or is empty (one line naming it).
     """
     docs = []
     for name in files:
-        try:
-            text = Path(name).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise WorkbenchError(f"cannot read training text {name}: {exc}") from None
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-        if not paragraphs:
-            raise WorkbenchError(f"training text {name} is empty")
-        docs.extend(paragraphs)
+        docs.extend(_paragraphs(name))
     return docs
+
+
+def _paragraphs(name: str | Path) -> list[str]:
+    what = f"training text {printable(str(name))}"
+    text = read_text(Path(name).expanduser(), what="training text", limit=MAX_TEXT_FILE)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    if not paragraphs:
+        raise WorkbenchError(f"{what} is empty")
+    return paragraphs
+
+
+_CHECKED: set[tuple[str, int, int]] = set()
+"""The versions (path, modification time, size) of training texts already checked."""
+
+
+def check_text_files(files: Sequence[str | Path]) -> None:
+    """Read and check each training text as :func:`text_files` does, before a run
+    exists; each version of a file is read once, however often a config is built.
+
+    Raises:
+        WorkbenchError: as :func:`text_files`.
+    """
+    for name in files:
+        path = Path(name).expanduser()
+        try:
+            st = path.stat()
+            key = (str(path), st.st_mtime_ns, st.st_size)
+        except (OSError, ValueError):
+            key = None  # refused by the read below, with the reason
+        if key in _CHECKED:
+            continue
+        _paragraphs(name)
+        if key is not None:
+            _CHECKED.add(key)
 
 
 def _heldout(doc: str, every: int) -> bool:
