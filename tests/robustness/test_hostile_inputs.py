@@ -131,11 +131,11 @@ OPTIONS = [
     pytest.param([*RECORD, "--max-batch-tokens", "2000000"], f"argument --max-batch-tokens: "
                  f"{COUNT}, got '2000000'", id="max-batch-tokens"),
     pytest.param(["sweep", "spec.toml", "--cpus", "100000"], "argument --cpus: expected a whole "
-                 "number in 1 .. 1024, got '100000'", id="sweep-cpus"),
-    pytest.param(["sweep", "spec.toml", "--gpus", "-1"], "argument --gpus: expected a number in "
-                 "0 .. 64, got '-1'", id="sweep-gpus-negative"),
+                 "number of CPUs per cell in 1..1024, got 100000", id="sweep-cpus"),
+    pytest.param(["sweep", "spec.toml", "--gpus", "-1"], "argument --gpus: expected 0..64 GPUs "
+                 "per cell, got -1", id="sweep-gpus-negative"),
     pytest.param(["sweep", "spec.toml", "--gpus", "nan"], "argument --gpus: expected a number "
-                 "in 0 .. 64, got 'nan'", id="sweep-gpus-nan"),
+                 "of GPUs per cell, got nan", id="sweep-gpus-nan"),
     pytest.param(["record", "{folder}", "--prompt-set", "repeated-random", "--set",
                   "n_prompts=5000"], "prompt set 'repeated-random': n_prompts: expected at "
                  "most 4096, got 5000", id="prompt-set-n-prompts"),
@@ -187,12 +187,12 @@ def _sparse(size: int):
 
 
 FILES = [
-    pytest.param(_symlink("/dev/zero"), "cannot read prompt file {path}: it is a character "
-                 "device, not a regular file", id="dev-zero"),
-    pytest.param(_fifo, "cannot read prompt file {path}: it is a FIFO, not a regular file",
+    pytest.param(_symlink("/dev/zero"), "prompt file {path} is not a regular file (a "
+                 "character device)", id="dev-zero"),
+    pytest.param(_fifo, "prompt file {path} is not a regular file (a FIFO)",
                  id="fifo"),
-    pytest.param(lambda p: (p.mkdir(), p)[1], "cannot read prompt file {path}: it is a "
-                 "directory, not a regular file", id="directory"),
+    pytest.param(lambda p: (p.mkdir(), p)[1], "prompt file {path} is not a regular file (a "
+                 "directory)", id="directory"),
     pytest.param(_symlink("/no/such/target"), "cannot read prompt file {path}: No such file "
                  "or directory", id="broken-symlink"),
     pytest.param(_sparse((16 << 20) + 1), "prompt file {path} is larger than 16 MiB",
@@ -286,8 +286,8 @@ PROMPT_SETS = [
                  "'sentence<TAB>sentence'", id="tsv-empty-second-sentence"),
     pytest.param("bad.txt", b" \n \n", "permutation-equivariance", "prompt file {path} is "
                  "empty", id="whitespace-set"),
-    pytest.param("bad.txt", None, "previous-token-heads", "cannot read prompt file {path}: it "
-                 "is a character device, not a regular file", id="set-linked-to-dev-zero"),
+    pytest.param("bad.txt", None, "previous-token-heads", "prompt file {path} is not a "
+                 "regular file (a character device)", id="set-linked-to-dev-zero"),
 ]
 
 
@@ -328,7 +328,7 @@ CLAIMS = [
     pytest.param(b'[{"id": "x"}]', "bad.json has no '0.kind'", id="claim-missing-fields"),
     pytest.param(b"[" * 200, "bad.json is not valid JSON", id="unterminated-nesting"),
     pytest.param("[]".encode("utf-16"), "bad.json is not valid JSON", id="utf-16"),
-    pytest.param(None, "cannot read claims file {path}: it is a FIFO, not a regular file",
+    pytest.param(None, "the claims file {path} is not a regular file (a FIFO)",
                  id="fifo"),
 ]
 

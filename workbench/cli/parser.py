@@ -94,16 +94,18 @@ class Number:
 
     def __call__(self, text: str) -> Any:
         try:
-            value = check_value(parse_value(text, self.tp, "value"), self.tp, "value",
-                                self.range)
+            value: Any = parse_value(text, self.tp, "value")
+        except ConfigError:
+            value = text  # not a number of the option's type: the rule names it as text
+        if self.rule is not None and (problem := self.rule(value)):
+            raise argparse.ArgumentTypeError(problem)  # the option's own, specific words
+        try:
+            return check_value(value, self.tp, "value", self.range)
         except ConfigError:
             kind = "a whole number" if self.tp is int else "a number"
             raise argparse.ArgumentTypeError(
                 f"expected {kind} in {self.range.min} .. {self.range.max}, got "
                 f"{shown(text)}") from None
-        if self.rule is not None and (problem := self.rule(value)):
-            raise argparse.ArgumentTypeError(problem)
-        return value
 
 
 MAX_COUNT = 1 << 20
