@@ -77,6 +77,13 @@ the targets at positions >= W, ``ppl_matched`` with a bootstrap interval) and
 ``streaming_losses`` (the loss of every evaluated target), and ``skipped`` (``part,
 reason`` for each part not run). Every column is declared in ``tables.py``.
 
+Classes (``head_classes``, :mod:`workbench.scores.classes`): every head is tested for the
+``sink`` class on the natural input, Gu et al.'s own definition made a test: its mean
+alpha_1 over sequences above ``eps`` (and above uniform attention), at the false-discovery
+rate ``fdr`` over the model's heads (``n_null_draws`` sign flips). No further pass: the
+sink rate counts heads above eps per sequence, the class says which heads are above it
+and how sure that is.
+
 Encoders (minilm) get everything except the BOS comparison and streaming perplexity, which
 need a BOS token and a trained causal LM head, and the repeated-token check, which needs
 a model without learned absolute positions; the ``skipped`` table and the summary say so.
@@ -100,6 +107,7 @@ from experiments.attention_sinks.measure import (
     relate_to_sink,
     repeated_check,
     scan_inputs,
+    sink_classes,
     sink_rates,
     skips,
     summarize_inputs,
@@ -112,6 +120,7 @@ from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import Split
 from workbench.models.base import Model
+from workbench.scores import classes
 
 
 @dataclass(frozen=True)
@@ -140,11 +149,14 @@ class Config:
                                       "position past W", min=1, max=MAX_SEQUENCE)
     chunk: int = param(256, "queries per forward pass in streaming (speed only)",
                        min=1, max=MAX_SEQUENCE)
+    fdr: float = shared("fdr")
+    n_null_draws: int = shared("n_null_draws")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
+        classes.Testing(fdr=self.fdr, n_draws=self.n_null_draws)  # draws that can reach fdr
         sinks = (self.n_sinks, *self.sink_sweep)
         if max(sinks) >= self.window:
             raise ValueError(f"every sink count must be in 1..window-1 ({self.window - 1}); "
@@ -188,4 +200,5 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         sink_per_prompt=per_prompt[per_prompt.metric == "first_token"].reset_index(drop=True),
         massive=relate_to_sink(massive_by_layer(resid), input_scores, cfg.eps),
         massive_detail=resid, repeated=repeated,
-        streaming=streaming, stream_losses=stream_losses, skipped=skipped)
+        streaming=streaming, stream_losses=stream_losses, skipped=skipped,
+        head_classes=sink_classes(model, sets["natural"], per_prompt, cfg))

@@ -31,7 +31,7 @@ from workbench.recording.residuals import (
     scan_residuals,
     spread_by_boundary,
 )
-from workbench.scores import metrics, patterns
+from workbench.scores import classes, metrics, patterns
 from workbench.scores.stats import bootstrap_mean_ci, summarize
 from workbench.scores.streaming import (
     Visibility,
@@ -371,6 +371,19 @@ def summarize_inputs(per_prompt: pd.DataFrame, cfg: Config) -> pd.DataFrame:
                            ignore_index=True)
 
 
+def sink_classes(model: Model, natural: Sequence[Prompt], per_prompt: pd.DataFrame,
+                 cfg: Config) -> pd.DataFrame:
+    """Every head tested for the sink class on the natural input: alpha_1 above ``eps``
+    (Gu et al.'s threshold is the null) and above uniform attention, at ``fdr`` over the
+    model's heads (:mod:`workbench.scores.classes`; no further forward pass)."""
+    alpha = per_prompt[(per_prompt.input == "natural") & (per_prompt.metric == "first_token")]
+    chance = reductions.null_scores(model, natural, metrics.reductions("first_token"))
+    testing = classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed, eps=cfg.eps)
+    return classes.classify(classes.get("sink"), alpha.drop(columns="input"), cfg.eps,
+                            testing=testing, n_boot=cfg.n_boot, seed=cfg.seed,
+                            inputs="natural", chance=chance.set_index("prompt").score)
+
+
 def massive_by_layer(resid: pd.DataFrame) -> pd.DataFrame:
     """:func:`~workbench.recording.residuals.massive_by_boundary` per input, with the
     tokens that hold the largest activation and the share of sequences of each."""
@@ -420,6 +433,7 @@ class Result:
     streaming: pd.DataFrame | None
     stream_losses: pd.DataFrame | None
     skipped: dict[str, str]
+    head_classes: pd.DataFrame | None = None
 
     def tables(self) -> dict[str, pd.DataFrame]:
         natural = self.input_scores[self.input_scores.input == "natural"]
@@ -435,10 +449,14 @@ class Result:
         if self.streaming is not None and self.stream_losses is not None:
             out["streaming_perplexity"] = self.streaming
             out["streaming_losses"] = self.stream_losses
+        if self.head_classes is not None:
+            out["head_classes"] = self.head_classes
         return out
 
     def summary(self) -> list[str]:
         lines = [_rates_line(self.rates, self.cfg)]
+        if self.head_classes is not None:
+            lines.append(classes.summary_line(self.head_classes, "sink"))
         lines += _bos_lines(self.input_scores) if "bos" not in self.skipped else \
             [f"with/without BOS: skipped ({self.skipped['bos']})"]
         if not self.causal:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, SCORE_COLUMNS, Column, Table, columns, tables
+from workbench.store.schema import (
+    HEAD_KEYS,
+    SCORE_COLUMNS,
+    Column,
+    Table,
+    columns,
+    head_classes,
+    tables,
+)
 
 INPUT = Column("input", "str", "input set: natural, random or repeated, each optionally "
                                "with the suffix _no_bos (the same tokens minus the BOS)")
@@ -136,6 +144,10 @@ SKIPPED = Table("skipped", "parts of the experiment not run on this model or con
     ("reason", "str", "why, in a sentence"),
 ))
 
+HEAD_CLASSES = head_classes(
+    "every head tested for the sink class on the natural input: mean alpha_1 above eps "
+    "(Gu et al. 2024's threshold), at the false-discovery rate fdr")
+
 TABLES = tables(HEAD_SCORES, INPUT_SCORES, SINK_RATES, TOP_RECEIVERS, SINK_PER_PROMPT,
                 MASSIVE_ACTIVATIONS, MASSIVE_ACTIVATIONS_DETAIL, REPEATED_TOKEN_CHECK,
-                STREAMING_PERPLEXITY, STREAMING_LOSSES, SKIPPED)
+                STREAMING_PERPLEXITY, STREAMING_LOSSES, SKIPPED, HEAD_CLASSES)

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.core.options import AttentionPath
+from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.models.blocked import PatternBlock
@@ -211,8 +212,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
                     reductions: Mapping[str, Reduction], *,
                     max_batch_tokens: int = 2048, desc: str = "scoring",
                     layers: Sequence[int] | None = None,
-                    attention: AttentionPath = "auto", block: int | None = None
-                    ) -> pd.DataFrame:
+                    attention: AttentionPath = "auto", block: int | None = None,
+                    reference: Sequence[Prompt] | None = None) -> pd.DataFrame:
     """Apply pattern reductions to every head of every layer, on the fly.
 
     Args:
@@ -224,6 +225,10 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         attention: how patterns are computed (:data:`~workbench.core.options.AttentionPath`;
             a plain function among ``reductions`` needs whole patterns: ``dense``).
         block: query rows per block (default: from the blocked path's memory budget).
+        reference: the prompts whose token ids the reductions read, one per prompt and as
+            long as it (default: the prompts themselves). A structured null input
+            (:mod:`workbench.inputs.nulls`) is scored with its real twin as reference, so
+            its pattern is read at the real prompt's targets.
 
     Returns:
         Long format, one row per (prompt, layer, head, metric): ``prompt, layer, head,
@@ -235,6 +240,7 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
     frames: list[pd.DataFrame] = []
     state: dict[str, PatternContext] = {}
     parts: dict[tuple[int, str], Partial] = {}
+    read = None if reference is None else _reference_ids(model, prompts, reference)
 
     def consume(block: PatternBlock) -> None:
         ctx = state["ctx"].block(block)
@@ -248,7 +254,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
             block=max(b.input_ids.shape[1] for b in batches) if whole else block):
         for batch in progress.track(batches, desc=desc):
             state["ctx"] = PatternContext(
-                input_ids=batch.input_ids, lengths=torch.tensor(batch.lengths),
+                input_ids=batch.input_ids if read is None else _batch_ids(batch, read),
+                lengths=torch.tensor(batch.lengths),
                 query_mask=batch.attention_mask.bool(), layer=-1, causal=model.info.causal)
             parts.clear()
             hooks.run_hooked(model.bridge, batch, [],
@@ -257,6 +264,29 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
             frames.append(_to_frame(scores, batch.indices))
     return pd.concat(frames, ignore_index=True).sort_values(
         ["prompt", "layer", "head", "metric"], ignore_index=True)
+
+
+def _reference_ids(model: Model, prompts: Sequence[Prompt], reference: Sequence[Prompt]
+                   ) -> list[list[int]]:
+    """The token ids of each reference prompt, checked against its prompt's length."""
+    if len(reference) != len(prompts):
+        raise ValueError(f"{len(reference)} reference prompts for {len(prompts)} prompts")
+    out = []
+    for prompt, ref in zip(prompts, reference, strict=True):
+        ids, ref_ids = model.encode(prompt)[0], model.encode(ref)[0]
+        if len(ids) != len(ref_ids):
+            raise ValueError(f"reference {ref.label} has {len(ref_ids)} tokens, its prompt "
+                             f"{prompt.label} {len(ids)}")
+        out.append(ref_ids)
+    return out
+
+
+def _batch_ids(batch: Batch, read: Sequence[list[int]]) -> Int[Tensor, "batch pos"]:
+    """The batch's ids with each real position's replaced by its reference's."""
+    ids = batch.input_ids.clone()
+    for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
+        ids[row, :length] = torch.tensor(read[index])
+    return ids
 
 
 def uniform_pattern(n: int, causal: bool, rows: tuple[int, int] | None = None

@@ -151,6 +151,37 @@ def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True
     return Table("head_scores", meaning, cols)
 
 
+HEAD_CLASS_COLUMNS = columns(
+    ("metric", "str", "the head metric tested (workbench.scores.metrics)"),
+    ("head_class", "str", "the class tested: previous-token, duplicate-token, induction or "
+                          "sink (workbench.scores.classes)"),
+    ("score", "float", "the metric's mean over the real prompts (previous-token: over "
+                       "queries 5 and later, the ones its test reads)"),
+    ("ci_low", "float", "95% bootstrap interval of score over prompts, low end"),
+    ("ci_high", "float", "95% bootstrap interval of score over prompts, high end"),
+    ("null_mean", "float", "the mean of the null the score is tested against (see null)"),
+    ("chance", "float", "the score of attention uniform over the keys each query sees, on "
+                        "the same prompts (head_scores' null)"),
+    ("p", "float", "one-sided paired sign-flip p-value of score > max(null, chance) over "
+                   "prompts: (1 + #draws >= observed) / (1 + n_draws)"),
+    ("q", "float", "Benjamini-Hochberg q-value over every head of the model, per class"),
+    ("fdr", "float", "the declared false-discovery rate of the class"),
+    ("in_class", "bool", "q <= fdr: the head is in the class"),
+    ("n_prompts", "int", "real prompts on which the score is defined (each has a null)"),
+    ("n_draws", "int", "sign-flip draws; the smallest reportable p is 1 / (1 + n_draws)"),
+    ("inputs", "str", "the real inputs the score was measured on"),
+    ("null", "str", "how the null was made"),
+)
+
+
+def head_classes(meaning: str = "every head tested for each class whose metric the run "
+                 "scores, against the class's structured null, at a declared "
+                 "false-discovery rate") -> Table:
+    """The ``head_classes`` table of an experiment that scores heads (see
+    :mod:`workbench.scores.classes`): one row per (head, class)."""
+    return Table("head_classes", meaning, (*HEAD_KEYS, *HEAD_CLASS_COLUMNS))
+
+
 LEGACY_METRIC_NAMES = {"sink": "first_token", "self": "self_attention"}
 """Metric names that runs written before the metric registry
 (:mod:`workbench.scores.metrics`) stored, and the registered names they stand for."""
