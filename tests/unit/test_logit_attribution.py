@@ -113,7 +113,7 @@ def test_the_lens_at_the_last_boundary_is_the_models_logits(request, name):
                                        rtol=1e-5, atol=1e-5)
         lens = la.logit_lens(model, Batch.of(IDS), torch.arange(2), POSITIONS, CONTRAST.answer)
     top = want.reshape(2, 12, -1)[torch.arange(2), POSITIONS]
-    assert lens.answer_logit.shape == (n_layers + 1, 2)
+    assert lens.answer_logit.shape == (n_layers + 1, 2) and lens.output_error <= 1e-5
     np.testing.assert_array_equal(lens.top_token[-1], top.argmax(-1).numpy())
     np.testing.assert_allclose(lens.answer_prob[-1], top.softmax(-1)[torch.arange(2),
                                                                    CONTRAST.answer].numpy(),

@@ -465,6 +465,20 @@ def heads_in_top_k(run: Run, *, metric: HeadMetric, heads: list[str], k: int) ->
     return Measurement(f"{shown} (top {k} needed)", verdict="pass" if passed else "fail")
 
 
+@claim_check("invariant_at_most")
+def invariant_at_most(run: Run, *, invariant: str, threshold: float) -> Measurement:
+    """The largest deviation a run measured for ``invariant`` is at most ``threshold``: read
+    from the run's ``checks`` table (``invariant, value, meaning``: ``ioi``, ``logit-lens``).
+    A bound, not an estimate: no interval."""
+    checks = run.table("checks").set_index("invariant")
+    if invariant not in checks.index:
+        return Measurement(f"the run measured no {invariant!r}; it has "
+                           f"{', '.join(checks.index)}", verdict="undecided")
+    value = float(checks.value[invariant])
+    return Measurement(f"{checks.meaning[invariant]}: {value:.2e} (needs <= {threshold:g})",
+                       passed=value <= threshold, value=value, threshold=threshold)
+
+
 def known_checks() -> list[str]:
     return CHECKS.names()
 

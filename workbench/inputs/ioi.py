@@ -217,7 +217,7 @@ def ioi_prompts(model: Model, n: int, *, templates: Sequence[int] | None = None,
 
 
 @prompt_set("ioi")
-def ioi(model: Model, n_prompts: Annotated[int, Range(min=1, max=MAX_PROMPTS)] = 30,
+def ioi(model: Model, n_prompts: Annotated[int, Range(min=1, max=MAX_PROMPTS)] = 64,
         seed: Annotated[int, SEED] = 0) -> Iterator[Prompt]:
     """IOI sentences with their answer, the indirect object, as the last token (so an
     experiment that reads the last token as the answer, ``logit-lens``, asks about IO):

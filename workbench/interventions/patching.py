@@ -22,8 +22,10 @@ the clean run (normalised 1) and nothing patched is the corrupted run (0).
 
 How: the cells of one layer run as copies of the corrupted batch in one pass, each copy
 patching its own cell; the blocks below the layer compute what the corrupted run did, so
-they are replayed from it (:mod:`workbench.interventions.replay`), not run again. Every
-pass stops at the final norm's output; only the columns of the two tokens are unembedded.
+they are replayed from it (:mod:`workbench.interventions.replay`), not run again. A cell
+whose clean activation is the corrupted one (a position before the first token the two
+inputs differ in) is the corrupted run, and is not run. Every pass stops at the final
+norm's output; only the columns of the two tokens are unembedded.
 
 Examples:
     >>> pair = Pair(clean_ids, corrupted_ids, Contrast(io, s), positions)   # doctest: +SKIP
@@ -154,6 +156,18 @@ def _writer(site: Site, cells: Sequence[int], clean: Tensor, n: int
     return hook
 
 
+def _same(site: Site, cell: int, clean: Tensor, corrupted: Tensor) -> bool:
+    """Whether patching ``cell`` writes exactly what the corrupted run has there (never for
+    :data:`NOTHING`, which is run to check the machinery)."""
+    if cell == NOTHING:
+        return False
+    if cell == EVERY:
+        return torch.equal(clean, corrupted)
+    if site == "z":
+        return torch.equal(clean[:, :, cell], corrupted[:, :, cell])
+    return torch.equal(clean[:, cell], corrupted[:, cell])
+
+
 def patch_grid(model: Model, pair: Pair, site: Site, *, layers: Sequence[int] | None = None,
                cells: Sequence[int] | None = None, max_batch_tokens: int = 2048,
                desc: str | None = None) -> PatchGrid:
@@ -197,19 +211,28 @@ def patch_grid(model: Model, pair: Pair, site: Site, *, layers: Sequence[int] | 
             clean[group] = readout(model, kept[hooks.FINAL_OUT][rows, sub.positions],
                                    sub.contrast).double().numpy()
             with replay.kept(model.bridge) as prefix:
-                corrupted[group] = logit_difference(model, Batch.of(sub.corrupted),
-                                                    sub.contrast, sub.positions).double().numpy()
-            copies = max(1, rows_per_pass // b)
-            passes = [(li, c0) for li in range(len(layers)) for c0 in range(0, len(cells), copies)]
-            for li, c0 in progress.track(passes, desc=desc or f"patch {site}"):
-                chunk = cells[c0: c0 + copies]
-                k = len(chunk)
-                writer = _writer(site, chunk, kept[names[layers[li]]], b)
+                other = hooks.capture(model, Batch.of(sub.corrupted),
+                                      [*dict.fromkeys(names.values()), hooks.FINAL_OUT])
+            corrupted[group] = readout(model, other[hooks.FINAL_OUT][rows, sub.positions],
+                                       sub.contrast).double().numpy()
+            passes = []
+            for li, layer in enumerate(layers):
+                # a cell whose clean value is the corrupted one (a position before the first
+                # changed token) patches nothing: its run is the corrupted run
+                name = names[layer]
+                live = [c for c, cell in enumerate(cells)
+                        if not _same(site, cell, kept[name], other[name])]
+                values[group, li] = corrupted[group][:, None]
+                copies = max(1, rows_per_pass // b)
+                passes += [(li, live[i: i + copies]) for i in range(0, len(live), copies)]
+            for li, chunk in progress.track(passes, desc=desc or f"patch {site}"):
+                k, name = len(chunk), names[layers[li]]
+                writer = _writer(site, [cells[c] for c in chunk], kept[name], b)
                 with replay.replayed(model.bridge, prefix, layers[li], copies=k), \
-                        model.bridge.hooks(fwd_hooks=[(names[layers[li]], writer)]):
+                        model.bridge.hooks(fwd_hooks=[(name, writer)]):
                     got = logit_difference(model, Batch.of(sub.corrupted).repeat(k),
                                            sub.contrast.repeat(k), sub.positions.repeat(k))
-                values[group, li, c0: c0 + k] = got.double().reshape(k, b).T.numpy()
+                values[group, li, chunk] = got.double().reshape(k, b).T.numpy()
     return PatchGrid(site, layers, cells, values, clean, corrupted)
 
 

@@ -114,9 +114,14 @@ def readout(model: Model, normed: Float[Tensor, "n d_model"], contrast: Contrast
         ``[n]`` logit differences, in ``normed``'s dtype.
     """
     w_u, b_u = model.bridge.W_U.detach(), _unembed_bias(model)
-    if contrast.other is None:
-        logits = _output_transform(model, normed @ w_u + (0 if b_u is None else b_u))
-        return logits.gather(1, contrast.answer[:, None])[:, 0] - logits.mean(1)
+    if contrast.other is None:  # every column: a few hundred rows of logits at a time
+        out = []
+        for start in range(0, len(normed), 256):
+            logits = _output_transform(model, normed[start: start + 256] @ w_u
+                                       + (0 if b_u is None else b_u))
+            mine = contrast.answer[start: start + 256, None]
+            out.append(logits.gather(1, mine)[:, 0] - logits.mean(1))
+        return torch.cat(out) if out else normed.new_zeros(0)
     tokens = torch.stack([contrast.answer, contrast.other], 1)  # [n, 2]
     columns = w_u.T[tokens]  # [n, 2, d_model]
     logits = torch.einsum("nd,ntd->nt", normed, columns)
@@ -178,7 +183,7 @@ def lens_logits(model: Model, resid: Float[Tensor, "n d_model"],
 @dataclass
 class Lens:
     """The logit lens at every layer boundary ``0 .. n_layers`` (boundary ``n_layers`` is
-    the model's own output) for ``n`` positions, each with the token it is asked about."""
+    the model's own output) for ``n`` entries, each with the token it is asked about."""
 
     scale: LensScale
     answer: Int[np.ndarray, " n"]
@@ -188,14 +193,17 @@ class Lens:
     """0 = the top token"""
     top_token: Int[np.ndarray, "boundary n"]
     top_prob: Float[np.ndarray, "boundary n"]
+    output_error: float
+    """``max |lens at the last boundary - the model's logits| / max |logits|`` over the
+    entries, the logits the unembedding of the final norm's output (0 when exact)"""
 
 
 def logit_lens(model: Model, batch: Batch, rows: Int[Tensor, " n"],
                positions: Int[Tensor, " n"], answer: Int[Tensor, " n"], *,
-               scale: LensScale = "frozen") -> Lens:
+               scale: LensScale = "frozen", chunk: int = 256) -> Lens:
     """The logit lens of one pass at ``n`` (row, position) entries: each boundary's answer
-    logit, probability and rank, and its top token. One boundary's ``[n, d_vocab]`` logits
-    exist at a time.
+    logit, probability and rank, and its top token. ``[chunk, d_vocab]`` logits exist at a
+    time.
 
     Args:
         model: a causal LM.
@@ -203,25 +211,35 @@ def logit_lens(model: Model, batch: Batch, rows: Int[Tensor, " n"],
         rows, positions: the entries read.
         answer: the token each entry is asked about (e.g. the next token).
         scale: see :data:`LensScale` (stated with every result).
+        chunk: entries read at once.
     """
     n_layers = model.info.n_layers
     names = [hooks.resid(b, n_layers) for b in range(n_layers + 1)]
-    kept = hooks.capture(model, batch, [*names, hooks.FINAL_SCALE])
-    frozen = kept[hooks.FINAL_SCALE][rows, positions, 0] if scale == "frozen" else None
-    out: dict[str, list[Tensor]] = {k: [] for k in ("logit", "prob", "rank", "top", "top_p")}
-    for name in names:
-        logits = lens_logits(model, kept[name][rows, positions], frozen).double()
-        probs = logits.softmax(-1)
-        mine = logits.gather(1, answer[:, None])[:, 0]
-        top_p, top = probs.max(-1)
-        out["logit"].append(mine)
-        out["prob"].append(probs.gather(1, answer[:, None])[:, 0])
-        out["rank"].append((logits > mine[:, None]).sum(-1))
-        out["top"].append(top)
-        out["top_p"].append(top_p)
-    stacked = {k: torch.stack(v).numpy() for k, v in out.items()}
+    kept = hooks.capture(model, batch, [*names, hooks.FINAL_SCALE, hooks.FINAL_OUT])
+    out: dict[str, list[list[Tensor]]] = {k: [[] for _ in names]
+                                          for k in ("logit", "prob", "rank", "top", "top_p")}
+    w_u, b_u = model.bridge.W_U.detach(), _unembed_bias(model)
+    miss, largest = 0.0, 0.0
+    for start in range(0, len(rows), chunk):
+        at = slice(start, start + chunk)
+        index, mine = (rows[at], positions[at]), answer[at][:, None]
+        frozen = kept[hooks.FINAL_SCALE][index][:, 0] if scale == "frozen" else None
+        for b, name in enumerate(names):
+            logits = lens_logits(model, kept[name][index], frozen).double()
+            probs = logits.softmax(-1)
+            chosen = logits.gather(1, mine)[:, 0]
+            top_p, top = probs.max(-1)
+            for key, value in (("logit", chosen), ("prob", probs.gather(1, mine)[:, 0]),
+                               ("rank", (logits > chosen[:, None]).sum(-1)), ("top", top),
+                               ("top_p", top_p)):
+                out[key][b].append(value)
+        own = _output_transform(model, kept[hooks.FINAL_OUT][index] @ w_u
+                                + (0 if b_u is None else b_u)).double()
+        miss = max(miss, float((logits - own).abs().max()))
+        largest = max(largest, float(own.abs().max()))
+    stacked = {k: torch.stack([torch.cat(v) for v in per]).numpy() for k, per in out.items()}
     return Lens(scale, answer.numpy(), stacked["logit"], stacked["prob"], stacked["rank"],
-                stacked["top"], stacked["top_p"])
+                stacked["top"], stacked["top_p"], miss / max(largest, 1e-30))
 
 
 # ---- direct logit attribution --------------------------------------------------------------
@@ -261,15 +279,18 @@ def _directions(model: Model, contrast: Contrast) -> tuple[Tensor, Tensor]:
 
 
 def direct_effects(model: Model, batch: Batch, contrast: Contrast,
-                   positions: Int[Tensor, " n"]) -> DirectEffects:
-    """Split every row's logit difference at its position over the parts of the final
-    residual stream, the final norm's scale frozen at its value on the input.
+                   positions: Int[Tensor, " n"], rows: Int[Tensor, " n"] | None = None, *,
+                   chunk: int = 64) -> DirectEffects:
+    """Split the logit difference of ``n`` (row, position) entries of one pass over the parts
+    of the final residual stream, the final norm's scale frozen at its value on the input.
 
     Args:
         model: a causal LM whose output transform is the identity (:func:`require_direct`).
-        batch: ``n`` rows.
-        contrast: the difference split on each row.
-        positions: the position each row is read at (``-1``: the last).
+        batch: the inputs.
+        contrast: the difference split at each entry.
+        positions: each entry's position (``-1``: the last).
+        rows: each entry's row (default: entry ``i`` is row ``i``).
+        chunk: entries whose parts (``[part, chunk, d_model]`` float64) are formed at once.
 
     Returns:
         The parts' direct effects and the model's own logit differences.
@@ -277,17 +298,21 @@ def direct_effects(model: Model, batch: Batch, contrast: Contrast,
     n_layers = model.info.n_layers
     kept = hooks.capture(model, batch, [*part_hooks(model, n_layers), hooks.FINAL_SCALE,
                                         hooks.FINAL_OUT])
-    rows = torch.arange(batch.input_ids.shape[0])
-    index = (rows, positions)
-    parts = stream_parts(model, kept, index, n_layers)
-    norm = final_norm(model)
-    scale = kept[hooks.FINAL_SCALE][index][:, 0].double()
+    rows = torch.arange(batch.input_ids.shape[0]) if rows is None else rows
+    norm, w_o = final_norm(model), model.bridge.W_O.detach()
     u, bias_diff = _directions(model, contrast)
-    stack = normalise(torch.stack([p.value for p in parts]), scale, norm)  # [C, n, d_model]
-    effects = torch.einsum("cnd,nd->nc", stack, u)
+    pieces, parts = [], []
+    for start in range(0, len(rows), chunk):
+        at = slice(start, start + chunk)
+        index = (rows[at], positions[at])
+        parts = stream_parts(model, kept, index, n_layers, w_o=w_o)
+        scale = kept[hooks.FINAL_SCALE][index][:, 0].double()
+        stack = normalise(torch.stack([p.value for p in parts]), scale, norm)  # [C, m, d]
+        pieces.append(torch.einsum("cnd,nd->nc", stack, u[at]))
+    effects = torch.cat(pieces) if pieces else torch.zeros(0, 0, dtype=torch.float64)
     ln_bias = (u @ norm.bias) if norm.bias is not None else torch.zeros(len(rows),
                                                                        dtype=torch.float64)
-    total = readout(model, kept[hooks.FINAL_OUT][index], contrast).double()
+    total = readout(model, kept[hooks.FINAL_OUT][rows, positions], contrast).double()
     return DirectEffects(
         names=[p.name for p in parts] + [LN_FINAL_BIAS, UNEMBED_BIAS],
         kinds=[p.kind for p in parts] + ["bias", "bias"],
