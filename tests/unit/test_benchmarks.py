@@ -18,6 +18,7 @@ SMOKE = {
     "bf16.py": ["--smoke", "--models", "{model}", "--dtypes", "bfloat16"],
     "defaults.py": ["--smoke", "{model}"],
     "qk_attribution.py": ["--smoke", "{model}"],
+    "patching.py": ["--smoke", "{model}"],
     "sweep.py": ["--smoke", "{model}"],
     "models.py": ["--smoke"],
 }

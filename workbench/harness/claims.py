@@ -557,6 +557,18 @@ def class_below_class(run: Run, *, earlier: str, later: str, fdr: float | None =
                        f"({_labels(a[a.layer == low_a])}); {later} class {len(b)} heads from "
                        f"layer {low_b} ({_labels(b[b.layer == low_b])})",
                        value=float(low_b - low_a), verdict="pass" if low_a < low_b else "fail")
+@claim_check("invariant_at_most")
+def invariant_at_most(run: Run, *, invariant: str, threshold: float) -> Measurement:
+    """The largest deviation a run measured for ``invariant`` is at most ``threshold``: read
+    from the run's ``checks`` table (``invariant, value, meaning``: ``ioi``, ``logit-lens``).
+    A bound, not an estimate: no interval."""
+    checks = run.table("checks").set_index("invariant")
+    if invariant not in checks.index:
+        return Measurement(f"the run measured no {invariant!r}; it has "
+                           f"{', '.join(checks.index)}", verdict="undecided")
+    value = float(checks.value[invariant])
+    return Measurement(f"{checks.meaning[invariant]}: {value:.2e} (needs <= {threshold:g})",
+                       passed=value <= threshold, value=value, threshold=threshold)
 
 
 def known_checks() -> list[str]:

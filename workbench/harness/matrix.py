@@ -67,8 +67,17 @@ def _linear_scores(adapter: Adapter) -> str | None:
     return adapter.score_hooks
 
 
+def _linear_logits(adapter: Adapter) -> str | None:
+    """Why a logit difference is not a sum of the residual stream's parts' direct effects."""
+    if adapter.logit_softcap:
+        return "the logits are soft-capped (tanh), so a logit difference is not linear"
+    return None
+
+
 NEEDS: dict[str, Callable[[Adapter], str | None]] = {
     "qk-attribution": _linear_scores,
+    "ioi": _linear_logits,
+    "logit-lens": _linear_logits,
 }
 """Experiments that refuse some families for what the family is (beyond ``requires``):
 why, from the adapter's facts."""

@@ -70,6 +70,8 @@ class Adapter:
         norm: where the block's norms sit (before or after the sublayer).
         qk_norm: queries and keys normalized per head, or over every head together.
         softcap: attention scores pass through ``cap * tanh(score / cap)`` (Gemma 2).
+        logit_softcap: the logits pass through ``cap * tanh(logit / cap)`` after the
+            unembedding (Gemma 2), so a logit difference is not linear in the stream.
         encoder_body: attribute of an encoder's masked-LM model holding the body whose
             final hidden states are pooled (``None``: a causal LM).
         mask_buffer: a boolean buffer of the attention module that applies the family's
@@ -106,6 +108,7 @@ class Adapter:
     norm: Norm = "pre"
     qk_norm: QKNorm = "none"
     softcap: bool = False
+    logit_softcap: bool = False
     encoder_body: str | None = None
     mask_buffer: str | None = None
     head_attrs: dict[str, Quantity] = field(default_factory=dict)
@@ -253,7 +256,7 @@ for _adapter in (
                        "(q_norm, k_norm over the full width), so removing a head changes the "
                        "kept heads' queries; only masking is exact"),
     Adapter("gemma-2", ("Gemma2ForCausalLM",), local_attention=True, softcap=True,
-            head_attrs=_LLAMA_ATTRS, gguf="gemma2"),
+            logit_softcap=True, head_attrs=_LLAMA_ATTRS, gguf="gemma2"),
     Adapter("gemma-3", ("Gemma3ForCausalLM",), rotary_per_layer=True, local_attention=True,
             qk_norm="per_head", head_attrs=_LLAMA_ATTRS, gguf="gemma3"),
     Adapter("qwen3", ("Qwen3ForCausalLM",), qk_norm="per_head", head_attrs=_LLAMA_ATTRS,

@@ -63,6 +63,18 @@ def norm_scale(layer: int) -> str:
     return f"blocks.{layer}.ln1.hook_scale"
 
 
+def output_norm_scale(layer: int) -> str:
+    """The per-position scale of the norm on the attention output (``ln1_post``, where the
+    block has one: :func:`workbench.models.norms.output_norm`): ``[batch, pos, 1]``."""
+    return f"blocks.{layer}.ln1_post.hook_scale"
+
+
+FINAL_SCALE = "ln_final.hook_scale"
+"""The per-position scale of the final norm: ``[batch, pos, 1]``."""
+FINAL_OUT = "ln_final.hook_out"
+"""The final norm's output, the unembedding's input: ``[batch, pos, d_model]``."""
+
+
 def attn_o_out(layer: int) -> str:
     """The output projection's result, the sublayer's output before the residual add."""
     return f"blocks.{layer}.attn.o.hook_out"

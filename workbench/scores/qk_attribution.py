@@ -58,8 +58,9 @@ from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
-from workbench.models.norms import EMBED, FirstNorm, first_norm, normalise
+from workbench.models.norms import LinearNorm, first_norm, normalise
 from workbench.recording import hooks
+from workbench.scores.components import part_hooks, stream_parts
 
 Head = tuple[int, int]
 PositionRule = Literal["induction", "previous", "first"]
@@ -240,9 +241,7 @@ class _Captured:
 def _capture_names(model: Model, layers: Sequence[int]) -> list[str]:
     """The hook points read: each component feeding ``layers`` and, at the chosen layers,
     the norm scales, rotary tables, real q/k, scores and patterns."""
-    names = [hooks.resid(0, model.info.n_layers)]
-    for layer in range(max(layers)):
-        names += [hooks.z(layer), hooks.mlp_out(layer)]
+    names = part_hooks(model, max(layers))
     for layer in sorted(set(layers)):
         names += [hooks.norm_scale(layer), hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
                   hooks.scores(layer), hooks.pattern(layer)]
@@ -254,26 +253,12 @@ def _capture_names(model: Model, layers: Sequence[int]) -> list[str]:
 
 def _components(model: Model, w_o: Tensor, kept: dict[str, Tensor], positions: Tensor,
                 deepest: int) -> _Captured:
-    """Every component's output at ``positions`` (float64) below layer ``deepest``: the
-    embeddings, each head's ``z W_O``, each attention output bias, each MLP."""
-    pos = positions
-    cap = _Captured(pos, per_layer={name: t[0] for name, t in kept.items()})
-    cap.components.append((EMBED, -1, kept[hooks.resid(0, model.info.n_layers)][0, pos].double()))
-    for layer in range(deepest):
-        out = torch.einsum("phd,hdm->phm", kept[hooks.z(layer)][0, pos].double(),
-                           w_o[layer].double())
-        cap.components += [(f"L{layer}H{h}", layer, out[:, h]) for h in range(out.shape[1])]
-        bias = _attn_out_bias(model.bridge, layer)
-        if bias is not None:
-            cap.components.append((f"L{layer}attn_bias", layer, bias.double().expand(len(pos), -1)))
-        mlp = kept[hooks.mlp_out(layer)][0, pos].double()
-        cap.components.append((f"L{layer}MLP", layer, mlp))
+    """Every component's output at ``positions`` (float64) below layer ``deepest``
+    (:func:`workbench.scores.components.stream_parts`)."""
+    cap = _Captured(positions, per_layer={name: t[0] for name, t in kept.items()})
+    cap.components = [(part.name, part.layer, part.value)
+                      for part in stream_parts(model, kept, (0, positions), deepest, w_o=w_o)]
     return cap
-
-
-def _attn_out_bias(bridge: Any, layer: int) -> Tensor | None:
-    bias = getattr(bridge.blocks[layer].attn.o, "bias", None)
-    return None if bias is None else bias.detach()
 
 
 # ---- the algebra ---------------------------------------------------------------------------
@@ -290,7 +275,7 @@ def _rotate(x: Float[Tensor, "component pos d_head"], cos: Tensor | None, sin: T
     return torch.cat([rotated, rest], -1)
 
 
-def _side(stack: Tensor, names: list[str], norm: FirstNorm, weight: Tensor, bias: Tensor | None,
+def _side(stack: Tensor, names: list[str], norm: LinearNorm, weight: Tensor, bias: Tensor | None,
           bias_name: str, cos: Tensor | None, sin: Tensor | None
           ) -> tuple[list[str], Float[Tensor, "component pos d_head"]]:
     """Each component's rotated projection ``R W n(c)`` (with the biases as components)."""
