@@ -35,6 +35,7 @@ from workbench.models.base import Model
 from workbench.recording import reductions
 from workbench.scores import metrics
 from workbench.scores.stats import summarize
+from workbench.store.schema import with_layer_types
 
 REDUCTIONS = metrics.reductions("entropy", "normalized_entropy", "mean_distance",
                                 "self_attention")
@@ -77,4 +78,5 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     prompts = load_prompt_set(cfg.prompt_set, model)
     per_prompt = reductions.reduce_patterns(model, prompts, REDUCTIONS,
                                             max_batch_tokens=cfg.max_batch_tokens)
-    return Result(summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed), per_prompt)
+    table = summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed)
+    return Result(with_layer_types(table, model.info.layer_types), per_prompt)

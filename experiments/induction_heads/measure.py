@@ -30,6 +30,7 @@ from workbench.scores.heads import copying_scores, score_heads, summarize_tokens
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.qk_attribution import require_pre_norm
 from workbench.scores.stats import bootstrap_mean_ci
+from workbench.store.schema import with_layer_types
 
 if TYPE_CHECKING:
     from experiments.induction_heads import Config
@@ -113,7 +114,7 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.tensor(random_token_ids(model, cfg.copying_tokens, gen))
-    return pd.concat([
+    return with_layer_types(pd.concat([
         score_heads(model, repeated, metrics.reductions("induction", "induction_pooled"),
                     inputs="repeated random tokens", **common),
         summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
@@ -121,7 +122,7 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
                          seed=cfg.seed),
         score_heads(model, natural, metrics.reductions("previous_token"),
                     inputs="natural text", **common),
-    ], ignore_index=True)
+    ], ignore_index=True), model.info.layer_types)
 
 
 def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:

@@ -50,6 +50,7 @@ from workbench.models.base import Model
 from workbench.recording.record import record
 from workbench.scores import metrics
 from workbench.scores.heads import score_heads
+from workbench.store.schema import with_layer_types
 
 
 @dataclass(frozen=True)
@@ -120,4 +121,4 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     ], ignore_index=True)
     if ctx.workdir is not None:
         record(model, [natural[0], repeated[0]], ctx.workdir / "example", include_resid=False)
-    return Result(table, model.info.causal)
+    return Result(with_layer_types(table, model.info.layer_types), model.info.causal)

@@ -9,8 +9,13 @@ chosen target heads only; everything else in the model still sees them.
 How: at each target layer, the first norm's scale is frozen at its value on the input (the
 linearisation of :mod:`workbench.models.norms`), so a component's part of the
 projection is ``W n(c)``; the hook on ``hook_q`` / ``hook_k`` / ``hook_v`` subtracts it,
-at every position. The sources are read in the same pass, as the (possibly already
-patched) model computes them. With grouped-query attention ``k`` and ``v`` are shared by
+at every position. The norms that sit elsewhere on the path are frozen too: a head's
+output is taken through its block's attention output norm (Gemma's
+``post_attention_layernorm``) at that norm's scale on the input, and a per-head query or
+key norm after ``hook_q`` / ``hook_k`` (Gemma 3, Qwen 3) keeps the scale of the unpatched
+query or key, so what is removed is exactly the linear part the QK attribution reports.
+The sources are read in the same pass, as the (possibly already patched) model computes
+them. With grouped-query attention ``k`` and ``v`` are shared by
 the query heads of a key-value group, so removing a source from a target's key or value
 removes it for the whole group; ``q`` is per head. Patching at layer ``L`` leaves layers
 below it untouched, so a target's own pattern at ``L`` reflects the key path alone.
@@ -33,7 +38,7 @@ from torch import Tensor
 from workbench.core.errors import WorkbenchError
 from workbench.interventions.ablation import Head
 from workbench.models.base import Model
-from workbench.models.norms import EMBED, first_norm, normalise
+from workbench.models.norms import EMBED, attention_out_norm, first_norm, head_norm, normalise
 from workbench.recording import hooks
 
 InputPath = Literal["q", "k", "v"]
@@ -94,45 +99,74 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
     scale, and subtract the sources' projection at the target layer's ``hook_{path}``."""
     bridge, info = model.bridge, model.info
     per_group = info.n_heads // info.n_kv_heads
-    seen: list[tuple[int, Tensor]] = []  # (layer of origin, [batch, pos, d_model])
+    # (layer of origin, [batch, pos, d_model], whether the block's attention output norm,
+    # Gemma's ln1_post, still applies to it)
+    seen: list[tuple[int, Tensor, bool]] = []
     target_layers = sorted({layer for layer, _ in targets})
-    scales, keep_scales = hooks.caching_hooks([hooks.norm_scale(layer) for layer in target_layers])
+    head_layers = sorted({layer for kind, layer, _ in sources if kind == "head"})
+    post_norms = {layer: attention_out_norm(model, layer) for layer in head_layers}
+    scales, keep_scales = hooks.caching_hooks(
+        [hooks.norm_scale(layer) for layer in target_layers]
+        + [hooks.out_norm_scale(layer) for layer, n in post_norms.items() if n is not None])
     w_o = bridge.W_O.detach()
     weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
+    # a per-head q/k norm after hook_q/hook_k: its scale is frozen at the unpatched value
+    head_norms = {layer: head_norm(model, layer, path) if path != "v" else None
+                  for layer in target_layers}
+    frozen: dict[int, Tensor] = {}
 
     def embed(x: Tensor, hook: Any) -> None:
         seen.clear()  # a new forward pass starts here
         if any(kind == "embed" for kind, _, _ in sources):
-            seen.append((-1, x.detach()))
+            seen.append((-1, x.detach(), False))
 
     def head_out(layer: int, heads: list[int]):
         def hook(z: Tensor, hook: Any) -> None:
-            seen.extend((layer, torch.einsum("btd,dm->btm", z[:, :, h], w_o[layer, h]))
-                        for h in heads)
+            seen.extend((layer, torch.einsum("btd,dm->btm", z[:, :, h], w_o[layer, h]),
+                         post_norms[layer] is not None) for h in heads)
         return hook
 
     def mlp_out(layer: int):
-        def hook(x: Tensor, hook: Any) -> None:
-            seen.append((layer, x.detach()))
+        def hook(x: Tensor, hook: Any) -> None:  # already after the block's own output norm
+            seen.append((layer, x.detach(), False))
         return hook
+
+    def part(origin: int, t: Tensor, normed: bool) -> Tensor:
+        if not normed:
+            return t.double()
+        post = post_norms[origin]
+        assert post is not None
+        return normalise(t.double(), scales[hooks.out_norm_scale(origin)][..., 0].double(), post)
 
     def patch(layer: int, indices: list[int]):
         norm = first_norm(model, layer)
 
         def hook(x: Tensor, hook: Any) -> Tensor:
-            feeding = [t for origin, t in seen if origin < layer]
+            feeding = [part(origin, t, normed) for origin, t, normed in seen if origin < layer]
             if not feeding:
                 return x
+            if head_norms[layer] is not None:
+                frozen[layer] = torch.stack([head_norms[layer].scale(x[:, :, i])
+                                             for i in indices], 1)  # [batch, index, pos]
             scale = scales[hooks.norm_scale(layer)][..., 0].double()
-            removed = normalise(torch.stack(feeding).sum(0).double(), scale, norm).to(x.dtype)
+            removed = normalise(torch.stack(feeding).sum(0), scale, norm).to(x.dtype)
             x = x.clone()
             for i in indices:
                 x[:, :, i] -= removed @ weights[layer, i]
             return x
         return hook
 
+    def freeze(layer: int, indices: list[int]):
+        def hook(scale: Tensor, hook: Any) -> Tensor:  # [batch, head, pos, 1]
+            if layer not in frozen:
+                return scale
+            scale = scale.clone()
+            scale[:, indices, :, 0] = frozen.pop(layer).to(scale.dtype)
+            return scale
+        return hook
+
     fwd: list[tuple[str, Any]] = [*keep_scales, (hooks.resid(0, info.n_layers), embed)]
-    for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
+    for layer in head_layers:
         heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
         fwd.append((hooks.z(layer), head_out(layer, heads)))
     for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
@@ -141,4 +175,6 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
         heads = [h for target_layer, h in targets if target_layer == layer]
         indices = sorted(set(heads if path == "q" else [h // per_group for h in heads]))
         fwd.append((hooks.qkv(layer, path), patch(layer, indices)))
+        if head_norms[layer] is not None:
+            fwd.append((hooks.qk_norm_scale(layer, path), freeze(layer, indices)))
     return fwd

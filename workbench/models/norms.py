@@ -8,6 +8,13 @@ pass (``ln1.hook_scale`` on the real input) and held fixed, which leaves the lin
     RMSNorm:    n(x_t) = x_t / s_t * w
     LayerNorm:  n(x_t) = (x_t - mean(x_t)) / s_t * w   (+ b, a part of its own)
 
+A norm on the attention's output before the residual add (Gemma 2 and 3's
+``post_attention_layernorm``) is frozen the same way (:func:`attention_out_norm`), so each
+head's part of the stream stays its own; and so is a per-head query or key norm (Gemma 3,
+Qwen 3; :class:`HeadNorm`: ``q / s * w``, with ``s`` the norm's scale of the real ``q`` at
+each position and head, ``attn.q_norm.hook_scale``), which then passes every component's
+part through linearly.
+
 Split into components (:data:`EMBED`, each head's output, each MLP's), the stream then
 passes through the norm exactly, and on the reference input the parts sum to the live
 norm's output (TransformerLens' ``apply_ln_to_stack`` divides by the cached scale too).
@@ -62,10 +69,76 @@ def first_norm(model: Model, layer: int) -> FirstNorm:
         raise ModelCapabilityError(f"layer {layer}'s first norm has no weight to linearise")
     center = isinstance(module, torch.nn.LayerNorm)
     bias = getattr(module, "bias", None) if center else None
+    return FirstNorm(_weight(module, weight), None if bias is None else bias.detach().double(),
+                     center)
+
+
+def attention_out_norm(model: Model, layer: int) -> FirstNorm | None:
+    """The norm a block applies to its attention's output before the residual add (Gemma
+    2 and 3's ``post_attention_layernorm``, the bridge's ``ln1_post``), or ``None``.
+
+    With its scale frozen (``ln1_post.hook_scale`` on the input) it is linear, so each
+    head's part of the residual stream is ``n(z_h W_O^h)``: what the block adds, split by
+    head (the MLP's output hook already follows its own such norm).
+    """
+    block = model.bridge.blocks[layer]
+    if "ln1_post" not in getattr(block, "submodules", {}):
+        return None
+    module = getattr(block.ln1_post, "_original_component", block.ln1_post)
+    weight = getattr(module, "weight", None)
+    if weight is None:
+        raise ModelCapabilityError(f"layer {layer}'s attention output norm has no weight to "
+                                   "linearise")
+    center = isinstance(module, torch.nn.LayerNorm)
+    bias = getattr(module, "bias", None) if center else None
+    return FirstNorm(_weight(module, weight), None if bias is None else bias.detach().double(),
+                     center)
+
+
+@dataclass(frozen=True)
+class HeadNorm:
+    """A per-head query or key norm (Gemma 3, Qwen 3: RMSNorm over each head's ``d_head``,
+    after the projection and before rotary), as the linear map it is once its scale is
+    frozen: ``n(q) = q / s * w``, with ``s = sqrt(mean q^2 + eps)`` of the whole ``q``."""
+
+    weight: Tensor
+    eps: float
+
+    def scale(self, x: Float[Tensor, "*batch d_head"]) -> Float[Tensor, "*batch"]:
+        """``s`` of ``x``, as the norm computes it."""
+        return (x.double().pow(2).mean(-1) + self.eps).sqrt()
+
+
+def _weight(module: torch.nn.Module, weight: Tensor) -> Tensor:
     # Gemma-style RMSNorm multiplies by (1 + w); its class says so
     offset = 1.0 if "Gemma" in type(module).__name__ else 0.0
-    return FirstNorm(weight.detach().double() + offset,
-                     None if bias is None else bias.detach().double(), center)
+    return weight.detach().double() + offset
+
+
+def head_norm(model: Model, layer: int, which: str) -> HeadNorm | None:
+    """The attention's per-head ``q_norm`` or ``k_norm`` of ``layer``, or ``None`` when it
+    has none.
+
+    Raises:
+        ModelCapabilityError: a norm over every head together (OLMo 2's full-width
+            q/k norm: one scale mixes the heads), or one without a weight or epsilon.
+    """
+    attn = model.bridge.blocks[layer].attn
+    norm = getattr(attn, f"{which}_norm", None) if f"{which}_norm" in getattr(
+        attn, "submodules", {}) else None
+    if norm is None:
+        return None
+    if getattr(attn, "_qk_norm_phase", "post_reshape") != "post_reshape":
+        raise ModelCapabilityError(f"layer {layer}'s {which}_norm normalizes every head "
+                                   "together, so one head's scores are not linear in its own "
+                                   "projection")
+    module = getattr(norm, "_original_component", norm)
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    if weight is None or eps is None:
+        raise ModelCapabilityError(f"layer {layer}'s {which}_norm has no weight or epsilon "
+                                   "to linearise")
+    return HeadNorm(_weight(module, weight), float(eps))
 
 
 def normalise(stack: Float[Tensor, "*component pos d_model"], scale: Float[Tensor, " pos"],

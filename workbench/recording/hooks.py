@@ -63,6 +63,19 @@ def norm_scale(layer: int) -> str:
     return f"blocks.{layer}.ln1.hook_scale"
 
 
+def out_norm_scale(layer: int) -> str:
+    """The per-position scale of the norm on the attention's output before the residual add
+    (Gemma 2 and 3: ``ln1_post``): ``[batch, pos, 1]``."""
+    return f"blocks.{layer}.ln1_post.hook_scale"
+
+
+def qk_norm_scale(layer: int, which: Literal["q", "k"]) -> str:
+    """The per-head, per-position scale of the attention's query or key norm (Gemma 3,
+    Qwen 3: ``q_norm``/``k_norm`` over each head's ``d_head``), ``sqrt(mean x^2 + eps)`` of
+    ``hook_q``/``hook_k``: ``[batch, head_index, pos, 1]`` (key-value heads for ``k``)."""
+    return f"blocks.{layer}.attn.{which}_norm.hook_scale"
+
+
 def attn_o_out(layer: int) -> str:
     """The output projection's result, the sublayer's output before the residual add."""
     return f"blocks.{layer}.attn.o.hook_out"
