@@ -40,6 +40,7 @@ from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.scores import classes, metrics
 from workbench.scores.heads import score_and_classify
+from workbench.store.schema import with_layer_types
 
 REDUCTIONS = metrics.reductions("entropy", "normalized_entropy", "mean_distance",
                                 "self_attention")
@@ -100,5 +101,6 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                 max_batch_tokens=cfg.max_batch_tokens)
     per_prompt = scored.per_prompt[scored.per_prompt.metric.isin(list(REDUCTIONS))]
     head_scores = scored.head_scores[scored.head_scores.metric.isin(list(REDUCTIONS))]
-    return Result(head_scores.drop(columns=["null", "inputs"]).reset_index(drop=True),
+    return Result(with_layer_types(head_scores.drop(columns=["null", "inputs"])
+                                   .reset_index(drop=True), model.info.layer_types),
                   per_prompt.reset_index(drop=True), scored.head_classes)

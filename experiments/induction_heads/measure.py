@@ -30,6 +30,7 @@ from workbench.scores.heads import copying_scores, score_and_classify, summarize
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.qk_attribution import require_pre_norm
 from workbench.scores.stats import bootstrap_mean_ci
+from workbench.store.schema import with_layer_types
 
 if TYPE_CHECKING:
     from experiments.induction_heads import Config
@@ -128,13 +129,13 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
                                    repeats=(cfg.seq_len, cfg.repeats), **common)
     previous = score_and_classify(model, natural, metrics.reductions("previous_token"),
                                   inputs="natural text", **common)
-    scores = pd.concat([
+    scores = with_layer_types(pd.concat([
         induction.head_scores,
         summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
                          inputs="random tokens (direct path)", n_boot=cfg.n_boot,
                          seed=cfg.seed),
         previous.head_scores,
-    ], ignore_index=True)
+    ], ignore_index=True), model.info.layer_types)
     return scores, pd.concat([induction.head_classes, previous.head_classes],
                              ignore_index=True)
 

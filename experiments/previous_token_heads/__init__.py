@@ -58,6 +58,7 @@ from workbench.models.base import Model
 from workbench.recording.record import record
 from workbench.scores import classes, metrics
 from workbench.scores.heads import score_and_classify
+from workbench.store.schema import with_layer_types
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                              **common)
     if ctx.workdir is not None:
         record(model, [natural[0], repeated[0]], ctx.workdir / "example", include_resid=False)
-    return Result(pd.concat([text.head_scores, dup.head_scores], ignore_index=True),
+    return Result(with_layer_types(pd.concat([text.head_scores, dup.head_scores],
+                                             ignore_index=True), model.info.layer_types),
                   model.info.causal,
                   pd.concat([text.head_classes, dup.head_classes], ignore_index=True))

@@ -104,3 +104,20 @@ def test_inconsistent_layer_types_are_refused(changes, fragment):
     data = {**tiny.fake_info().to_data(), **changes}
     with pytest.raises(RecordError, match=fragment):
         ModelInfo.from_json(json.dumps(data), what="run.json")
+
+
+def test_a_table_gets_its_layer_types_and_an_old_one_reads_them_from_its_model():
+    import pandas as pd
+
+    from workbench.store.schema import LAYER_TYPE, head_scores, with_layer_types
+
+    assert LAYER_TYPE.name in head_scores("x").names  # every head_scores table has it
+    old = pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 1], "metric": ["a"] * 3,
+                        "score": [0.1, 0.2, 0.3]})  # as written before the column
+    got = with_layer_types(old, ("sliding", "global"))
+    assert list(got.columns) == ["layer", "head", "layer_type", "metric", "score"]
+    assert list(got.layer_type) == ["sliding", "global", "global"]
+    assert with_layer_types(got, ("global", "global")) is got  # a column present is kept
+    assert "layer_type" not in old.columns  # the frame read is not changed
+    info = tiny.fake_info(n_layers=2)  # a run.json of before: every layer global
+    assert set(with_layer_types(old, info.layer_types).layer_type) == {"global"}

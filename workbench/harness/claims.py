@@ -453,6 +453,23 @@ def max_score_at_least(run: Run, *, metric: HeadMetric, threshold: float) -> Mea
                                f"(threshold {threshold})", score, low, high, threshold, "above")
 
 
+@claim_check("max_score_above_null")
+def max_score_above_null(run: Run, *, metric: HeadMetric, margin: float) -> Measurement:
+    """The best head's ``metric`` exceeds the score of uniform attention on the same
+    prompts (the table's ``null``) by at least ``margin``. The null is exact (no sampling),
+    so the interval judged is the head's bootstrap interval over prompts less the null."""
+    top = _head_scores(run, metric).iloc[0]
+    if "null" not in top or not math.isfinite(top.null):
+        raise WorkbenchError(f"run {run.id}'s '{metric}' head scores have no null")
+    score, null = float(top.score), float(top.null)
+    low, high = float(top.ci_low) - null, float(top.ci_high) - null
+    return Measurement.compare(
+        f"max {metric} = {score:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}] at "
+        f"L{top.layer}H{top['head']}, uniform attention {null:.3f}: {score - null:.3f} "
+        f"[{low:.3f}, {high:.3f}] above it (at least {margin} needed)", score - null, low,
+        high, margin, "above")
+
+
 @claim_check("heads_in_top_k")
 def heads_in_top_k(run: Run, *, metric: HeadMetric, heads: list[str], k: int) -> Measurement:
     """Every published head ``"layer.head"`` ranks within the top ``k`` by ``metric``."""

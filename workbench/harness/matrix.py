@@ -46,6 +46,9 @@ def _sinks_steps(adapter: Adapter) -> str | None:
         return "no BOS or streaming parts: an encoder"
     if adapter.positions == "alibi":
         return "no streaming part: ALiBi is built from a 2-D padding mask"
+    if adapter.local_attention:
+        return ("no streaming part: one 4-D mask would replace the sliding layers' own "
+                "windows; window-edge part instead")
     return None
 
 
@@ -60,8 +63,9 @@ def _linear_scores(adapter: Adapter) -> str | None:
         return f"needs a pre-norm block; {adapter.family} normalizes after its sublayers"
     if adapter.positions in ("alibi", "relative"):
         return f"{adapter.positions} position biases are added to the scores"
-    if adapter.qk_norm != "none":
-        return "queries and keys are normalized, so the scores are not linear in them"
+    if adapter.qk_norm == "full_width":
+        return ("queries and keys are normalized over every head together, so one head's "
+                "scores are not linear in its own projection")
     if adapter.softcap:
         return "the scores are soft-capped (tanh), so not linear"
     return adapter.score_hooks

@@ -10,8 +10,13 @@ chosen target heads only; everything else in the model still sees them.
 How: at each target layer, the first norm's scale is frozen at its value on the input (the
 linearisation of :mod:`workbench.models.norms`), so a component's part of the
 projection is ``W n(c)``; the hook on ``hook_q`` / ``hook_k`` / ``hook_v`` subtracts it,
-at every position. The sources are read in the same pass, as the (possibly already
-patched) model computes them. With grouped-query attention ``k`` and ``v`` are shared by
+at every position. The norms that sit elsewhere on the path are frozen too: a head's
+output is taken through its block's attention output norm (Gemma's
+``post_attention_layernorm``) at that norm's scale on the input, and a per-head query or
+key norm after ``hook_q`` / ``hook_k`` (Gemma 3, Qwen 3) keeps the scale of the unpatched
+query or key, so what is removed is exactly the linear part the QK attribution reports.
+The sources are read in the same pass, as the (possibly already patched) model computes
+them. With grouped-query attention ``k`` and ``v`` are shared by
 the query heads of a key-value group, so removing a source from a target's key or value
 removes it for the whole group; ``q`` is per head. Patching at layer ``L`` leaves layers
 below it untouched, so a target's own pattern at ``L`` reflects the key path alone.
@@ -48,7 +53,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.interventions.ablation import Head
 from workbench.models.base import Model
-from workbench.models.norms import EMBED, first_norm, normalise, output_norm
+from workbench.models.norms import EMBED, first_norm, head_norm, normalise, output_norm
 from workbench.recording import hooks
 
 InputPath = Literal["q", "k", "v"]
@@ -170,6 +175,11 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
     w_o = bridge.W_O.detach()
     weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
     named = {parse_source(name, model): name for name in (other or {})}
+    head_layers = sorted({layer for kind, layer, _ in sources if kind == "head"})
+    # a per-head q/k norm after hook_q/hook_k: its scale is frozen at the unpatched value
+    head_norms = {layer: head_norm(model, layer, path) if path != "v" else None
+                  for layer in target_layers}
+    frozen: dict[int, Tensor] = {}
 
     def change(source: tuple[str, int, int | None], own: Tensor) -> Tensor:
         return (0 if other is None else other[named[source]]) - own
@@ -205,6 +215,9 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
             feeding = [part(origin, kind, t) for origin, kind, t in seen if origin < layer]
             if not feeding:
                 return x
+            if head_norms[layer] is not None:
+                frozen[layer] = torch.stack([head_norms[layer].scale(x[:, :, i])
+                                             for i in indices], 1)  # [batch, index, pos]
             scale = scales[hooks.norm_scale(layer)][..., 0].double()
             added = normalise(torch.stack(feeding).sum(0), scale, norm).to(x.dtype)
             x = x.clone()
@@ -213,8 +226,17 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
             return x
         return hook
 
+    def freeze(layer: int, indices: list[int]):
+        def hook(scale: Tensor, hook: Any) -> Tensor:  # [batch, head, pos, 1]
+            if layer not in frozen:
+                return scale
+            scale = scale.clone()
+            scale[:, indices, :, 0] = frozen.pop(layer).to(scale.dtype)
+            return scale
+        return hook
+
     fwd: list[tuple[str, Any]] = [*keep_scales, (hooks.resid(0, info.n_layers), embed)]
-    for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
+    for layer in head_layers:
         heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
         fwd.append((hooks.z(layer), head_out(layer, heads)))
     for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
@@ -223,4 +245,6 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
         heads = [h for target_layer, h in targets if target_layer == layer]
         indices = sorted(set(heads if path == "q" else [h // per_group for h in heads]))
         fwd.append((hooks.qkv(layer, path), patch(layer, indices)))
+        if head_norms[layer] is not None:
+            fwd.append((hooks.qk_norm_scale(layer, path), freeze(layer, indices)))
     return fwd

@@ -19,6 +19,13 @@ uses it for the logit lens and direct logit attribution; a norm on the attention
 (:func:`output_norm`) lets heads' outputs be parts of the stream
 (:mod:`workbench.scores.components`).
 
+A norm on the attention's output before the residual add (Gemma 2 and 3's
+``post_attention_layernorm``) is frozen the same way (:func:`output_norm`), so each
+head's part of the stream stays its own; and so is a per-head query or key norm (Gemma 3,
+Qwen 3; :class:`HeadNorm`: ``q / s * w``, with ``s`` the norm's scale of the real ``q`` at
+each position and head, ``attn.q_norm.hook_scale``), which then passes every component's
+part through linearly.
+
 Examples:
     >>> parts = normalise(stack, scale, first_norm(model, layer))  # doctest: +SKIP
 """
@@ -98,10 +105,54 @@ def _linear(ln: object, what: str) -> LinearNorm:
         raise ModelCapabilityError(f"{what} has no weight to linearise")
     center = isinstance(module, torch.nn.LayerNorm)
     bias = getattr(module, "bias", None) if center else None
+    return LinearNorm(_weight(module, weight), None if bias is None else bias.detach().double(),
+                      center)
+
+
+def _weight(module: torch.nn.Module, weight: Tensor) -> Tensor:
     # Gemma-style RMSNorm multiplies by (1 + w); its class says so
     offset = 1.0 if "Gemma" in type(module).__name__ else 0.0
-    return LinearNorm(weight.detach().double() + offset,
-                      None if bias is None else bias.detach().double(), center)
+    return weight.detach().double() + offset
+
+
+@dataclass(frozen=True)
+class HeadNorm:
+    """A per-head query or key norm (Gemma 3, Qwen 3: RMSNorm over each head's ``d_head``,
+    after the projection and before rotary), as the linear map it is once its scale is
+    frozen: ``n(q) = q / s * w``, with ``s = sqrt(mean q^2 + eps)`` of the whole ``q``."""
+
+    weight: Tensor
+    eps: float
+
+    def scale(self, x: Float[Tensor, "*batch d_head"]) -> Float[Tensor, "*batch"]:
+        """``s`` of ``x``, as the norm computes it."""
+        return (x.double().pow(2).mean(-1) + self.eps).sqrt()
+
+
+def head_norm(model: Model, layer: int, which: str) -> HeadNorm | None:
+    """The attention's per-head ``q_norm`` or ``k_norm`` of ``layer``, or ``None`` when it
+    has none.
+
+    Raises:
+        ModelCapabilityError: a norm over every head together (OLMo 2's full-width
+            q/k norm: one scale mixes the heads), or one without a weight or epsilon.
+    """
+    attn = model.bridge.blocks[layer].attn
+    norm = getattr(attn, f"{which}_norm", None) if f"{which}_norm" in getattr(
+        attn, "submodules", {}) else None
+    if norm is None:
+        return None
+    if getattr(attn, "_qk_norm_phase", "post_reshape") != "post_reshape":
+        raise ModelCapabilityError(f"layer {layer}'s {which}_norm normalizes every head "
+                                   "together, so one head's scores are not linear in its own "
+                                   "projection")
+    module = getattr(norm, "_original_component", norm)
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    if weight is None or eps is None:
+        raise ModelCapabilityError(f"layer {layer}'s {which}_norm has no weight or epsilon "
+                                   "to linearise")
+    return HeadNorm(_weight(module, weight), float(eps))
 
 
 def normalise(stack: Float[Tensor, "*component pos d_model"], scale: Float[Tensor, " pos"],

@@ -75,6 +75,13 @@ FINAL_OUT = "ln_final.hook_out"
 """The final norm's output, the unembedding's input: ``[batch, pos, d_model]``."""
 
 
+def qk_norm_scale(layer: int, which: Literal["q", "k"]) -> str:
+    """The per-head, per-position scale of the attention's query or key norm (Gemma 3,
+    Qwen 3: ``q_norm``/``k_norm`` over each head's ``d_head``), ``sqrt(mean x^2 + eps)`` of
+    ``hook_q``/``hook_k``: ``[batch, head_index, pos, 1]`` (key-value heads for ``k``)."""
+    return f"blocks.{layer}.attn.{which}_norm.hook_scale"
+
+
 def attn_o_out(layer: int) -> str:
     """The output projection's result, the sublayer's output before the residual add."""
     return f"blocks.{layer}.attn.o.hook_out"
