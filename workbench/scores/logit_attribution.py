@@ -338,10 +338,13 @@ def require_direct(model: Model) -> None:
             "scale), so a logit difference is not the sum of the parts' direct effects")
     ids = torch.tensor([[info.bos_token_id or 0, *((7 + 11 * i) % info.d_vocab
                                                    for i in range(5))]])
-    batch = Batch(ids, torch.ones_like(ids), None, [ids.shape[1]], [0])
-    contrast = Contrast(torch.tensor([1 % info.d_vocab]), torch.tensor([2 % info.d_vocab]))
+    batch = Batch.of(ids)
     try:
         with torch.no_grad():
+            # the model's most and least likely next tokens: a difference far from 0, so
+            # the relative miss measures the split, not a cancellation
+            logits = model.logits(ids)[0, -1]
+            contrast = Contrast(logits.argmax()[None], logits.argmin()[None])
             effects = direct_effects(model, batch, contrast, torch.tensor([-1]))
     except (WorkbenchError, AttributeError, KeyError, IndexError, RuntimeError, TypeError,
             ValueError) as exc:
