@@ -13,6 +13,7 @@ Usage:
     python benchmarks/defaults.py --config demo            # the demo configs
     python benchmarks/defaults.py --only attention-sinks --set stream_tokens=1024
     python benchmarks/defaults.py --all-models --json      # on each of its demo models
+    python benchmarks/defaults.py --smoke MODEL_FOLDER     # the tests' tiny run
 """
 
 from __future__ import annotations
@@ -117,7 +118,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop an experiment after this many seconds")
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument("--smoke", metavar="MODEL", help="head-overview's demo config on "
+                        "MODEL (a local folder), in this process: the benchmark still runs")
     args = parser.parse_args()
+    if args.smoke:
+        print(json.dumps(run_one("head-overview", args.smoke, "demo", ["n_boot=10"])))
+        return
     if args.one:
         print(json.dumps(run_one(args.one, args.model, args.config, args.set)))
         return

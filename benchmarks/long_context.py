@@ -1,13 +1,23 @@
-"""Long contexts: recording 8,192 tokens of smollm2 in bounded memory and disk, and viewing it.
+"""Long contexts: recording and scoring at a model's full context in bounded memory, and viewing it.
 
 Each measurement runs in its own subprocess, so that its peak RSS is its own:
 
 - ``long``: record one 8,192-token prompt (smollm2's context; consecutive prose of the
   Python documentation, :func:`workbench.inputs.corpus.python_docs`, no repetition) with
-  ``topk`` patterns: peak RSS (target under 6 GiB), bytes on disk (target under 300 MB:
-  patterns; the residual stream is recorded too and counted apart), tokens/s.
+  ``topk`` patterns: peak RSS (target under 2 GiB), bytes on disk (patterns; the residual
+  stream is recorded too and counted apart), tokens/s (target 2x the 44 tokens/s of the
+  eager pattern).
 - ``reduce8k``: pattern reductions (first-token and previous-token scores of every head)
   on the same 8,192 tokens: time and peak RSS.
+- ``long32k``: the same at 32,768 tokens on a model with that context (``--model32k``;
+  default a tiny random Gemma 3 with Gemma 3's context, window and layer pattern, built
+  from ``tests/architectures/families.py``): record with topk, then attention-sinks and
+  previous-token scores of every head on the document: peak RSS (target under 6 GiB) and
+  wall time of each.
+- ``scaling``: peak RSS of a topk recording against the prompt's length T (smollm2 at 1k,
+  2k, 4k, 8k; the 32k model at 4k .. 32k), each T in its own process, and the exponent of
+  the peak above the loaded model (``peak - rss after loading``) fitted against T on a
+  log-log scale: 1 is linear, 2 quadratic.
 - ``dense2k`` / ``topk2k``: one 2,048-token prompt recorded dense and as topk: bytes, time.
 - ``many100`` / ``many1000``: 100 and 1,000 prompts of 128 tokens (the corpus repeated
   when it runs out): peak RSS, which should be flat in the number of prompts.
@@ -16,10 +26,15 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   a change of pooling on the open page to the redrawn overview, and from a box drawn on
   the overview to the rendered 256-token window.
 
+``--smoke`` runs every part but ``view`` (which needs Chromium) at a tiny size on
+``--model`` (a local folder), in one process, so that a benchmark that no longer runs fails
+the tests (``tests/unit/test_benchmarks.py``).
+
 Usage:
     python benchmarks/long_context.py [--parts long,dense2k,...] [--json]
     python benchmarks/long_context.py --parts long --keep /tmp/wb-8k   # keep the 8k recording
     python benchmarks/long_context.py --parts view --keep /tmp/wb-8k   # then view it again
+    python benchmarks/long_context.py --parts long32k,scaling
 """
 
 from __future__ import annotations
@@ -54,12 +69,12 @@ def _prompts(model, n_prompts: int, n_tokens: int):
     return token_chunks(model, docs * repeats, n_chunks=n_prompts, n_tokens=n_tokens), repeats
 
 
-def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str) -> dict:
+def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name: str) -> dict:
     from workbench.models.load import load_model
     from workbench.recording.record import record
     from workbench.store.runs import RunStore
 
-    model = load_model("smollm2")
+    model = load_model(model_name)
     prompts, repeats = _prompts(model, n_prompts, n_tokens)
     store = RunStore(out)
     rss_before = peak_rss_mib()
@@ -70,8 +85,8 @@ def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str) -> dict:
     seconds = time.perf_counter() - t0
     folder = store.get(run.final).path / "recording" / "recording.zarr"
     resid = sum(_bytes(p) for p in folder.glob("resid"))
-    return {"prompts": n_prompts, "tokens": n_tokens, "patterns": rec.patterns,
-            "corpus_repeats": repeats, "seconds": seconds,
+    return {"model": model.info.name, "prompts": n_prompts, "tokens": n_tokens,
+            "patterns": rec.patterns, "corpus_repeats": repeats, "seconds": seconds,
             "tok_s": n_prompts * n_tokens / seconds,
             "pattern_mb": (_bytes(folder) - resid) / MB, "resid_mb": resid / MB,
             "peak_rss_before_gib": rss_before / 1024, "peak_rss_gib": peak_rss_mib() / 1024,
@@ -79,33 +94,124 @@ def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str) -> dict:
 
 
 def part_long(args: argparse.Namespace) -> dict:
-    return _record(Path(args.store), 1, 8192, "topk")
+    return _record(Path(args.store), 1, args.tokens or 8192, "topk", args.model)
+
+
+def _scores(model_name: str, n_tokens: int) -> dict:
+    """Attention-sinks (first-token, BOS share) and previous-token scores of every head on
+    one ``n_tokens`` prompt, with their intervals and nulls (``score_heads``)."""
+    from workbench.models.load import load_model
+    from workbench.scores import metrics
+    from workbench.scores.heads import score_heads
+
+    model = load_model(model_name)
+    prompts, _ = _prompts(model, 1, n_tokens)
+    t0 = time.perf_counter()
+    table = score_heads(model, prompts, metrics.reductions("first_token", "previous_token"),
+                        inputs="long document", n_boot=10, max_batch_tokens=n_tokens)
+    first = table[table.metric == "first_token"].nlargest(1, "score").iloc[0]
+    prev = table[table.metric == "previous_token"].nlargest(1, "score").iloc[0]
+    return {"seconds": time.perf_counter() - t0, "rows": len(table),
+            "top_sink_head": f"L{first['layer']}H{first['head']} {first['score']:.3f}",
+            "top_previous_token_head": f"L{prev['layer']}H{prev['head']} {prev['score']:.3f}",
+            "peak_rss_gib": peak_rss_mib() / 1024}
 
 
 def part_reduce8k(args: argparse.Namespace) -> dict:
     """First-token and previous-token scores of every head on the same 8,192 tokens."""
-    from workbench.models.load import load_model
-    from workbench.recording.reductions import reduce_patterns
-    from workbench.scores import patterns
+    return _scores(args.model, args.tokens or 8192)
 
-    model = load_model("smollm2")
-    prompts, _ = _prompts(model, 1, 8192)
-    t0 = time.perf_counter()
-    scores = reduce_patterns(model, prompts, {"first_token": patterns.first_token,
-                                              "previous_token": patterns.previous_token},
-                             max_batch_tokens=8192)
-    return {"seconds": time.perf_counter() - t0, "rows": len(scores),
-            "peak_rss_gib": peak_rss_mib() / 1024}
+
+def long_model(folder: Path, smoke: bool) -> str:
+    """A tiny random Gemma 3 with a 32,768-token context, saved in ``folder`` (once): Gemma
+    3's sliding window of 512 and its 5 local : 1 global layers (6 layers); the tiny
+    family's 4 query heads over 1 key-value head, q/k norms, d_model 32."""
+    from tests import tiny
+    from tests.architectures.families import gemma3_config, instantiate
+
+    if not (folder / "config.json").is_file():
+        tokenizer = tiny.tiny_tokenizer(folder / "tokenizer")
+        layers = 2 if smoke else 6
+        cfg = gemma3_config(len(tokenizer), sliding_window=16 if smoke else 512,
+                            num_hidden_layers=layers,
+                            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"])
+        tiny.save_folder(instantiate("Gemma3ForCausalLM", cfg), tokenizer, folder)
+    return str(folder)
+
+
+def part_long32k(args: argparse.Namespace) -> dict:
+    """Record 32,768 tokens with topk on the 32k model, then score every head on them; the
+    two steps each in their own process (their own peak RSS)."""
+    tokens = args.tokens or 32768
+    model = args.model32k or long_model(Path(args.store) / "gemma3-32k", args.smoke)
+    recorded = _child("record_one", args, model=model, tokens=tokens)
+    scored = _child("score_one", args, model=model, tokens=tokens)
+    return {"model": model, "tokens": tokens, "record_s": recorded["seconds"],
+            "record_peak_rss_gib": recorded["peak_rss_gib"],
+            "record_rss_after_load_gib": recorded["peak_rss_before_gib"],
+            "pattern_mb": recorded["pattern_mb"], "score_s": scored["seconds"],
+            "score_peak_rss_gib": scored["peak_rss_gib"],
+            "top_sink_head": scored["top_sink_head"],
+            "top_previous_token_head": scored["top_previous_token_head"]}
+
+
+def part_record_one(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(dir=args.store) as tmp:
+        return _record(Path(tmp), 1, args.tokens, "topk", args.model)
+
+
+def part_score_one(args: argparse.Namespace) -> dict:
+    return _scores(args.model, args.tokens)
+
+
+SCALING = {"smollm2": (1024, 2048, 4096, 8192), "32k": (4096, 8192, 16384, 32768)}
+SMOKE_SCALING = (64, 128, 256)
+
+
+def part_scaling(args: argparse.Namespace) -> dict:
+    """Peak RSS of a topk recording against T, each T in its own process; the exponent of
+    the peak above the loaded model, fitted against T (log-log least squares)."""
+    import numpy as np
+
+    models = {"smollm2": args.model,
+              "32k": args.model32k or long_model(Path(args.store) / "gemma3-32k", args.smoke)}
+    out = {}
+    for label, model in models.items():
+        lengths = SMOKE_SCALING if args.smoke else SCALING[label]
+        runs = [_child("record_one", args, model=model, tokens=t) for t in lengths]
+        above = [max(1e-3, r["peak_rss_gib"] - r["peak_rss_before_gib"]) for r in runs]
+        slope = float(np.polyfit(np.log(lengths), np.log(above), 1)[0])
+        out[label] = {"tokens": list(lengths), "peak_rss_gib": [r["peak_rss_gib"] for r in runs],
+                      "above_loaded_gib": above, "seconds": [r["seconds"] for r in runs],
+                      "fitted_exponent": slope}
+    return out
+
+
+def _child(part: str, args: argparse.Namespace, *, model: str, tokens: int) -> dict:
+    """Run one part in a fresh process (its own peak RSS) on ``model`` at ``tokens`` (in
+    this process with ``--smoke``)."""
+    if args.smoke:
+        return CHILDREN[part](argparse.Namespace(**{**vars(args), "model": model,
+                                                     "tokens": tokens}))
+    cmd = [sys.executable, __file__, "--part", part, "--store", args.store, "--model", model,
+           "--tokens", str(tokens)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{part} at {tokens} tokens failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 RECORDINGS = {"dense2k": (1, 2048, "dense"), "topk2k": (1, 2048, "topk"),
               "many100": (100, 128, "auto"), "many1000": (1000, 128, "auto")}
 """Recording parts: ``(prompts, tokens per prompt, pattern storage)``, each in a fresh store."""
+SMOKE_RECORDINGS = {"dense2k": (1, 64, "dense"), "topk2k": (1, 64, "topk"),
+                    "many100": (4, 16, "auto"), "many1000": (8, 16, "auto")}
 
 
 def part_recording(args: argparse.Namespace) -> dict:
+    sizes = (SMOKE_RECORDINGS if args.smoke else RECORDINGS)[args.part]
     with tempfile.TemporaryDirectory(dir=args.store) as tmp:
-        return _record(Path(tmp), *RECORDINGS[args.part])
+        return _record(Path(tmp), *sizes, args.model)
 
 
 def part_view(args: argparse.Namespace) -> dict:
@@ -168,46 +274,66 @@ def _wait_up(url: str) -> None:
     raise RuntimeError(f"the dashboard did not start at {url}")
 
 
-PARTS = {"long": part_long, "reduce8k": part_reduce8k, **dict.fromkeys(RECORDINGS, part_recording),
+PARTS = {"long": part_long, "reduce8k": part_reduce8k, "long32k": part_long32k,
+         "scaling": part_scaling, **dict.fromkeys(RECORDINGS, part_recording),
          "view": part_view}
+CHILDREN = {"record_one": part_record_one, "score_one": part_score_one}
+"""Parts that other parts run in their own processes."""
+SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256}
+
+
+def _run(part: str, args: argparse.Namespace, store: str) -> dict:
+    """One part in its own process (in this one with ``--smoke``: its sizes are tiny)."""
+    if args.smoke:
+        tokens = SMOKE_TOKENS.get(part)
+        return PARTS[part](argparse.Namespace(**{**vars(args), "part": part, "store": store,
+                                                 "tokens": tokens}))
+    cmd = [sys.executable, __file__, "--part", part, "--store", store, "--model", args.model,
+           *(["--model32k", args.model32k] if args.model32k else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--part", choices=[*PARTS, *CHILDREN], help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="comma-separated parts to run (default all)")
+    parser.add_argument("--model", default="smollm2", help="the model (default smollm2)")
+    parser.add_argument("--model32k", help="the model with a 32,768-token context (default a "
+                                           "tiny random Gemma 3)")
     parser.add_argument("--keep", metavar="DIR", help="run in this store and keep it (so "
                         "`--parts view --keep DIR` views the 8k recording `long` left there)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every part but view at a tiny size on --model (a local folder)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     if args.part:
-        print(json.dumps(PARTS[args.part](args)))
+        print(json.dumps({**PARTS, **CHILDREN}[args.part](args)))
         return
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
     store = args.keep or tempfile.mkdtemp(prefix="wb-long-")
-    results = {}
+    parts = [p for p in args.parts.split(",") if not (args.smoke and p == "view")]
     try:
-        for part in args.parts.split(","):
-            cmd = [sys.executable, __file__, "--part", part, "--store", store]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                results[part] = {"error": proc.stderr.strip().splitlines()[-1:]}
-                continue
-            results[part] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results = {part: _run(part, args, store) for part in parts}
     finally:
         if not args.keep:
             shutil.rmtree(store, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
-        return
-    for part, values in results.items():
-        print(f"[{part}]")
-        for key, value in values.items():
-            shown = f"{value:,.2f}" if isinstance(value, float) else value
-            print(f"  {key:28s} {shown}")
+    else:
+        for part, values in results.items():
+            print(f"[{part}]")
+            for key, value in values.items():
+                shown = f"{value:,.2f}" if isinstance(value, float) else value
+                print(f"  {key:28s} {shown}")
+    if any("error" in values for values in results.values()):
+        sys.exit("some parts failed")
 
 
 if __name__ == "__main__":

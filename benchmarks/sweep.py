@@ -16,6 +16,7 @@ The machine may be shared: say so next to the figures. Run with ``nice``.
 
 Usage:
     nice -n 10 python benchmarks/sweep.py [--cells 8] [--json] [--no-loop]
+    python benchmarks/sweep.py --smoke MODEL_FOLDER   # the tests' tiny run
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ import psutil
 CONFIG = {"n_prompts": 8, "n_repeated": 8, "n_tokens": 128, "n_boot": 200}
 
 
-def spec_text(n_cells: int) -> str:
-    fields = "".join(f"{k} = {v}\n" for k, v in CONFIG.items())
-    return (f'experiments = ["previous-token-heads"]\nmodels = ["smollm2"]\n'
+def spec_text(n_cells: int, model: str = "smollm2", config: dict | None = None) -> str:
+    fields = "".join(f"{k} = {v}\n" for k, v in (config or CONFIG).items())
+    return (f'experiments = ["previous-token-heads"]\nmodels = [{json.dumps(model)}]\n'
             f"seeds = {list(range(n_cells))}\n[set]\n{fields}")
+
+
+SMOKE = {"n_prompts": 2, "n_repeated": 2, "n_tokens": 16, "seq_len": 8, "n_boot": 10}
+"""``--smoke``: one cell of this config at one worker, on the given model."""
 
 
 class RssSampler:
@@ -87,14 +92,15 @@ def startup() -> dict:
             "warm_task_s": round(t3 - t2, 4)}
 
 
-def sweep_at(workers: int, n_cells: int, root: Path) -> dict:
+def sweep_at(workers: int, n_cells: int, root: Path, model: str = "smollm2",
+             config: dict | None = None) -> dict:
     import ray
 
     from workbench.harness import sweep
     from workbench.harness.sweep_spec import expand, parse_text
 
     store = root / f"store-{workers}"
-    spec = parse_text(spec_text(n_cells), name="bench")
+    spec = parse_text(spec_text(n_cells, model, config), name="bench")
     cells = expand(spec, store)
     with RssSampler() as rss:
         t0 = time.perf_counter()
@@ -133,7 +139,13 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-loop", action="store_true", help="skip the `workbench run` loop")
+    parser.add_argument("--smoke", metavar="MODEL", help="one tiny cell at one worker on MODEL "
+                        "(a local folder): the benchmark still runs")
     args = parser.parse_args()
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+            print(json.dumps(sweep_at(1, 1, Path(tmp), args.smoke, SMOKE)))
+        return
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         root = Path(tmp)
         out = {"startup": startup(), "one": sweep_at(1, args.cells, root),

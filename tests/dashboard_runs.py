@@ -50,6 +50,11 @@ CONFIGS = {
                                  "shifts": (1, 10), "view_prompts": 2},
     "qk-attribution": {"n_prompts": 3, "seq_len": 8, "n_heads": 2, "n_previous": 1,
                        "n_random": 3, "n_boot": 20, "patch_prompts": 1, "n_patch": 1},
+    # the tiny tokenizer's only words that are one token with their leading space
+    "ioi": {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,
+            "templates": 2, "patch_prompts": 2, "n_receivers": 1, "path_patch": False,
+            "n_boot": 20},
+    "logit-lens": {"prompt_set": "repeated-random", "n_prompts": 2, "read": "all", "n_boot": 20},
 }
 """The experiments run on the tiny Llama, each with a config small enough for a test."""
 FORMATION = {"vocab_size": 320, "d_model": 16, "n_heads": 2, "n_ctx": 40, "steps": 8,

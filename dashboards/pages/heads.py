@@ -44,7 +44,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.recording.record import Recording
 from workbench.scores import metrics
 from workbench.store.runs import Run
-from workbench.store.schema import Table
+from workbench.store.schema import Table, with_layer_types
 
 # The experiments this page shows, each with the declaration of the head_scores it writes.
 EXPERIMENTS: dict[str, Table] = {
@@ -69,8 +69,11 @@ GRAPHS = ["heads-heatmap", "heads-compare-heatmap", "heads-difference", "heads-e
 
 
 def _scores(run: Run) -> pd.DataFrame:
-    """The run's head scores, found by its experiment's declaration."""
-    return run.table(EXPERIMENTS[run.experiment].name)
+    """The run's head scores, found by its experiment's declaration (with each head's
+    layer type, from its model for a run written before the column)."""
+    scores = run.table(EXPERIMENTS[run.experiment].name)
+    model = run.meta.model
+    return scores if model is None else with_layer_types(scores, model.layer_types)
 
 
 def table_columns(declared: Table) -> list[str]:

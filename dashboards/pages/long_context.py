@@ -4,7 +4,10 @@ zoomed down to single tokens, and the top-k keys of a chosen query.
 The pooling is done on the server (:meth:`workbench.recording.record.Recording.pooled`), so
 an 8,192-token pattern reaches the browser as at most 512 x 512 cells, and each figure reads
 only the chunks of the query rows it shows. Drag a box on the overview (Plotly's zoom) to
-open that window; click a cell of the window to list its query's top-k keys.
+open that window; click a cell of the window to list its query's top-k keys. On a sliding
+layer (the recording's model says which, ``ModelInfo.window``) both heatmaps mark the
+window's edge, the keys ``k = q - (W - 1)``, with a dashed line: every key left of it has
+weight exactly 0.
 """
 
 from __future__ import annotations
@@ -139,6 +142,42 @@ def _heatmap(pooled, tokens: list[str], title: str) -> go.Figure:
     return fig
 
 
+def edge_segment(window: int | None, view: tuple[int, int, int, int]
+                 ) -> tuple[int, int, int, int] | None:
+    """Where a sliding window's edge crosses the view ``(q0, q1, k0, k1)``: the keys
+    ``k = q - (window - 1)``, the oldest a query ``q`` still sees, as ``(q_first, k_first,
+    q_last, k_last)``; ``None`` for a global layer (no window) or an edge outside the view.
+    Every key left of the edge carries exactly zero weight."""
+    if window is None:
+        return None
+    q0, q1, k0, k1 = view
+    reach = window - 1
+    first, last = max(q0, k0 + reach), min(q1 - 1, k1 - 1 + reach)
+    if first > last:
+        return None
+    return first, first - reach, last, last - reach
+
+
+def _mark_edge(fig: go.Figure, rec: Recording, layer: int, pooled) -> str:
+    """Draw the window edge of a sliding layer on a heatmap of ``pooled``, and say so in a
+    few words for the title (empty for a global layer)."""
+    window = rec.model.window(layer)
+    if window is None:
+        return ""
+    segment = edge_segment(window, pooled.window)
+    where = "" if segment is not None else " (outside this view)"
+    if segment is not None:
+        q_a, k_a, q_b, k_b = segment
+        q0, _, k0, _ = pooled.window
+        if pooled.factor == 1:  # categorical axes: positions counted from the view's start
+            q_a, q_b, k_a, k_b = q_a - q0, q_b - q0, k_a - k0, k_b - k0
+        fig.add_shape(type="line", x0=k_a - 0.5, y0=q_a, x1=k_b - 0.5, y1=q_b,
+                      line={"color": "#dc2626", "dash": "dash", "width": 1.5},
+                      name="window edge")
+    return (f"<br>sliding layer: each query sees its last {window} keys; the dashed line is "
+            f"the window's edge{where}, and every key left of it has weight 0")
+
+
 def _pooling_note(pooled) -> str:
     f = pooled.factor
     cell = "1 token a cell" if f == 1 else f"{pooled.how} pooling of {f} x {f} tokens a cell"
@@ -173,7 +212,9 @@ def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, poolin
     left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
     title = (f"L{layer}H{head}, whole pattern, {n} tokens: {_pooling_note(pooled)}{left}"
              "<br>drag a box to open it as a window")
-    return _heatmap(pooled, rec.tokens(prompt), title)
+    fig = _heatmap(pooled, rec.tokens(prompt), title)
+    fig.update_layout(title_text=title + _mark_edge(fig, rec, layer, pooled))
+    return fig
 
 
 @callback(Output("long-context-q0", "value"), Output("long-context-k0", "value"),
@@ -216,7 +257,9 @@ def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling:
     pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=pooling)
     title = (f"window: queries {window[0]}..{window[1] - 1}, keys {window[2]}..{window[3] - 1}"
              f": {_pooling_note(pooled)}<br>click a cell to list its query's top keys")
-    return _heatmap(pooled, rec.tokens(prompt), title)
+    fig = _heatmap(pooled, rec.tokens(prompt), title)
+    fig.update_layout(title_text=title + _mark_edge(fig, rec, layer, pooled))
+    return fig
 
 
 def query_of(point: dict) -> int:

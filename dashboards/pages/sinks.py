@@ -92,7 +92,7 @@ def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
-    inputs = list(run.table(SINK_RATES.name).input)
+    inputs = list(dict.fromkeys(run.table(SINK_RATES.name).input))
     names = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != ALPHA_1, m))
     return (inputs, inputs[0], names, ALPHA_1,
             [html.Li(line) for line in run.meta.summary], None)
@@ -186,16 +186,27 @@ def draw_streaming(run_id: RunId, curve: Annotated[str | None, OneOf(CURVES)]):
     return running_figure(losses, table)
 
 
+LAYER_GROUP_COLOURS = {"all": "#2563eb", "sliding": "#f59e0b", "global": "#1f2937"}
+
+
 def rates_figure(rates: pd.DataFrame) -> go.Figure:
-    """Sink_1^eps by input, with the bootstrap interval over sequences."""
-    fig = go.Figure(go.Bar(
-        x=rates.input, y=rates.sink_rate, marker_color="#2563eb",
-        error_y={"type": "data", "symmetric": False,
-                 "array": rates.ci_high - rates.sink_rate,
-                 "arrayminus": rates.sink_rate - rates.ci_low},
-        hovertemplate="%{x}<br>sink rate %{y:.1f}%<extra></extra>"))
+    """Sink_1^eps by input, with the bootstrap interval over sequences: one bar per input
+    over every layer, and beside it the sliding and the global layers alone when the model
+    has both (a run written before layer groups has the first only)."""
+    if "layers" not in rates.columns:
+        rates = rates.assign(layers="all")
+    fig = go.Figure()
+    for group, part in rates.groupby("layers", sort=False):
+        fig.add_bar(
+            x=part.input, y=part.sink_rate, name=f"{group} layers",
+            marker_color=LAYER_GROUP_COLOURS.get(str(group)),
+            error_y={"type": "data", "symmetric": False,
+                     "array": part.ci_high - part.sink_rate,
+                     "arrayminus": part.sink_rate - part.ci_low},
+            hovertemplate=f"%{{x}}, {group} layers<br>sink rate %{{y:.1f}}%<extra></extra>")
     fig.update_layout(title=f"sink rate Sink_1^{rates.eps.iloc[0]:g} by input (% of heads)",
                       yaxis={"title": "% of (layer, head)", "range": [0, 100]},
+                      barmode="group", showlegend=rates.layers.nunique() > 1,
                       height=420, margin=MARGIN)
     return fig
 

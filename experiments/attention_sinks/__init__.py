@@ -32,6 +32,37 @@ the ``T`` real tokens of a prompt; our positions count from 0, the papers' from 
   the shares of a head sum to 1 (:mod:`workbench.inputs.token_types`). ``top{1,2,3}_share``
   is the weight received by the key ranked first, second and third by r_j;
   ``top_receivers`` says which token types those keys are.
+- Layer types (``layer_type`` in ``head_scores``, ``input_scores``, ``sink_per_prompt``):
+  ``sliding`` for a layer whose query sees only its last W keys (gemma3: W = 512, 15 of
+  18 layers), ``global`` otherwise. ``sink_rates`` rates the heads of every layer
+  (``layers = all``) and, in a model with both kinds, the sliding and the global layers
+  apart; ``null_rate`` is the same rate for attention uniform over the keys each query
+  sees, its window included, on the same sequences: a uniform head's alpha_1 on ``n``
+  tokens is ``(1/n) sum_{t < min(n, W)} 1 / (t + 1)`` (``W = n`` in a global layer; ``1/n``
+  in an encoder), so at T = 64 it is H_64 / 64 = 0.07 and the null is 0%.
+- The window edge (``window_edge``, ``edge_destinations``; models with a sliding layer):
+  where a sliding layer's first-token mass goes once the first token is out of reach, an
+  open question after StreamingLLM. On ``edge_prompts`` documents of ``W + n`` tokens (n =
+  ``edge_queries``; the same prose, BOS first), with the queries just before the edge
+  ``I = {W - n <= t < W}`` (the last that see position 0) and just after it ``O = {W <= t
+  < W + n}`` (the first that do not), each head's measures are means over documents of::
+
+      first_in   = mean_{t in I} A[t, 0]          first_out     = mean_{t in O} A[t, 0]
+      diagonal_in = mean_{t in I} A[t, t]         diagonal_out  = mean_{t in O} A[t, t]
+      edge_out   = mean_{t in O} A[t, t - W + 1]  neighbour_out = mean_{t in O} A[t, t - W + 2]
+      beyond_out = mean_{t in O} sum_{k <= t - W} A[t, k]
+
+  (``first_out`` and ``beyond_out`` are exactly 0 in a sliding layer). The lost mass is
+  ``lost = first_in - first_out``, and its destinations ``to_edge = (edge_out -
+  neighbour_out) / lost`` (the window's first key's gain over an ordinary key at nearly the
+  same distance), ``to_diagonal = (diagonal_out - diagonal_in) / lost`` (the query's own
+  gain across the edge) and ``spread = 1 - to_edge - to_diagonal``. A sliding head with
+  ``first_in > eps`` sends it to the ``edge`` (``to_edge >= 0.5``), the ``diagonal``
+  (``to_diagonal >= 0.5``), or ``spread``s it; a sliding head with ``first_in <= eps`` is
+  ``no sink``; a global head ``kept`` its first token (the control: the same measures where
+  nothing leaves the window). I and O are adjacent, so the main change between them is that
+  position 0 left the window; with n << W a uniform head's diagonal moves by little
+  (1/480 against 1/512 at the defaults).
 - ``entropy``, ``normalized_entropy``: the attention entropy of each head, to separate
   broad from focused heads (Clark et al. 2019, "What Does BERT Look At?", section 3.4).
 - Massive activations (Sun et al. 2024, "Massive Activations in Large Language Models",
@@ -74,9 +105,19 @@ position, dimension and tokens of the largest, and ``sink_head_share`` of the la
 that boundary), ``massive_activations_detail`` (per sequence), ``repeated_token_check``,
 ``streaming_perplexity`` (per variant: ``ppl`` over all targets, ``ppl_beyond_window`` over
 the targets at positions >= W, ``ppl_matched`` with a bootstrap interval) and
-``streaming_losses`` (the loss of every evaluated target), and ``skipped`` (``part,
-reason`` for each part not run). Every column is declared in ``tables.py``.
+``streaming_losses`` (the loss of every evaluated target), ``window_edge`` and
+``edge_destinations`` (the window edge, above), and ``skipped`` (``part, reason`` for each
+part not run). Every column is declared in ``tables.py``.
 
+Classes (``head_classes``, :mod:`workbench.scores.classes`): every head is tested for the
+``sink`` class on the natural input, Gu et al.'s own definition made a test: its mean
+alpha_1 over sequences above ``eps`` (and above uniform attention), at the false-discovery
+rate ``fdr`` over the model's heads (``n_null_draws`` sign flips). No further pass: the
+sink rate counts heads above eps per sequence, the class says which heads are above it
+and how sure that is.
+
+A model with sliding-window layers (gemma3) skips streaming perplexity: its variants hand
+every layer one 4-D mask, which replaces a sliding layer's own window (``skipped`` says so).
 Encoders (minilm) get everything except the BOS comparison and streaming perplexity, which
 need a BOS token and a trained causal LM head, and the repeated-token check, which needs
 a model without learned absolute positions; the ``skipped`` table and the summary say so.
@@ -85,6 +126,7 @@ Example:
     workbench run attention-sinks --model smollm2
     workbench run attention-sinks --model minilm --set n_prompts=32
     python -m experiments.attention_sinks --model smollm2 --set streaming=false
+    workbench run attention-sinks --model gemma3 --set edge_prompts=8
 """
 
 from __future__ import annotations
@@ -97,9 +139,11 @@ from experiments.attention_sinks.measure import (
     input_sets,
     massive_by_layer,
     measure_streaming,
+    measure_window_edge,
     relate_to_sink,
     repeated_check,
     scan_inputs,
+    sink_classes,
     sink_rates,
     skips,
     summarize_inputs,
@@ -112,6 +156,8 @@ from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import Split
 from workbench.models.base import Model
+from workbench.scores import classes
+from workbench.store.schema import with_layer_types
 
 
 @dataclass(frozen=True)
@@ -140,11 +186,20 @@ class Config:
                                       "position past W", min=1, max=MAX_SEQUENCE)
     chunk: int = param(256, "queries per forward pass in streaming (speed only)",
                        min=1, max=MAX_SEQUENCE)
+    fdr: float = shared("fdr")
+    n_null_draws: int = shared("n_null_draws")
+    window_edge: bool = param(True, "sliding-window models: measure where a sliding layer's "
+                                    "first-token mass goes past its window")
+    edge_prompts: int = param(16, "documents of window + edge_queries tokens for the window "
+                                  "edge", min=2, max=MAX_PROMPTS)
+    edge_queries: int = param(64, "n: queries just before and just after the window edge",
+                              min=1, max=MAX_SEQUENCE)
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
+        classes.Testing(fdr=self.fdr, n_draws=self.n_null_draws)  # draws that can reach fdr
         sinks = (self.n_sinks, *self.sink_sweep)
         if max(sinks) >= self.window:
             raise ValueError(f"every sink count must be in 1..window-1 ({self.window - 1}); "
@@ -155,7 +210,7 @@ class Config:
 
 
 DEMO = {"n_prompts": 32, "n_massive_prompts": 8, "stream_tokens": 2048, "recompute_stride": 32,
-        "n_boot": 200}
+        "n_boot": 200, "edge_prompts": 8}
 
 
 @experiment("attention-sinks", config=Config, tables=TABLES, demo=DEMO)
@@ -172,20 +227,29 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """
     skipped = skips(model, cfg)
     sets = input_sets(model, cfg)
-    with progress.stages("attention-sinks", 3) as stage:
+    info = model.info
+    with progress.stages("attention-sinks", 4) as stage:
         stage("attention on every input kind")
         per_prompt, resid = scan_inputs(model, sets, cfg)
         repeated = repeated_check(resid, sets, model, skipped)
         stage("streaming perplexity")
         streaming, stream_losses = (None, None) if "streaming" in skipped else \
             measure_streaming(model, cfg)
+        stage("the window edge")
+        edge, destinations = (None, None) if "window_edge" in skipped else \
+            measure_window_edge(model, cfg)
         stage("summaries")
-        input_scores = summarize_inputs(per_prompt, cfg)
+        input_scores = with_layer_types(summarize_inputs(per_prompt, cfg), info.layer_types)
+    lengths = {name: [len(model.encode(p)[0]) for p in prompts] for name, prompts in sets.items()}
+    rates = sink_rates(per_prompt, cfg, lengths=lengths, causal=info.causal,
+                       window=info.sliding_window)
     return Result(
-        model=model.info.name, causal=model.info.causal, cfg=cfg,
-        input_scores=input_scores, rates=sink_rates(per_prompt, cfg),
+        model=info.name, causal=info.causal, cfg=cfg,
+        input_scores=input_scores, rates=rates, window_edge=edge,
+        edge_destinations=destinations,
         receivers=top_receivers(per_prompt),
         sink_per_prompt=per_prompt[per_prompt.metric == "first_token"].reset_index(drop=True),
         massive=relate_to_sink(massive_by_layer(resid), input_scores, cfg.eps),
         massive_detail=resid, repeated=repeated,
-        streaming=streaming, stream_losses=stream_losses, skipped=skipped)
+        streaming=streaming, stream_losses=stream_losses, skipped=skipped,
+        head_classes=sink_classes(model, sets["natural"], per_prompt, cfg))

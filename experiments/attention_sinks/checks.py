@@ -9,6 +9,7 @@ the fraction of sequences whose largest activation is placed at the start or a d
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -20,24 +21,32 @@ from workbench.recording.residuals import is_massive
 from workbench.scores.stats import bootstrap_mean_ci
 from workbench.store.runs import Run
 
+LayerGroup = Literal["all", "sliding", "global"]
 
-def _rate_row(run: Run, input_name: str) -> pd.Series:
+
+def _rate_row(run: Run, input_name: str, layers: LayerGroup = "all") -> pd.Series:
     rates = run.table("sink_rates")
-    row = rates[rates.input == input_name]
+    if "layers" not in rates.columns:  # a run written before layer groups: every layer
+        rates = rates.assign(layers="all")
+    row = rates[(rates.input == input_name) & (rates.layers == layers)]
     if row.empty:
-        raise WorkbenchError(f"run {run.id} has no sink rate for input '{input_name}'")
+        known = sorted(set(rates.layers[rates.input == input_name]))
+        raise WorkbenchError(f"run {run.id} has no sink rate for input '{input_name}' over "
+                             f"{layers} layers (it rates: {', '.join(known) or 'none'})")
     return row.iloc[0]
 
 
 def _rate_text(row: pd.Series) -> str:
-    return (f"Sink_1^{row.eps:g} on {row.input} = {row.sink_rate:.1f}% "
+    group = "" if row.get("layers", "all") == "all" else f" ({row.layers} layers)"
+    return (f"Sink_1^{row.eps:g} on {row.input}{group} = {row.sink_rate:.1f}% "
             f"[{row.ci_low:.1f}, {row.ci_high:.1f}] of {int(row.n_heads)} heads")
 
 
 def _rate(run: Run, input_name: str, threshold: float, side: Side,
-          report: list[str]) -> Measurement:
-    row = _rate_row(run, input_name)
-    also = "".join(f"; measured alongside: {_rate_text(_rate_row(run, r))}" for r in report)
+          report: list[str], layers: LayerGroup = "all") -> Measurement:
+    row = _rate_row(run, input_name, layers)
+    also = "".join(f"; measured alongside: {_rate_text(_rate_row(run, r, layers))}"
+                   for r in report)
     need = "at least" if side == "above" else "at most"
     return Measurement.compare(f"{_rate_text(row)} ({need} {threshold:g}% needed){also}",
                                float(row.sink_rate), float(row.ci_low), float(row.ci_high),
@@ -46,17 +55,39 @@ def _rate(run: Run, input_name: str, threshold: float, side: Side,
 
 @claim_check("sink_rate_at_least")
 def sink_rate_at_least(run: Run, *, input: str, threshold: float,
-                       report: tuple[str, ...] = ()) -> Measurement:
+                       report: tuple[str, ...] = (), layers: LayerGroup = "all"
+                       ) -> Measurement:
     """The sink rate on ``input`` is at least ``threshold`` percent: its bootstrap interval
-    over sequences is judged. ``report`` names inputs whose rates are shown, not judged."""
-    return _rate(run, input, threshold, "above", list(report))
+    over sequences is judged. ``report`` names inputs whose rates are shown, not judged;
+    ``layers`` rates only the sliding or only the global layers."""
+    return _rate(run, input, threshold, "above", list(report), layers)
 
 
 @claim_check("sink_rate_at_most")
 def sink_rate_at_most(run: Run, *, input: str, threshold: float,
-                      report: tuple[str, ...] = ()) -> Measurement:
+                      report: tuple[str, ...] = (), layers: LayerGroup = "all"
+                      ) -> Measurement:
     """The sink rate on ``input`` is at most ``threshold`` percent (bootstrap interval)."""
-    return _rate(run, input, threshold, "below", list(report))
+    return _rate(run, input, threshold, "below", list(report), layers)
+
+
+@claim_check("sink_rate_above_null")
+def sink_rate_above_null(run: Run, *, input: str, margin: float,
+                         layers: LayerGroup = "all") -> Measurement:
+    """The sink rate on ``input`` (over ``layers``) exceeds the rate of uniform attention on
+    the same sequences (``null_rate``, the window of each layer included) by at least
+    ``margin`` percentage points. The null is exact (no sampling), so the interval judged
+    is the rate's bootstrap interval over sequences less the null."""
+    row = _rate_row(run, input, layers)
+    if "null_rate" not in row or not math.isfinite(row.null_rate):
+        return Measurement(f"{_rate_text(row)}; the run has no uniform null (an older run)",
+                           verdict="undecided")
+    null = float(row.null_rate)
+    return Measurement.compare(
+        f"{_rate_text(row)}; uniform attention on the same sequences: {null:.1f}%; excess "
+        f"{row.sink_rate - null:.1f} [{row.ci_low - null:.1f}, {row.ci_high - null:.1f}] "
+        f"points (at least {margin:g} needed)", float(row.sink_rate - null),
+        float(row.ci_low - null), float(row.ci_high - null), margin, "above")
 
 
 @claim_check("repeated_states_identical")
@@ -210,3 +241,31 @@ def layer_share_at_least(run: Run, *, token_type: str, threshold: float) -> Meas
         f"bounds; by layer: {', '.join(f'{v:.2f}' for v in by_layer.score)}; threshold "
         f"{threshold})", float(top.score), float(top.ci_low), float(top.ci_high), threshold,
         "above")
+
+
+@claim_check("sliding_zero_beyond_window")
+def sliding_zero_beyond_window(run: Run) -> Measurement:
+    """Every sliding layer's queries past the window put exactly zero weight on the keys
+    further back than it: the largest ``beyond_out`` of a sliding head (``window_edge``; a
+    mean over every query of the documents that lies past the window, of non-negative
+    weights, so 0 exactly when every such weight is 0) must be 0. The global layers'
+    ``beyond_out`` is reported beside it, to show that the measure sees such weight where
+    it exists. An exact maximum, not an estimate: no interval."""
+    if "window_edge" not in run.table_names():
+        raise WorkbenchError(f"run {run.id} has no window_edge table "
+                             f"({_skip_reason(run, 'window_edge')})")
+    table = run.table("window_edge")
+    beyond = table[table.measure == "beyond_out"]
+    if beyond.empty:
+        raise WorkbenchError(f"run {run.id} measured no beyond_out (an older run)")
+    sliding = beyond[beyond.layer_type == "sliding"]
+    glob = beyond[beyond.layer_type == "global"]
+    worst = float(sliding.score.max())
+    text = (f"largest weight beyond the window over {len(sliding)} sliding heads: {worst:.3g} "
+            f"(exactly 0 needed; {int(sliding.n_prompts.iloc[0])} documents, every query "
+            "past the window)")
+    if len(glob):
+        text += (f"; global heads, same queries: {glob.score.min():.3g} to "
+                 f"{glob.score.max():.3g}")
+    return Measurement(text, value=worst, verdict="pass" if worst == 0 else "fail",
+                       ci_low=worst, ci_high=worst, threshold=0.0)

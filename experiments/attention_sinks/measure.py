@@ -3,6 +3,7 @@ perplexity, and the reductions over prompts (definitions in the package docstrin
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from workbench.recording.residuals import (
     scan_residuals,
     spread_by_boundary,
 )
-from workbench.scores import metrics, patterns
+from workbench.scores import classes, metrics, patterns
 from workbench.scores.stats import bootstrap_mean_ci, summarize
 from workbench.scores.streaming import (
     Visibility,
@@ -38,6 +39,7 @@ from workbench.scores.streaming import (
     windowed_losses,
     windowed_losses_batched,
 )
+from workbench.store.schema import with_layer_types
 
 if TYPE_CHECKING:
     from experiments.attention_sinks import Config
@@ -53,10 +55,10 @@ CATEGORICAL = tuple(f"top{r}_{w}" for r in TOP_RANKS for w in ("type", "position
 # ---- per-head reductions ----------------------------------------------------------------
 
 class _Received:
-    """r_j and the key types of one layer, computed once and read by several metrics.
+    """A block's share of r_j and the key types, computed once and read by several metrics.
 
-    ``reduce_patterns`` calls every reduction with the same pattern object for a layer;
-    holding a reference to it (so its id cannot be reused) is how a repeat is recognised.
+    ``reduce_patterns`` calls every reduction with the same block of weights; holding a
+    reference to it (so its id cannot be reused) is how a repeat is recognised.
     """
 
     def __init__(self, typer: TokenTyper) -> None:
@@ -75,32 +77,42 @@ class _Received:
         return self._value
 
 
+def _ranked(rank: int, what: Literal["share", "type", "position"],
+            codes: Int[Tensor, "batch key_pos"], r: Float[Tensor, "batch head_index key_pos"]
+            ) -> Float[Tensor, "batch head_index"]:
+    """The share, type code or position of the key receiving the ``rank``-th most weight."""
+    values, index = r.topk(min(3, r.shape[-1]), dim=-1)
+    if what == "share":
+        return values[..., rank - 1]
+    if what == "position":
+        return index[..., rank - 1].float()
+    return codes.gather(1, index[..., rank - 1]).float()
+
+
 def sink_reductions(typer: TokenTyper, types: Sequence[str]) -> dict[str, reductions.Reduction]:
     """Every per-head metric of one scan, keyed by metric name: ``first_token``, ``entropy``,
     ``normalized_entropy``, ``share_<type>`` for each of ``types``, and
     ``top<r>_{share,type,position}`` (the share, type code and position of the key that
-    receives the r-th most weight)."""
+    receives the r-th most weight). Each is block-wise: a share is a sum over query
+    blocks, and the ranking waits for every block's r_j."""
     shared = _Received(typer)
 
-    def share_of(code: int) -> reductions.Reduction:
-        def reduce(pattern: Tensor, ctx: reductions.PatternContext) -> Tensor:
-            r, codes = shared(pattern, ctx)
-            return patterns.received_by(r, codes == code)
-        return reduce
+    def share_of(name: str) -> reductions.BlockReduction:
+        code = TOKEN_TYPES.index(name)
 
-    def top(rank: int, what: Literal["share", "type", "position"]) -> reductions.Reduction:
-        def reduce(pattern: Tensor, ctx: reductions.PatternContext) -> Tensor:
+        def part(pattern: Tensor, ctx: reductions.PatternContext) -> reductions.Total:
             r, codes = shared(pattern, ctx)
-            values, index = r.topk(min(3, r.shape[-1]), dim=-1)
-            if what == "share":
-                return values[..., rank - 1]
-            if what == "position":
-                return index[..., rank - 1].float()
-            return codes.gather(1, index[..., rank - 1]).float()
-        return reduce
+            return reductions.Total(patterns.received_by(r, codes == code))
+        return reductions.BlockReduction(part, f"share_{name}")
+
+    def top(rank: int, what: Literal["share", "type", "position"]) -> reductions.BlockReduction:
+        def part(pattern: Tensor, ctx: reductions.PatternContext) -> reductions.KeyTotals:
+            r, codes = shared(pattern, ctx)
+            return reductions.KeyTotals(r, functools.partial(_ranked, rank, what, codes))
+        return reductions.BlockReduction(part, f"top{rank}_{what}")
 
     out = metrics.reductions("first_token", "entropy", "normalized_entropy")
-    out |= {f"share_{name}": share_of(TOKEN_TYPES.index(name)) for name in types}
+    out |= {f"share_{name}": share_of(name) for name in types}
     for rank in TOP_RANKS:
         for what in ("share", "type", "position"):
             out[f"top{rank}_{what}"] = top(rank, what)
@@ -174,10 +186,18 @@ def skips(model: Model, cfg: Config) -> dict[str, str]:
     elif cfg.stream_tokens > model.info.n_ctx:
         skipped["streaming"] = (f"stream_tokens={cfg.stream_tokens} exceeds the context "
                                 f"of {model.info.n_ctx}")
+    elif model.info.sliding_layers:
+        skipped["streaming"] = (
+            f"{model.info.name} has sliding-window layers: the variants hand every layer one "
+            "4-D mask, which replaces a sliding layer's own window (dense would let its "
+            f"queries see past their {model.info.sliding_window} keys, and the sinks would "
+            "reach them from beyond it), so no variant is the model's own attention")
     elif model.info.positions == "alibi":
         skipped["streaming"] = (f"{model.info.name} builds its ALiBi biases from a 2-D "
                                 "padding mask, so the window masks of the streaming variants "
                                 "cannot be handed to it")
+    if (why := _no_window_edge(model, cfg)) is not None:
+        skipped["window_edge"] = why
     if model.info.positions == "alibi":
         skipped["repeated"] = (f"{model.info.name} adds ALiBi biases by position, so the "
                                "hidden states of a repeated token differ by design")
@@ -185,6 +205,25 @@ def skips(model: Model, cfg: Config) -> dict[str, str]:
         skipped["repeated"] = (f"{model.info.name} adds learned absolute position embeddings, "
                                "so the hidden states of a repeated token differ by design")
     return skipped
+
+
+def _no_window_edge(model: Model, cfg: Config) -> str | None:
+    """Why the window-edge part does not apply, or ``None`` if it does."""
+    info = model.info
+    if not info.sliding_layers:
+        return f"{info.name} has no sliding-window layer: the first token is always in reach"
+    if not cfg.window_edge:
+        return "window_edge=false"
+    if not info.causal:
+        return f"{info.name} is bidirectional: its window has no first token to lose"
+    length = edge_length(info.sliding_window, cfg.edge_queries)
+    if length > info.n_ctx:
+        return (f"documents of window + edge_queries = {length} tokens exceed the context "
+                f"of {info.n_ctx}")
+    if cfg.edge_queries > info.sliding_window:
+        return (f"edge_queries={cfg.edge_queries} exceeds the window of "
+                f"{info.sliding_window}: there are not as many queries in reach")
+    return None
 
 
 # ---- scans ------------------------------------------------------------------------------
@@ -199,7 +238,7 @@ def scan_inputs(model: Model, sets: dict[str, list[Prompt]], cfg: Config
         log.info("scanning %s (%d prompts)", name, len(prompts))
         scored = reductions.reduce_patterns(model, prompts, scores,
                                             max_batch_tokens=cfg.max_batch_tokens, desc=name)
-        per_prompt.append(scored.assign(input=name))
+        per_prompt.append(with_layer_types(scored, model.info.layer_types).assign(input=name))
         extremes = scan_residuals(model, prompts[: cfg.n_massive_prompts],
                                   max_batch_tokens=cfg.max_batch_tokens)
         resid.append(_with_token_types(model, typer, extremes, prompts).assign(input=name))
@@ -302,22 +341,196 @@ def _streaming_row(losses: pd.DataFrame, cfg: Config, sample: list[int], n_token
     }
 
 
+# ---- the window edge ----------------------------------------------------------------------
+
+EDGE_MEASURES = ("first_in", "first_out", "diagonal_in", "diagonal_out", "edge_out",
+                 "neighbour_out", "beyond_out")
+"""The per-head measures of the window edge, in the order the table stores them."""
+Destination = Literal["edge", "diagonal", "spread", "no sink", "kept"]
+HALF = 0.5
+"""The share of the lost first-token mass one destination must take to be named."""
+
+
+def edge_length(window: int, n: int) -> int:
+    """Tokens of a window-edge document (BOS included): the window, then ``n`` queries
+    past it."""
+    return window + n
+
+
+def edge_reductions(window: int, n: int) -> dict[str, reductions.BlockReduction]:
+    """The measures of :data:`EDGE_MEASURES` as block reductions, each a mean over the
+    ``n`` queries just before the edge (``_in``: ``W - n <= t < W``, the last that still
+    see position 0 through a window of ``W`` keys) or just after it (``_out``:
+    ``W <= t < W + n``, the first that do not)."""
+
+    def over(rows: Literal["in", "out"], value) -> reductions.BlockReduction:
+        lo, hi = (window - n, window) if rows == "in" else (window, window + n)
+
+        def per_query(pattern: Tensor, ctx: reductions.PatternContext):
+            q = ctx.queries
+            counted = ctx.real_queries & ((q >= lo) & (q < hi))[None, :]
+            return value(pattern, ctx), counted
+        return reductions.query_mean(per_query)
+
+    def first(pattern: Tensor, ctx: reductions.PatternContext) -> Tensor:
+        values = pattern.float()[..., 0]
+        return values if ctx.k0 == 0 else torch.zeros_like(values)
+
+    def at(offset: int):
+        return lambda pattern, ctx: patterns.weight_at(pattern, ctx, offset)
+
+    def beyond(pattern: Tensor, ctx: reductions.PatternContext) -> Tensor:
+        # keys further back than the window: k <= t - W (none of them in a sliding layer)
+        far = ctx.keys(pattern.shape[-1])[None, :] <= (ctx.queries - window)[:, None]
+        return (pattern.float() * far).sum(-1)
+
+    return {"first_in": over("in", first), "first_out": over("out", first),
+            "diagonal_in": over("in", at(0)), "diagonal_out": over("out", at(0)),
+            "edge_out": over("out", at(-(window - 1))),
+            "neighbour_out": over("out", at(-(window - 2))),
+            "beyond_out": over("out", beyond)}
+
+
+def edge_inputs(model: Model, cfg: Config) -> list[Prompt]:
+    """``cfg.edge_prompts`` consecutive windows of the Python docs' prose, each
+    :func:`edge_length` tokens long with its BOS."""
+    return token_chunks(model, python_docs(cfg.corpus_split), n_chunks=cfg.edge_prompts,
+                        n_tokens=edge_length(model.info.sliding_window, cfg.edge_queries),
+                        label="edge")
+
+
+def measure_window_edge(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where a sliding layer's first-token mass goes once the first token is out of reach
+    (the package docstring defines every measure).
+
+    Returns:
+        ``(window_edge, edge_destinations)``: each measure of every head with its
+        bootstrap interval over documents, and each head's destination.
+    """
+    info = model.info
+    prompts = edge_inputs(model, cfg)
+    per_prompt = reductions.reduce_patterns(
+        model, prompts, edge_reductions(info.sliding_window, cfg.edge_queries),
+        max_batch_tokens=max(cfg.max_batch_tokens, edge_length(info.sliding_window,
+                                                               cfg.edge_queries)),
+        desc="window edge")
+    table = summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed).rename(
+        columns={"metric": "measure"})
+    table = with_layer_types(table, info.layer_types)
+    order = {m: i for i, m in enumerate(EDGE_MEASURES)}
+    table = table.sort_values(["layer", "head", "measure"], key=lambda c: c.map(order)
+                              if c.name == "measure" else c, ignore_index=True)
+    return table, destinations(table, cfg.eps)
+
+
+def destinations(table: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """Each head's destination of the lost first-token mass, from its ``window_edge`` means
+    (the package docstring's definitions)."""
+    wide = table.pivot_table(index=["layer", "head", "layer_type"], columns="measure",
+                             values="score").reset_index()
+    lost = wide.first_in - wide.first_out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_edge = (wide.edge_out - wide.neighbour_out) / lost
+        to_diagonal = (wide.diagonal_out - wide.diagonal_in) / lost
+    out = pd.DataFrame({"layer": wide.layer.astype("int64"), "head": wide["head"].astype("int64"),
+                        "layer_type": wide.layer_type, "first_in": wide.first_in,
+                        "lost": lost, "to_edge": to_edge, "to_diagonal": to_diagonal,
+                        "spread": 1 - to_edge - to_diagonal})
+    out["destination"] = [_destination(r, eps) for r in out.itertuples()]
+    return out
+
+
+def _destination(row, eps: float) -> Destination:
+    if row.layer_type == "global":
+        return "kept"
+    if not row.first_in > eps:
+        return "no sink"
+    if row.to_edge >= HALF:
+        return "edge"
+    if row.to_diagonal >= HALF:
+        return "diagonal"
+    return "spread"
+
+
 # ---- summaries over prompts -------------------------------------------------------------
 
-def sink_rates(per_prompt: pd.DataFrame, cfg: Config) -> pd.DataFrame:
-    """Sink_1^eps per input: percentage of heads with alpha_1 > eps, per sequence, averaged."""
+LayerGroup = Literal["all", "sliding", "global"]
+
+
+def uniform_alpha(n: int, causal: bool, window: int | None) -> float:
+    """alpha_1 of attention uniform over the keys each query sees, on ``n`` real tokens:
+    ``(1/n) sum_t [0 visible from t] / (keys visible from t)``. Causal: query ``t`` sees
+    ``min(t + 1, window)`` keys, and position 0 only while ``t < window``; an encoder's
+    every query sees all ``n`` (so 1/n)."""
+    if not causal:
+        return 1.0 / n
+    reach = n if window is None else min(n, window)  # queries that still see position 0
+    return float(sum(1.0 / (t + 1) for t in range(reach)) / n)
+
+
+def _layer_groups(alpha: pd.DataFrame) -> list[tuple[LayerGroup, pd.DataFrame]]:
+    """Every layer (``all``), and each layer type alone when the model has both."""
+    groups: list[tuple[LayerGroup, pd.DataFrame]] = [("all", alpha)]
+    if "layer_type" in alpha.columns and alpha.layer_type.nunique() > 1:
+        groups += [(kind, alpha[alpha.layer_type == kind]) for kind in ("sliding", "global")]
+    return groups
+
+
+def _null_rate(df: pd.DataFrame, lengths: Sequence[int], cfg: Config, causal: bool,
+               window: int | None) -> float:
+    """The Sink rate of uniform attention on the same sequences and heads (each head's
+    uniform alpha_1 from its layer's span), per sequence, averaged."""
+    kinds = df.drop_duplicates(["layer", "head"])
+    spans = kinds.layer_type if "layer_type" in kinds.columns else ["global"] * len(kinds)
+    per_seq = []
+    for n in lengths:
+        sinks = [uniform_alpha(n, causal, window if kind == "sliding" else None) > cfg.eps
+                 for kind in spans]
+        per_seq.append(100 * float(np.mean(sinks)))
+    return float(np.mean(per_seq))
+
+
+def sink_rates(per_prompt: pd.DataFrame, cfg: Config, *,
+               lengths: dict[str, Sequence[int]] | None = None, causal: bool = True,
+               window: int | None = None) -> pd.DataFrame:
+    """Sink_1^eps per input and layer group: the percentage of the group's heads with
+    alpha_1 > eps, per sequence, averaged over sequences (Gu et al. 2024).
+
+    Args:
+        per_prompt: per-prompt ``first_token`` rows (``input``, ``prompt``, ``layer``,
+            ``head``, ``score``; with ``layer_type``, each layer type is rated alone too).
+        cfg: ``eps``, ``n_boot`` and ``seed``.
+        lengths: each input's sequence lengths, for the uniform null (``NaN`` without).
+        causal: whether the model is causal (the null's visible keys).
+        window: the model's sliding window (``None``: no sliding layer).
+
+    Returns:
+        One row per input and group (``all`` first; ``sliding`` and ``global`` when the
+        model has both), the columns of ``sink_rates`` in ``tables.py``.
+    """
     rows = []
     alpha = per_prompt[per_prompt.metric == "first_token"]
-    for name, df in alpha.groupby("input", sort=False):
-        per_seq = (df.score > cfg.eps).groupby(df.prompt).mean().to_numpy() * 100
-        low, high = bootstrap_mean_ci(per_seq[:, None], n_boot=cfg.n_boot, seed=cfg.seed)
-        mean_alpha = df.groupby(["layer", "head"]).score.mean()
-        rows.append({"input": name, "eps": cfg.eps, "sink_rate": float(per_seq.mean()),
-                     "ci_low": float(low[0]), "ci_high": float(high[0]),
-                     "sink_rate_mean_alpha": float((mean_alpha > cfg.eps).mean() * 100),
-                     "mean_alpha": float(df.score.mean()),
-                     "n_prompts": len(per_seq), "n_heads": len(mean_alpha)})
+    for name, by_input in alpha.groupby("input", sort=False):
+        for group, df in _layer_groups(by_input):
+            per_seq = (df.score > cfg.eps).groupby(df.prompt).mean().to_numpy() * 100
+            low, high = bootstrap_mean_ci(per_seq[:, None], n_boot=cfg.n_boot, seed=cfg.seed)
+            mean_alpha = df.groupby(["layer", "head"]).score.mean()
+            null = float("nan") if lengths is None else \
+                _null_rate(df, lengths[name], cfg, causal, window)
+            rows.append({"input": name, "layers": group, "eps": cfg.eps,
+                         "sink_rate": float(per_seq.mean()),
+                         "ci_low": float(low[0]), "ci_high": float(high[0]),
+                         "null_rate": null,
+                         "sink_rate_mean_alpha": float((mean_alpha > cfg.eps).mean() * 100),
+                         "mean_alpha": float(df.score.mean()),
+                         "n_prompts": len(per_seq), "n_heads": len(mean_alpha)})
     return pd.DataFrame(rows)
+
+
+def all_layers(rates: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a ``sink_rates`` table over every layer (a run written before layer
+    groups has only those)."""
+    return rates[rates.layers == "all"] if "layers" in rates.columns else rates
 
 
 def top_receivers(per_prompt: pd.DataFrame) -> pd.DataFrame:
@@ -358,6 +571,19 @@ def summarize_inputs(per_prompt: pd.DataFrame, cfg: Config) -> pd.DataFrame:
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(keys, key=lambda c: c.map(order) if c.name == "input" else c,
                            ignore_index=True)
+
+
+def sink_classes(model: Model, natural: Sequence[Prompt], per_prompt: pd.DataFrame,
+                 cfg: Config) -> pd.DataFrame:
+    """Every head tested for the sink class on the natural input: alpha_1 above ``eps``
+    (Gu et al.'s threshold is the null) and above uniform attention, at ``fdr`` over the
+    model's heads (:mod:`workbench.scores.classes`; no further forward pass)."""
+    alpha = per_prompt[(per_prompt.input == "natural") & (per_prompt.metric == "first_token")]
+    chance = reductions.null_scores(model, natural, metrics.reductions("first_token"))
+    testing = classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed, eps=cfg.eps)
+    return classes.classify(classes.get("sink"), alpha.drop(columns="input"), cfg.eps,
+                            testing=testing, n_boot=cfg.n_boot, seed=cfg.seed,
+                            inputs="natural", chance=chance.set_index("prompt").score)
 
 
 def massive_by_layer(resid: pd.DataFrame) -> pd.DataFrame:
@@ -409,6 +635,9 @@ class Result:
     streaming: pd.DataFrame | None
     stream_losses: pd.DataFrame | None
     skipped: dict[str, str]
+    head_classes: pd.DataFrame | None = None
+    window_edge: pd.DataFrame | None = None
+    edge_destinations: pd.DataFrame | None = None
 
     def tables(self) -> dict[str, pd.DataFrame]:
         natural = self.input_scores[self.input_scores.input == "natural"]
@@ -424,10 +653,19 @@ class Result:
         if self.streaming is not None and self.stream_losses is not None:
             out["streaming_perplexity"] = self.streaming
             out["streaming_losses"] = self.stream_losses
+        if self.head_classes is not None:
+            out["head_classes"] = self.head_classes
+        if self.window_edge is not None and self.edge_destinations is not None:
+            out["window_edge"] = self.window_edge
+            out["edge_destinations"] = self.edge_destinations
         return out
 
     def summary(self) -> list[str]:
-        lines = [_rates_line(self.rates, self.cfg)]
+        lines = [_rates_line(all_layers(self.rates), self.cfg)]
+        if "layers" in self.rates.columns and (self.rates.layers != "all").any():
+            lines.append(_layer_groups_line(self.rates))
+        if self.head_classes is not None:
+            lines.append(classes.summary_line(self.head_classes, "sink"))
         lines += _bos_lines(self.input_scores) if "bos" not in self.skipped else \
             [f"with/without BOS: skipped ({self.skipped['bos']})"]
         if not self.causal:
@@ -445,7 +683,39 @@ class Result:
             lines.append(_streaming_line(self.streaming, self.cfg))
         else:
             lines.append(f"streaming perplexity: skipped ({self.skipped['streaming']})")
+        if self.edge_destinations is not None:
+            lines.append(_edge_line(self.edge_destinations, self.cfg))
+        elif "window_edge" in self.skipped:
+            lines.append(f"window edge: skipped ({self.skipped['window_edge']})")
         return lines
+
+
+def _layer_groups_line(rates: pd.DataFrame) -> str:
+    """The natural-text sink rate of each layer type beside the uniform null."""
+    natural = rates[(rates.input == rates.input.iloc[0]) & (rates.layers != "all")]
+    parts = [f"{r.layers} layers {r.sink_rate:.1f}% [{r.ci_low:.1f}, {r.ci_high:.1f}] of "
+             f"{int(r.n_heads)} heads (uniform null {r.null_rate:.1f}%)"
+             for r in natural.itertuples()]
+    return f"sink rate by layer type ({natural.input.iloc[0]}): " + "; ".join(parts)
+
+
+def _edge_line(table: pd.DataFrame, cfg: Config) -> str:
+    """How many sliding heads send their lost first-token mass to each destination."""
+    sliding = table[table.layer_type == "sliding"]
+    counts = sliding.destination.value_counts()
+    lost = sliding.lost.sum()
+    # every sliding head, weighted by the mass it loses: sum(lost * share) / sum(lost)
+    weighted = ", ".join(
+        f"{(sliding.lost * sliding[c]).sum() / lost:.0%} {w}" for c, w in
+        (("to_edge", "to the window's first key"), ("to_diagonal", "to the diagonal"),
+         ("spread", "spread"))) if lost > 0 else "nothing lost"
+    return (f"window edge ({cfg.edge_prompts} documents, {cfg.edge_queries} queries each "
+            f"side): of {len(sliding)} sliding heads, "
+            + ", ".join(f"{counts.get(d, 0)} {d}" for d in ("edge", "diagonal", "spread",
+                                                            "no sink"))
+            + f" (a sink: alpha_1 > {cfg.eps:g} on the queries still in reach, largest "
+            f"{sliding.first_in.max():.3f}); the first-token mass they lose at the edge "
+            f"(mean {sliding.lost.mean():.3f} a head) goes, weighted by it: {weighted}")
 
 
 def _rates_line(rates: pd.DataFrame, cfg: Config) -> str:

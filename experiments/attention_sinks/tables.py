@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, SCORE_COLUMNS, Column, Table, columns, tables
+from workbench.store.schema import (
+    HEAD_KEYS,
+    LAYER_TYPE,
+    SCORE_COLUMNS,
+    Column,
+    Table,
+    columns,
+    head_classes,
+    tables,
+)
 
 INPUT = Column("input", "str", "input set: natural, random or repeated, each optionally "
                                "with the suffix _no_bos (the same tokens minus the BOS)")
@@ -10,18 +19,23 @@ INPUT = Column("input", "str", "input set: natural, random or repeated, each opt
 HEAD_SCORES = Table(
     "head_scores",
     "per-head metrics on natural text: first_token (alpha_1), share_<token type>, "
-    "top<r>_share, entropy, normalized_entropy", (*HEAD_KEYS, *SCORE_COLUMNS))
+    "top<r>_share, entropy, normalized_entropy", (*HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS))
 
 INPUT_SCORES = Table(
     "input_scores", "the metrics of head_scores on every input set",
-    (INPUT, *HEAD_KEYS, *SCORE_COLUMNS))
+    (INPUT, *HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS))
 
-SINK_RATES = Table("sink_rates", "Sink_1^eps per input set (Gu et al. 2024)", (INPUT, *columns(
+SINK_RATES = Table("sink_rates", "Sink_1^eps per input set and layer group (Gu et al. 2024)", (
+    INPUT, *columns(
+    ("layers", "str", "the heads rated: all (every layer), or, in a model with both, only "
+                      "the sliding or only the global layers"),
     ("eps", "float", "the threshold on alpha_1"),
-    ("sink_rate", "float", "percent of (layer, head) with alpha_1 > eps, per sequence, "
-                           "averaged over sequences (0..100)"),
+    ("sink_rate", "float", "percent of the group's (layer, head) with alpha_1 > eps, per "
+                           "sequence, averaged over sequences (0..100)"),
     ("ci_low", "float", "95% bootstrap interval of sink_rate over sequences, low end"),
     ("ci_high", "float", "95% bootstrap interval of sink_rate over sequences, high end"),
+    ("null_rate", "float", "the same rate for attention uniform over the keys each query "
+                           "sees (its layer's window included) on the same sequences"),
     ("sink_rate_mean_alpha", "float", "percent of heads whose alpha_1 averaged over "
                                       "sequences exceeds eps (0..100)"),
     ("mean_alpha", "float", "alpha_1 averaged over heads and sequences"),
@@ -47,7 +61,7 @@ SINK_PER_PROMPT = Table("sink_per_prompt", "alpha_1 of every head on every seque
              ("head", "int", "query head index within the layer, from 0"),
              ("metric", "str", "always first_token"),
              ("score", "float", "alpha_1: mean weight on position 0 over the real queries")),
-    INPUT))
+    INPUT, LAYER_TYPE))
 
 MASSIVE_ACTIVATIONS = Table(
     "massive_activations",
@@ -130,12 +144,55 @@ STREAMING_LOSSES = Table("streaming_losses", "the loss of every evaluated target
     ("nll", "float", "next-token loss in nats"),
 ))
 
+WINDOW_EDGE = Table(
+    "window_edge", "where the first-token mass goes at a sliding window's edge: each "
+                   "measure of every head, on documents of window + n tokens", (
+        *HEAD_KEYS, LAYER_TYPE, *columns(
+            ("measure", "str", "first_in / first_out: weight on position 0, over the n "
+                               "queries just before / just after the edge (t < W, t >= W); "
+                               "diagonal_in / diagonal_out: weight on the query itself, "
+                               "same queries; edge_out: weight on the window's first key "
+                               "t - W + 1, queries after the edge; neighbour_out: on its "
+                               "neighbour t - W + 2, the same queries; beyond_out: total "
+                               "weight on the keys further back than the window (k <= "
+                               "t - W), the same queries (exactly 0 in a sliding layer)"),
+            ("score", "float", "mean over documents of the mean over those queries"),
+            ("ci_low", "float", "95% bootstrap interval over documents, low end"),
+            ("ci_high", "float", "95% bootstrap interval over documents, high end"),
+            ("n_prompts", "int", "documents"),
+        )))
+
+EDGE_DESTINATIONS = Table(
+    "edge_destinations", "each head's destination of the first-token mass its sliding "
+                         "window loses (global heads as the control: nothing is lost)", (
+        *HEAD_KEYS, LAYER_TYPE, *columns(
+            ("first_in", "float", "alpha_1 while in reach: mean weight on position 0 over the "
+                                  "n queries before the edge"),
+            ("lost", "float", "first_in - first_out: the mass to account for (first_out is "
+                              "exactly 0 in a sliding layer)"),
+            ("to_edge", "float", "(edge_out - neighbour_out) / lost: the share gained by the "
+                                 "window's first key beyond its neighbour"),
+            ("to_diagonal", "float", "(diagonal_out - diagonal_in) / lost: the share gained "
+                                     "by the query itself"),
+            ("spread", "float", "1 - to_edge - to_diagonal: the share left to every other key"),
+            ("destination", "str", "edge (to_edge >= 0.5), diagonal (to_diagonal >= 0.5) or "
+                                   "spread, for a sliding head with first_in > eps; no sink "
+                                   "(first_in <= eps); kept (a global head: the first token "
+                                   "stays in reach)"),
+        )))
+
 SKIPPED = Table("skipped", "parts of the experiment not run on this model or config", columns(
     ("part", "str", "bos (the with/without-BOS comparison), repeated (the repeated-token "
-                    "check) or streaming (streaming perplexity)"),
+                    "check), streaming (streaming perplexity) or window_edge (the window "
+                    "edge of sliding layers)"),
     ("reason", "str", "why, in a sentence"),
 ))
 
+HEAD_CLASSES = head_classes(
+    "every head tested for the sink class on the natural input: mean alpha_1 above eps "
+    "(Gu et al. 2024's threshold), at the false-discovery rate fdr")
+
 TABLES = tables(HEAD_SCORES, INPUT_SCORES, SINK_RATES, TOP_RECEIVERS, SINK_PER_PROMPT,
                 MASSIVE_ACTIVATIONS, MASSIVE_ACTIVATIONS_DETAIL, REPEATED_TOKEN_CHECK,
-                STREAMING_PERPLEXITY, STREAMING_LOSSES, SKIPPED)
+                STREAMING_PERPLEXITY, STREAMING_LOSSES, WINDOW_EDGE, EDGE_DESTINATIONS,
+                SKIPPED, HEAD_CLASSES)

@@ -16,6 +16,12 @@ Metrics in ``head_scores.parquet`` (mean over prompts, with a 95% bootstrap inte
 
 The patterns are reduced as the forward pass runs; nothing is cached.
 
+Classes (``head_classes``, :mod:`workbench.scores.classes`), read from the same pass: the
+most local kind of head, ``previous-token`` (its weight on the previous token against its
+total weight on the tokens 2-4 back), and the most focused, ``sink`` (Gu et al. 2024: alpha_1,
+the mean weight on the first position, above ``sink_eps``), each also against uniform
+attention, at the false-discovery rate ``fdr`` over the model's heads.
+
 Example:
     workbench run head-overview --model smollm2 --set prompt_set=natural
     python -m experiments.head_overview --model minilm
@@ -32,32 +38,45 @@ from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
-from workbench.recording import reductions
-from workbench.scores import metrics
-from workbench.scores.stats import summarize
+from workbench.scores import classes, metrics
+from workbench.scores.heads import score_and_classify
+from workbench.store.schema import with_layer_types
 
 REDUCTIONS = metrics.reductions("entropy", "normalized_entropy", "mean_distance",
                                 "self_attention")
+CLASSED = metrics.reductions("previous_token", "first_token")
+"""Scored in the same pass for the classes only (not stored in head_scores)."""
 
 
 @dataclass(frozen=True)
 class Config:
     prompt_set: str = param("natural", "prompt set to score on")
+    sink_eps: float = param(classes.SINK_EPS, "the sink class's threshold on alpha_1 (Gu et "
+                            "al. 2024: 0.3)", min=0.0, max=1.0)
+    fdr: float = shared("fdr")
+    n_null_draws: int = shared("n_null_draws")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
         check_prompt_set(self.prompt_set)
+        self.testing()
+
+    def testing(self) -> classes.Testing:
+        return classes.Testing(fdr=self.fdr, n_draws=self.n_null_draws, seed=self.seed,
+                               eps=self.sink_eps)
 
 
 @dataclass
 class Result:
     head_scores: pd.DataFrame
     per_prompt: pd.DataFrame
+    head_classes: pd.DataFrame
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {"head_scores": self.head_scores, "per_prompt_scores": self.per_prompt}
+        return {"head_scores": self.head_scores, "per_prompt_scores": self.per_prompt,
+                "head_classes": self.head_classes}
 
     def summary(self) -> list[str]:
         ent = self.head_scores[self.head_scores.metric == "normalized_entropy"]
@@ -68,13 +87,20 @@ class Result:
             return ", ".join(f"L{r.layer}H{r.head} ({r.score:.2f})" for r in df.itertuples())
 
         return [f"most focused heads (normalized entropy): {fmt(focused)}",
-                f"broadest heads (normalized entropy): {fmt(broad)}"]
+                f"broadest heads (normalized entropy): {fmt(broad)}",
+                *(classes.summary_line(self.head_classes, name)
+                  for name in self.head_classes.head_class.unique())]
 
 
 @experiment("head-overview", config=Config, tables=TABLES)
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Entropy, distance and self-attention of every head on a prompt set."""
     prompts = load_prompt_set(cfg.prompt_set, model)
-    per_prompt = reductions.reduce_patterns(model, prompts, REDUCTIONS,
-                                            max_batch_tokens=cfg.max_batch_tokens)
-    return Result(summarize(per_prompt, n_boot=cfg.n_boot, seed=cfg.seed), per_prompt)
+    scored = score_and_classify(model, prompts, REDUCTIONS | CLASSED, inputs=cfg.prompt_set,
+                                testing=cfg.testing(), n_boot=cfg.n_boot, seed=cfg.seed,
+                                max_batch_tokens=cfg.max_batch_tokens)
+    per_prompt = scored.per_prompt[scored.per_prompt.metric.isin(list(REDUCTIONS))]
+    head_scores = scored.head_scores[scored.head_scores.metric.isin(list(REDUCTIONS))]
+    return Result(with_layer_types(head_scores.drop(columns=["null", "inputs"])
+                                   .reset_index(drop=True), model.info.layer_types),
+                  per_prompt.reset_index(drop=True), scored.head_classes)

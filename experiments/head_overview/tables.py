@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, Column, Table, head_scores, tables
+from workbench.store.schema import HEAD_KEYS, Column, Table, head_classes, head_scores, tables
 
 HEAD_SCORES = head_scores(
     "entropy, normalized_entropy, mean_distance and self_attention of every head on the "
@@ -16,4 +16,9 @@ PER_PROMPT_SCORES = Table("per_prompt_scores", "the same scores on each prompt, 
     Column("score", "float", "the score on this prompt"),
 ))
 
-TABLES = tables(HEAD_SCORES, PER_PROMPT_SCORES)
+HEAD_CLASSES = head_classes(
+    "every head tested for the previous-token class (null: its own total weight on the "
+    "tokens 2-4 back) and the sink class (alpha_1 above sink_eps), on the prompt set, at the "
+    "false-discovery rate fdr")
+
+TABLES = tables(HEAD_SCORES, PER_PROMPT_SCORES, HEAD_CLASSES)

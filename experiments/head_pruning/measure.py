@@ -49,6 +49,7 @@ from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
 from workbench.store.records import ModelInfo
 from workbench.store.runs import RunStore
+from workbench.store.schema import with_layer_types
 
 if TYPE_CHECKING:
     from experiments.head_pruning import Config
@@ -317,7 +318,8 @@ class Pruner:
             self._scores[("ablation", key)] = diffs.mean(0)
             frames.append(_score_frame("importance_ablation", diffs.mean(0).numpy(),
                                        *bootstrap_mean_ci(diffs.numpy(), **boot), len(diffs)))
-        return pd.concat(frames, ignore_index=True)
+        return with_layer_types(pd.concat(frames, ignore_index=True),
+                                self.model.info.layer_types)
 
 
 def _normalized_ci(per_example: np.ndarray, *, n_boot: int, seed: int

@@ -75,6 +75,16 @@ Causal evidence (tables ``repeat_loss``, ``ablation``, ``icl``, ``loss_by_positi
   ``50 +- icl_halfwidth``, which estimates the same difference with far less noise
   while the loss changes slowly with position (it does: see ``loss_by_position``).
 
+Classes (table ``head_classes``, :mod:`workbench.scores.classes`): every head is tested
+for the ``induction`` class, its Olsson score against the same random tokens with every
+repeat after the first shuffled (a derangement; the twins are batched with the repeated
+sequences and read at the real prompts' targets, where no earlier copy is continued any
+more) and against uniform attention, and for the ``previous-token`` class (its weight on
+the previous token of the natural text against its total weight on the tokens 2-4 back). A head
+is in a class when its Benjamini-Hochberg q over all the model's heads is at most ``fdr``
+(default 5%; ``n_null_draws`` sign flips per test, the smallest p 1 / (1 + n_null_draws)).
+The claims ``olsson2022-induction-class-*`` read it.
+
 The run stores ``example/``: the attention patterns of one repeated sequence, shown by the
 dashboard's heads page (the induction stripe is unmistakable).
 
@@ -106,6 +116,7 @@ from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
 from workbench.recording.record import record
+from workbench.scores import classes
 from workbench.scores.losses import repeat_losses, token_losses
 
 
@@ -127,6 +138,8 @@ class Config:
     icl_halfwidth: int = param(
         10, "icl_score_window averages positions 50 +- this and 500 +- this", min=0, max=40)
     copying_tokens: int = param(200, "tokens for the copying score", min=2, max=MAX_SEQUENCE)
+    fdr: float = shared("fdr")
+    n_null_draws: int = shared("n_null_draws")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
@@ -135,6 +148,7 @@ class Config:
         if self.icl_tokens <= 500 + self.icl_halfwidth:
             raise ValueError("icl_tokens must exceed 500 + icl_halfwidth (the score reads "
                              "position 500)")
+        classes.Testing(fdr=self.fdr, n_draws=self.n_null_draws)  # draws that can reach fdr
 
 
 @experiment("induction-heads", config=Config, tables=TABLES, requires="causal_lm",
@@ -149,7 +163,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                            label="docs")
     with progress.stages("induction-heads", 6) as stage:
         stage("head scores")
-        head_scores = head_score_table(model, repeated, natural, cfg)
+        head_scores, head_classes = head_score_table(model, repeated, natural, cfg)
         stage("loss on repeats")
         losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats)
         stage("K-composition ablation")
@@ -162,4 +176,4 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         if ctx.workdir is not None:
             record(model, repeated[:1], ctx.workdir / "example", include_resid=False)
     return Result(head_scores, repeat_loss_table(losses, cfg), ablation, icl, by_pos,
-                  path_patch)
+                  path_patch, head_classes)

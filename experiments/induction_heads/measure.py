@@ -25,11 +25,12 @@ from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
 from workbench.recording import hooks
 from workbench.recording.reductions import reduce_patterns
-from workbench.scores import metrics
-from workbench.scores.heads import copying_scores, score_heads, summarize_tokens, top_heads
+from workbench.scores import classes, metrics
+from workbench.scores.heads import copying_scores, score_and_classify, summarize_tokens, top_heads
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.qk_attribution import require_pre_norm
 from workbench.scores.stats import bootstrap_mean_ci
+from workbench.store.schema import with_layer_types
 
 if TYPE_CHECKING:
     from experiments.induction_heads import Config
@@ -45,6 +46,7 @@ class Result:
     icl: pd.DataFrame
     loss_by_position: pd.DataFrame
     path_patch: pd.DataFrame | None = None
+    head_classes: pd.DataFrame | None = None
 
     def tables(self) -> dict[str, pd.DataFrame]:
         out = {"head_scores": self.head_scores, "repeat_loss": self.repeat_loss,
@@ -52,6 +54,8 @@ class Result:
                "loss_by_position": self.loss_by_position}
         if self.path_patch is not None:
             out["path_patch"] = self.path_patch
+        if self.head_classes is not None:
+            out["head_classes"] = self.head_classes
         return out
 
     def summary(self) -> list[str]:
@@ -65,6 +69,9 @@ class Result:
             best = pooled.nlargest(3, "score")
             lines.append("top induction_pooled heads (every repeat): " + ", ".join(
                 f"L{r.layer}H{r.head} {r.score:.2f}" for r in best.itertuples()))
+        if self.head_classes is not None:
+            lines += [classes.summary_line(self.head_classes, name)
+                      for name in self.head_classes.head_class.unique()]
         lines.append("loss by repeat: " + ", ".join(
             f"#{r.repeat} {r.loss:.2f}" for r in self.repeat_loss.itertuples()))
         for kind in ("zero", "mean"):
@@ -107,21 +114,30 @@ def _path_line(table: pd.DataFrame, path: str) -> str:
 # ---- head scores -------------------------------------------------------------------------
 
 def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence[Prompt],
-                     cfg: Config) -> pd.DataFrame:
+                     cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
     """induction (Olsson et al.'s second-repeat score) and induction_pooled on the
-    repeated sequences, copying on random tokens, previous_token on natural text."""
-    common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
+    repeated sequences, copying on random tokens, previous_token on natural text; and the
+    induction and previous-token classes (the shuffled-repeat twins batched with the
+    repeated sequences)."""
+    common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens,
+              "testing": classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed)}
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.tensor(random_token_ids(model, cfg.copying_tokens, gen))
-    return pd.concat([
-        score_heads(model, repeated, metrics.reductions("induction", "induction_pooled"),
-                    inputs="repeated random tokens", **common),
+    induction = score_and_classify(model, repeated,
+                                   metrics.reductions("induction", "induction_pooled"),
+                                   inputs="repeated random tokens",
+                                   repeats=(cfg.seq_len, cfg.repeats), **common)
+    previous = score_and_classify(model, natural, metrics.reductions("previous_token"),
+                                  inputs="natural text", **common)
+    scores = with_layer_types(pd.concat([
+        induction.head_scores,
         summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
                          inputs="random tokens (direct path)", n_boot=cfg.n_boot,
                          seed=cfg.seed),
-        score_heads(model, natural, metrics.reductions("previous_token"),
-                    inputs="natural text", **common),
-    ], ignore_index=True)
+        previous.head_scores,
+    ], ignore_index=True), model.info.layer_types)
+    return scores, pd.concat([induction.head_classes, previous.head_classes],
+                             ignore_index=True)
 
 
 def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import Column, Table, columns, head_scores, tables
+from workbench.store.schema import Column, Table, columns, head_classes, head_scores, tables
 
 METRIC_MEANING = (
     "induction: Olsson et al.'s prefix-matching score, the mean weight from each query "
@@ -70,4 +70,11 @@ ICL = Table("icl", "in-context learning score (Olsson et al. 2022): loss late in
                           "short for it (the values are then NaN)"),
 ))
 
-TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL, PATH_PATCH)
+HEAD_CLASSES = head_classes(
+    "every head tested for the induction class (repeated random tokens; null: the repeats "
+    "after the first shuffled, read at the real targets) and the previous-token class "
+    "(natural text; null: its own total weight on the tokens 2-4 back), at the false-discovery "
+    "rate fdr")
+
+TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL, PATH_PATCH,
+                HEAD_CLASSES)

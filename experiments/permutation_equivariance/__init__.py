@@ -85,6 +85,17 @@ is called directly, so the same ``X`` enters every condition):
   permutation of the groups and of the heads inside each group. Two controls must change
   the output: heads permuted without W_O, and query heads moved to another kv group.
 
+- sliding-window layers (gemma3: 15 layers of W = 512 keys), the window as a mask:
+  ``sliding window, far-past permutation`` -> unchanged. Only positions ``0 .. i-1`` are
+  moved (``i = max(2, (n - W + 1) // 2)``, seeded as the other permutations) and the
+  sublayer output is compared at the queries ``t >= i + W - 1``, whose window ``t - W + 1
+  .. t`` holds no moved token, under the layer's own window mask and the model's own
+  positions: the moved keys carry weight 0, so nothing a local layer sees changes (exactly,
+  RoPE included). ``causal mask, far-past permutation (control)`` -> changes: the same
+  permutation and queries under the plain causal mask, through which those queries see the
+  moved tokens at their new positions. Both apply at sliding layers only; a prompt shorter
+  than ``W + 2`` tokens is ``n/a`` and says so.
+
 Conditions that do not apply to a model are rows with verdict ``n/a`` and the reason.
 Tables (declared in ``tables.py``): ``equivariance`` (every case: model, component,
 condition, seed, prompt, layer, shift, max relative error, tolerance, expected, verdict),

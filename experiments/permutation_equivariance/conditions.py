@@ -10,7 +10,8 @@ from workbench.models.base import Model
 
 Component = Literal["attention sublayer", "whole model", "attention heads"]
 Expectation = Literal["equivariant", "not equivariant", "unchanged", "changes"]
-Requirement = Literal["rotary", "learned", "alibi", "causal", "bidirectional", "grouped"]
+Requirement = Literal["rotary", "learned", "alibi", "causal", "bidirectional", "grouped",
+                      "sliding"]
 PermutationKind = Literal["full", "prefix"]
 
 HOLDS: dict[Expectation, bool] = {"equivariant": True, "unchanged": True,
@@ -40,6 +41,12 @@ SUBLAYER = (
               "Su et al. 2021: RoPE rotates q, k by position", ("rotary",)),
     Condition("attention sublayer", "RoPE, causal mask, prefix permutation", "changes",
               "Su et al. 2021: a moved key is rotated by its new position", ("rotary",)),
+    Condition("attention sublayer", "sliding window, far-past permutation", "unchanged",
+              "a sliding layer's query sees only its last W keys: tokens moved further back "
+              "are masked", ("sliding",)),
+    Condition("attention sublayer", "causal mask, far-past permutation (control)", "changes",
+              "control: without the window the same queries see the moved tokens, rotated "
+              "by their new positions", ("sliding", "rotary")),
 )
 WHOLE = (
     Condition("whole model", "as trained", "not equivariant",
@@ -84,6 +91,13 @@ HEADS = (
 CONDITIONS: tuple[Condition, ...] = SUBLAYER + WHOLE + HEADS
 BY_NAME = {(c.component, c.name): c for c in CONDITIONS}
 
+WINDOW_CONDITIONS = ("sliding window, far-past permutation",
+                     "causal mask, far-past permutation (control)")
+"""The sublayer conditions of a sliding layer's window (RoPE on, the model's own positions):
+a permutation of only the positions ``0 .. i-1``, checked at the queries ``t >= i + W - 1``
+whose window ``t - W + 1 .. t`` holds no moved token, under the layer's window mask
+(unchanged) and, as the control, under the plain causal mask (changes)."""
+
 SUBLAYER_SETTINGS: dict[str, tuple[bool, bool, PermutationKind]] = {
     "no positions, no mask": (False, False, "full"),
     "no positions, causal mask": (False, True, "full"),
@@ -111,6 +125,9 @@ def missing_requirement(cond: Condition, model: Model) -> str | None:
         "grouped": (1 < info.n_kv_heads < info.n_heads,
                     f"{info.name} has {info.n_kv_heads} kv heads for {info.n_heads} query "
                     "heads: no groups to cross"),
+        "sliding": (bool(info.sliding_layers),
+                    f"{info.name} has no sliding-window layer: every query sees every "
+                    "earlier key"),
     }
     for need in cond.requires:
         ok, why = facts[need]

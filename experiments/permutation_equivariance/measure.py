@@ -20,12 +20,14 @@ from experiments.permutation_equivariance.conditions import (
     CONDITIONS,
     HOLDS,
     SUBLAYER_SETTINGS,
+    WINDOW_CONDITIONS,
     Component,
     Condition,
     PermutationKind,
     missing_requirement,
 )
 from experiments.permutation_equivariance.permutations import (
+    far_past_permutation,
     full_permutation,
     prefix_permutation,
     seeded_head_permutation,
@@ -51,6 +53,7 @@ from workbench.scores.attention import (
     full_mask,
     inverse_permutation,
     relative_error,
+    sliding_window_mask,
 )
 
 if TYPE_CHECKING:
@@ -118,7 +121,7 @@ def layer_inputs(model: Model, enc: Encoded, layers: Sequence[int]
 
 
 def sublayer(model: Model, layer: int, x: Float[Tensor, "batch pos d_model"], *, rope: bool,
-             causal: bool, fwd_hooks: Hooks = ()
+             causal: bool, fwd_hooks: Hooks = (), window: int | None = None
              ) -> tuple[Float[Tensor, "batch pos d_model"],
                         Float[Tensor, "batch head_index query_pos key_pos"]]:
     """One attention sublayer on ``x``: its output (``attn.o.hook_out``) and pattern.
@@ -134,12 +137,15 @@ def sublayer(model: Model, layer: int, x: Float[Tensor, "batch pos d_model"], *,
         rope: rotate q and k by position (rotary models; ignored otherwise).
         causal: a causal mask; otherwise every query sees every key.
         fwd_hooks: more hooks for the call (e.g. head permutations).
+        window: with ``causal``, a sliding window of this many keys (the query's own
+            included) instead of the whole causal prefix.
 
     Returns:
         ``(output, pattern)``.
     """
     n = x.shape[1]
-    mask = causal_mask(n) if causal else full_mask(n)
+    mask = (causal_mask(n) if window is None else sliding_window_mask(n, window)) if causal \
+        else full_mask(n)
     kwargs = {**positional_inputs(model, layer, n, rope=rope),
               "attention_mask": additive_mask(mask, x.dtype)[None, None]}
     names = [hooks.attn_o_out(layer), hooks.pattern(layer)]
@@ -320,7 +326,7 @@ def sublayer_cases(rows: Rows, prompt: PromptContext, layer: int,
     (with ``view``: the original and permuted patterns of the full-permutation conditions)."""
     model, views = rows.model, []
     base: dict[tuple[bool, bool], tuple[Tensor, Tensor]] = {}
-    for name in names:
+    for name in (n for n in names if n not in WINDOW_CONDITIONS):
         rope, causal, kind = SUBLAYER_SETTINGS[name]
         if (rope, causal) not in base:
             base[(rope, causal)] = sublayer(model, layer, x, rope=rope, causal=causal)
@@ -338,6 +344,40 @@ def sublayer_cases(rows: Rows, prompt: PromptContext, layer: int,
             if show:
                 views.append(_view(prompt.index, name, layer, seed, "permuted", pattern1))
     return views
+
+
+def window_cases(rows: Rows, prompt: PromptContext, layer: int,
+                 x: Float[Tensor, "batch pos d_model"], names: Sequence[str]) -> None:
+    """The sliding-window conditions at one layer (:data:`.conditions.WINDOW_CONDITIONS`):
+    only ``0 .. i-1`` moved, compared at the queries ``t >= i + W - 1`` whose window holds
+    none of them, with the model's own positions; under the layer's window mask, and under
+    the plain causal mask as the control."""
+    model = rows.model
+    wanted = [n for n in names if n in WINDOW_CONDITIONS]
+    window = model.info.window(layer)
+    if not wanted or window is None:
+        return  # a global layer has no window (check_prompt notes when no layer has one)
+    n = prompt.n_tokens
+    for name in wanted:
+        mask_window = window if name == WINDOW_CONDITIONS[0] else None
+        out0, _ = sublayer(model, layer, x, rope=True, causal=True, window=mask_window)
+        for seed in rows.cfg.seeds:
+            drawn = far_past_permutation(n, window, seed, prompt.index)
+            if drawn is None:
+                rows.add("attention sublayer", name, None, seed=seed, prompt=prompt.index,
+                         layer=layer, n_tokens=n,
+                         note=f"a prompt of {n} tokens does not reach 2 tokens past the "
+                              f"{window}-key window (max_tokens >= {window + 2} needed)")
+                continue
+            i, perm = drawn
+            out1, _ = sublayer(model, layer, x[:, perm], rope=True, causal=True,
+                               window=mask_window)
+            rows.add("attention sublayer", name,
+                     relative_error(out1, out0, out0, slice(i + window - 1, None)),
+                     seed=seed, prompt=prompt.index, layer=layer, prefix=i, n_tokens=n,
+                     note=f"positions 0..i-1 moved (i in the prefix column); compared at "
+                          f"queries t >= i + {window - 1}, whose {window}-key windows hold "
+                          "no moved token")
 
 
 def head_cases(rows: Rows, prompt: PromptContext, layer: int,
@@ -473,7 +513,12 @@ def check_prompt(rows: Rows, prompt: PromptContext, layers: Sequence[int],
     for layer, x in layer_inputs(rows.model, prompt.enc, layers).items():
         patterns += sublayer_cases(rows, prompt, layer, x, names("attention sublayer"),
                                    view and layer in views)
+        window_cases(rows, prompt, layer, x, names("attention sublayer"))
         head_cases(rows, prompt, layer, x, names("attention heads"))
+    if prompt.index == 0 and not any(rows.model.info.is_sliding(layer) for layer in layers):
+        for name in (n for n in names("attention sublayer") if n in WINDOW_CONDITIONS):
+            rows.add("attention sublayer", name, None,
+                     note="none of the chosen layers has a sliding window")
     whole_model_cases(rows, prompt, names("whole model", shift=False))
     shift_cases(rows, prompt, names("whole model", shift=True))
     return patterns

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from workbench.models.head_permutation import head_permutation
 
-_FULL, _PREFIX, _HEADS = 1, 2, 3  # keep the three kinds of draws apart for one seed
+_FULL, _PREFIX, _HEADS, _FAR = 1, 2, 3, 4  # keep the kinds of draws apart for one seed
 
 
 def _generator(*parts: int) -> torch.Generator:
@@ -37,6 +37,19 @@ def prefix_permutation(n: int, seed: int, prompt: int) -> tuple[int, Int[Tensor,
     fixes every later one; ``2 <= i <= n - 1``, drawn with the permutation."""
     gen = _generator(seed, prompt, _PREFIX)
     i = int(torch.randint(2, n, (1,), generator=gen))
+    return i, torch.cat([_non_identity(i, gen), torch.arange(i, n)])
+
+
+def far_past_permutation(n: int, window: int, seed: int, prompt: int
+                         ) -> tuple[int, Int[Tensor, " pos"]] | None:
+    """``(i, perm)``: ``perm`` shuffles positions ``0 .. i-1`` (never as the identity) and
+    fixes every later one, with ``i = max(2, (n - window + 1) // 2)``, so that the queries
+    ``t >= i + window - 1`` (at least one) see none of the moved tokens through a window of
+    ``window`` keys; ``None`` when ``n < window + 2`` leaves no room."""
+    if n < window + 2:
+        return None
+    i = max(2, (n - window + 1) // 2)
+    gen = _generator(seed, prompt, _FAR)
     return i, torch.cat([_non_identity(i, gen), torch.arange(i, n)])
 
 

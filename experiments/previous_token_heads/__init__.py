@@ -25,6 +25,14 @@ progress bar. Each score has a 95% bootstrap interval over prompts and a null ba
 (``null``): its value for a head whose attention is uniform over the keys it can see, on
 the same prompts.
 
+Classes (``head_classes``, :mod:`workbench.scores.classes`): every head is tested for the
+``previous-token`` class (its weight on the previous token against its total weight on
+the tokens 2-4 back, on the natural text) and the ``duplicate-token`` class (against the
+repeated prompts with every repeat after the first replaced by fresh tokens, batched with
+the real ones and read at the real earlier copies), both also against uniform attention;
+a head is in a class when its Benjamini-Hochberg q over the model's heads is at most
+``fdr`` (``n_null_draws`` sign flips per test).
+
 The run also stores ``example/``, the attention patterns of one natural and one repeated
 prompt, which the dashboard's heads page shows.
 
@@ -48,8 +56,9 @@ from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording.record import record
-from workbench.scores import metrics
-from workbench.scores.heads import score_heads
+from workbench.scores import classes, metrics
+from workbench.scores.heads import score_and_classify
+from workbench.store.schema import with_layer_types
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class Config:
     n_tokens: int = param(128, "tokens per corpus prompt", min=2, max=MAX_SEQUENCE)
     n_repeated: int = param(32, "repeated random sequences", min=2, max=MAX_PROMPTS)
     seq_len: int = param(40, "length of each random sequence", min=2, max=MAX_SEQUENCE)
+    fdr: float = shared("fdr")
+    n_null_draws: int = shared("n_null_draws")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
@@ -66,6 +77,12 @@ class Config:
     def __post_init__(self) -> None:
         if self.text != "corpus":
             check_prompt_set(self.text)
+        testing(self)
+
+
+def testing(cfg: Config) -> classes.Testing:
+    """How the heads are tested for their classes (refuses draws that cannot reach fdr)."""
+    return classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed)
 
 
 def text_label(cfg: Config) -> str:
@@ -86,9 +103,10 @@ def natural_prompts(model: Model, cfg: Config) -> list[Prompt]:
 class Result:
     head_scores: pd.DataFrame
     causal: bool
+    head_classes: pd.DataFrame
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {"head_scores": self.head_scores}
+        return {"head_scores": self.head_scores, "head_classes": self.head_classes}
 
     def summary(self) -> list[str]:
         lines = []
@@ -97,6 +115,8 @@ class Result:
             heads = ", ".join(f"L{r.layer}H{r.head} {r.score:.2f} [{r.ci_low:.2f}, "
                               f"{r.ci_high:.2f}]" for r in df.itertuples())
             lines.append(f"top {metric} heads: {heads} (uniform null {df.null.iloc[0]:.3f})")
+        lines += [classes.summary_line(self.head_classes, name)
+                  for name in self.head_classes.head_class.unique()]
         if self.causal:
             lines.append("next_token is not scored: a causal mask makes it 0 by construction")
         return lines
@@ -111,13 +131,16 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     positional = ("previous_token",) if model.info.causal else ("previous_token", "next_token")
     repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
                                seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
-    common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens}
-    table = pd.concat([
-        score_heads(model, natural, metrics.reductions(*positional), inputs=text_label(cfg),
-                    **common),
-        score_heads(model, repeated, metrics.reductions("duplicate_token"),
-                    inputs="repeated random tokens", **common),
-    ], ignore_index=True)
+    common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens,
+              "testing": testing(cfg)}
+    text = score_and_classify(model, natural, metrics.reductions(*positional),
+                              inputs=text_label(cfg), **common)
+    dup = score_and_classify(model, repeated, metrics.reductions("duplicate_token"),
+                             inputs="repeated random tokens", repeats=(cfg.seq_len, 2),
+                             **common)
     if ctx.workdir is not None:
         record(model, [natural[0], repeated[0]], ctx.workdir / "example", include_resid=False)
-    return Result(table, model.info.causal)
+    return Result(with_layer_types(pd.concat([text.head_scores, dup.head_scores],
+                                             ignore_index=True), model.info.layer_types),
+                  model.info.causal,
+                  pd.concat([text.head_classes, dup.head_classes], ignore_index=True))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import head_scores, tables
+from workbench.store.schema import head_classes, head_scores, tables
 
 HEAD_SCORES = head_scores(
     "previous_token and next_token (encoders only) on natural text or the prompt set of "
     "`text` (the inputs column names which), duplicate_token on repeated random tokens, "
     "of every head")
 
-TABLES = tables(HEAD_SCORES)
+HEAD_CLASSES = head_classes(
+    "every head tested for the previous-token class (natural text; null: its own total "
+    "weight on the tokens 2-4 back) and the duplicate-token class (repeated random "
+    "tokens; null: the repeats replaced by fresh tokens), at the false-discovery rate fdr")
+
+TABLES = tables(HEAD_SCORES, HEAD_CLASSES)

@@ -42,9 +42,12 @@ Checks (table ``scores``: every pair's parts sum to the model's own score; ``pat
 each top component removed from only the head's key or query input, the pattern
 recomputed, :func:`workbench.interventions.paths.path_removed`): the score drop equals the
 linear part, and the weight drop is reported beside it. Pre-norm models only: a post-norm
-encoder (minilm) is refused before any run is created, and so is a model whose scores the
-parts do not reproduce on a short probe
-(:func:`workbench.scores.qk_attribution.require_linearisable`).
+encoder (minilm) is refused before any run is created, and so is a model with soft-capped
+scores or whose scores the parts do not reproduce on a short probe
+(:func:`workbench.scores.qk_attribution.require_linearisable`). Gemma 3's per-head q/k
+norms and its norm on the attention output are frozen at their scales on the input, like
+the first norm, so gemma3 is split exactly; a pair further apart than a sliding layer's
+window (512 keys on gemma3) is refused, its key being masked.
 
 Example:
     workbench run qk-attribution --model smollm2

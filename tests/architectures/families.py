@@ -130,10 +130,23 @@ def _gemma2(v: int) -> Any:
     return _llama_like(tf.Gemma2Config, v, head_dim=8, sliding_window=8)
 
 
+LONG_CONTEXT = 32768
+"""The context of the tiny Gemma 3: Gemma 3 270M's, for the long-context measurements."""
+
+
+def gemma3_config(vocab: int, **changes: Any) -> Any:
+    """A tiny Gemma 3 with Gemma 3's long context: sliding-window and global layers, one
+    key-value head for every query head, q/k norms, 32,768 positions (``changes`` set
+    other fields: ``benchmarks/long_context.py`` takes 270M's window and head size)."""
+    return _llama_like(tf.Gemma3TextConfig, vocab, **{
+        "head_dim": 8, "sliding_window": 8, "num_key_value_heads": 1,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": LONG_CONTEXT, **changes})
+
+
 @family("gemma-3", "Gemma3ForCausalLM")
 def _gemma3(v: int) -> Any:
-    return _llama_like(tf.Gemma3TextConfig, v, head_dim=8, sliding_window=8,
-                       layer_types=["sliding_attention", "full_attention"])
+    return gemma3_config(v)
 
 
 @family("mistral", "MistralForCausalLM")
@@ -184,7 +197,11 @@ ENCODERS = ("bert", "roberta")
 def build(name: str, vocab: int, seed: int = 0) -> torch.nn.Module:
     """The tiny random model of ``name`` (eager attention, eval mode)."""
     cls_name, make = BUILDERS[name]
-    cfg = make(vocab)
+    return instantiate(cls_name, make(vocab), seed)
+
+
+def instantiate(cls_name: str, cfg: Any, seed: int = 0) -> torch.nn.Module:
+    """A random model of class ``cls_name`` from ``cfg`` (eager attention, eval mode)."""
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     return getattr(tf, cls_name)(cfg).eval()

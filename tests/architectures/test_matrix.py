@@ -20,6 +20,7 @@ from workbench.harness.experiment import all_experiments, get, run_experiment
 from workbench.harness.matrix import cell, family_matrix
 from workbench.inputs.prompts import Prompt
 from workbench.interventions.masks import HeadMask, applied
+from workbench.models import zoo
 from workbench.models.adapters import FAMILIES, adapter_for
 from workbench.models.surgery import hf_forward, plain_copy, remove_heads
 from workbench.recording import hooks
@@ -48,6 +49,10 @@ SMALL = {
                      "step_fraction": 0.25, "max_fraction": 0.5, "n_boot": 20,
                      "speed_repeats": 1, "budgets": (0.25,)},
     "qk-attribution": {"n_prompts": 2, "n_random": 2, "n_boot": 20, "patch_prompts": 1},
+    # the tiny tokenizer's only words that are one token with their leading space
+    "ioi": {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,
+            "templates": 2, "patch_prompts": 2, "n_receivers": 1, "n_boot": 20},
+    "logit-lens": {"prompt_set": "natural", "n_prompts": 2, "n_boot": 20},
 }
 """The smallest config of each experiment that still runs every part of it."""
 PROMPTS = [Prompt(text="the cat sat on the mat and the dog sat"), Prompt(text="bread is made")]
@@ -130,6 +135,8 @@ def test_matrix_cell_is_what_a_run_gives(families, family, experiment, tmp_path)
         _check_removal_step(run, ADAPTERS[family].removal_reason())
     if experiment == "permutation-equivariance":
         _check_verdicts(run, family)
+    if experiment in ("ioi", "logit-lens"):  # the parts sum, patching restores, lens is output
+        assert (run.table("checks").value <= 1e-4).all(), run.table("checks")
 
 
 def _check_removal_step(run, reason: str | None) -> None:
@@ -159,10 +166,17 @@ def _check_verdicts(run, family: str) -> None:
                 == "pass").all()
 
 
+def _table(lines: list[str], title: str) -> dict[str, str]:
+    """The rows of the table under ``title``, by their first cell."""
+    start = lines.index(title) + 3  # the title, the header and its rule
+    end = lines.index("", start)
+    return {line.split()[0]: line for line in lines[start:end]}
+
+
 def test_models_families_prints_the_matrix(capsys):
     status, out, _ = tiny.cli(capsys, "models", "--families")
     assert status == 0
-    rows = {line.split()[0]: line for line in out[2:] if line and not line.startswith("*")}
+    rows = _table(out, "On tiny random weights (every family):")
     assert set(rows) == set(FAMILIES.names())
     for c in family_matrix():
         if not c.works and not ADAPTERS.get(c.family, FAMILIES.get(c.family)).unsupported:
@@ -179,3 +193,17 @@ def test_falcon_variants_with_another_fused_layout_are_not_sliced():
     model = transformers.FalconForCausalLM(cfg).eval()
     with pytest.raises(ModelCapabilityError, match="per kv group"):
         remove_heads(model, torch.ones(1, 4))
+
+
+def test_the_bundled_models_are_the_rows_on_real_weights_apart(capsys):
+    _, out, _ = tiny.cli(capsys, "models", "--families")
+    real = _table(out, "On real weights (the bundled models, each its family's row on one "
+                       "real model):")
+    tiny_rows = _table(out, "On tiny random weights (every family):")
+    assert set(real) == set(zoo.MODELS.names()) == {"gemma3", "minilm", "smollm2"}
+    n = len({c.experiment for c in family_matrix()})
+    for name, family in (("smollm2", "llama"), ("minilm", "bert"), ("gemma3", "gemma-3")):
+        assert real[name].split()[1] == family
+        # the same cells as the family's row on tiny random weights
+        assert real[name].split()[-n:] == tiny_rows[family].split()[-n:]
+    assert "18: 15 sliding (512), 3 global" in real["gemma3"] and "30 global" in real["smollm2"]

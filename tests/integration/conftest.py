@@ -15,3 +15,8 @@ def smollm2():
 @pytest.fixture(scope="session")
 def minilm():
     return load_model("minilm")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    return load_model("gemma3")

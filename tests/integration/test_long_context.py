@@ -1,5 +1,6 @@
 """A long document on the bundled models: a 2,048-token smollm2 prompt recorded as top-k
-keeps the sink, previous-token and self-attention scores of the model's dense patterns and
+(from blocked attention) keeps the sink, previous-token and self-attention scores of the
+model's dense eager patterns and
 every row's mass; minilm's sparse and dense recordings agree on the exact channels. (The
 8,192-token run is measured in benchmarks/long_context.py.)"""
 
@@ -22,8 +23,10 @@ def test_smollm2_2048_tokens_topk_keeps_the_dense_scores(smollm2, tmp_path):
     prompt = token_chunks(smollm2, python_docs(), n_chunks=1, n_tokens=2048)[0]
     rec = record(smollm2, [prompt], tmp_path / "rec", include_resid=False)
     assert rec.patterns == "topk" and rec.topk == 16  # auto: topk above 1,024 tokens
-    # the reference: the metrics applied to the model's own dense patterns, on the fly
-    dense = reduce_patterns(smollm2, [prompt], METRICS, max_batch_tokens=2048)
+    # the reference: the metrics applied to the model's own dense (eager) patterns; the
+    # recording came from blocked attention
+    dense = reduce_patterns(smollm2, [prompt], METRICS, max_batch_tokens=2048,
+                            attention="dense")
     n = rec.length(0)
     ctx = PatternContext(input_ids=torch.tensor([list(prompt.token_ids)]),
                          lengths=torch.tensor([n]), query_mask=torch.ones(1, n, dtype=bool),

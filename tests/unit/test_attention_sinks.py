@@ -168,11 +168,13 @@ def test_recompute_equals_a_fresh_forward_over_the_window(llama, llama_hf):
 
 
 def test_skips_say_what_does_not_apply(llama, bert):
-    assert measure.skips(llama, Config(stream_tokens=400)) == {}  # rotary, BOS, trained head
+    # rotary, BOS, trained head: everything but the window edge of a sliding layer
+    assert set(measure.skips(llama, Config(stream_tokens=400))) == {"window_edge"}
+    assert "no sliding-window layer" in measure.skips(llama, Config())["window_edge"]
     assert set(measure.skips(llama, Config(streaming=False, compare_bos=False))) == {
-        "bos", "streaming"}
+        "bos", "streaming", "window_edge"}
     encoder = measure.skips(bert, Config())
-    assert set(encoder) == {"bos", "streaming", "repeated"}
+    assert set(encoder) == {"bos", "streaming", "repeated", "window_edge"}
     assert "learned absolute position" in encoder["repeated"]
 
 
@@ -214,8 +216,12 @@ def test_run_on_the_tiny_llama(tiny_runs):
     assert run.table("repeated_token_check").relative_deviation.max() < 1e-5
     head = run.table("head_scores")
     assert {"layer", "head", "metric", "score", "ci_low", "ci_high", "n_prompts"} <= set(head)
-    assert not any("skipped" in line for line in run.meta.summary)
-    assert run.table("skipped").empty
+    assert [line for line in run.meta.summary if "skipped" in line] == [
+        "window edge: skipped (tiny-llama has no sliding-window layer: the first token is "
+        "always in reach)"]
+    assert list(run.table("skipped").part) == ["window_edge"]
+    assert set(run.table("sink_rates").layers) == {"all"}  # one layer type: no groups
+    assert set(head.layer_type) == {"global"}
 
 
 def test_encoder_run_skips_what_does_not_apply(tiny_runs):
@@ -225,7 +231,7 @@ def test_encoder_run_skips_what_does_not_apply(tiny_runs):
     assert "repeated-token property: skipped" in summary  # BERT has learned positions
     assert "streaming_perplexity" not in run.table_names()
     skipped = run.table("skipped").set_index("part").reason
-    assert set(skipped.index) == {"bos", "streaming", "repeated"}
+    assert set(skipped.index) == {"bos", "streaming", "repeated", "window_edge"}
     assert "no next-token perplexity" in skipped["streaming"]
     assert set(run.table("sink_rates").input) == {"natural", "random", "repeated"}
     scores = run.table("head_scores").set_index(["layer", "head", "metric"])

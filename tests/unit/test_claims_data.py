@@ -29,8 +29,13 @@ def test_claim_names_a_registered_experiment_with_a_valid_config(claim):
 
 # mathematical properties that hold for any such model: kept as regression tests, never
 # counted as reproduced findings
-INVARIANTS = {"gu2024-repeated-token-identical-states"} | {
-    c.id for c in claims.read_claims_file(data_dir() / "claims" / "permutation_equivariance.json")}
+INVARIANTS = {"gu2024-repeated-token-identical-states",
+              "gemma3-sliding-layers-zero-beyond-window"} | {
+    c.id for c in claims.read_claims_file(data_dir() / "claims" / "permutation_equivariance.json")
+} | {"ioi-direct-effects-sum-to-the-logit-difference",
+     "ioi-patching-everything-restores-the-clean-run",
+     "ioi-patching-nothing-leaves-the-corrupted-run", "logit-lens-last-boundary-is-the-output",
+     "logit-lens-direct-effects-sum-to-the-logit"}
 
 
 def test_theorems_are_invariants_and_findings_are_reproductions():

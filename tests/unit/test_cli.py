@@ -22,8 +22,8 @@ from workbench.store.runs import RunStore
     (["record", "{folder}", "--file", "/no/such/file.txt"],
      "cannot read prompt file /no/such/file.txt: No such file"),
     (["record", "no-such-model-name", "--text", "hi"],
-     "unknown model 'no-such-model-name': not a bundled model (minilm, smollm2)"),
-    (["fetch", "gpt5"], "unknown model 'gpt5'; known models: minilm, smollm2"),
+     "unknown model 'no-such-model-name': not a bundled model (gemma3, minilm, smollm2)"),
+    (["fetch", "gpt5"], "unknown model 'gpt5'; known models: gemma3, minilm, smollm2"),
     (["show", "nothing-here"], "no run 'nothing-here'"),
     (["run", "head-overveiw", "--model", "x"], "unknown experiment 'head-overveiw' (did you mean "
      "'head-overview'?)"),

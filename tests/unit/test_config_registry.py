@@ -105,7 +105,8 @@ def _shared_fields() -> list[tuple[str, dataclasses.Field, object]]:
 
 def test_every_experiment_takes_a_shared_field_from_its_one_declaration():
     found = _shared_fields()
-    assert {f.name for _, f, _ in found} == {"n_boot", "seed", "max_batch_tokens"}
+    assert {f.name for _, f, _ in found} == {"n_boot", "seed", "max_batch_tokens", "fdr",
+                                             "n_null_draws"}
     for name, f, tp in found:
         decl = SHARED[f.name]
         assert tp is decl.type, (name, f.name)

@@ -16,21 +16,16 @@ from experiments.qk_attribution.measure import METRIC_SOURCES
 from workbench.core.errors import UnknownNameError
 from workbench.core.paths import REPO_ROOT
 from workbench.harness.experiment import experiment, run_experiment
+from workbench.recording.reductions import BlockReduction
 from workbench.scores import metrics, patterns
 from workbench.store.runs import RunStore
 from workbench.store.schema import LEGACY_METRIC_NAMES, Table, columns, tables
 
 
 def _pattern_functions() -> dict[str, object]:
-    """Every function of ``patterns`` shaped like a pattern metric: ``(pattern, ctx)`` to
-    one number per prompt and head."""
-    found = {}
-    for name, fn in inspect.getmembers(patterns, inspect.isfunction):
-        shape = fn.__annotations__.get("return", "").replace("'", '"')
-        if list(inspect.signature(fn).parameters) == ["pattern", "ctx"] and shape.endswith(
-                '"batch head_index"]'):
-            found[name] = fn
-    return found
+    """Every pattern metric of ``patterns``: each is a block-wise reduction, ``(pattern,
+    ctx)`` to one number per prompt and head."""
+    return dict(inspect.getmembers(patterns, lambda fn: isinstance(fn, BlockReduction)))
 
 
 def test_every_pattern_function_is_registered_under_its_own_name():

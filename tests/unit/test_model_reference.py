@@ -195,7 +195,7 @@ def test_impossible_names_list_the_bundled_models(cwd, text):
         parse_model(text)
     message = str(raised.value)
     assert message.startswith("unknown model ") and "\n" not in message
-    assert "not a bundled model (minilm, smollm2)" in message and len(message) < 400
+    assert "not a bundled model (gemma3, minilm, smollm2)" in message and len(message) < 400
 
 
 def test_an_uncached_hub_id_needs_the_hub(cwd, monkeypatch):

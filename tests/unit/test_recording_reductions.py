@@ -1,33 +1,84 @@
-"""Long prompts hand a reduction a few heads at a time; the scores do not change."""
+"""Pattern reductions fed one block of query rows at a time equal the same reductions of
+the whole pattern (the eager pattern captured at ``hook_pattern``, reduced at once)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+import pytest
 import torch
 
+from experiments.attention_sinks.measure import sink_reductions
 from workbench.inputs.prompts import Prompt
-from workbench.recording import reductions
-from workbench.scores import patterns
+from workbench.inputs.token_types import TokenTyper, model_token_types
+from workbench.recording import hooks, reductions
+from workbench.scores import metrics
 
-METRICS = {"entropy": patterns.entropy, "mean_distance": patterns.mean_distance,
-           "induction": patterns.induction, "previous_token": patterns.previous_token,
-           "first_token": patterns.first_token}
-
-
-def test_heads_per_call_keeps_temporaries_within_budget():
-    assert reductions.heads_per_call(torch.Size([4, 9, 128, 128])) == 9  # short: all heads
-    # smollm2 at 8,192 tokens: 2**27 elements is two heads' [T, T]
-    assert reductions.heads_per_call(torch.Size([1, 9, 8192, 8192])) == 2
-    assert reductions.heads_per_call(torch.Size([1, 9, 2**15, 2**15])) == 1
+PATTERN_METRICS = [m.name for _, m in metrics.METRICS.items() if m.kind == "pattern"]
+PROMPTS = [Prompt(text="the cat sat on the mat the cat sat on the mat and the dog sat"),
+           Prompt(text="bread is made from flour"), Prompt(text="the dog")]
 
 
-def test_scores_are_the_same_one_head_at_a_time(llama, monkeypatch):
-    prompts = [Prompt(text="the cat sat on the mat the cat sat on the mat"),
-               Prompt(text="bread is made from flour")]
-    together = reductions.reduce_patterns(llama, prompts, METRICS)
-    monkeypatch.setattr(reductions, "TEMPORARY_ELEMENTS", 1)  # forces one head per call
-    assert reductions.heads_per_call(torch.Size([2, 4, 12, 12])) == 1
-    apart = reductions.reduce_patterns(llama, prompts, METRICS)
-    assert together[["prompt", "layer", "head", "metric"]].equals(
-        apart[["prompt", "layer", "head", "metric"]])
-    np.testing.assert_allclose(apart["score"], together["score"], rtol=1e-6, equal_nan=True)
+def _whole(model, prompts, fns) -> pd.DataFrame:
+    """Every reduction of every layer's whole pattern, batch by batch (the reference)."""
+    n_layers = model.info.n_layers
+    frames = []
+    for batch in model.batches(prompts):
+        names = [hooks.pattern(layer) for layer in range(n_layers)]
+        with torch.inference_mode():
+            kept = hooks.capture(model, batch, names)
+        ctx = reductions.PatternContext(
+            input_ids=batch.input_ids, lengths=torch.tensor(batch.lengths),
+            query_mask=batch.attention_mask.bool(), layer=-1, causal=model.info.causal)
+        out = {(layer, metric): fn(kept[names[layer]], ctx).float()
+               for layer in range(n_layers) for metric, fn in fns.items()}
+        frames.append(reductions._to_frame(out, batch.indices))
+    return pd.concat(frames).sort_values(["prompt", "layer", "head", "metric"],
+                                         ignore_index=True)
+
+
+def _sinks(model):
+    return sink_reductions(TokenTyper.for_model(model), model_token_types(model))
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+@pytest.mark.parametrize("attention", ["blocked", "dense"])
+def test_block_by_block_scores_equal_the_whole_pattern_scores(request, name, attention):
+    model = request.getfixturevalue(name)
+    fns = {**metrics.reductions(*PATTERN_METRICS), **_sinks(model)}
+    want = _whole(model, PROMPTS, fns)
+    got = reductions.reduce_patterns(model, PROMPTS, fns, attention=attention, block=3)
+    assert got[["prompt", "layer", "head", "metric"]].equals(
+        want[["prompt", "layer", "head", "metric"]])
+    ranks = want.metric.str.endswith(("_type", "_position"))  # categorical: exactly equal
+    np.testing.assert_allclose(got.score[~ranks], want.score[~ranks], atol=1e-6,
+                               equal_nan=True)
+    assert (got.score[ranks] == want.score[ranks]).all()
+
+
+def test_a_plain_function_of_the_whole_pattern_gets_it_whole(llama):
+    seen = []
+
+    def rows(pattern, ctx):
+        seen.append(pattern.shape[-2])
+        return pattern.float().sum((-1, -2))
+
+    out = reductions.reduce_patterns(llama, PROMPTS[:1], {"rows": rows})
+    n = llama.encode(PROMPTS[0])[0]
+    assert set(seen) == {len(n)}  # one block of every row per layer
+    np.testing.assert_allclose(out.score, len(n), rtol=1e-6)  # every row sums to 1
+
+
+def test_null_scores_block_by_block_equal_the_whole_uniform_pattern(llama):
+    fns = metrics.reductions(*PATTERN_METRICS)
+    null = reductions.null_scores(llama, PROMPTS, fns)
+    for i, prompt in enumerate(PROMPTS):
+        n = len(llama.encode(prompt)[0])
+        ctx = reductions.PatternContext(
+            input_ids=torch.tensor([llama.encode(prompt)[0]]), lengths=torch.tensor([n]),
+            query_mask=torch.ones(1, n, dtype=torch.bool), layer=-1, causal=True)
+        whole = reductions.uniform_pattern(n, causal=True)
+        for metric, fn in fns.items():
+            got = null[(null.prompt == i) & (null.metric == metric)].score.item()
+            np.testing.assert_allclose(got, float(fn(whole, ctx)[0, 0]), atol=1e-6,
+                                       equal_nan=True)

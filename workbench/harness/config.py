@@ -105,6 +105,14 @@ SHARED: dict[str, Shared] = {
     "seed": Shared(int, 0, "seed of everything random in the run", SEED),
     "max_batch_tokens": Shared(int, 2048, "tokens per forward batch", Range(min=1, max=1 << 20)),
     "dtype": Shared(Dtype, "float32", "parameter dtype the model is loaded in"),
+    # the head classes (workbench.scores.classes): a rate above one half controls nothing
+    # a reader would call a class, and below 1e-4 the draws' floor (1e-6 at the most
+    # draws) is too close; the draws cost no forward pass, only a matrix product
+    "fdr": Shared(float, 0.05, "false-discovery rate of the head classes (a head is in a "
+                  "class when its Benjamini-Hochberg q <= fdr)", Range(min=1e-4, max=0.5)),
+    "n_null_draws": Shared(int, 9999, "sign-flip draws of each head's null test (the "
+                           "smallest p is 1 / (1 + n_null_draws), which must be below fdr)",
+                           Range(min=19, max=1_000_000)),
 }
 """The shared fields by name; ``dtype`` is an option of the commands that load a model."""
 

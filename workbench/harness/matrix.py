@@ -3,7 +3,10 @@
 Derived, never written by hand: the families and what each supports come from the adapters
 registry (:mod:`workbench.models.adapters`), the experiments and what they require from the
 experiment registry. ``workbench models --families`` prints it; ``tests/architectures``
-checks every cell against a real run on a tiny random model of the family.
+checks every cell against a real run on a tiny random model of the family. The bundled
+models (:data:`workbench.models.zoo.MODELS`) are the rows on real pretrained weights
+(:func:`real_weights_matrix`), kept apart: each is its family's row on one real model,
+which ``tests/integration`` runs.
 
 Examples:
     >>> cells = family_matrix()                                       # doctest: +SKIP
@@ -17,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.harness.experiment import Experiment, all_experiments
-from workbench.models.adapters import FAMILIES, Adapter
+from workbench.models import zoo
+from workbench.models.adapters import FAMILIES, Adapter, adapter_for
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ def _sinks_steps(adapter: Adapter) -> str | None:
         return "no BOS or streaming parts: an encoder"
     if adapter.positions == "alibi":
         return "no streaming part: ALiBi is built from a 2-D padding mask"
+    if adapter.local_attention:
+        return ("no streaming part: one 4-D mask would replace the sliding layers' own "
+                "windows; window-edge part instead")
     return None
 
 
@@ -56,15 +63,25 @@ def _linear_scores(adapter: Adapter) -> str | None:
         return f"needs a pre-norm block; {adapter.family} normalizes after its sublayers"
     if adapter.positions in ("alibi", "relative"):
         return f"{adapter.positions} position biases are added to the scores"
-    if adapter.qk_norm != "none":
-        return "queries and keys are normalized, so the scores are not linear in them"
+    if adapter.qk_norm == "full_width":
+        return ("queries and keys are normalized over every head together, so one head's "
+                "scores are not linear in its own projection")
     if adapter.softcap:
         return "the scores are soft-capped (tanh), so not linear"
     return adapter.score_hooks
 
 
+def _linear_logits(adapter: Adapter) -> str | None:
+    """Why a logit difference is not a sum of the residual stream's parts' direct effects."""
+    if adapter.logit_softcap:
+        return "the logits are soft-capped (tanh), so a logit difference is not linear"
+    return None
+
+
 NEEDS: dict[str, Callable[[Adapter], str | None]] = {
     "qk-attribution": _linear_scores,
+    "ioi": _linear_logits,
+    "logit-lens": _linear_logits,
 }
 """Experiments that refuse some families for what the family is (beyond ``requires``):
 why, from the adapter's facts."""
@@ -99,3 +116,15 @@ def family_matrix() -> list[Cell]:
     """
     experiments = [exp for exp in all_experiments() if exp.needs_model]
     return [cell(adapter, exp) for _, adapter in FAMILIES.items() for exp in experiments]
+
+
+def real_weights_matrix() -> list[tuple[str, Cell]]:
+    """Every bundled model (real pretrained weights) on every experiment that takes a
+    model: its family's cells, models and experiments in name order.
+
+    Returns:
+        ``(bundled model name, the cell of its family)`` per (model, experiment).
+    """
+    experiments = [exp for exp in all_experiments() if exp.needs_model]
+    return [(name, cell(adapter_for(spec.architecture), exp))
+            for name, spec in zoo.MODELS.items() for exp in experiments]

@@ -56,6 +56,7 @@ from workbench.harness.sweep_tables import CELLS, SCORES, TABLES
 from workbench.models import cache
 from workbench.models.zoo import MODELS
 from workbench.store.runs import Run, RunStore
+from workbench.store.schema import with_layer_types
 
 log = logging.getLogger(__name__)
 
@@ -407,6 +408,10 @@ def scores_table(store: RunStore, cells: Sequence[Cell], table: pd.DataFrame) ->
         scores = run.table("head_scores")
         if "null" not in scores.columns:
             scores = scores.assign(null=float("nan"))
+        if run.meta.model is not None:  # a run written before the column: from its model
+            scores = with_layer_types(scores, run.meta.model.layer_types)
+        elif "layer_type" not in scores.columns:  # models the experiment trained: global
+            scores = scores.assign(layer_type="global")
         keys = _key_columns(by_index[row.cell], row.run_id)
         parts.append(scores[SCORES.names[len(keys):]].assign(**keys)[SCORES.names])
     if not parts:

@@ -47,6 +47,7 @@ SCORES = Table("scores", "head_scores of every complete cell, joined with the ce
     *columns(
         ("layer", "int", "layer index, from 0"),
         ("head", "int", "query head index within the layer, from 0"),
+        ("layer_type", "str", "the layer's attention span: sliding or global"),
         ("metric", "str", "which score: a head metric of workbench.scores.metrics"),
         ("score", "float", "mean over prompts"),
         ("ci_low", "float", "95% bootstrap interval over prompts, low end"),

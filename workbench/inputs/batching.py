@@ -31,6 +31,21 @@ class Batch:
             kwargs["token_type_ids"] = self.token_type_ids
         return kwargs
 
+    def repeat(self, copies: int) -> Batch:
+        """``copies`` copies of the batch stacked along the batch axis (copy-major: row
+        ``k * n + i`` is row ``i`` of copy ``k``), as a replayed pass repeats its reference
+        (:func:`workbench.interventions.replay.replayed`)."""
+        return Batch(self.input_ids.repeat(copies, 1), self.attention_mask.repeat(copies, 1),
+                     None if self.token_type_ids is None else
+                     self.token_type_ids.repeat(copies, 1),
+                     self.lengths * copies, self.indices * copies)
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor) -> Batch:
+        """Rows of equal length, unpadded."""
+        n, width = input_ids.shape
+        return cls(input_ids, torch.ones_like(input_ids), None, [width] * n, list(range(n)))
+
 
 def make_batches(encoded: Sequence[tuple[list[int], list[int] | None]], *, pad_id: int,
                  max_tokens: int = 4096) -> Iterator[Batch]:

@@ -197,7 +197,7 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
     def run(group: list[Tensor], batch: Batch) -> Tensor:
         xi = torch.stack(group).repeat_interleave(len(batch.indices), dim=0)  # [K*B, L, H]
         with model.bridge.hooks(fwd_hooks=per_example_mask_hooks(xi, means)):
-            return degradation(model, _repeat(batch, len(group))).float().reshape(len(group), -1)
+            return degradation(model, batch.repeat(len(group))).float().reshape(len(group), -1)
 
     with torch.inference_mode():
         for batch in model.batches(prompts, max_tokens=max_batch_tokens):
@@ -216,10 +216,3 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
     for i, (layer, head) in enumerate(remaining):
         diffs[:, layer, head] = values[i] - current
     return diffs
-
-
-def _repeat(batch: Batch, copies: int) -> Batch:
-    """``copies`` copies of a batch stacked along the batch axis (copy-major)."""
-    return Batch(batch.input_ids.repeat(copies, 1), batch.attention_mask.repeat(copies, 1),
-                 None if batch.token_type_ids is None else batch.token_type_ids.repeat(copies, 1),
-                 batch.lengths * copies, batch.indices * copies)

@@ -1,4 +1,5 @@
-"""Path patching into one input of a head: remove upstream components from its Q, K or V only.
+"""Path patching into one input of a head: upstream components removed from (or replaced in)
+its Q, K or V only.
 
 Ablating a head's output (:mod:`workbench.interventions.ablation`) removes it from every
 downstream query, key and value and from the residual stream at once: it shows the head is
@@ -9,15 +10,33 @@ chosen target heads only; everything else in the model still sees them.
 How: at each target layer, the first norm's scale is frozen at its value on the input (the
 linearisation of :mod:`workbench.models.norms`), so a component's part of the
 projection is ``W n(c)``; the hook on ``hook_q`` / ``hook_k`` / ``hook_v`` subtracts it,
-at every position. The sources are read in the same pass, as the (possibly already
-patched) model computes them. With grouped-query attention ``k`` and ``v`` are shared by
+at every position. The norms that sit elsewhere on the path are frozen too: a head's
+output is taken through its block's attention output norm (Gemma's
+``post_attention_layernorm``) at that norm's scale on the input, and a per-head query or
+key norm after ``hook_q`` / ``hook_k`` (Gemma 3, Qwen 3) keeps the scale of the unpatched
+query or key, so what is removed is exactly the linear part the QK attribution reports.
+The sources are read in the same pass, as the (possibly already patched) model computes
+them. With grouped-query attention ``k`` and ``v`` are shared by
 the query heads of a key-value group, so removing a source from a target's key or value
 removes it for the whole group; ``q`` is per head. Patching at layer ``L`` leaves layers
 below it untouched, so a target's own pattern at ``L`` reflects the key path alone.
 
+:func:`path_patched` *replaces* the sources instead: their outputs on another input (the
+corrupted run of activation patching, :func:`source_outputs`) take the place of their
+outputs on this one in the targets' input only, ``W n(c_other - c)`` added: Wang et al.'s
+path patching from a sender to receivers' queries (2022), with the direct path alone
+patched (no intermediate head sees the change) and the receivers' norm scale frozen at its
+value on this input (the linearisation above). Where the attention output passes through a
+norm before the residual add (``ln1_post``: Gemma 2/3, OLMo 2), a head's part is its output
+through that norm, frozen at this pass's scale too
+(:func:`workbench.models.norms.output_norm`).
+
 Examples:
     >>> with path_removed(model, ["L3H1", "L4H0"], [(5, 1)], "k"):     # doctest: +SKIP
     ...     patterns = reduce_patterns(model, prompts, {"induction": induction})
+    >>> other = source_outputs(model, corrupted_batch, ["L7H3"])       # doctest: +SKIP
+    >>> with path_patched(model, ["L7H3"], [(9, 9)], "q", other):      # doctest: +SKIP
+    ...     diff = logit_difference(model, clean_batch, contrast, positions)
 """
 
 from __future__ import annotations
@@ -31,9 +50,10 @@ import torch
 from torch import Tensor
 
 from workbench.core.errors import WorkbenchError
+from workbench.inputs.batching import Batch
 from workbench.interventions.ablation import Head
 from workbench.models.base import Model
-from workbench.models.norms import EMBED, first_norm, normalise
+from workbench.models.norms import EMBED, first_norm, head_norm, normalise, output_norm
 from workbench.recording import hooks
 
 InputPath = Literal["q", "k", "v"]
@@ -77,6 +97,27 @@ def path_removed(model: Model, sources: Sequence[str], targets: Sequence[Head],
     Raises:
         WorkbenchError: an unknown source, target or path.
     """
+    with path_patched(model, sources, targets, path, None):
+        yield
+
+
+@contextlib.contextmanager
+def path_patched(model: Model, sources: Sequence[str], targets: Sequence[Head],
+                 path: InputPath, other: dict[str, Tensor] | None) -> Iterator[None]:
+    """Run the block with ``sources``' outputs replaced by ``other`` in the ``path`` input
+    of ``targets`` only (removed, where ``other`` is ``None``).
+
+    Args:
+        model: a pre-norm model.
+        sources: upstream components, as for :func:`path_removed`.
+        targets: ``(layer, head)`` heads whose input is patched.
+        path: ``q``, ``k`` or ``v``.
+        other: each source's output on the other input (:func:`source_outputs` of a
+            batch of the same shape as every pass run in the block), or ``None``.
+
+    Raises:
+        WorkbenchError: an unknown source, target or path, or a source ``other`` lacks.
+    """
     if path not in ("q", "k", "v"):
         raise WorkbenchError(f"path must be q, k or v, got {path!r}")
     parsed = [parse_source(s, model) for s in sources]
@@ -84,55 +125,118 @@ def path_removed(model: Model, sources: Sequence[str], targets: Sequence[Head],
     for layer, head in targets:
         if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
             raise WorkbenchError(f"target head L{layer}H{head} does not exist in {info.name}")
-    with model.bridge.hooks(fwd_hooks=_path_hooks(model, parsed, list(targets), path)):
+    if other is not None and (missing := [s for s in sources if s not in other]):
+        raise WorkbenchError(f"no output on the other input for {', '.join(missing)}")
+    with model.bridge.hooks(fwd_hooks=_path_hooks(model, parsed, list(targets), path, other)):
         yield
 
 
+def source_outputs(model: Model, batch: Batch, sources: Sequence[str]) -> dict[str, Tensor]:
+    """The outputs of ``sources`` on ``batch`` as a path patch reads them (a head's
+    ``z W_O`` before any output norm), ``[batch, pos, d_model]`` each: one pass, stopped
+    after the deepest source.
+
+    Raises:
+        WorkbenchError: an unknown source.
+    """
+    parsed = [parse_source(s, model) for s in sources]
+    n_layers = model.info.n_layers
+    names = [_source_hook(kind, layer, n_layers) for kind, layer, _ in parsed]
+    w_o = model.bridge.W_O.detach()
+    kept = hooks.capture(model, batch, names)
+    out = {}
+    for name, (kind, layer, head), hook_name in zip(sources, parsed, names, strict=True):
+        value = kept[hook_name]
+        out[name] = value[:, :, head] @ w_o[layer, head] if kind == "head" else value
+    return out
+
+
+def _source_hook(kind: str, layer: int, n_layers: int) -> str:
+    if kind == "embed":
+        return hooks.resid(0, n_layers)
+    return hooks.z(layer) if kind == "head" else hooks.mlp_out(layer)
+
+
 def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
-                targets: list[Head], path: InputPath) -> list[tuple[str, Any]]:
+                targets: list[Head], path: InputPath, other: dict[str, Tensor] | None
+                ) -> list[tuple[str, Any]]:
     """Hooks that read the sources' outputs as the pass runs, each target layer's norm
-    scale, and subtract the sources' projection at the target layer's ``hook_{path}``."""
+    scale (and the sources' output norm scales), and add the sources' change (``other -
+    own``, or ``-own``) projected at the target layer's ``hook_{path}``."""
     bridge, info = model.bridge, model.info
     per_group = info.n_heads // info.n_kv_heads
-    seen: list[tuple[int, Tensor]] = []  # (layer of origin, [batch, pos, d_model])
+    seen: list[tuple[int, str, Tensor]] = []  # (origin layer, kind, [batch, pos, d_model])
     target_layers = sorted({layer for layer, _ in targets})
-    scales, keep_scales = hooks.caching_hooks([hooks.norm_scale(layer) for layer in target_layers])
+    post = {layer: norm for kind, layer, _ in sources
+            if kind == "head" and (norm := output_norm(model, layer)) is not None}
+    scales, keep_scales = hooks.caching_hooks(
+        [hooks.norm_scale(layer) for layer in target_layers]
+        + [hooks.output_norm_scale(layer) for layer in post])
     w_o = bridge.W_O.detach()
     weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
+    named = {parse_source(name, model): name for name in (other or {})}
+    head_layers = sorted({layer for kind, layer, _ in sources if kind == "head"})
+    # a per-head q/k norm after hook_q/hook_k: its scale is frozen at the unpatched value
+    head_norms = {layer: head_norm(model, layer, path) if path != "v" else None
+                  for layer in target_layers}
+    frozen: dict[int, Tensor] = {}
+
+    def change(source: tuple[str, int, int | None], own: Tensor) -> Tensor:
+        return (0 if other is None else other[named[source]]) - own
 
     def embed(x: Tensor, hook: Any) -> None:
         seen.clear()  # a new forward pass starts here
-        if any(kind == "embed" for kind, _, _ in sources):
-            seen.append((-1, x.detach()))
+        if ("embed", -1, None) in sources:
+            seen.append((-1, "embed", change(("embed", -1, None), x.detach())))
 
     def head_out(layer: int, heads: list[int]):
         def hook(z: Tensor, hook: Any) -> None:
-            seen.extend((layer, torch.einsum("btd,dm->btm", z[:, :, h], w_o[layer, h]))
-                        for h in heads)
+            seen.extend((layer, "head", change(("head", layer, h), torch.einsum(
+                "btd,dm->btm", z[:, :, h], w_o[layer, h]))) for h in heads)
         return hook
 
     def mlp_out(layer: int):
         def hook(x: Tensor, hook: Any) -> None:
-            seen.append((layer, x.detach()))
+            seen.append((layer, "mlp", change(("mlp", layer, None), x.detach())))
         return hook
+
+    def part(origin: int, kind: str, value: Tensor) -> Tensor:
+        """A source's change as it joins the residual stream: a head's through its layer's
+        frozen output norm (whose scale fires after the head's own hook)."""
+        if kind == "head" and origin in post:
+            scale = scales[hooks.output_norm_scale(origin)][..., 0].double()
+            return normalise(value.double(), scale, post[origin])
+        return value.double()
 
     def patch(layer: int, indices: list[int]):
         norm = first_norm(model, layer)
 
         def hook(x: Tensor, hook: Any) -> Tensor:
-            feeding = [t for origin, t in seen if origin < layer]
+            feeding = [part(origin, kind, t) for origin, kind, t in seen if origin < layer]
             if not feeding:
                 return x
+            if head_norms[layer] is not None:
+                frozen[layer] = torch.stack([head_norms[layer].scale(x[:, :, i])
+                                             for i in indices], 1)  # [batch, index, pos]
             scale = scales[hooks.norm_scale(layer)][..., 0].double()
-            removed = normalise(torch.stack(feeding).sum(0).double(), scale, norm).to(x.dtype)
+            added = normalise(torch.stack(feeding).sum(0), scale, norm).to(x.dtype)
             x = x.clone()
             for i in indices:
-                x[:, :, i] -= removed @ weights[layer, i]
+                x[:, :, i] += added @ weights[layer, i]
             return x
         return hook
 
+    def freeze(layer: int, indices: list[int]):
+        def hook(scale: Tensor, hook: Any) -> Tensor:  # [batch, head, pos, 1]
+            if layer not in frozen:
+                return scale
+            scale = scale.clone()
+            scale[:, indices, :, 0] = frozen.pop(layer).to(scale.dtype)
+            return scale
+        return hook
+
     fwd: list[tuple[str, Any]] = [*keep_scales, (hooks.resid(0, info.n_layers), embed)]
-    for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
+    for layer in head_layers:
         heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
         fwd.append((hooks.z(layer), head_out(layer, heads)))
     for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
@@ -141,4 +245,6 @@ def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
         heads = [h for target_layer, h in targets if target_layer == layer]
         indices = sorted(set(heads if path == "q" else [h // per_group for h in heads]))
         fwd.append((hooks.qkv(layer, path), patch(layer, indices)))
+        if head_norms[layer] is not None:
+            fwd.append((hooks.qk_norm_scale(layer, path), freeze(layer, indices)))
     return fwd

@@ -70,6 +70,8 @@ class Adapter:
         norm: where the block's norms sit (before or after the sublayer).
         qk_norm: queries and keys normalized per head, or over every head together.
         softcap: attention scores pass through ``cap * tanh(score / cap)`` (Gemma 2).
+        logit_softcap: the logits pass through ``cap * tanh(logit / cap)`` after the
+            unembedding (Gemma 2), so a logit difference is not linear in the stream.
         encoder_body: attribute of an encoder's masked-LM model holding the body whose
             final hidden states are pooled (``None``: a causal LM).
         mask_buffer: a boolean buffer of the attention module that applies the family's
@@ -84,6 +86,8 @@ class Adapter:
         score_hooks: why TransformerBridge does not expose this family's pre-softmax
             scores or rotated queries and keys through its hooks (``None``: it does), which
             an exact attribution of the scores needs.
+        gguf: the ``general.architecture`` a GGUF file of this family declares, when
+            ``transformers`` can dequantize such files (``None``: it cannot).
     """
 
     family: str
@@ -104,6 +108,7 @@ class Adapter:
     norm: Norm = "pre"
     qk_norm: QKNorm = "none"
     softcap: bool = False
+    logit_softcap: bool = False
     encoder_body: str | None = None
     mask_buffer: str | None = None
     head_attrs: dict[str, Quantity] = field(default_factory=dict)
@@ -111,6 +116,7 @@ class Adapter:
     no_removal_if: dict[str, str] = field(default_factory=dict)
     unsupported: str | None = None
     score_hooks: str | None = None
+    gguf: str | None = None
 
     @property
     def causal(self) -> bool:
@@ -152,15 +158,21 @@ class Adapter:
 FAMILIES: Registry[Adapter] = Registry("model family", "model families")
 FAMILIES_BY_ARCHITECTURE: dict[str, Adapter] = {}
 """Hugging Face architecture (class) name -> its family's adapter."""
+FAMILIES_BY_GGUF: dict[str, Adapter] = {}
+"""GGUF ``general.architecture`` -> the adapter of the family such a file loads as."""
 
 
 def register(adapter: Adapter) -> Adapter:
-    """Add a family (a duplicate family or architecture name raises)."""
+    """Add a family (a duplicate family, architecture or GGUF architecture name raises)."""
     FAMILIES.register(adapter.family, adapter)
     for arch in adapter.architectures:
         if arch in FAMILIES_BY_ARCHITECTURE:
             raise ValueError(f"architecture {arch} is already registered")
         FAMILIES_BY_ARCHITECTURE[arch] = adapter
+    if adapter.gguf is not None:
+        if adapter.gguf in FAMILIES_BY_GGUF:
+            raise ValueError(f"GGUF architecture {adapter.gguf} is already registered")
+        FAMILIES_BY_GGUF[adapter.gguf] = adapter
     return adapter
 
 
@@ -193,7 +205,7 @@ _NO_ROTARY_HOOKS = "TransformerBridge never calls hook_rot_q / hook_rot_k for th
 for _adapter in (
     Adapter("gpt2", ("GPT2LMHeadModel",), blocks="transformer.h", attention="attn",
             layout="fused", qkv="c_attn", o="c_proj", conv1d=True, positions="learned",
-            rotary="none", head_attrs=_GPT2_ATTRS),
+            rotary="none", head_attrs=_GPT2_ATTRS, gguf="gpt2"),
     Adapter("gpt-neox", ("GPTNeoXForCausalLM",), blocks="gpt_neox.layers",
             attention="attention", layout="fused_per_head", qkv="query_key_value", o="dense",
             rotary="partial", score_hooks=_NO_ROTARY_HOOKS),
@@ -209,6 +221,7 @@ for _adapter in (
             attention="self_attention", layout="fused_per_head", qkv="query_key_value",
             o="dense", positions="alibi", rotary="none",
             head_attrs={"num_heads": "heads", "hidden_size": "width", "split_size": "width"},
+            gguf="bloom",
             no_removal="BLOOM builds the ALiBi biases of every head once, for the whole "
                        "model, so a layer with fewer heads cannot take them"),
     Adapter("phi", ("PhiForCausalLM",), o="dense", rotary="partial", norm="pre",
@@ -216,7 +229,7 @@ for _adapter in (
     Adapter("phi-3", ("Phi3ForCausalLM",), layout="fused", qkv="qkv_proj",
             head_attrs={**_LLAMA_ATTRS, "num_key_value_heads": "kv_heads",
                         "config.num_attention_heads": "heads"},
-            score_hooks=_NO_ROTARY_HOOKS),
+            score_hooks=_NO_ROTARY_HOOKS, gguf="phi3"),
     Adapter("gpt-neo", ("GPTNeoForCausalLM",), blocks="transformer.h",
             attention="attn.attention", o="out_proj", positions="learned", rotary="none",
             local_attention=True, mask_buffer="bias",
@@ -229,28 +242,29 @@ for _adapter in (
                 "new_decoder_architecture": "this Falcon variant fuses q/k/v per kv group, a "
                                             "layout head removal does not slice",
                 "alibi": "this Falcon variant builds ALiBi biases for every head at once"},
-            score_hooks=_NO_ROTARY_HOOKS),
+            score_hooks=_NO_ROTARY_HOOKS, gguf="falcon"),
     Adapter("gpt-bigcode", ("GPTBigCodeForCausalLM",), blocks="transformer.h",
             attention="attn", layout="fused", qkv="c_attn", o="c_proj", positions="learned",
             rotary="none", head_attrs={"num_heads": "heads", "embed_dim": "width",
                                        "split_size": "width", "num_key_value_groups": "groups"}),
     Adapter("stablelm", ("StableLmForCausalLM",), rotary="partial",
             head_attrs={**_LLAMA_ATTRS, "num_heads": "heads", "num_key_value_heads": "kv_heads",
-                        "hidden_size": "width"}),
+                        "hidden_size": "width"}, gguf="stablelm"),
     Adapter("olmo-2", ("Olmo2ForCausalLM",), norm="post", qk_norm="full_width",
             head_attrs=_LLAMA_ATTRS,
             no_removal="OLMo 2 normalizes queries and keys over every head together "
                        "(q_norm, k_norm over the full width), so removing a head changes the "
                        "kept heads' queries; only masking is exact"),
     Adapter("gemma-2", ("Gemma2ForCausalLM",), local_attention=True, softcap=True,
-            head_attrs=_LLAMA_ATTRS),
+            logit_softcap=True, head_attrs=_LLAMA_ATTRS, gguf="gemma2"),
     Adapter("gemma-3", ("Gemma3ForCausalLM",), rotary_per_layer=True, local_attention=True,
-            qk_norm="per_head", head_attrs=_LLAMA_ATTRS),
-    Adapter("qwen3", ("Qwen3ForCausalLM",), qk_norm="per_head", head_attrs=_LLAMA_ATTRS),
-    *(Adapter(name, (arch,), head_attrs=_LLAMA_ATTRS) for name, arch in (
-        ("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"),
-        ("mixtral", "MixtralForCausalLM"), ("qwen2", "Qwen2ForCausalLM"),
-        ("starcoder2", "Starcoder2ForCausalLM"))),
+            qk_norm="per_head", head_attrs=_LLAMA_ATTRS, gguf="gemma3"),
+    Adapter("qwen3", ("Qwen3ForCausalLM",), qk_norm="per_head", head_attrs=_LLAMA_ATTRS,
+            gguf="qwen3"),
+    *(Adapter(name, (arch,), head_attrs=_LLAMA_ATTRS, gguf=gguf) for name, arch, gguf in (
+        ("llama", "LlamaForCausalLM", "llama"), ("mistral", "MistralForCausalLM", "mistral"),
+        ("mixtral", "MixtralForCausalLM", None), ("qwen2", "Qwen2ForCausalLM", "qwen2"),
+        ("starcoder2", "Starcoder2ForCausalLM", "starcoder2"))),
     *(Adapter(name, (arch,), blocks=f"{name}.encoder.layer", attention="attention",
               q="self.query", k="self.key", v="self.value", o="output.dense",
               positions="learned", rotary="none", norm="post", encoder_body=name,

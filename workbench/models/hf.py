@@ -24,6 +24,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models import adapters
 from workbench.models.base import DTYPES, Model, ModelInfo
+from workbench.store.records import LayerType
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -270,7 +271,10 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.utilities.architectures import MASKED_LM_ARCHITECTURES
 
-    for arch in getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]:
+    if not getattr(hf_model.config, "architectures", None):
+        # a model built in memory names no class; the bridge picks its adapter by it
+        hf_model.config.architectures = [type(hf_model).__name__]
+    for arch in hf_model.config.architectures:
         refuse_unsupported(arch)
     with contextlib.redirect_stdout(None):
         bridge = TransformerBridge.boot_transformers(
@@ -280,6 +284,7 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
     cfg = bridge.cfg
     causal = cfg.architecture not in MASKED_LM_ARCHITECTURES
     bos = bos_token or tokenizer.bos_token or tokenizer.eos_token
+    layer_types, sliding_window = layer_spans(hf_model.config, cfg.n_layers)
     info = ModelInfo(
         name=name, source=source, checksum=checksum, architecture=str(cfg.architecture),
         n_layers=cfg.n_layers, n_heads=cfg.n_heads,
@@ -288,10 +293,62 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
         positions=_positions(str(cfg.architecture), cfg.positional_embedding_type),
         causal=causal, has_lm_head=has_lm_head,
         bos_token_id=tokenizer.convert_tokens_to_ids(bos) if causal and bos else None,
-        dtype=dtype,
+        dtype=dtype, layer_types=layer_types, sliding_window=sliding_window,
     )
     bridge.eval()
     return Model(bridge, tokenizer, info)
+
+
+_LAYER_TYPES: dict[str, LayerType] = {"full_attention": "global",
+                                       "sliding_attention": "sliding",
+                                       "global": "global", "local": "sliding"}
+"""Hugging Face's names of layer types (``config.layer_types``, GPT-Neo's
+``attention_layers``) as :data:`~workbench.store.records.LayerType`."""
+
+
+def layer_spans(config: Any, n_layers: int) -> tuple[tuple[LayerType, ...], int | None]:
+    """Which layers of a Hugging Face model attend to a sliding window, and how wide it is.
+
+    Read, in this order, from ``config.layer_types`` (Gemma 2 and 3, Qwen2 and others in
+    ``transformers`` 5), a ``sliding_window_pattern`` (every n-th layer global: Gemma 3
+    configs written before ``layer_types``), GPT-Neo's ``attention_layers`` and
+    ``window_size``, or a ``sliding_window`` on a config with no layer types, which its
+    family applies to every layer (Mistral, Mixtral, Phi-3, Starcoder2); otherwise every
+    layer is global.
+
+    Args:
+        config: the Hugging Face model config.
+        n_layers: the model's number of layers.
+
+    Returns:
+        ``(each layer's type, the window)``; the window is ``None`` when no layer slides.
+
+    Raises:
+        WorkbenchError: a layer type the workbench does not read (chunked or linear
+            attention), or layer types that do not match the number of layers.
+    """
+    window = getattr(config, "sliding_window", None)
+    names = getattr(config, "layer_types", None)
+    pattern = getattr(config, "sliding_window_pattern", None)
+    if names is None and isinstance(pattern, int) and pattern > 0:
+        names = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(n_layers)]
+    elif names is None and isinstance(getattr(config, "attention_layers", None), list):
+        names, window = config.attention_layers, getattr(config, "window_size", None)
+    elif names is None:
+        names = ["full_attention" if window is None else "sliding_attention"] * n_layers
+    unknown = sorted({str(n) for n in names} - set(_LAYER_TYPES))
+    if unknown or len(names) != n_layers:
+        raise WorkbenchError(f"the config's layer types {', '.join(unknown) or len(names)} "
+                             f"are not read by the workbench; expected {n_layers} of "
+                             "full_attention and sliding_attention")
+    types = tuple(_LAYER_TYPES[n] for n in names)
+    if "sliding" not in types:
+        return types, None
+    if not isinstance(window, int) or window < 1:
+        raise WorkbenchError(f"the config has sliding layers but a sliding window of "
+                             f"{window!r}; expected a whole number of tokens")
+    return types, window
 
 
 def refuse_unsupported(architecture: str) -> None:

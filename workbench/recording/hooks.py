@@ -10,10 +10,12 @@ the last block, before the final norm.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import ModelCapabilityError, WorkbenchError
+from workbench.core.options import AttentionPath
 from workbench.core.registry import did_you_mean
 
 if TYPE_CHECKING:
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
 
     from workbench.inputs.batching import Batch
     from workbench.models.base import Model
+    from workbench.models.blocked import PatternConsumer
+
+log = logging.getLogger(__name__)
 
 
 def pattern(layer: int) -> str:
@@ -58,6 +63,25 @@ def norm_scale(layer: int) -> str:
     return f"blocks.{layer}.ln1.hook_scale"
 
 
+def output_norm_scale(layer: int) -> str:
+    """The per-position scale of the norm on the attention output (``ln1_post``, where the
+    block has one: :func:`workbench.models.norms.output_norm`): ``[batch, pos, 1]``."""
+    return f"blocks.{layer}.ln1_post.hook_scale"
+
+
+FINAL_SCALE = "ln_final.hook_scale"
+"""The per-position scale of the final norm: ``[batch, pos, 1]``."""
+FINAL_OUT = "ln_final.hook_out"
+"""The final norm's output, the unembedding's input: ``[batch, pos, d_model]``."""
+
+
+def qk_norm_scale(layer: int, which: Literal["q", "k"]) -> str:
+    """The per-head, per-position scale of the attention's query or key norm (Gemma 3,
+    Qwen 3: ``q_norm``/``k_norm`` over each head's ``d_head``), ``sqrt(mean x^2 + eps)`` of
+    ``hook_q``/``hook_k``: ``[batch, head_index, pos, 1]`` (key-value heads for ``k``)."""
+    return f"blocks.{layer}.attn.{which}_norm.hook_scale"
+
+
 def attn_o_out(layer: int) -> str:
     """The output projection's result, the sublayer's output before the residual add."""
     return f"blocks.{layer}.attn.o.hook_out"
@@ -91,6 +115,13 @@ def resid(boundary: int, n_layers: int) -> str:
     if boundary < n_layers:
         return f"blocks.{boundary}.hook_resid_pre"
     return f"blocks.{n_layers - 1}.hook_resid_post"
+
+
+def after(layer: int, n_layers: int) -> str:
+    """A hook point that fires once every hook of block ``layer`` has: its output boundary
+    (a pass that needs nothing beyond the block stops there; an encoder's attention fires
+    its pattern hook after its output, so ``attn_out`` would be too early)."""
+    return resid(layer + 1, n_layers)
 
 
 class _Stop(Exception):
@@ -218,3 +249,70 @@ def attention_kwargs(bridge: Any, layer: int, input_ids: Any, *,
     dropped = ("hidden_states", "attention_mask", "past_key_value", "past_key_values",
                "layer_past", "use_cache", "output_attentions")
     return {k: v for k, v in captured.items() if k not in dropped}
+
+
+def attention_path(model: Model, attention: AttentionPath) -> Literal["blocked", "dense"]:
+    """The path a pass takes for ``attention`` (see :data:`AttentionPath`) on ``model``.
+
+    Raises:
+        WorkbenchError: ``attention`` is not one of :data:`AttentionPath`.
+        ModelCapabilityError: ``blocked`` asked of a model whose attention cannot be blocked.
+    """
+    from workbench.models import blocked
+
+    if attention not in get_args(AttentionPath):
+        raise WorkbenchError(f"attention must be one of {', '.join(get_args(AttentionPath))}, "
+                             f"got {attention!r}")
+    if attention == "dense":
+        return "dense"
+    why = blocked.support(model)
+    if why is None:
+        return "blocked"
+    if attention == "blocked":
+        raise ModelCapabilityError(f"{model.info.name}: blocked attention does not apply ({why})")
+    log.info("%s keeps the dense attention path: %s", model.info.name, why)
+    return "dense"
+
+
+@contextlib.contextmanager
+def patterns_fed(model: Model, consume: PatternConsumer, *, attention: AttentionPath = "auto",
+                 layers: Collection[int] | None = None, block: int | None = None
+                 ) -> Iterator[Literal["blocked", "dense"]]:
+    """Hand every pass's attention weights to ``consume``, one block of query rows at a
+    time (:class:`~workbench.models.blocked.PatternBlock`), whichever path computes them.
+
+    ``blocked``: the model's own attention computed block by block, so no pattern is ever
+    whole. ``dense``: the bridge's pattern at :func:`pattern`, cut into blocks of rows over
+    every key; other hooks on the pattern then see it whole (the path for a hook that needs
+    it, or a family the blocked path does not know). A pass that needs only some layers
+    stops at :func:`after` the deepest (every path has handed its blocks by then).
+
+    Args:
+        model: the model.
+        consume: called with every block of the layers in ``layers``.
+        attention: the path (default ``auto``: blocked where the family has it).
+        layers: the layers handed over (default all).
+        block: query rows per block (default: from the blocked path's memory budget).
+
+    Yields:
+        The path taken.
+    """
+    from workbench.models import blocked
+
+    path = attention_path(model, attention)
+    wanted = range(model.info.n_layers) if layers is None else layers
+    if path == "blocked":
+        with blocked.blocked(model, consume, layers=set(wanted), block=block):
+            yield path
+        return
+
+    def feed(layer: int) -> Callable[[Tensor, Any], None]:
+        def hook(tensor: Tensor, hook: Any) -> None:
+            batch, heads, n_query, n_key = tensor.shape
+            step = block or blocked.rows_per_block(batch, heads, n_key)
+            for q0 in range(0, n_query, step):
+                consume(blocked.PatternBlock(layer, q0, 0, tensor[:, :, q0:q0 + step], n_key))
+        return hook
+
+    with model.bridge.hooks(fwd_hooks=[(pattern(layer), feed(layer)) for layer in wanted]):
+        yield path

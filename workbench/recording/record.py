@@ -3,8 +3,10 @@
 :func:`record` hooks the bridge so that each layer's attention patterns and residual stream
 are written to a chunked Zarr v3 store (:mod:`workbench.recording.zarr_store`) as soon as the
 forward pass produces them, one block of query rows at a time; nothing accumulates in
-memory, so peak memory does not grow with the number of layers or prompts, and no
-``[head, query, key]`` array is held beyond the one the model itself builds per layer.
+memory, so peak memory does not grow with the number of layers or prompts. With blocked
+attention (the default where the family has it, :mod:`workbench.models.blocked`) the model
+itself computes each layer's pattern one block of rows at a time, so no ``[head, query,
+key]`` array exists at all and memory grows linearly with the prompt's length.
 
 Patterns are stored ``dense``, as ``topk`` (:mod:`workbench.recording.sparse`: the k
 largest weights of each row and their keys, plus the exact weights on the first token,
@@ -27,6 +29,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,11 +44,12 @@ from jaxtyping import Float
 from workbench.core import checksums, durable, progress
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
-from workbench.core.options import PatternStorage, StoreDtype
+from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
 from workbench.core.records import RecordError
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
+from workbench.models.blocked import PatternBlock
 from workbench.recording import hooks, legacy, sparse, zarr_store
 from workbench.recording.index import FORMAT, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
 from workbench.store.records import RunMeta
@@ -102,55 +106,72 @@ class _Writer:
             for b in range(shape["layers"] + 1):
                 self._add("resid", b, (p, t, d), store_dtype)
         self.batch: Batch | None = None
+        self._pending: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
 
     def _add(self, kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> None:
         self.arrays[(kind, layer)] = zarr_store.create(self.group, kind, layer, shape, dtype)
 
     def hook_fns(self, n_layers: int) -> list[tuple[str, Any]]:
-        fns = []
-        if self.storage != "none":
-            fns += [(hooks.pattern(layer), self._pattern_hook(layer)) for layer in range(n_layers)]
-        if ("resid", 0) in self.arrays:
-            fns += [(hooks.resid(b, n_layers), self._resid_hook(b)) for b in range(n_layers + 1)]
-        return fns
+        """The residual stream's hooks (patterns come block by block: :meth:`consume`)."""
+        if ("resid", 0) not in self.arrays:
+            return []
+        return [(hooks.resid(b, n_layers), self._resid_hook(b)) for b in range(n_layers + 1)]
 
     def last_hook(self, n_layers: int) -> str:
         """The last hook point whose tensor is written; the forward pass stops there."""
         if ("resid", 0) in self.arrays:
             return hooks.resid(n_layers, n_layers)
-        return hooks.pattern(n_layers - 1)
+        return hooks.after(n_layers - 1, n_layers)
 
     def _rows(self):
         assert self.batch is not None
         return enumerate(zip(self.batch.indices, self.batch.lengths, strict=True))
 
-    def _pattern_hook(self, layer: int):
-        def hook(tensor: torch.Tensor, hook: Any) -> None:
-            for row, (index, n) in self._rows():
-                # one block of query rows at a time: the only [head, T, T] array is the model's
-                for q0 in range(0, n, zarr_store.QUERY_BLOCK):
-                    q1 = min(q0 + zarr_store.QUERY_BLOCK, n)
-                    self._write_pattern(layer, index, q0, tensor[row, :, q0:q1, :n])
+    def consume(self, block: PatternBlock) -> None:
+        """Take one block of query rows of a layer: each prompt's real rows, cut at the
+        chunks of :data:`zarr_store.QUERY_BLOCK` rows, each chunk written once it is whole."""
+        step = zarr_store.QUERY_BLOCK
+        for row, (index, n) in self._rows():
+            stop = min(block.q1, n)
+            if block.q0 >= stop:
+                continue
+            # a real row sees only real keys, so the block's keys start before n
+            rows = block.weights[row, :, : stop - block.q0, : min(block.k1, n) - block.k0]
+            start = block.q0
+            while start < stop:
+                end = min(stop, (start // step + 1) * step)
+                part = rows[:, start - block.q0:end - block.q0]
+                self._pending.setdefault((block.layer, index), []).append(
+                    (start, block.k0, self._sparse(part, start, block.k0)))
+                if end == n or end % step == 0:
+                    self._flush(block.layer, index)
+                start = end
 
-        return hook
-
-    def _write_pattern(self, layer: int, index: int, q0: int, rows: torch.Tensor) -> None:
-        """Write one chunk of query rows (padded to the chunk, so no chunk is rewritten)."""
-        n_heads, n_rows, n = rows.shape
-        stop = min(q0 + zarr_store.QUERY_BLOCK, self.t_max)
+    def _sparse(self, rows: torch.Tensor, q0: int, k0: int) -> Any:
+        """What a chunk keeps of some rows: their weights (dense), or their sparse form."""
         if self.storage == "dense":
-            block = np.zeros((n_heads, stop - q0, self.t_max), dtype=self.store_dtype)
-            block[:, :n_rows, :n] = rows.detach().float().numpy()  # weights never overflow
-            self.arrays[("attn", layer)][index, :, q0:stop] = block
+            return rows.detach().float().numpy()  # weights never overflow float16
+        return sparse.topk_rows(rows, q0=q0, k=self.k, k0=k0, n_keys=self.t_max)
+
+    def _flush(self, layer: int, index: int) -> None:
+        """Write one chunk of query rows (padded to the chunk, so no chunk is rewritten)."""
+        parts = self._pending.pop((layer, index))
+        c0 = parts[0][0]
+        stop = min(c0 + zarr_store.QUERY_BLOCK, self.t_max)
+        if self.storage == "dense":
+            first = parts[0][2]
+            block = np.zeros((first.shape[0], stop - c0, self.t_max), dtype=self.store_dtype)
+            for start, k0, rows in parts:
+                block[:, start - c0:start - c0 + rows.shape[1], k0:k0 + rows.shape[2]] = rows
+            self.arrays[("attn", layer)][index, :, c0:stop] = block
             return
-        parts = sparse.topk_rows(rows, q0=q0, k=self.k)
-        for kind, part in (("topk_weights", parts["weights"]), ("exact", parts["exact"]),
-                           ("topk_keys", parts["keys"])):
+        for kind, key in (("topk_weights", "weights"), ("exact", "exact"), ("topk_keys", "keys")):
             array = self.arrays[(kind, layer)]
-            block = np.full((n_heads, stop - q0, array.shape[-1]), array.fill_value,
+            part = np.concatenate([p[2][key] for p in parts], axis=1)
+            block = np.full((part.shape[0], stop - c0, array.shape[-1]), array.fill_value,
                             dtype=array.dtype)
-            block[:, :n_rows] = part
-            array[index, :, q0:stop] = block
+            block[:, : part.shape[1]] = part
+            array[index, :, c0:stop] = block
 
     def _resid_hook(self, boundary: int):
         def hook(tensor: torch.Tensor, hook: Any) -> None:
@@ -186,7 +207,7 @@ class _Writer:
 def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
            store_dtype: StoreDtype = "float16", max_batch_tokens: int = 2048,
            include_resid: bool = True, patterns: PatternStorage = "auto",
-           topk: int = DEFAULT_TOPK) -> Recording:
+           topk: int = DEFAULT_TOPK, attention: AttentionPath = "auto") -> Recording:
     """Run ``model`` on ``prompts`` and write a recording into folder ``out``.
 
     Args:
@@ -200,6 +221,9 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
         patterns: ``dense``, ``topk``, ``none``, or ``auto`` (dense up to
             :data:`DENSE_UP_TO` tokens, topk above).
         topk: weights kept per query row when patterns are ``topk``.
+        attention: how patterns are computed (:data:`~workbench.core.options.AttentionPath`;
+            ``auto``: blocked attention where the family has it, so no layer's pattern is
+            ever whole and memory grows linearly with the prompt's length).
 
     Returns:
         The recording, opened for reading.
@@ -227,7 +251,9 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
     writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
     batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
-    with torch.inference_mode():
+    fed = hooks.patterns_fed(model, writer.consume, attention=attention) \
+        if storage != "none" else contextlib.nullcontext()
+    with torch.inference_mode(), fed:
         for batch in progress.track(batches, desc="recording"):
             writer.batch = batch
             hooks.run_hooked(model.bridge, batch, writer.hook_fns(info.n_layers),

@@ -11,8 +11,8 @@ key positions, and stores separately, exactly (float32), four *channels* per row
   computed from the full row, so kept + left out = the row's sum (1 for a softmax row).
 
 So a sink, self or previous-token score computed from a sparse recording equals the dense
-one, and no row silently loses mass. Key positions of rows with fewer than ``k`` visible
-keys are padded with :func:`key_dtype`'s sentinel and weight 0.
+one, and no row silently loses mass. A kept slot of weight 0 (a row with fewer than
+``k`` visible keys) holds :func:`key_dtype`'s sentinel, not a key.
 
 It also pools patterns to screen resolution (:func:`pool_dense`, :func:`pool_entries`) for
 the long-context view.
@@ -81,36 +81,50 @@ class SparsePattern:
 
 
 def topk_rows(rows: Float[Tensor, "head_index query_pos key_pos"], *, q0: int, k: int,
-              ) -> dict[str, np.ndarray]:
+              k0: int = 0, n_keys: int | None = None) -> dict[str, np.ndarray]:
     """The sparse form of some query rows of every head, as the arrays to store.
 
     Args:
-        rows: weights of queries ``q0 .. q0 + query_pos - 1`` over the prompt's keys.
+        rows: weights of queries ``q0 .. q0 + query_pos - 1`` over keys ``k0 ..
+            k0 + key_pos - 1``; every weight outside those keys is zero (a block of
+            blocked attention, :class:`workbench.models.blocked.PatternBlock`).
         q0: the position of the first row.
-        k: how many weights to keep per row (fewer keys than ``k``: padded slots).
+        k: how many weights to keep per row (a slot with weight 0 keeps no key: the
+            sentinel, so ties among zero weights leave nothing arbitrary on disk).
+        k0: the position of the first key column.
+        n_keys: the keys of the prompt, which set the key dtype (default ``k0 + key_pos``).
 
     Returns:
         ``weights`` ``[head, query, k]`` float32, ``keys`` ``[head, query, k]``
         (:func:`key_dtype`), ``exact`` ``[head, query, 4]`` float32 (:data:`CHANNELS`).
     """
     rows = rows.float()
-    n_heads, n_rows, n_keys = rows.shape
-    kept, where = rows.topk(min(k, n_keys), dim=-1)
-    dtype = key_dtype(n_keys)
+    n_heads, n_rows, width = rows.shape
+    kept, where = rows.topk(min(k, width), dim=-1)
+    dtype = key_dtype(k0 + width if n_keys is None else n_keys)
     weights = np.zeros((n_heads, n_rows, k), dtype=np.float32)
     keys = np.full((n_heads, n_rows, k), np.iinfo(dtype).max, dtype=dtype)
     weights[..., : kept.shape[-1]] = kept.numpy()
-    keys[..., : kept.shape[-1]] = where.numpy()
+    found = (where + k0).numpy()
+    keys[..., : kept.shape[-1]] = np.where(kept.numpy() > 0, found, np.iinfo(dtype).max)
     q = torch.arange(q0, q0 + n_rows)
     exact = torch.zeros(n_heads, n_rows, len(CHANNELS))
-    exact[..., 0] = rows[..., 0]
-    exact[..., 1] = rows[:, torch.arange(n_rows), q.clamp(max=n_keys - 1)]
-    prev = rows[:, torch.arange(n_rows), (q - 1).clamp(min=0)]
-    exact[..., 2] = torch.where(q > 0, prev, torch.zeros_like(prev))
+    exact[..., 0] = rows[..., 0] if k0 == 0 else 0.0
+    exact[..., 1] = _weight_at(rows, q - k0)
+    exact[..., 2] = torch.where(q > 0, _weight_at(rows, q - 1 - k0), 0.0)
     # both sums in float32 (no float64 copy of the rows): the left-out mass is exact to
     # about 1e-7, float32's rounding of a sum near 1
     exact[..., 3] = rows.sum(-1) - kept.sum(-1)
     return {"weights": weights, "keys": keys, "exact": exact.numpy()}
+
+
+def _weight_at(rows: Float[Tensor, "head_index query_pos key_pos"],
+               columns: Int[Tensor, " query_pos"]) -> Float[Tensor, "head_index query_pos"]:
+    """Each row's weight at its column (0 for a column outside the rows' keys)."""
+    inside = (columns >= 0) & (columns < rows.shape[-1])
+    index = columns.clamp(0, rows.shape[-1] - 1)[None, :, None].expand(rows.shape[0], -1, 1)
+    picked = rows.gather(-1, index)[..., 0]  # gather: fast on a view, where indexing is not
+    return torch.where(inside, picked, torch.zeros_like(picked))
 
 
 def cells(span: int, max_cells: int) -> int:

@@ -63,6 +63,14 @@ def causal_mask(n_query: int, n_key: int | None = None) -> Bool[Tensor, "query k
     return torch.ones(n_query, n_key, dtype=torch.bool).tril(diagonal=n_key - n_query)
 
 
+def sliding_window_mask(n: int, window: int) -> Bool[Tensor, "query key"]:
+    """``True`` where query ``i`` may see key ``j`` through a sliding window of ``window``
+    keys, its own included: ``i - window < j <= i`` (a band under the diagonal)."""
+    if window < 1:
+        raise ValueError(f"need a window of at least 1 key, got {window}")
+    return causal_mask(n) & ~torch.ones(n, n, dtype=torch.bool).tril(diagonal=-window)
+
+
 def full_mask(n_query: int, n_key: int | None = None) -> Bool[Tensor, "query key"]:
     """Every query sees every key (bidirectional attention, "no mask")."""
     return torch.ones(n_query, n_query if n_key is None else n_key, dtype=torch.bool)

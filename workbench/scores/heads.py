@@ -10,6 +10,7 @@ head's OV circuit raises the logit of the token it attends to (Elhage et al. 202
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import einops
 import numpy as np
@@ -23,7 +24,9 @@ from workbench.inputs.prompts import Prompt
 from workbench.models import adapters
 from workbench.models.base import Model
 from workbench.recording.reductions import Reduction, null_scores, reduce_patterns
+from workbench.scores import classes
 from workbench.scores.stats import bootstrap_mean_ci, summarize
+from workbench.store.schema import head_classes
 
 
 def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str, Reduction],
@@ -41,6 +44,83 @@ def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str
     table["null"] = table.metric.map(null)
     table["inputs"] = inputs
     return table
+
+
+class Classified(NamedTuple):
+    """What :func:`score_and_classify` returns."""
+
+    head_scores: pd.DataFrame
+    """As :func:`score_heads` returns it."""
+    head_classes: pd.DataFrame
+    """One row per (head, class); empty when no metric has a class."""
+    per_prompt: pd.DataFrame
+    """The real prompts' scores of the metrics: ``prompt, layer, head, metric, score``."""
+
+
+def score_and_classify(model: Model, prompts: Sequence[Prompt],
+                       reductions: Mapping[str, Reduction], *, inputs: str,
+                       testing: classes.Testing, repeats: tuple[int, int] | None = None,
+                       n_boot: int = 1000, seed: int = 0, max_batch_tokens: int = 2048
+                       ) -> Classified:
+    """:func:`score_heads`, and every head tested for the classes of those metrics
+    (:mod:`workbench.scores.classes`), from one scan: each class's null twins of the
+    prompts are batched with the real prompts, and a pattern null is read in the same pass.
+
+    Args:
+        repeats: ``(seq_len, repeats)`` of ``repeated-random`` prompts, which the ``input``
+            nulls (induction, duplicate-token) are made from.
+        testing: the false-discovery rate, the sign-flip draws and their seed.
+
+    Returns:
+        The head scores, the classes and the real prompts' scores (:class:`Classified`).
+    """
+    tested = classes.for_metrics(reductions)
+    scan = dict(reductions)
+    everything, reference, twins = list(prompts), list(prompts), {}
+    gen = torch.Generator().manual_seed(testing.seed)
+    for head_class in tested:
+        if head_class.kind == "input":
+            if repeats is None:
+                raise ValueError(f"the {head_class.name} null is made from repeated-random "
+                                 "prompts: give their (seq_len, repeats)")
+            twins[head_class.name] = len(everything)
+            build = classes.NULL_INPUTS[head_class.name]
+            everything += [build(model, p, *repeats, gen) for p in prompts]
+            reference += prompts
+        elif head_class.kind == "pattern":
+            scan |= {k: classes.PATTERN_REDUCTIONS[k]
+                     for k in classes.PATTERN_NULLS[head_class.name]}
+    per_prompt = reduce_patterns(model, everything, scan, max_batch_tokens=max_batch_tokens,
+                                 desc=f"scoring {inputs}",
+                                 reference=reference if twins else None)
+    n = len(prompts)
+    real = per_prompt[per_prompt.prompt < n]
+    table = summarize(real[real.metric.isin(list(reductions))], n_boot=n_boot, seed=seed)
+    uniform = null_scores(model, prompts, {**reductions, **{
+        k: v for k, v in scan.items() if k in classes.PATTERN_REDUCTIONS}})
+    null = uniform[uniform.metric.isin(list(reductions))].groupby("metric").score.mean()
+    table["null"] = table.metric.map(null)
+    table["inputs"] = inputs
+    rows = []
+    for head_class in tested:
+        observed = real[real.metric == head_class.metric]
+        against: pd.DataFrame | float = testing.eps
+        if head_class.kind == "input":
+            start = twins[head_class.name]
+            twin = per_prompt[(per_prompt.prompt >= start) & (per_prompt.prompt < start + n)]
+            against = twin[twin.metric == head_class.metric].assign(
+                prompt=lambda f, start=start: f.prompt - start)
+        elif head_class.kind == "pattern":
+            tested_name, null_name = classes.PATTERN_NULLS[head_class.name]
+            observed = real[real.metric == tested_name]
+            against = real[real.metric == null_name]
+        chance = uniform[uniform.metric == observed.metric.iloc[0]].set_index("prompt").score \
+            if len(observed) else None
+        rows.append(classes.classify(head_class, observed, against, testing=testing,
+                                     n_boot=n_boot, seed=seed, inputs=inputs, chance=chance))
+    found = pd.concat(rows, ignore_index=True) if rows else head_classes().empty()
+    kept = real[real.metric.isin(list(reductions))].reset_index(drop=True)
+    return Classified(table, found, kept)
 
 
 def top_heads(head_scores: pd.DataFrame, metric: str, k: int,

@@ -3,7 +3,11 @@
 Each function maps one layer's weights ``A[batch, head, query, key]`` and a
 :class:`~workbench.recording.reductions.PatternContext` to one score per prompt and head,
 averaged over the queries for which the score is defined (a score with no such query is
-NaN for that prompt). Padded queries and keys are never counted. Run them over prompts
+NaN for that prompt). Padded queries and keys are never counted. Each is a
+:class:`~workbench.recording.reductions.BlockReduction`: fed one block of query rows at a
+time (the context says which rows, and from which key the block's columns start), it
+returns the block's sum and count of its per-query values, so the mean over every query
+is the one of the whole pattern, taken once. Run them over prompts
 with :func:`workbench.recording.reductions.reduce_patterns`, or with intervals and nulls
 with :func:`workbench.scores.heads.score_heads`. A new metric goes here, and is declared
 (its meaning, source and scale) in :mod:`workbench.scores.metrics`, under the function's
@@ -58,70 +62,83 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from workbench.recording.reductions import PatternContext
+from workbench.recording.reductions import PatternContext, QueryMean, query_mean
+
+PerQuery = tuple[Float[Tensor, "batch head_index query_pos"], Bool[Tensor, "batch query_pos"]]
+"""A block's value at each query row, and which rows count towards the mean."""
 
 
 def masked_query_mean(values: Float[Tensor, "batch head_index query_pos"],
                       mask: Bool[Tensor, "batch query_pos"]) -> Float[Tensor, "batch head_index"]:
     """Mean over the queries where ``mask`` is true (NaN for a prompt with none)."""
-    mask_f = mask[:, None, :].to(values.dtype)
-    total = (values * mask_f).sum(-1)
-    count = mask_f.sum(-1)
-    return total / count.where(count > 0, torch.full_like(count, float("nan")))
+    return QueryMean.of(values, mask).result()
 
 
-def entropy(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-            ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
-    """Mean entropy (nats) of each query's attention distribution (Clark et al. 2019)."""
+def _entropy(pattern: Float[Tensor, "batch head_index query_pos key_pos"]
+             ) -> Float[Tensor, "batch head_index query_pos"]:
     p = pattern.float()
-    h = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
-    return masked_query_mean(h, ctx.query_mask)
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
+def weight_at(pattern: Float[Tensor, "batch head_index query_pos key_pos"], ctx: PatternContext,
+              offset: int) -> Float[Tensor, "batch head_index query_pos"]:
+    """Each query row's weight on the key ``offset`` positions from it (``A[i, i + offset]``;
+    0 where that key is outside the block's columns, where every weight is 0)."""
+    batch, heads, n_rows, n_keys = pattern.shape
+    column = ctx.queries + offset - ctx.k0
+    inside = (column >= 0) & (column < n_keys)
+    index = column.clamp(0, n_keys - 1)[None, None, :, None].expand(batch, heads, n_rows, 1)
+    values = pattern.float().gather(-1, index)[..., 0]
+    return torch.where(inside, values, torch.zeros_like(values))
+
+
+@query_mean
+def entropy(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+            ctx: PatternContext) -> PerQuery:
+    """Mean entropy (nats) of each query's attention distribution (Clark et al. 2019)."""
+    return _entropy(pattern), ctx.real_queries
+
+
+@query_mean
 def normalized_entropy(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                       ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                       ctx: PatternContext) -> PerQuery:
     """Entropy divided by its maximum, log(number of keys the query can see).
 
     1 means uniform over the visible keys, 0 means all weight on one key. Queries that see
     a single key (the first position of a causal model) are left out.
     """
-    p = pattern.float()
-    h = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
-    n_pos = pattern.shape[-1]
-    pos = torch.arange(n_pos)
-    visible = (pos + 1)[None, :].expand(len(ctx.lengths), -1) if ctx.causal else \
-        ctx.lengths[:, None].expand(-1, n_pos)
-    mask = ctx.query_mask & (visible > 1)
-    return masked_query_mean(h / visible.clamp_min(2).log()[:, None, :], mask)
+    n_rows = pattern.shape[-2]
+    visible = (ctx.queries + 1)[None, :].expand(len(ctx.lengths), -1) if ctx.causal else \
+        ctx.lengths[:, None].expand(-1, n_rows)
+    mask = ctx.real_queries & (visible > 1)
+    return _entropy(pattern) / visible.clamp_min(2).log()[:, None, :], mask
 
 
+@query_mean
 def mean_distance(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                  ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                  ctx: PatternContext) -> PerQuery:
     """Expected |query - key| distance in tokens under the attention weights."""
-    n_pos = pattern.shape[-1]
-    pos = torch.arange(n_pos, dtype=torch.float32)
-    dist = (pos[:, None] - pos[None, :]).abs()
-    return masked_query_mean((pattern.float() * dist).sum(-1), ctx.query_mask)
+    keys = ctx.keys(pattern.shape[-1])
+    dist = (ctx.queries[:, None] - keys[None, :]).abs().float()
+    return (pattern.float() * dist).sum(-1), ctx.real_queries
 
 
+@query_mean
 def self_attention(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                   ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                   ctx: PatternContext) -> PerQuery:
     """Mean weight a token puts on itself."""
-    diag = pattern.float().diagonal(dim1=-2, dim2=-1)
-    return masked_query_mean(diag, ctx.query_mask)
-
-
-def _valid_pairs(ctx: PatternContext) -> Bool[Tensor, "batch query key"]:
-    return ctx.query_mask[:, :, None] & ctx.query_mask[:, None, :]
+    return weight_at(pattern, ctx, 0), ctx.real_queries
 
 
 def earlier_occurrences(ctx: PatternContext) -> Bool[Tensor, "batch query key"]:
-    """``[b, i, j]`` is true when token ``j < i`` equals token ``i`` (both real tokens)."""
-    ids = ctx.input_ids
-    n = ids.shape[1]
-    same = ids[:, :, None] == ids[:, None, :]
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)
-    return same & earlier & _valid_pairs(ctx)
+    """``[b, i, j]`` is true when token ``j < i`` equals token ``i`` (both real tokens), for
+    the context's query rows ``i`` and every key ``j``."""
+    ids, queries = ctx.input_ids, ctx.queries
+    keys = torch.arange(ctx.n_pos)
+    same = ids[:, queries, None] == ids[:, None, :]
+    earlier = keys[None, :] < queries[:, None]
+    real = ctx.real_queries[:, :, None] & ctx.query_mask[:, None, :]
+    return same & earlier & real
 
 
 def induction_targets(ctx: PatternContext) -> Bool[Tensor, "batch query key"]:
@@ -133,30 +150,36 @@ def induction_targets(ctx: PatternContext) -> Bool[Tensor, "batch query key"]:
 
 
 def _weight_on(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-               targets: Bool[Tensor, "batch query key"]) -> Float[Tensor, "batch head_index query"]:
-    return (pattern.float() * targets[:, None].float()).sum(-1)
+               targets: Bool[Tensor, "batch query key"], ctx: PatternContext
+               ) -> Float[Tensor, "batch head_index query"]:
+    """The weight each row puts on its target keys (those among the block's columns)."""
+    inside = targets[:, None, :, ctx.k0:ctx.k0 + pattern.shape[-1]]
+    return (pattern.float() * inside.float()).sum(-1)
 
 
+@query_mean
 def previous_token(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                   ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                   ctx: PatternContext) -> PerQuery:
     """Mean weight from each query to the position just before it."""
-    values = pattern.float().diagonal(offset=-1, dim1=-2, dim2=-1)  # [B, H, T-1], query i+1
-    return masked_query_mean(values, ctx.query_mask[:, 1:])
+    return weight_at(pattern, ctx, -1), ctx.real_queries & (ctx.queries >= 1)
 
 
+@query_mean
 def next_token(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-               ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+               ctx: PatternContext) -> PerQuery:
     """Mean weight from each query to the position just after it (encoders)."""
-    values = pattern.float().diagonal(offset=1, dim1=-2, dim2=-1)  # [B, H, T-1], query i
-    has_next = ctx.query_mask[:, 1:]  # query i has a real successor when i + 1 is real
-    return masked_query_mean(values, has_next)
+    after = ctx.queries + 1
+    # query i counts when i + 1 is a real token
+    has_next = ctx.query_mask[:, after.clamp(max=ctx.n_pos - 1)] & (after < ctx.n_pos)
+    return weight_at(pattern, ctx, 1), has_next
 
 
+@query_mean
 def duplicate_token(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                    ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                    ctx: PatternContext) -> PerQuery:
     """Weight on earlier occurrences of the query's own token."""
     dup = earlier_occurrences(ctx)
-    return masked_query_mean(_weight_on(pattern, dup), dup.any(-1))
+    return _weight_on(pattern, dup, ctx), dup.any(-1)
 
 
 def second_repeat_targets(ctx: PatternContext) -> Bool[Tensor, "batch query key"]:
@@ -166,34 +189,39 @@ def second_repeat_targets(ctx: PatternContext) -> Bool[Tensor, "batch query key"
     return induction_targets(ctx) & once[:, :, None]
 
 
+@query_mean
 def induction(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-              ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+              ctx: PatternContext) -> PerQuery:
     """Olsson et al.'s prefix-matching score: over queries whose token occurred exactly
     once before, at ``j``, the weight on ``j + 1`` (the second repeat of
     ``repeated-random`` prompts, however many repeats they have)."""
     targets = second_repeat_targets(ctx)
-    return masked_query_mean(_weight_on(pattern, targets), targets.any(-1))
+    return _weight_on(pattern, targets, ctx), targets.any(-1)
 
 
+@query_mean
 def induction_pooled(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                     ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                     ctx: PatternContext) -> PerQuery:
     """Over every query with an earlier occurrence, the total weight on the tokens that
     followed all its earlier occurrences."""
     targets = induction_targets(ctx)
-    return masked_query_mean(_weight_on(pattern, targets), targets.any(-1))
+    return _weight_on(pattern, targets, ctx), targets.any(-1)
 
 
+@query_mean
 def induction_stripe_sum(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                         ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                         ctx: PatternContext) -> PerQuery:
     """The unnormalised induction stripe: total stripe weight divided by all ``T`` queries
     (TransformerLens' 'mul' induction score)."""
-    return masked_query_mean(_weight_on(pattern, induction_targets(ctx)), ctx.query_mask)
+    return _weight_on(pattern, induction_targets(ctx), ctx), ctx.real_queries
 
 
+@query_mean
 def first_token(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-                ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
+                ctx: PatternContext) -> PerQuery:
     """alpha_1: mean weight on position 0 over all queries."""
-    return masked_query_mean(pattern.float()[..., 0], ctx.query_mask)
+    first = pattern.float()[..., 0]
+    return (first if ctx.k0 == 0 else torch.zeros_like(first)), ctx.real_queries
 
 
 def received(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
@@ -201,12 +229,21 @@ def received(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
     """The weight each key receives: ``r_j = (1/T) sum_t A[t, j]`` over the ``T`` real
     queries (Gu et al. 2024's alpha for every key, so ``r_0`` is :func:`first_token`).
 
+    Of a block of rows it is the block's share, over every key of the layer (zero outside
+    the block's columns): the shares of a layer's blocks add up to ``r``.
+
     Returns:
         ``r`` for every key; padded keys receive 0, and the real keys' ``r`` of a head
         sum to 1 (each real query's weights do).
     """
-    weights = ctx.query_mask[:, None, :, None].to(torch.float32)
-    return (pattern.float() * weights).sum(-2) / ctx.lengths[:, None, None].float()
+    batch, heads, _, n_keys = pattern.shape
+    weights = ctx.real_queries[:, None, :, None].to(torch.float32)
+    share = (pattern.float() * weights).sum(-2) / ctx.lengths[:, None, None].float()
+    if ctx.k0 == 0 and n_keys == ctx.n_pos:
+        return share
+    out = share.new_zeros(batch, heads, ctx.n_pos)
+    out[..., ctx.k0:ctx.k0 + n_keys] = share
+    return out
 
 
 def received_by(r: Float[Tensor, "batch head_index key_pos"],

@@ -15,7 +15,12 @@ earlier MLP's output. With the norm's per-position scale frozen at its value on 
     RMSNorm:    n_t = sum_c c_t / s_t * w                       (s_t = sqrt(mean x_t^2 + eps))
     LayerNorm:  n_t = sum_c (c_t - mean(c_t)) / s_t * w  +  b
 
-and ``R_t`` is linear and applied after the projection, so the score splits *exactly*:
+A per-head query or key norm (Gemma 3, Qwen 3: RMSNorm over each head's ``d_head`` between
+the projection and rotary) is frozen the same way, at its scale ``s_q`` (``s_k``) of the real
+query (key) at each position (``attn.q_norm.hook_scale``), so ``q = R (g * (W_Q n + b_Q) /
+s_q)`` is linear in the components too (:class:`workbench.models.norms.HeadNorm`).
+
+``R_t`` is linear and applied after the projection, so the score splits *exactly*:
 
 - **key side**: ``score = sum_c < q_i, k_j^(c) >`` with the real query ``q_i`` whole and
   ``k_j^(c) = R_j W_K n_j^(c)`` the part of the key written by component ``c`` (the key
@@ -57,9 +62,17 @@ from torch import Tensor
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
+from workbench.models import adapters
 from workbench.models.base import Model
-from workbench.models.norms import EMBED, FirstNorm, first_norm, normalise
+from workbench.models.norms import (
+    HeadNorm,
+    LinearNorm,
+    first_norm,
+    head_norm,
+    normalise,
+)
 from workbench.recording import hooks
+from workbench.scores.components import part_hooks, stream_parts
 
 Head = tuple[int, int]
 PositionRule = Literal["induction", "previous", "first"]
@@ -143,7 +156,8 @@ def require_linearisable(model: Model) -> None:
     :func:`require_pre_norm`, then a probe: one head of layer 1 (or 0) on a seven-token
     input must be reproduced by its parts within :data:`PROBE_TOLERANCE`. That catches
     whatever sits between the residual stream and the score without being linear once the
-    norm scale is frozen (per-head query/key norms, ALiBi or relative position biases, a
+    norm scales are frozen (the first norm's and a per-head query/key norm's: what remains
+    is a query/key norm over every head together, ALiBi or relative position biases, a
     score softcap) and any attention layout the hooks cannot read.
 
     Raises:
@@ -151,6 +165,12 @@ def require_linearisable(model: Model) -> None:
     """
     require_pre_norm(model)
     info = model.info
+    family = adapters.FAMILIES_BY_ARCHITECTURE.get(info.architecture)
+    if family is not None and family.softcap:
+        # small scores pass tanh almost unchanged, so a probe alone may not tell
+        raise ModelCapabilityError(
+            f"QK attribution cannot split {info.name}'s scores: they are soft-capped "
+            "(cap * tanh(score / cap)), which is not linear in the components")
     content = [(7 + 11 * i) % info.d_vocab for i in range(3)]
     ids = [info.bos_token_id or 0, *content, *content]
     layer = min(1, info.n_layers - 1)
@@ -166,8 +186,8 @@ def require_linearisable(model: Model) -> None:
         raise ModelCapabilityError(
             f"QK attribution does not reproduce {info.name}'s scores (the parts miss them by "
             f"{att.error:.1e}, relative): something between its residual stream and its "
-            "scores is not linear with the norm scale frozen (per-head query/key norms, "
-            "ALiBi or relative position biases, a softcap)")
+            "scores is not linear with the norm scales frozen (query/key norms over every "
+            "head together, ALiBi or relative position biases, a softcap)")
 
 
 def ids_prompt(ids: Sequence[int]) -> Prompt:
@@ -240,40 +260,25 @@ class _Captured:
 def _capture_names(model: Model, layers: Sequence[int]) -> list[str]:
     """The hook points read: each component feeding ``layers`` and, at the chosen layers,
     the norm scales, rotary tables, real q/k, scores and patterns."""
-    names = [hooks.resid(0, model.info.n_layers)]
-    for layer in range(max(layers)):
-        names += [hooks.z(layer), hooks.mlp_out(layer)]
+    names = part_hooks(model, max(layers))
     for layer in sorted(set(layers)):
         names += [hooks.norm_scale(layer), hooks.qkv(layer, "q"), hooks.qkv(layer, "k"),
                   hooks.scores(layer), hooks.pattern(layer)]
         names += [n for n in (f"blocks.{layer}.attn.hook_cos", f"blocks.{layer}.attn.hook_sin",
-                              hooks.rotated(layer, "q"), hooks.rotated(layer, "k"))
+                              hooks.rotated(layer, "q"), hooks.rotated(layer, "k"),
+                              hooks.qk_norm_scale(layer, "q"), hooks.qk_norm_scale(layer, "k"))
                   if n in model.bridge.hook_dict]
     return names
 
 
 def _components(model: Model, w_o: Tensor, kept: dict[str, Tensor], positions: Tensor,
                 deepest: int) -> _Captured:
-    """Every component's output at ``positions`` (float64) below layer ``deepest``: the
-    embeddings, each head's ``z W_O``, each attention output bias, each MLP."""
-    pos = positions
-    cap = _Captured(pos, per_layer={name: t[0] for name, t in kept.items()})
-    cap.components.append((EMBED, -1, kept[hooks.resid(0, model.info.n_layers)][0, pos].double()))
-    for layer in range(deepest):
-        out = torch.einsum("phd,hdm->phm", kept[hooks.z(layer)][0, pos].double(),
-                           w_o[layer].double())
-        cap.components += [(f"L{layer}H{h}", layer, out[:, h]) for h in range(out.shape[1])]
-        bias = _attn_out_bias(model.bridge, layer)
-        if bias is not None:
-            cap.components.append((f"L{layer}attn_bias", layer, bias.double().expand(len(pos), -1)))
-        mlp = kept[hooks.mlp_out(layer)][0, pos].double()
-        cap.components.append((f"L{layer}MLP", layer, mlp))
+    """Every component's output at ``positions`` (float64) below layer ``deepest``
+    (:func:`workbench.scores.components.stream_parts`)."""
+    cap = _Captured(positions, per_layer={name: t[0] for name, t in kept.items()})
+    cap.components = [(part.name, part.layer, part.value)
+                      for part in stream_parts(model, kept, (0, positions), deepest, w_o=w_o)]
     return cap
-
-
-def _attn_out_bias(bridge: Any, layer: int) -> Tensor | None:
-    bias = getattr(bridge.blocks[layer].attn.o, "bias", None)
-    return None if bias is None else bias.detach()
 
 
 # ---- the algebra ---------------------------------------------------------------------------
@@ -290,10 +295,13 @@ def _rotate(x: Float[Tensor, "component pos d_head"], cos: Tensor | None, sin: T
     return torch.cat([rotated, rest], -1)
 
 
-def _side(stack: Tensor, names: list[str], norm: FirstNorm, weight: Tensor, bias: Tensor | None,
-          bias_name: str, cos: Tensor | None, sin: Tensor | None
+def _side(stack: Tensor, names: list[str], norm: LinearNorm, weight: Tensor, bias: Tensor | None,
+          bias_name: str, cos: Tensor | None, sin: Tensor | None,
+          head_norm: tuple[Float[Tensor, " pos"], HeadNorm] | None = None
           ) -> tuple[list[str], Float[Tensor, "component pos d_head"]]:
-    """Each component's rotated projection ``R W n(c)`` (with the biases as components)."""
+    """Each component's rotated projection ``R W n(c)`` (with the biases as components),
+    through the head's own q/k norm with its scale frozen (``head_norm``: the scale at each
+    position, and the norm) where the model has one."""
     parts = stack @ weight  # [C, P, d_head]
     names = list(names)
     pieces = [parts]
@@ -303,7 +311,25 @@ def _side(stack: Tensor, names: list[str], norm: FirstNorm, weight: Tensor, bias
     if bias is not None:
         pieces.append(bias.expand(1, stack.shape[1], -1))
         names.append(bias_name)
-    return names, _rotate(torch.cat(pieces), cos, sin)
+    projected = torch.cat(pieces)
+    if head_norm is not None:
+        scale, qk = head_norm
+        projected = projected / scale[None, :, None] * qk.weight
+    return names, _rotate(projected, cos, sin)
+
+
+def _frozen_head_norm(model: Model, cap: _Captured, layer: int, which: Literal["q", "k"],
+                      index: int) -> tuple[Float[Tensor, " pos"], HeadNorm] | None:
+    """The ``which`` norm of ``layer`` with its scale at the captured positions, read from
+    the pass (``hook_scale``) for query head or kv head ``index``; ``None`` without one."""
+    qk = head_norm(model, layer, which)
+    if qk is None:
+        return None
+    scale = cap.per_layer.get(hooks.qk_norm_scale(layer, which))
+    if scale is None:
+        raise WorkbenchError(f"{model.info.name}: the bridge never calls "
+                             f"{hooks.qk_norm_scale(layer, which)}, which the attribution reads")
+    return scale[index, cap.positions, 0].double(), qk
 
 
 @dataclass(frozen=True)
@@ -355,8 +381,10 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
     w = _head_weights(model, weights, layer, head)
     norm = first_norm(model, layer)
     normed = normalise(stack, scale, norm)
-    q_names, q_parts = _side(normed, names, norm, w["w_q"], w["b_q"], "q_bias", cos, sin)
-    k_names, k_parts = _side(normed, names, norm, w["w_k"], w["b_k"], "k_bias", cos, sin)
+    q_names, q_parts = _side(normed, names, norm, w["w_q"], w["b_q"], "q_bias", cos, sin,
+                             _frozen_head_norm(model, cap, layer, "q", head))
+    k_names, k_parts = _side(normed, names, norm, w["w_k"], w["b_k"], "k_bias", cos, sin,
+                             _frozen_head_norm(model, cap, layer, "k", w["group"]))
     q_real = (get(hooks.rotated(layer, "q")) if cos is not None else get(hooks.qkv(layer, "q")))
     k_real = (get(hooks.rotated(layer, "k")) if cos is not None else get(hooks.qkv(layer, "k")))
     q_whole = q_real[cap.positions, head].double()[qi]  # [N, d_head]
@@ -443,6 +471,13 @@ def attribute_prompt(model: Model, ids: Sequence[int], heads: Sequence[Head],
         if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
             raise WorkbenchError(f"head L{layer}H{head} does not exist: {info.name} has "
                                  f"{info.n_layers} layers of {info.n_heads} heads")
+        window = info.window(layer)
+        far = [(q, k) for q, k in pairs if window is not None and q - k >= window]
+        if far:  # masked: no weight, and the model's score there is the mask's, not q . k
+            raise WorkbenchError(
+                f"pair (query {far[0][0]}, key {far[0][1]}) is beyond the {window}-key "
+                f"sliding window of layer {layer} (head L{layer}H{head}): the key is masked, "
+                "so there is no score to explain; use shorter sequences or a global layer")
     positions = torch.tensor(sorted({p for pair in pairs for p in pair}))
     layers = [layer for layer, _ in heads]
     batch: Batch = model.batches([ids_prompt(ids)], max_tokens=max(n, 1))[0]

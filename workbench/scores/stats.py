@@ -33,6 +33,36 @@ def bootstrap_mean_ci(values: np.ndarray, *, n_boot: int = 1000, alpha: float = 
     return low, high
 
 
+def bootstrap_ratio_ci(numerator: np.ndarray, denominator: np.ndarray, *, n_boot: int = 1000,
+                       alpha: float = 0.05, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of a ratio of means over axis 0 (the prompts): each
+    resample of prompts gives ``mean(numerator) / mean(denominator)``. A normalised patching
+    metric, ``(patched - corrupted) / (clean - corrupted)``, is such a ratio: averaging
+    per-prompt ratios would let a prompt whose clean and corrupted runs nearly agree
+    dominate.
+
+    Args:
+        numerator: ``[n_prompts, ...]``.
+        denominator: ``[n_prompts]``.
+        n_boot, alpha, seed: as :func:`bootstrap_mean_ci`.
+
+    Returns:
+        ``(low, high)``, each shaped like ``numerator[0]`` (NaN where a resample's
+        denominator is 0).
+    """
+    n = numerator.shape[0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    num = numerator[idx].mean(axis=1)  # [n_boot, ...]
+    den = denominator[idx].mean(axis=1).reshape((n_boot,) + (1,) * (numerator.ndim - 1))
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ratios = num / den
+        ratios[~np.isfinite(ratios)] = np.nan
+        low, high = np.nanpercentile(ratios, [100 * alpha / 2, 100 * (1 - alpha / 2)], axis=0)
+    return low, high
+
+
 def summarize(per_prompt: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Mean over prompts with a 95% bootstrap interval, per (layer, head, metric).
 

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from workbench.core.errors import WorkbenchError
 from workbench.core.options import Ablation, Status
 from workbench.core.records import Count, Hex64, Json, Record, RelPath, matching
 
@@ -37,6 +38,11 @@ Timestamp = matching(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{
                      "an ISO 8601 time (2026-12-01T10:00:00+00:00)", max_length=40)
 """An ISO 8601 time, as ``datetime.isoformat`` writes it."""
 Text = Annotated[str, Field(max_length=1 << 20)]
+MAX_LAYERS = 1 << 16
+LayerType = Literal["global", "sliding"]
+"""How far back a layer's queries see: ``global``, every key the model's mask allows (every
+earlier one in a causal model, every one in an encoder); ``sliding``, only the last
+:attr:`ModelInfo.sliding_window` keys, the query's own included."""
 
 
 class ModelInfo(Record):
@@ -50,7 +56,7 @@ class ModelInfo(Record):
     checksum: str
     """SHA-256 of the weights ('' when unknown, e.g. a hub model)."""
     architecture: str
-    n_layers: Annotated[int, Field(ge=1, le=1 << 16)]
+    n_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     n_heads: Annotated[int, Field(ge=1, le=1 << 16)]
     n_kv_heads: Annotated[int, Field(ge=1, le=1 << 16)]
     d_model: Annotated[int, Field(ge=1, le=1 << 20)]
@@ -64,21 +70,73 @@ class ModelInfo(Record):
     bos_token_id: Annotated[int, Field(ge=0, le=1 << 30)] | None
     dtype: Literal["float32", "bfloat16", "float16"]
     load_seconds: Annotated[float, Field(ge=0)] = 0.0
+    # not strict: a model validator that runs before the fields hands them over parsed, a
+    # JSON array as a list
+    layer_types: Annotated[tuple[LayerType, ...], Field(strict=False)]
+    """Each layer's attention span, in order (see :data:`LayerType`)."""
+    sliding_window: Annotated[int, Field(ge=1, le=1 << 30)] | None
+    """The keys a sliding layer's query sees at most, its own included (``None``: the model
+    has no sliding layer)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain JSON values."""
         return self.to_data()
 
+    def is_sliding(self, layer: int) -> bool:
+        """Whether ``layer`` attends to a sliding window (see :meth:`window`).
+
+        Raises:
+            WorkbenchError: ``layer`` is not a layer of the model.
+        """
+        return self.window(layer) is not None
+
+    def window(self, layer: int) -> int | None:
+        """The keys a query of ``layer`` sees at most, its own included, or ``None`` for a
+        global layer (every key the mask allows).
+
+        Raises:
+            WorkbenchError: ``layer`` is not a layer of the model.
+        """
+        if not 0 <= layer < self.n_layers:
+            raise WorkbenchError(f"layer {layer} is not a layer of {self.name}, which has "
+                                 f"layers 0..{self.n_layers - 1}")
+        return self.sliding_window if self.layer_types[layer] == "sliding" else None
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """The layers that attend to a sliding window, in order."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == "sliding")
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        """The layers that attend to every key the mask allows, in order."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == "global")
+
     @model_validator(mode="before")
     @classmethod
     def _written_before(cls, data: Any) -> Any:
         # Runs written before these fields existed: an untrained head was not yet told
-        # apart, no BOS was recorded, and every model was loaded in float32.
+        # apart, no BOS was recorded, every model was loaded in float32, and no layer type
+        # was recorded (every model then read was taken as global in every layer).
         if isinstance(data, dict):
             for key, value in (("has_lm_head", True), ("bos_token_id", None),
                                ("dtype", "float32")):
                 data.setdefault(key, value)
+            n_layers = data.get("n_layers")
+            if "layer_types" not in data and type(n_layers) is int and \
+                    1 <= n_layers <= MAX_LAYERS:
+                data["layer_types"] = ("global",) * n_layers
+                data.setdefault("sliding_window", None)
         return data
+
+    @model_validator(mode="after")
+    def _layers(self) -> ModelInfo:
+        if len(self.layer_types) != self.n_layers:
+            raise ValueError(f"'layer_types' must hold n_layers = {self.n_layers} values, got "
+                             f"{len(self.layer_types)}")
+        if ("sliding" in self.layer_types) != (self.sliding_window is not None):
+            raise ValueError("'sliding_window' must be set exactly when a layer is 'sliding'")
+        return self
 
 
 class TableEntry(Record):

@@ -20,7 +20,7 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -138,6 +138,11 @@ SCORE_COLUMNS = columns(
     ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
     ("n_prompts", "int", "prompts on which the score is defined"),
 )
+LAYER_TYPE = Column("layer_type", "str", "the layer's attention span: sliding (its queries "
+                                         "see only the last sliding_window keys) or global")
+"""The column that tells a per-head row of a sliding-window layer from one of a global
+layer (:data:`workbench.store.records.LayerType`), where the distinction changes what a
+score means."""
 NULL_COLUMNS = columns(
     ("null", "float", "the same score of a pattern uniform over the visible keys"),
     ("inputs", "str", "the inputs the score was measured on"),
@@ -146,9 +151,61 @@ NULL_COLUMNS = columns(
 
 def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True) -> Table:
     """The long-format ``head_scores`` table every head-level experiment writes:
-    ``layer, head, metric, score, ci_low, ci_high, n_prompts`` (+ ``null, inputs``) + ``extra``."""
-    cols = (*HEAD_KEYS, *SCORE_COLUMNS, *(NULL_COLUMNS if null else ()), *extra)
+    ``layer, head, layer_type, metric, score, ci_low, ci_high, n_prompts`` (+ ``null,
+    inputs``) + ``extra``. A run written before ``layer_type`` lacks that column; readers
+    get it back with :func:`with_layer_types` and the run's model."""
+    cols = (*HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS, *(NULL_COLUMNS if null else ()), *extra)
     return Table("head_scores", meaning, cols)
+
+
+HEAD_CLASS_COLUMNS = columns(
+    ("metric", "str", "the head metric tested (workbench.scores.metrics)"),
+    ("head_class", "str", "the class tested: previous-token, duplicate-token, induction or "
+                          "sink (workbench.scores.classes)"),
+    ("score", "float", "the metric's mean over the real prompts (previous-token: over "
+                       "queries 5 and later, the ones its test reads)"),
+    ("ci_low", "float", "95% bootstrap interval of score over prompts, low end"),
+    ("ci_high", "float", "95% bootstrap interval of score over prompts, high end"),
+    ("null_mean", "float", "the mean of the null the score is tested against (see null)"),
+    ("chance", "float", "the score of attention uniform over the keys each query sees, on "
+                        "the same prompts (head_scores' null)"),
+    ("p", "float", "one-sided paired sign-flip p-value of score > max(null, chance) over "
+                   "prompts: (1 + #draws >= observed) / (1 + n_draws)"),
+    ("q", "float", "Benjamini-Hochberg q-value over every head of the model, per class"),
+    ("fdr", "float", "the declared false-discovery rate of the class"),
+    ("in_class", "bool", "q <= fdr: the head is in the class"),
+    ("n_prompts", "int", "real prompts on which the score is defined (each has a null)"),
+    ("n_draws", "int", "sign-flip draws; the smallest reportable p is 1 / (1 + n_draws)"),
+    ("inputs", "str", "the real inputs the score was measured on"),
+    ("null", "str", "how the null was made"),
+)
+
+
+def head_classes(meaning: str = "every head tested for each class whose metric the run "
+                 "scores, against the class's structured null, at a declared "
+                 "false-discovery rate") -> Table:
+    """The ``head_classes`` table of an experiment that scores heads (see
+    :mod:`workbench.scores.classes`): one row per (head, class)."""
+    return Table("head_classes", meaning, (*HEAD_KEYS, *HEAD_CLASS_COLUMNS))
+def with_layer_types(frame: pd.DataFrame, layer_types: Sequence[str]) -> pd.DataFrame:
+    """``frame`` with its :data:`LAYER_TYPE` column: each row's layer type, read off its
+    ``layer`` column, placed after ``head`` (or ``layer``).
+
+    A run written before layer types were recorded has no such column; its model's
+    ``layer_types`` (all ``global`` for such a run, :class:`~workbench.store.records.ModelInfo`)
+    fill it the same way, so a reader of an old run sees the column too. A frame that
+    already has the column is returned as it is.
+
+    Args:
+        frame: a table with an integer ``layer`` column of the model's layers.
+        layer_types: the model's layer types, in layer order (``ModelInfo.layer_types``).
+    """
+    if LAYER_TYPE.name in frame.columns:
+        return frame
+    where = list(frame.columns).index("head" if "head" in frame.columns else "layer") + 1
+    out = frame.copy()
+    out.insert(where, LAYER_TYPE.name, [layer_types[int(layer)] for layer in frame.layer])
+    return out
 
 
 LEGACY_METRIC_NAMES = {"sink": "first_token", "self": "self_attention"}

@@ -1,0 +1,189 @@
+"""Patching: activation patching of an ioi run, layers x positions and layers x heads.
+
+Pick a run, a group of prompts (one template in one order: every prompt of it has the same
+tokens at the same positions) and a site: the first heatmap is the normalised metric (0 the
+corrupted run, 1 the clean one) of each layer's site patched at one position, the positions
+labelled with the group's tokens and the named positions (IO, S1, S1+1, S2, END); the second
+is each head's output patched at every position, over every patched prompt. Clicking a cell
+shows its value with its 95% bootstrap interval over prompts. Everything is read from the
+run's tables by the names ``experiments/ioi/tables.py`` declares.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import dash
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, callback, dcc, html, no_update
+
+from dashboards.components import data, exports
+from dashboards.components.controls import labelled
+from dashboards.components.messages import safe, safe_layout
+from dashboards.components.skeleton import run_page
+from dashboards.components.values import Click, Name, RunId, among, below, cell_of, triggered
+from experiments.ioi.tables import BEHAVIOUR, PATCH_HEADS, PATCH_POSITIONS
+from workbench.store.runs import Run
+
+SHOWS = ["ioi"]
+dash.register_page(__name__, path="/patching", name="Patching", order=11, experiments=SHOWS)
+
+EMPTY = "No ioi runs yet. Make one with `workbench run ioi --model smollm2`."
+MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
+GRAPHS = ["patching-positions", "patching-heads"]
+CHECKS = {-1: "every position", -2: "nothing"}
+"""The cells of the checks, kept out of the heatmap and said in the note."""
+ClickedCell = Annotated[tuple[int, int] | None,
+                        Click(cell_of, "a click on a cell of a layers x positions grid")]
+ClickedHead = Annotated[tuple[int, int] | None,
+                        Click(cell_of, "a click on a cell of a layer x head grid")]
+
+
+@safe_layout("Patching")
+def layout(run: str | None = None, **_: str) -> html.Div:
+    return run_page("patching", "Activation patching", shows=SHOWS, requested=run,
+                    empty=EMPTY, controls=[
+        labelled("group", dcc.Dropdown(id="patching-group", clearable=False), "12em"),
+        labelled("site", dcc.Dropdown(id="patching-site", clearable=False), "10em"),
+    ], body=lambda chosen: [
+        html.P(id="patching-note", className="wb-note"),
+        html.P(id="patching-cell", className="wb-note"),
+        exports.graph("patching-positions", chosen),
+        exports.graph("patching-heads", chosen),
+    ])
+
+
+exports.follow("patching-run", page="patching", graphs=GRAPHS)
+
+
+def behaviour_note(run: Run) -> str:
+    row = run.table(BEHAVIOUR.name).set_index("scope").loc["all"]
+    verdict = ("above chance" if row.above_chance else
+               "not above chance: no head class is claimed")
+    return (f"logit difference IO - S at END {row.logit_diff:+.3f} [{row.ci_low:+.3f}, "
+            f"{row.ci_high:+.3f}] over {int(row.n_prompts)} prompts ({verdict}). Normalised "
+            "metric: 0 is the corrupted (ABC) run, 1 the clean one.")
+
+
+@callback(Output("patching-group", "options"), Output("patching-group", "value"),
+          Output("patching-site", "options"), Output("patching-site", "value"),
+          Output("patching-note", "children"), Output("patching-error", "children"),
+          Input("patching-run", "value"))
+@safe
+def choose_run(run_id: RunId):
+    if not run_id:
+        return (no_update,) * 6
+    run = data.get_run(run_id, shows=SHOWS)
+    table = run.table(PATCH_POSITIONS.name)
+    groups = sorted(table.group.unique().tolist())
+    sites = list(dict.fromkeys(table.site.tolist()))
+    return (groups, groups[0] if groups else None, sites, sites[0] if sites else None,
+            behaviour_note(run), None)
+
+
+def _rows(run: Run, group: str, site: str) -> pd.DataFrame:
+    """The run's patch_positions rows of one group and site.
+
+    Raises:
+        Refused: the run has no such group or site.
+    """
+    table = run.table(PATCH_POSITIONS.name)
+    among("group", group, sorted(table.group.unique().tolist()), "the run's groups")
+    among("site", site, list(dict.fromkeys(table.site.tolist())), "the run's sites")
+    return table[(table.group == group) & (table.site == site)]
+
+
+def position_label(row) -> str:
+    role = f" ({row.role})" if row.role else ""
+    return f"{row.position}:{row.token}{role}"
+
+
+@callback(Output("patching-positions", "figure"), Input("patching-run", "value"),
+          Input("patching-group", "value"), Input("patching-site", "value"))
+@safe
+def draw_positions(run_id: RunId, group: Name, site: Name):
+    if not run_id or group is None or site is None:
+        return no_update
+    rows = _rows(data.get_run(run_id, shows=SHOWS), group, site)
+    return positions_figure(rows, f"{site} patched at one position, {group}")
+
+
+def _fixed(value: float) -> str:
+    return f"{round(float(value), 3) + 0.0:.3f}"  # no "-0.000"
+
+
+def positions_figure(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Layers down, positions across (the checks' cells left out), 0..1 coloured."""
+    cells = rows[rows.position >= 0]
+    grid = cells.pivot_table(index="layer", columns="position", values="value")
+    labels = cells.drop_duplicates("position").sort_values("position")
+    checks = rows[rows.position < 0].groupby("position").value
+    said = "; ".join(f"{CHECKS[p]}: {_fixed(checks.get_group(p).min())} to "
+                     f"{_fixed(checks.get_group(p).max())}"
+                     for p in CHECKS if p in checks.groups)
+    fig = go.Figure(go.Heatmap(
+        z=grid.to_numpy(), x=grid.columns.tolist(), y=grid.index.tolist(),
+        colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
+        hovertemplate="layer %{y}, position %{x}<br>%{z:.3f}<extra></extra>"))
+    fig.update_layout(
+        title=f"{title} ({int(rows.n_prompts.max()) if len(rows) else 0} prompts"
+              f"{'; checks: ' + said if said else ''})", height=560, margin=MARGIN,
+        xaxis={"title": "position", "tickangle": -60, "tickmode": "array",
+               "tickvals": labels.position.tolist(),
+               "ticktext": [position_label(r) for r in labels.itertuples()]},
+        yaxis={"title": "layer"})
+    return fig
+
+
+@callback(Output("patching-heads", "figure"), Input("patching-run", "value"))
+@safe
+def draw_heads(run_id: RunId):
+    if not run_id:
+        return no_update
+    heads = data.get_run(run_id, shows=SHOWS).table(PATCH_HEADS.name)
+    return heads_figure(heads)
+
+
+def heads_figure(heads: pd.DataFrame) -> go.Figure:
+    """Layers down, heads across (every head at once left out)."""
+    cells = heads[heads["head"] >= 0]
+    grid = cells.pivot_table(index="layer", columns="head", values="value")
+    n = int(heads.n_prompts.max()) if len(heads) else 0
+    fig = go.Figure(go.Heatmap(
+        z=grid.to_numpy(), x=grid.columns.tolist(), y=grid.index.tolist(),
+        colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
+        hovertemplate="L%{y}H%{x}<br>%{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"each head's output patched at every position ({n} prompts)",
+                      height=560, margin=MARGIN, xaxis={"title": "head", "dtick": 1},
+                      yaxis={"title": "layer"})
+    return fig
+
+
+@callback(Output("patching-cell", "children"), Input("patching-run", "value"),
+          Input("patching-group", "value"), Input("patching-site", "value"),
+          Input("patching-positions", "clickData"), Input("patching-heads", "clickData"),
+          prevent_initial_call=True)
+@safe
+def show_cell(run_id: RunId, group: Name, site: Name, cell: ClickedCell, head: ClickedHead):
+    if not run_id or group is None or site is None:
+        return no_update
+    run = data.get_run(run_id, shows=SHOWS)
+    if triggered() == "patching-heads" and head is not None:
+        heads = run.table(PATCH_HEADS.name)
+        layer, h = head
+        below("layer", layer, int(heads.layer.max()) + 1, "layers patched")
+        below("head", h, int(heads["head"].max()) + 1, "heads in each layer")
+        row = heads[(heads.layer == layer) & (heads["head"] == h)].iloc[0]
+        return (f"L{layer}H{h}'s output patched at every position: {row.value:.3f} "
+                f"[{row.ci_low:.3f}, {row.ci_high:.3f}] over {int(row.n_prompts)} prompts")
+    if triggered() == "patching-positions" and cell is not None:
+        rows = _rows(run, group, site)
+        layer, position = cell
+        below("layer", layer, int(rows.layer.max()) + 1, "layers patched")
+        below("position", position, int(rows.position.max()) + 1, "positions in the group")
+        row = rows[(rows.layer == layer) & (rows.position == position)].iloc[0]
+        return (f"{site} of layer {layer} patched at position {position_label(row)}: "
+                f"{row.value:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}] over "
+                f"{int(row.n_prompts)} prompts of {group}")
+    return "Click a cell to see its value with its 95% bootstrap interval over prompts."

@@ -1,0 +1,62 @@
+"""The Patching page in a real headless browser, over an ioi run on the tiny Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from workbench.harness.experiment import run_experiment
+
+SMALL = {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,
+         "templates": 2, "patch_prompts": 2, "n_receivers": 1, "path_patch": False,
+         "n_boot": 20}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama):
+    runs = tmp_path_factory.mktemp("runs")
+    run = run_experiment("ioi", llama, SMALL, runs_dir=runs)
+    proc, url = serve(runs)
+    yield url, run
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_the_layers_x_positions_heatmap_is_the_stored_grid(page, served):
+    url, run = served
+    table = run.table("patch_positions")
+    page.goto(f"{url}/patching?run={run.id}")
+    choose(page, "patching-group", "T0 BABA")
+    fig = figure(page, "patching-positions", title_contains="resid_pre patched at one "
+                                                            "position, T0 BABA")
+    mine = table[(table.group == "T0 BABA") & (table.position >= 0)]
+    want = mine.pivot_table(index="layer", columns="position", values="value").to_numpy()
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"]), want, rtol=1e-9)
+    # the positions carry their tokens and the named positions their roles
+    ticks = fig["layout"]["xaxis"]["ticktext"]
+    io = int(mine[mine.role == "IO"].position.iloc[0])
+    assert ticks[io].startswith(f"{io}:") and ticks[io].endswith("(IO)")
+    assert "checks: every position: 1.000 to 1.000; nothing: 0.000 to 0.000" in \
+        fig["layout"]["title"]["text"]
+    assert "logit difference IO - S at END" in page.locator("#patching-note").inner_text()
+    offers_exports(page, "patching-positions", run.id)
+
+
+def test_clicking_a_cell_shows_its_interval(page, served):
+    url, run = served
+    page.goto(f"{url}/patching?run={run.id}")
+    figure(page, "patching-positions", title_contains="T0 ABBA")
+    heads = figure(page, "patching-heads", title_contains="each head's output")
+    z = as_array(heads["data"][0]["z"])
+    stored = run.table("patch_heads")
+    assert z.shape == (2, 4)
+    page.locator("#patching-positions .nsewdrag").first.click(position={"x": 30, "y": 30})
+    page.wait_for_selector("#patching-cell:has-text('patched at position')")
+    text = page.locator("#patching-cell").inner_text()
+    assert "[" in text and "over 2 prompts of T0 ABBA" in text
+    page.locator("#patching-heads .nsewdrag").first.click(position={"x": 30, "y": 30})
+    page.wait_for_selector("#patching-cell:has-text('output patched at every position')")
+    row = stored[(stored.layer == 1) & (stored["head"] == 0)].iloc[0]
+    assert f"L1H0's output patched at every position: {row.value:.3f}" in \
+        page.locator("#patching-cell").inner_text()
