@@ -151,6 +151,11 @@ def require_linearisable(model: Model) -> None:
         ModelCapabilityError: the model is post-norm, unreadable, or not reproduced.
     """
     require_pre_norm(model)
+    cap = getattr(getattr(model.bridge, "cfg", None), "attn_scores_soft_cap", None)
+    if cap is not None and cap > 0:  # whatever the probe says: small scores barely bend it
+        raise ModelCapabilityError(
+            f"QK attribution cannot split {model.info.name}'s scores: they are soft-capped "
+            f"({cap:g} tanh(score / {cap:g})), so not linear in the residual stream")
     info = model.info
     content = [(7 + 11 * i) % info.d_vocab for i in range(3)]
     ids = [info.bos_token_id or 0, *content, *content]
