@@ -4,7 +4,6 @@ patching into the name movers' queries, and the head classes those give."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,8 +29,6 @@ from workbench.scores.stats import bootstrap_mean_ci, bootstrap_ratio_ci
 
 if TYPE_CHECKING:
     from experiments.ioi import Config
-
-log = logging.getLogger(__name__)
 
 ATTENDED = ("IO", "S1", "S1+1", "S2")
 """The positions each head's attention from END is read at."""
