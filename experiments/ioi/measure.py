@@ -4,7 +4,6 @@ patching into the name movers' queries, and the head classes those give."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ import torch
 from workbench.core import progress
 from workbench.inputs.batching import Batch
 from workbench.inputs.ioi import IOIPrompt, ioi_prompts
+from workbench.inputs.prompts import Prompt
 from workbench.interventions import replay
 from workbench.interventions.ablation import Head
 from workbench.interventions.patching import EVERY, NOTHING, Pair, PatchGrid, patch_grid
@@ -29,8 +29,6 @@ from workbench.scores.stats import bootstrap_mean_ci, bootstrap_ratio_ci
 
 if TYPE_CHECKING:
     from experiments.ioi import Config
-
-log = logging.getLogger(__name__)
 
 ATTENDED = ("IO", "S1", "S1+1", "S2")
 """The positions each head's attention from END is read at."""
@@ -51,34 +49,17 @@ def make_prompts(model: Model, cfg: Config, n: int, templates: Sequence[int], se
                        places=_names(cfg.places), objects=_names(cfg.objects), seed=seed)
 
 
-def _rows(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    return ids, mask
-
-
 def _batches(model: Model, prompts: list[IOIPrompt], max_tokens: int
              ) -> list[tuple[list[int], Batch, Batch]]:
     """``(indices, clean batch, corrupted batch)``: right-padded, the corrupted batch the
-    clean one's twin row for row."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
-    out, group = [], []
-    for i in [*order, None]:
-        if i is not None and (not group or len(prompts[i].ids) * (len(group) + 1) <= max_tokens):
-            group.append(i)
-            continue
-        if group:
-            made = []
-            for field in ("ids", "corrupted"):
-                ids, mask = _rows([getattr(prompts[j], field) for j in group], model.pad_id)
-                made.append(Batch(ids, mask, None, [len(prompts[j].ids) for j in group],
-                                  list(group)))
-            out.append((list(group), *made))
-        group = [] if i is None else [i]
+    clean one's twin row for row (a corrupted prompt has its clean prompt's length)."""
+    out = []
+    for batch in model.batches([Prompt(token_ids=p.ids) for p in prompts], max_tokens=max_tokens):
+        twin = batch.input_ids.clone()
+        for row, i in enumerate(batch.indices):
+            twin[row, : len(prompts[i].corrupted)] = torch.tensor(prompts[i].corrupted)
+        out.append((list(batch.indices), batch, Batch(twin, batch.attention_mask, None,
+                                                       batch.lengths, batch.indices)))
     return out
 
 

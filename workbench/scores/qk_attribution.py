@@ -164,6 +164,11 @@ def require_linearisable(model: Model) -> None:
         ModelCapabilityError: the model is post-norm, unreadable, or not reproduced.
     """
     require_pre_norm(model)
+    cap = getattr(getattr(model.bridge, "cfg", None), "attn_scores_soft_cap", None)
+    if cap is not None and cap > 0:  # whatever the probe says: small scores barely bend it
+        raise ModelCapabilityError(
+            f"QK attribution cannot split {model.info.name}'s scores: they are soft-capped "
+            f"({cap:g} tanh(score / {cap:g})), so not linear in the residual stream")
     info = model.info
     family = adapters.FAMILIES_BY_ARCHITECTURE.get(info.architecture)
     if family is not None and family.softcap:
