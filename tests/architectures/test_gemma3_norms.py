@@ -18,6 +18,7 @@ from tests.architectures.families import build
 from workbench.core.errors import WorkbenchError
 from workbench.interventions.paths import path_removed
 from workbench.recording import hooks
+from workbench.scores import components
 from workbench.scores import qk_attribution as qk
 
 IDS = [0, *range(10, 22), *range(10, 22)]  # BOS, then 12 distinct tokens twice
@@ -67,7 +68,7 @@ def test_leaving_a_norm_out_misses_the_scores(gemma3, monkeypatch, left_out):
     if left_out == "q/k norms":
         monkeypatch.setattr(qk, "_frozen_head_norm", lambda *args: None)
     else:
-        monkeypatch.setattr(qk, "attention_out_norm", lambda *args: None)
+        monkeypatch.setattr(components, "output_norm", lambda *args: None)
     [att] = qk.attribute_prompt(gemma3, IDS, [TARGET], qk.pair_positions(IDS, "induction"))
     assert att.error > 1e-2
 
