@@ -104,6 +104,8 @@ class Result:
     head_scores: pd.DataFrame
     causal: bool
     head_classes: pd.DataFrame
+    untested: dict[str, str]
+    """The classes whose null could not be made, each with the reason."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
         return {"head_scores": self.head_scores, "head_classes": self.head_classes}
@@ -117,6 +119,7 @@ class Result:
             lines.append(f"top {metric} heads: {heads} (uniform null {df.null.iloc[0]:.3f})")
         lines += [classes.summary_line(self.head_classes, name)
                   for name in self.head_classes.head_class.unique()]
+        lines += [f"{name} heads: not tested ({why})" for name, why in self.untested.items()]
         if self.causal:
             lines.append("next_token is not scored: a causal mask makes it 0 by construction")
         return lines
@@ -143,4 +146,5 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     return Result(with_layer_types(pd.concat([text.head_scores, dup.head_scores],
                                              ignore_index=True), model.info.layer_types),
                   model.info.causal,
-                  pd.concat([text.head_classes, dup.head_classes], ignore_index=True))
+                  pd.concat([text.head_classes, dup.head_classes], ignore_index=True),
+                  text.untested | dup.untested)

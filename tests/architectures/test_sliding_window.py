@@ -215,12 +215,18 @@ def test_the_window_conditions_say_why_when_they_cannot_run(gemma3, llama, tmp_p
 
 @pytest.fixture(scope="module")
 def long_context_page():
+    import sys
+
+    import dash
+
     from dashboards.app import create_app
 
     create_app("/nonexistent")  # registers the pages
-    from dashboards.pages import long_context
-
-    return long_context
+    # the module as Dash imported it: importing ``dashboards.pages.long_context`` again
+    # would register the page a second time under a second name
+    (name,) = [page["module"] for page in dash.page_registry.values()
+               if page["path"] == "/long-context"]
+    return sys.modules[name]
 
 
 def test_window_edge_segment_by_hand(long_context_page):

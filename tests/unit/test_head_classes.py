@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
+from workbench.core.errors import WorkbenchError
+from workbench.harness.experiment import run_experiment
 from workbench.inputs import nulls
 from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.recording.reductions import PatternContext, reduce_patterns
@@ -250,8 +252,10 @@ def test_score_and_classify_matches_score_heads_and_declares_its_table(llama):
     red = metrics.reductions("induction", "duplicate_token", "previous_token", "first_token",
                              "entropy")
     testing = classes.Testing(n_draws=199)
-    scores, table, _ = score_and_classify(llama, prompts, red, inputs="rr", testing=testing,
-                                       repeats=(8, 2), n_boot=100)
+    scored = score_and_classify(llama, prompts, red, inputs="rr", testing=testing,
+                                repeats=(8, 2), n_boot=100)
+    scores, table = scored.head_scores, scored.head_classes
+    assert scored.untested == {}
     plain = score_heads(llama, prompts, red, inputs="rr", n_boot=100)
     pd.testing.assert_frame_equal(scores, plain, atol=1e-6, rtol=1e-5)
     head_classes().check(table)
@@ -272,6 +276,41 @@ def test_an_input_class_needs_the_repeats(llama):
     with pytest.raises(ValueError, match="seq_len, repeats"):
         score_and_classify(llama, prompts, metrics.reductions("induction"), inputs="rr",
                            testing=classes.Testing())
+
+
+def test_a_class_whose_null_the_vocabulary_cannot_make_is_left_out_with_the_reason(llama):
+    """A repeat longer than the tokens the prompt leaves unused has no fresh twin: the
+    duplicate-token class is not tested, its metric is still scored, the others are kept."""
+    from workbench.inputs.prompts import content_token_range
+
+    low, high = content_token_range(llama)
+    seq_len = (high - low) * 3 // 5  # uses at most 3/5 of the tokens, needs 3/5 fresh
+    prompts = load_prompt_set("repeated-random", llama, n_prompts=2, seq_len=seq_len,
+                              repeats=2)
+    assert nulls.fresh_problem(llama, prompts[0], seq_len, 2) is not None
+    with pytest.raises(WorkbenchError, match="too few"):
+        nulls.fresh_repeats(llama, prompts[0], seq_len, 2, torch.Generator())
+    scored = score_and_classify(llama, prompts, metrics.reductions("induction",
+                                                                   "duplicate_token"),
+                                inputs="rr", testing=classes.Testing(n_draws=199),
+                                repeats=(seq_len, 2), n_boot=50)
+    assert list(scored.untested) == ["duplicate-token"]
+    assert f"too few for the {seq_len} fresh ones" in scored.untested["duplicate-token"]
+    assert set(scored.head_classes.head_class) == {"induction"}
+    assert set(scored.head_scores.metric) == {"induction", "duplicate_token"}
+
+
+def test_previous_token_heads_says_which_class_it_could_not_test(llama, tmp_path):
+    from workbench.inputs.prompts import content_token_range
+
+    low, high = content_token_range(llama)
+    run = run_experiment("previous-token-heads", llama,
+                         {"n_prompts": 2, "n_repeated": 2, "seq_len": (high - low) * 3 // 5,
+                          "n_boot": 20, "n_null_draws": 199}, runs_dir=tmp_path)
+    assert run.status == "complete"
+    (line,) = [s for s in run.meta.summary if s.startswith("duplicate-token heads")]
+    assert line.startswith("duplicate-token heads: not tested (") and "too few" in line
+    assert "duplicate_token" in set(run.table("head_scores").metric)
 
 
 # ---- the nulls take out the structure --------------------------------------------------

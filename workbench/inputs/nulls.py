@@ -81,18 +81,29 @@ def shuffled_repeats(model: Model, prompt: Prompt, seq_len: int, repeats: int,
     return Prompt(token_ids=tuple(out), label=f"{prompt.label} (repeats shuffled)")
 
 
+def fresh_problem(model: Model, prompt: Prompt, seq_len: int, repeats: int) -> str | None:
+    """Why :func:`fresh_repeats` cannot make the twin of ``prompt``: the vocabulary has too
+    few content tokens the prompt does not use (``None``: it can)."""
+    ids, _, _ = _split(model, prompt, seq_len, repeats)
+    need = seq_len * (repeats - 1)
+    low, high = content_token_range(model)
+    unused = len(set(range(low, high)) - set(ids) - set(model.tokenizer.all_special_ids))
+    if unused >= need:
+        return None
+    return (f"{model.info.name}'s vocabulary has {unused} content tokens that prompt "
+            f"{prompt.label} does not use, too few for the {need} fresh ones its null needs")
+
+
 def fresh_repeats(model: Model, prompt: Prompt, seq_len: int, repeats: int,
                   generator: torch.Generator) -> Prompt:
     """The null twin for duplicate-token: each repeat after the first replaced by fresh
     random tokens, none of which occurs earlier in the prompt (nor twice in the twin)."""
+    problem = fresh_problem(model, prompt, seq_len, repeats)
+    if problem is not None:
+        raise WorkbenchError(problem)
     ids, start, _ = _split(model, prompt, seq_len, repeats)
     seen = set(ids)
     need = seq_len * (repeats - 1)
-    low, high = content_token_range(model)
-    special = set(model.tokenizer.all_special_ids)
-    if len(set(range(low, high)) - seen - special) < need:
-        raise WorkbenchError(f"{model.info.name}: too few unused tokens for {need} fresh "
-                             f"ones (prompt {prompt.label})")
     fresh: list[int] = []
     while len(fresh) < need:
         for token in random_token_ids(model, seq_len, generator):

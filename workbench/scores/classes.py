@@ -276,6 +276,8 @@ PATTERN_REDUCTIONS: dict[str, Reduction] = {
     "previous_token_far": previous_token_far, "neighbour_tokens": neighbour_tokens}
 NULL_INPUTS = {"induction": nulls.shuffled_repeats, "duplicate-token": nulls.fresh_repeats}
 """An ``input`` class's null twin of a repeated-random prompt, by class."""
+NULL_PROBLEMS = {"duplicate-token": nulls.fresh_problem}
+"""Why an ``input`` class's null twin cannot be made for a prompt (``None``: it can)."""
 
 
 # ---- the table --------------------------------------------------------------------------

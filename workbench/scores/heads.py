@@ -55,6 +55,9 @@ class Classified(NamedTuple):
     """One row per (head, class); empty when no metric has a class."""
     per_prompt: pd.DataFrame
     """The real prompts' scores of the metrics: ``prompt, layer, head, metric, score``."""
+    untested: dict[str, str]
+    """The classes whose null could not be made, each with the reason (their metrics are
+    still scored)."""
 
 
 def score_and_classify(model: Model, prompts: Sequence[Prompt],
@@ -74,15 +77,13 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
     Returns:
         The head scores, the classes and the real prompts' scores (:class:`Classified`).
     """
-    tested = classes.for_metrics(reductions)
+    untested = _untested(model, prompts, classes.for_metrics(reductions), repeats)
+    tested = [c for c in classes.for_metrics(reductions) if c.name not in untested]
     scan = dict(reductions)
     everything, reference, twins = list(prompts), list(prompts), {}
     gen = torch.Generator().manual_seed(testing.seed)
     for head_class in tested:
         if head_class.kind == "input":
-            if repeats is None:
-                raise ValueError(f"the {head_class.name} null is made from repeated-random "
-                                 "prompts: give their (seq_len, repeats)")
             twins[head_class.name] = len(everything)
             build = classes.NULL_INPUTS[head_class.name]
             everything += [build(model, p, *repeats, gen) for p in prompts]
@@ -120,7 +121,29 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
                                      n_boot=n_boot, seed=seed, inputs=inputs, chance=chance))
     found = pd.concat(rows, ignore_index=True) if rows else head_classes().empty()
     kept = real[real.metric.isin(list(reductions))].reset_index(drop=True)
-    return Classified(table, found, kept)
+    return Classified(table, found, kept, untested)
+
+
+def _untested(model: Model, prompts: Sequence[Prompt], tested: Sequence[classes.HeadClass],
+              repeats: tuple[int, int] | None) -> dict[str, str]:
+    """The classes among ``tested`` whose null inputs cannot be made, with the reason.
+
+    Raises:
+        ValueError: an ``input`` class without the ``repeats`` its null is made from.
+    """
+    untested = {}
+    for head_class in tested:
+        if head_class.kind != "input":
+            continue
+        if repeats is None:
+            raise ValueError(f"the {head_class.name} null is made from repeated-random "
+                             "prompts: give their (seq_len, repeats)")
+        check = classes.NULL_PROBLEMS.get(head_class.name)
+        problems = (check(model, p, *repeats) for p in prompts) if check else ()
+        problem = next((p for p in problems if p is not None), None)
+        if problem is not None:
+            untested[head_class.name] = problem
+    return untested
 
 
 def top_heads(head_scores: pd.DataFrame, metric: str, k: int,
