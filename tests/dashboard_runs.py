@@ -55,6 +55,7 @@ CONFIGS = {
             "templates": 2, "patch_prompts": 2, "n_receivers": 1, "path_patch": False,
             "n_boot": 20},
     "logit-lens": {"prompt_set": "repeated-random", "n_prompts": 2, "read": "all", "n_boot": 20},
+    "induction-distance": {"n_prompts": 2, "seq_len": 4, "distances": (4, 8, 16), "n_boot": 20},
 }
 """The experiments run on the tiny Llama, each with a config small enough for a test."""
 FORMATION = {"vocab_size": 320, "d_model": 16, "n_heads": 2, "n_ctx": 40, "steps": 8,

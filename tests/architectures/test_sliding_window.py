@@ -258,3 +258,24 @@ def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path,
             assert (line.x0, line.y0, line.x1, line.y1) == (-0.5, 7, 11.5, 19)
             grid = rec.pattern(0, layer, 0)
             assert grid[19, :12].max() == 0 and grid[19, 12] > 0  # left of the line: 0
+
+
+# ---- induction at distance: a sliding layer stops at its window ---------------------------
+
+def test_the_distance_curve_of_a_16_token_window_drops_to_zero_beyond_it(tokenizer, tmp_path):
+    from tests.architectures.families import gemma3_config, instantiate
+
+    model = tiny.wrap(instantiate("Gemma3ForCausalLM", gemma3_config(len(tokenizer),
+                                                                     sliding_window=16)),
+                      tokenizer, "tiny-gemma3-w16")
+    assert model.info.sliding_window == 16 and model.info.layer_types == ("sliding", "global")
+    run = run_experiment("induction-distance", model,
+                         {"n_prompts": 2, "seq_len": 4, "distances": (4, 16, 17, 40),
+                          "n_boot": 20}, runs_dir=tmp_path)
+    scores = run.table("distance_scores")
+    local, far = scores[scores.layer_type == "sliding"], scores[scores.layer_type == "global"]
+    assert (local[local.distance <= 16].score > 0).all()  # the target is the window's first key
+    assert (local[local.distance > 16][["score", "null"]] == 0).all().all()
+    assert (far.score > 0).all()
+    assert any(line.startswith("beyond the 16-token window: sliding layers' largest score "
+                               "0.000") for line in run.meta.summary)

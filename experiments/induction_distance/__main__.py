@@ -1,0 +1,5 @@
+import sys
+
+from workbench.cli import main
+
+main(["run", "induction-distance", *sys.argv[1:]])
