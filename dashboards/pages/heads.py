@@ -19,7 +19,7 @@ from dash import ALL, Input, Output, State, callback, dash_table, dcc, html, no_
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_options
+from dashboards.components.controls import colour_scale, labelled, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from dashboards.components.skeleton import run_page, runs_of
 from dashboards.components.values import (
@@ -29,6 +29,7 @@ from dashboards.components.values import (
     Layer,
     ListOf,
     Name,
+    OneOf,
     Records,
     RunId,
     Whole,
@@ -58,6 +59,7 @@ HIDDEN = {"display": "none"}
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 MAX_K = 500
 TopK = Annotated[int | None, Whole(1, MAX_K)]
+Scale = Annotated[figures.ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 HeadCell = Annotated[dict[str, Any] | None,
                      Fields((("row", Whole(optional=False)),), extra=True)]
 """The top-k table's ``active_cell`` (Dash adds ``column``, ``column_id``, ``row_id``)."""
@@ -100,6 +102,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
                                               placeholder="another run (optional)"), "34em"),
         labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=MAX_K,
                                     step=1)),
+        colour_scale("heads"),
     ], body=lambda chosen: [
         html.Div(id="heads-compare-note"),
         html.Div(className="wb-row", children=[
@@ -292,9 +295,9 @@ def example_prompt(rec: Recording, inputs: str) -> int:
 
 @callback(Output("heads-example", "figure"),
           Input("heads-selected", "data"), Input("heads-run", "value"),
-          Input("heads-metric", "value"))
+          Input("heads-metric", "value"), Input("heads-scale", "value"))
 @safe
-def draw_example(selected: Selected, run_id: RunId, metric: Name):
+def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: Scale):
     run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
     if metric is None:
@@ -315,7 +318,7 @@ def draw_example(selected: Selected, run_id: RunId, metric: Name):
     score = picked[(picked["layer"] == layer) & (picked["head"] == head)].score
     label = f" ({metric} {score.iloc[0]:.2f})" if len(score) else ""
     return figures.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
-                                   f"L{layer}H{head} on {rec.prompts[p].label}{label}")
+                                   f"L{layer}H{head} on {rec.prompts[p].label}{label}", scale)
 
 
 # ---- induction-heads: the causal evidence --------------------------------------------------
