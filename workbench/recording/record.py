@@ -507,7 +507,7 @@ class Recording:
             diagonal=exact[..., 1], previous=exact[..., 2], left_out=exact[..., 3],
             queries=np.arange(q0, q1))
 
-    def first_key_mass(self, prompt: int, layer: int) -> Float[np.ndarray, "head_index"]:
+    def first_key_mass(self, prompt: int, layer: int) -> Float[np.ndarray, " head_index"]:
         """Each head's mean weight on the first key, over every query but the first (which
         can only attend there): the sink score of one prompt, exact for both storages.
 
