@@ -3,7 +3,8 @@
 Every run records when it started and ended (``run.json``), so the wall time of the
 default config (no ``--set``) and of the demo config (``workbench demo``) on each model is
 the newest complete run with exactly that config. ``workbench run EXPERIMENT --help`` shows
-these figures; nothing is estimated or extrapolated.
+these figures, each with whether the machine was busy (its load average, recorded at the
+run's start and end, above its cores); nothing is estimated or extrapolated.
 
 Examples:
     >>> from workbench.harness.experiment import get
@@ -38,6 +39,11 @@ class WallTime:
     ended_at: str
     cpu_count: int | None
     """CPU cores of the machine that ran it (``run.json``'s ``machine``)."""
+    busy: bool | None = None
+    """Whether the machine was busy (:attr:`RunMeta.busy`): the time is then not the
+    run's own; ``None`` for a run that did not record its load."""
+    load: str = "load not recorded"
+    """The load in a few words (:attr:`RunMeta.load_note`)."""
 
 
 def _stored_form(cfg: Any) -> dict[str, Any]:
@@ -75,5 +81,6 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
             ended = run.meta.ended_at or ""
             if found is None or ended > found.ended_at:
                 cpus = run.meta.machine.cpu_count if run.meta.machine else None
-                newest[(name, model)] = WallTime(name, model, seconds, run.id, ended, cpus)
+                newest[(name, model)] = WallTime(name, model, seconds, run.id, ended, cpus,
+                                                 run.meta.busy, run.meta.load_note)
     return sorted(newest.values(), key=lambda t: (t.config != "default", t.model))
