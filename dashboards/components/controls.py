@@ -13,6 +13,7 @@ from dashboards.components.figures import COLOUR_SCALES
 from dashboards.components.messages import message, one_line
 from dashboards.components.values import below
 from workbench.core.errors import WorkbenchError
+from workbench.harness import run_facts
 from workbench.recording.record import Recording
 from workbench.store.runs import Run
 
@@ -41,8 +42,13 @@ def strongest_sink(rec: Recording, prompt: int) -> tuple[int, int]:
 
 
 def run_label(run: Run) -> str:
+    """A run as a dropdown lists it: experiment, model (a sweep's spec name), the config
+    values it changed from the defaults, when it started and its id's last four."""
     started = run.meta.started_at[:16].replace("T", " ")
-    return f"{run.experiment} · {run.model_name or '-'} · {started} · {run.id[-4:]}"
+    name = run_facts.sweep_name(run) or run.model_name or "-"
+    changed = run_facts.varies_text(run)
+    changed = "" if changed == "-" else f" · {changed}"
+    return f"{run.experiment} · {name}{changed} · {started} · {run.id[-4:]}"
 
 
 def run_options(runs: list[Run]) -> list[dict[str, str]]:

@@ -112,3 +112,20 @@ def test_runs_page_filters_and_opens_a_run(page, served):
     page.get_by_text("open in Recording").click()
     page.wait_for_url(f"**/recording?run={run.id}")
     figure(page, "recording-pattern", title_contains="layer ")
+
+
+def test_runs_page_tells_runs_apart(page, served):
+    url, _, overview = served
+    page.goto(url)
+    page.wait_for_selector("#runs-table td")
+    headers = [h.strip() for h in page.locator("#runs-table th").all_inner_texts()]
+    assert {"duration", "load", "varies", "sweep"} <= set(headers)
+    row = page.locator("#runs-table tbody tr").filter(has_text=overview.id)
+    cells = dict(zip(headers, [c.strip() for c in row.locator("td").all_inner_texts()],
+                     strict=False))
+    assert cells["varies"] == "n_boot=50"  # the one value off head-overview's defaults
+    assert cells["load"] == ("busy" if overview.meta.busy else "idle")
+    assert cells["sweep"] == "-"
+    page.goto(f"{url}/?run={overview.id}")
+    page.wait_for_selector("#runs-wall-time")
+    assert overview.meta.load_note in page.inner_text("#runs-wall-time")

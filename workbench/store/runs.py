@@ -432,7 +432,8 @@ class RunStore:
     @contextmanager
     def start(self, experiment: str, model: ModelInfo | Mapping[str, Any] | None, config: Any,
               *, tables: Mapping[str, Table] | None = None,
-              extra: dict[str, Any] | None = None) -> Iterator[ActiveRun]:
+              extra: dict[str, Any] | None = None,
+              name: str | None = None) -> Iterator[ActiveRun]:
         """Create a run; mark it complete when the block ends, failed if it raises.
 
         Args:
@@ -442,6 +443,8 @@ class RunStore:
             config: the experiment's config dataclass (or a dict).
             tables: the declarations of the tables the run may save (none by default).
             extra: more facts for ``run.json`` (fields of :class:`RunMeta`).
+            name: what the run id names after the experiment (default the model's name,
+                ``none`` without a model; a sweep gives its spec's name).
 
         Raises:
             RecordError: ``extra`` names no field of ``run.json`` or has a value of the
@@ -453,7 +456,7 @@ class RunStore:
         info = model if isinstance(model, ModelInfo) or model is None else \
             ModelInfo.from_data(dict(model), what="the run's model")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        model_part = _slug(info.name) if info else "none"
+        model_part = _slug(name) if name else (_slug(info.name) if info else "none")
         run_id = f"{stamp}-{_slug(experiment)}-{model_part}-{secrets.token_hex(2)}"
         seed = cfg.get("seed")
         meta = RunMeta.from_data({
