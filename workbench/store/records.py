@@ -208,6 +208,16 @@ class Interventions(Record):
     heads_mask: HeadMaskFile | None = None
 
 
+def busy_load(loads: list[Any], cores: int | None) -> bool | None:
+    """Whether a machine of ``cores`` cores was busy: any of ``loads`` (load averages, or
+    ``None`` where not read) with a 1-minute load above its cores; ``None`` when no load or
+    the cores are unknown."""
+    ones = [load[0] for load in loads if load]
+    if not cores or not ones:
+        return None
+    return max(ones) > cores
+
+
 class RunMeta(Record):
     """A run's ``run.json``.
 
@@ -267,10 +277,7 @@ class RunMeta(Record):
         the start or at the end, so its wall time is not the run's own (``None``: the load
         or the cores were not recorded)."""
         cores = self.machine.cpu_count if self.machine else None
-        loads = [load[0] for load in (self.load_at_start, self.load_at_end) if load]
-        if not cores or not loads:
-            return None
-        return max(loads) > cores
+        return busy_load([self.load_at_start, self.load_at_end], cores)
 
     @property
     def load_note(self) -> str:
