@@ -50,14 +50,11 @@ def colour_stops(scale: ColourScale, base: str = "Blues") -> list[list]:
     return [[0.0, colours[0]]] + [[float(a), c] for a, c in zip(at, colours, strict=True)]
 
 
-def scale_colorbar(scale: ColourScale, title: str, top: float | None = 1.0) -> dict:
-    """The colour bar of a heatmap painted by :func:`colour_stops`: its title says the
-    scale, and on the log scale its ticks are the decades (when the top is known)."""
-    bar: dict = {"title": title if scale == "linear" else f"{title} ({scale})"}
-    if scale == "log" and top:
-        ticks = [top * LOG_FLOOR ** (1 - i / 4) for i in range(5)]
-        bar.update(tickvals=ticks, ticktext=[f"{t:.0e}" if t < 0.01 else f"{t:g}" for t in ticks])
-    return bar
+def scale_colorbar(scale: ColourScale, title: str) -> dict:
+    """The colour bar of a heatmap painted by :func:`colour_stops`, its title naming the
+    scale. Its axis stays linear in the weight, so on the log scale most of the bar is
+    dark: the colours a small weight gets."""
+    return {"title": title if scale == "linear" else f"{title} ({scale})"}
 
 
 def discrete_levels(values: np.ndarray) -> list[int] | None:

@@ -445,12 +445,14 @@ def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
     heads = ours.heads.iloc[0] if len(ours) else "-"
     tracked = patch.tracked.iloc[0] if len(patch) else "-"
     n_draws = draws.draw.nunique()
-    fig.update_layout(barmode="group", height=460, margin={**MARGIN, "b": 40})
+    fig.update_layout(barmode="group", height=480, margin={**MARGIN, "b": 40})
     fig.update_xaxes(title_text="the one input of the tracked heads patched")
-    return figures.set_title(fig, f"path patch: previous-token heads {heads} removed from only "
-                                  f"the key, query or value input of the tracked induction "
-                                  f"heads {tracked}, against {n_draws} random draws of "
-                                  "same-layer heads", width=110)
+    figures.set_title(fig, f"path patch: previous-token heads {heads if heads != '-' else 'none'} "
+                           "removed from only the key, query or value input of the tracked "
+                           f"induction heads {tracked}, against {n_draws} random draws of "
+                           "same-layer heads", width=110)
+    # the panels' own titles sit above them, in the top margin too
+    return fig.update_layout(margin={"t": fig.layout.margin.t + 30})
 
 
 @callback(Output("heads-induction", "style"), Output("heads-repeat-loss", "figure"),

@@ -132,7 +132,7 @@ def _heatmap(pooled, tokens: list[str], title: str, scale: figures.ColourScale) 
     f, grid = pooled.factor, pooled.grid
     top = 1 if pooled.how == "max" else None
     heat = go.Heatmap(z=grid, colorscale=figures.colour_stops(scale), zmin=0, zmax=top,
-                      colorbar=figures.scale_colorbar(scale, pooled.how, top))
+                      colorbar=figures.scale_colorbar(scale, pooled.how))
     if f == 1:
         # categorical axes of "position 'token'": labels and hover with no per-cell data
         def names(a: int, b: int) -> list[str]:

@@ -40,8 +40,11 @@ def test_recording_viewer_opens_on_the_strongest_sink(page, served):
     # the log scale changes the colours, never the weights
     linear = fig["data"][0]["colorscale"]
     page.get_by_label("log").check()
+    page.wait_for_function("""() => {  // the figure redrawn on the log scale
+        const el = document.querySelector('#recording-pattern .js-plotly-plot');
+        return el && el.data[0].colorbar.title.text === 'weight (log)';
+    }""")
     fig = figure(page, "recording-pattern", title_contains=f"layer {layer}, head {head}")
-    assert "(log)" in fig["data"][0]["colorbar"]["title"]["text"]
     assert fig["data"][0]["colorscale"] != linear
     np.testing.assert_allclose(as_array(fig["data"][0]["z"]), rec.pattern(0, layer, head),
                                atol=1e-6)
