@@ -26,6 +26,11 @@ VALUE_CHARS = 32
 """A value longer than this is shortened (with ``…``) in a ``varies`` cell."""
 
 
+def stored_form(cfg: Any) -> dict[str, Any]:
+    """A config dataclass as ``run.json`` holds it (tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
 @cache
 def defaults(experiment: str) -> dict[str, Any] | None:
     """The default config of a registered experiment as ``run.json`` holds it (tuples as
@@ -37,7 +42,7 @@ def defaults(experiment: str) -> dict[str, Any] | None:
         cfg = get(experiment).config()
     except WorkbenchError:
         return None
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    return stored_form(cfg)
 
 
 def varies(run: Run) -> dict[str, Any]:

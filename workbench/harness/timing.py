@@ -15,13 +15,12 @@ Examples:
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import Experiment
+from workbench.harness.run_facts import stored_form
 from workbench.store.runs import RunStore
 
 ConfigName = Literal["default", "demo"]
@@ -46,11 +45,6 @@ class WallTime:
     """The load in a few words (:attr:`RunMeta.load_note`)."""
 
 
-def _stored_form(cfg: Any) -> dict[str, Any]:
-    """A config as ``run.json`` holds it (tuples as lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-
-
 def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
     """The newest complete run of each named config (``default``, ``demo``) on each model
     (float32, no head mask), with how long it took.
@@ -62,8 +56,8 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
     Returns:
         One :class:`WallTime` per (config, model) that has such a run, default first.
     """
-    default = _stored_form(exp.config())
-    demo = _stored_form(apply_overrides(exp.config, dict(exp.demo)))
+    default = stored_form(exp.config())
+    demo = stored_form(apply_overrides(exp.config, dict(exp.demo)))
     named: dict[ConfigName, dict[str, Any]] = {"default": default}
     if demo != default:  # a demo that is the default is timed once, as the default
         named["demo"] = demo
