@@ -155,6 +155,10 @@ def cmd_show(args: argparse.Namespace) -> None:
     _out(f"model      {_model_line(meta)}")
     _out(f"status     {_status(run)}  ({_cell(meta.started_at)} -> "
          f"{_cell(meta.ended_at) or '...'})")
+    if run.seconds is not None:
+        from workbench.harness.run_facts import duration_text
+
+        _out(f"wall time  {duration_text(run.seconds)}  ({meta.load_note})")
     if meta.error:
         _out(f"error      {_cell(meta.error)}")
     commit, dirty = (meta.git.commit, meta.git.dirty) if meta.git else (None, False)
