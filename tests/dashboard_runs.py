@@ -44,7 +44,7 @@ CONFIGS = {
     "head-pruning": {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64,
                      "chunk_tokens": 32, "repeat_prompts": 2, "repeat_len": 6, "probes": 2,
                      "step_fraction": 0.25, "max_fraction": 0.75, "n_boot": 20,
-                     "speed_repeats": 1, "budgets": (0.25, 0.5), "importance": ("gradient",),
+                     "speed_repeats": 5, "budgets": (0.25, 0.5), "importance": ("gradient",),
                      "top_k": 2},
     "permutation-equivariance": {"n_prompts": 2, "max_tokens": 10, "seeds": (0, 1),
                                  "shifts": (1, 10), "view_prompts": 2},

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
+import numpy as np
 from dash import dcc, html
 
 from dashboards.components import data
+from dashboards.components.figures import COLOUR_SCALES
 from dashboards.components.messages import message, one_line
 from dashboards.components.values import below
 from workbench.core.errors import WorkbenchError
+from workbench.harness import run_facts
 from workbench.recording.record import Recording
 from workbench.store.runs import Run
 
@@ -19,9 +23,32 @@ def labelled(label: str, control: Any, width: str | None = None) -> html.Div:
     return html.Div([html.Label(label), control], className="wb-control", style=style)
 
 
+def colour_scale(page: str, value: str = "linear") -> html.Div:
+    """The colour-scale switch of a page's pattern heatmaps (``<page>-scale``): linear,
+    log or power (:func:`dashboards.components.figures.colour_stops`)."""
+    return labelled("colour scale", dcc.RadioItems(id=f"{page}-scale", value=value,
+                                                   inline=True, options=list(COLOUR_SCALES)))
+
+
+@lru_cache(maxsize=32)  # a recording opened once is one object (data.recording caches it)
+def strongest_sink(rec: Recording, prompt: int) -> tuple[int, int]:
+    """The ``(layer, head)`` with the largest mean weight on the first key over the
+    prompt's queries (:meth:`Recording.first_key_mass`): the head a recording's page opens
+    on, the attention sink, whose spread beyond the first key the log scale shows. The
+    first of equals."""
+    mass = np.stack([rec.first_key_mass(prompt, layer) for layer in range(rec.n_layers)])
+    layer, head = np.unravel_index(int(np.argmax(mass)), mass.shape)
+    return int(layer), int(head)
+
+
 def run_label(run: Run) -> str:
+    """A run as a dropdown lists it: experiment, model (a sweep's spec name), the config
+    values it changed from the defaults, when it started and its id's last four."""
     started = run.meta.started_at[:16].replace("T", " ")
-    return f"{run.experiment} · {run.model_name or '-'} · {started} · {run.id[-4:]}"
+    name = run_facts.sweep_name(run) or run.model_name or "-"
+    changed = run_facts.varies_text(run)
+    changed = "" if changed == "-" else f" · {changed}"
+    return f"{run.experiment} · {name}{changed} · {started} · {run.id[-4:]}"
 
 
 def run_options(runs: list[Run]) -> list[dict[str, str]]:
@@ -55,6 +82,28 @@ def recording_choices(run_id: str | None) -> tuple[list[dict], list[int], list[i
     rec = data.recording(run_id)
     prompts = prompt_options([p.tokens for p in rec.prompts], [p.label for p in rec.prompts])
     return prompts, list(range(rec.n_layers)), list(range(rec.n_heads))
+
+
+def opening_head(run_id: str | None) -> tuple[int, int]:
+    """The layer and head a recording page opens on: the strongest sink of the run's first
+    prompt (:func:`strongest_sink`); ``(0, 0)`` without a readable recording."""
+    if run_id is None:
+        return 0, 0
+    try:
+        return strongest_sink(data.recording(run_id), 0)
+    except (WorkbenchError, OSError):  # the page says why (recording_layout_choices)
+        return 0, 0
+
+
+def last_query(run_id: str | None, prompt: int = 0) -> int:
+    """The last query position of a recording's prompt, which attends over the whole
+    prompt (0 without a readable recording)."""
+    if run_id is None:
+        return 0
+    try:
+        return data.recording(run_id).length(prompt) - 1
+    except (WorkbenchError, OSError):
+        return 0
 
 
 def recording_layout_choices(run_id: str | None

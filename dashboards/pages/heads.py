@@ -2,7 +2,8 @@
 attention on an example prompt, two runs side by side on one colour scale (and their
 difference when both have the metric on the same grid of heads), and for an
 ``induction-heads`` run its causal evidence: loss on each repeat, the in-context-learning
-score and the K-composition ablation.
+score, the K-composition ablation and its path patch (the previous-token heads removed from
+only the key, query or value input of the tracked induction heads, against random draws).
 
 The top-k table shows the columns of the run's ``head_scores`` table as its experiment
 declares them (``experiments/<name>/tables.py``), with each column's meaning on hover."""
@@ -19,7 +20,7 @@ from dash import ALL, Input, Output, State, callback, dash_table, dcc, html, no_
 from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
-from dashboards.components.controls import labelled, run_options
+from dashboards.components.controls import colour_scale, labelled, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from dashboards.components.skeleton import run_page, runs_of
 from dashboards.components.values import (
@@ -29,6 +30,7 @@ from dashboards.components.values import (
     Layer,
     ListOf,
     Name,
+    OneOf,
     Records,
     RunId,
     Whole,
@@ -37,7 +39,13 @@ from dashboards.components.values import (
     check,
     triggered,
 )
-from experiments.induction_heads.tables import ABLATION, ICL, LOSS_BY_POSITION, REPEAT_LOSS
+from experiments.induction_heads.tables import (
+    ABLATION,
+    ICL,
+    LOSS_BY_POSITION,
+    PATH_PATCH,
+    REPEAT_LOSS,
+)
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
@@ -58,6 +66,7 @@ HIDDEN = {"display": "none"}
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 MAX_K = 500
 TopK = Annotated[int | None, Whole(1, MAX_K)]
+Scale = Annotated[figures.ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 HeadCell = Annotated[dict[str, Any] | None,
                      Fields((("row", Whole(optional=False)),), extra=True)]
 """The top-k table's ``active_cell`` (Dash adds ``column``, ``column_id``, ``row_id``)."""
@@ -65,7 +74,7 @@ Selected = Annotated[dict[str, int] | None, Fields((("layer", Whole(optional=Fal
                                                     ("head", Whole(optional=False))))]
 """The head picked in the heatmap or the table (``heads-selected``)."""
 GRAPHS = ["heads-heatmap", "heads-compare-heatmap", "heads-difference", "heads-example",
-          "heads-repeat-loss", "heads-icl", "heads-ablation"]
+          "heads-repeat-loss", "heads-icl", "heads-ablation", "heads-path-patch"]
 
 
 def _scores(run: Run) -> pd.DataFrame:
@@ -100,6 +109,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
                                               placeholder="another run (optional)"), "34em"),
         labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=MAX_K,
                                     step=1)),
+        colour_scale("heads"),
     ], body=lambda chosen: [
         html.Div(id="heads-compare-note"),
         html.Div(className="wb-row", children=[
@@ -118,7 +128,8 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
             html.H3("Induction heads: in-context copying, in-context learning, K-composition"),
             html.Div(className="wb-row", children=[
                 exports.graph("heads-repeat-loss", chosen), exports.graph("heads-icl", chosen)]),
-            exports.graph("heads-ablation", chosen)]),
+            exports.graph("heads-ablation", chosen),
+            exports.graph("heads-path-patch", chosen, hidden=True)]),
     ])
 
 
@@ -292,9 +303,9 @@ def example_prompt(rec: Recording, inputs: str) -> int:
 
 @callback(Output("heads-example", "figure"),
           Input("heads-selected", "data"), Input("heads-run", "value"),
-          Input("heads-metric", "value"))
+          Input("heads-metric", "value"), Input("heads-scale", "value"))
 @safe
-def draw_example(selected: Selected, run_id: RunId, metric: Name):
+def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: Scale):
     run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
     if metric is None:
@@ -315,7 +326,7 @@ def draw_example(selected: Selected, run_id: RunId, metric: Name):
     score = picked[(picked["layer"] == layer) & (picked["head"] == head)].score
     label = f" ({metric} {score.iloc[0]:.2f})" if len(score) else ""
     return figures.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
-                                   f"L{layer}H{head} on {rec.prompts[p].label}{label}")
+                                   f"L{layer}H{head} on {rec.prompts[p].label}{label}", scale)
 
 
 # ---- induction-heads: the causal evidence --------------------------------------------------
@@ -388,8 +399,65 @@ def ablation_figure(ablation: pd.DataFrame) -> go.Figure:
     return fig
 
 
+PATHS = ("key", "query", "value")
+PATH_PANELS = (("induction_tracked", "tracked heads' induction score"),
+               ("second_repeat_loss", "second-repeat loss (nats)"))
+
+
+def _random_draws(rows: pd.DataFrame, column: str, col: int, fig: go.Figure) -> None:
+    """The random draws of each path: their mean as a bar spanning the lowest to the
+    highest draw, and every draw as a point over it."""
+    stats = rows.groupby("path", sort=False)[column].agg(["mean", "min", "max", "count"])
+    stats = stats.reindex([p for p in PATHS if p in stats.index])
+    fig.add_bar(x=stats.index, y=stats["mean"], name="random same-layer heads (mean)",
+                marker_color="#9ca3af", showlegend=col == 1, legendgroup="random",
+                error_y={"type": "data", "symmetric": False, "array": stats["max"] - stats["mean"],
+                         "arrayminus": stats["mean"] - stats["min"]},
+                customdata=stats["count"],
+                hovertemplate="%{x}: mean %{y:.3f} over %{customdata} draws<extra></extra>",
+                row=1, col=col)
+    fig.add_scatter(x=rows.path, y=rows[column], mode="markers", name="one random draw",
+                    marker={"color": "#4b5563", "size": 5}, showlegend=col == 1,
+                    legendgroup="draws", hovertemplate="%{x}: %{y:.3f}<extra></extra>",
+                    row=1, col=col)
+
+
+def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
+    """The path patch: the tracked induction heads' score and the second-repeat loss with
+    the previous-token heads removed from only their key, query or value input, beside the
+    same removal of random same-layer heads (every draw, and their mean and range), and
+    clean (dashed line). The second-repeat loss is measured for the previous-token heads
+    only; the random draws' control is on the score."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in PATH_PANELS])
+    clean = patch[patch.condition == "clean"]
+    ours = patch[patch.condition == "previous-token"].set_index("path").reindex(
+        [p for p in PATHS if p in set(patch.path)])
+    draws = patch[patch.condition == "random"]
+    for col, (column, _) in enumerate(PATH_PANELS, start=1):
+        fig.add_bar(x=ours.index, y=ours[column], name="previous-token heads",
+                    marker_color="#dc2626", showlegend=col == 1, legendgroup="prev",
+                    hovertemplate="%{x}: %{y:.3f}<extra></extra>", row=1, col=col)
+        if draws[column].notna().any():
+            _random_draws(draws.dropna(subset=[column]), column, col, fig)
+        if len(clean):
+            fig.add_hline(y=float(clean[column].iloc[0]), line_dash="dash",
+                          line_color="#6b7280", annotation_text="clean", row=1, col=col)
+    heads = ours.heads.iloc[0] if len(ours) else "-"
+    tracked = patch.tracked.iloc[0] if len(patch) else "-"
+    n_draws = draws.draw.nunique()
+    fig.update_layout(barmode="group", height=480, margin={**MARGIN, "b": 40})
+    fig.update_xaxes(title_text="the one input of the tracked heads patched")
+    figures.set_title(fig, f"path patch: previous-token heads {heads if heads != '-' else 'none'} "
+                           "removed from only the key, query or value input of the tracked "
+                           f"induction heads {tracked}, against {n_draws} random draws of "
+                           "same-layer heads", width=110)
+    # the panels' own titles sit above them, in the top margin too
+    return fig.update_layout(margin={"t": fig.layout.margin.t + 30})
+
+
 @callback(Output("heads-induction", "style"), Output("heads-repeat-loss", "figure"),
           Output("heads-icl", "figure"), Output("heads-ablation", "figure"),
+          Output("heads-path-patch", "figure"), Output("heads-path-patch-panel", "style"),
           Input("heads-run", "value"))
 @safe
 def draw_induction(run_id: RunId):
@@ -397,7 +465,10 @@ def draw_induction(run_id: RunId):
     names = set(run.table_names())
     wanted = (REPEAT_LOSS, LOSS_BY_POSITION, ICL, ABLATION)
     if run.experiment != "induction-heads" or not {t.name for t in wanted} <= names:
-        return HIDDEN, no_update, no_update, no_update
+        return HIDDEN, no_update, no_update, no_update, no_update, HIDDEN
     repeat, by_position, icl, ablation = (run.table(t.name) for t in wanted)
+    patch, patch_style = {}, HIDDEN  # runs written before the path patch have no table
+    if PATH_PATCH.name in names and len(table := run.table(PATH_PATCH.name)):
+        patch, patch_style = path_patch_figure(table), {}
     return ({}, repeat_loss_figure(repeat), icl_figure(by_position, icl),
-            ablation_figure(ablation))
+            ablation_figure(ablation), patch, patch_style)

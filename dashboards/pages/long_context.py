@@ -8,6 +8,10 @@ open that window; click a cell of the window to list its query's top-k keys. On 
 layer (the recording's model says which, ``ModelInfo.window``) both heatmaps mark the
 window's edge, the keys ``k = q - (W - 1)``, with a dashed line: every key left of it has
 weight exactly 0.
+
+The page opens on the recording's strongest attention sink (the head with the largest mean
+weight on the first key), on a log colour scale that shows the weight it spreads beyond
+that key, with the last query's top keys listed.
 """
 
 from __future__ import annotations
@@ -17,14 +21,18 @@ from typing import Annotated
 import dash
 import numpy as np
 import plotly.graph_objects as go
-from dash import Input, Output, State, callback, dcc, html, no_update
+from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, exports
+from dashboards.components import data, exports, figures
 from dashboards.components.controls import (
     check_choice,
+    colour_scale,
     labelled,
+    last_query,
+    opening_head,
     recording_choices,
     recording_layout_choices,
+    strongest_sink,
 )
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
@@ -54,6 +62,7 @@ WINDOW_CELLS = 256
 """A window of up to this many tokens a side is drawn token by token, with labels."""
 TOP_ROWS = 16
 Pooling = Annotated[str, OneOf(("max", "sum"), optional=False)]
+Scale = Annotated[figures.ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 
 
 @safe_layout("Long context")
@@ -65,7 +74,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             labelled("window: first query", _number("q0", 0)),
             labelled("first key", _number("k0", 0)),
             labelled("tokens a side", _number("span", WINDOW_CELLS)),
-            labelled("query for top-k", _number("query", 0)),
+            labelled("query for top-k", _number("query", last_query(chosen))),
         ]),
         html.Div(className="wb-row", children=[
             exports.graph("long-context-overview", chosen),
@@ -78,15 +87,17 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 def _controls(chosen: str) -> list:
     prompts, layers, heads, _ = recording_layout_choices(chosen)
+    layer, head = opening_head(chosen)
     return [
         labelled("prompt", dcc.Dropdown(id="long-context-prompt", options=prompts, value=0,
                                         clearable=False), "24em"),
-        labelled("layer", dcc.Dropdown(id="long-context-layer", options=layers, value=0,
+        labelled("layer", dcc.Dropdown(id="long-context-layer", options=layers, value=layer,
                                        clearable=False)),
-        labelled("head", dcc.Dropdown(id="long-context-head", options=heads, value=0,
+        labelled("head", dcc.Dropdown(id="long-context-head", options=heads, value=head,
                                       clearable=False)),
         labelled("pooling", dcc.RadioItems(id="long-context-pooling", value="max",
                                            inline=True, options=["max", "sum"])),
+        colour_scale("long-context", "log"),
     ]
 
 
@@ -99,28 +110,29 @@ exports.follow("long-context-run", page="long-context",
                graphs=["long-context-overview", "long-context-window"])
 
 
-# The layer and head are kept when the new recording has them: a value beyond its options
-# would be refused by the figures before the dropdown drops it.
+# A new recording opens as the page does: its strongest sink, the last query of its first
+# prompt. Options and values change together, so no value is ever beyond its options.
 @callback(Output("long-context-prompt", "options"), Output("long-context-prompt", "value"),
           Output("long-context-layer", "options"), Output("long-context-layer", "value"),
           Output("long-context-head", "options"), Output("long-context-head", "value"),
+          Output("long-context-query", "value", allow_duplicate=True),
           Output("long-context-error", "children"), Input("long-context-run", "value"),
-          State("long-context-layer", "value"), State("long-context-head", "value"),
           prevent_initial_call=True)
 @safe
-def choose_run(run_id: RunId, layer: Layer, head: Head):
+def choose_run(run_id: RunId):
     prompts, layers, heads = recording_choices(run_id)
-    return (prompts, 0, layers, layer if layer in layers else 0, heads,
-            head if head in heads else 0, None)
+    layer, head = strongest_sink(data.recording(run_id), 0)
+    return prompts, 0, layers, layer, heads, head, last_query(run_id), None
 
 
-def _heatmap(pooled, tokens: list[str], title: str) -> go.Figure:
+def _heatmap(pooled, tokens: list[str], title: str, scale: figures.ColourScale) -> go.Figure:
     """A pooled grid drawn in token coordinates (cell centres), so a box drawn on it reads
     as token positions; a window of single tokens is drawn on axes of token labels."""
     q0, q1, k0, k1 = pooled.window
     f, grid = pooled.factor, pooled.grid
-    heat = go.Heatmap(z=grid, colorscale="Blues", zmin=0,
-                      zmax=1 if pooled.how == "max" else None, colorbar={"title": pooled.how})
+    top = 1 if pooled.how == "max" else None
+    heat = go.Heatmap(z=grid, colorscale=figures.colour_stops(scale), zmin=0, zmax=top,
+                      colorbar=figures.scale_colorbar(scale, pooled.how))
     if f == 1:
         # categorical axes of "position 'token'": labels and hover with no per-cell data
         def names(a: int, b: int) -> list[str]:
@@ -137,9 +149,8 @@ def _heatmap(pooled, tokens: list[str], title: str) -> go.Figure:
                                   f"{f // 2}<br>{pooled.how} %{{z:.4f}}<extra></extra>")
         axes = {"xaxis": {"title": "key"}, "yaxis": {"title": "query", "autorange": "reversed"}}
     fig = go.Figure(heat)
-    fig.update_layout(title={"text": title, "font": {"size": 13}}, height=660, width=700,
-                      margin={"l": 10, "r": 10, "t": 70, "b": 10}, **axes)
-    return fig
+    fig.update_layout(height=660, width=700, margin={"l": 10, "r": 10, "b": 10}, **axes)
+    return figures.set_title(fig, title, size=13)
 
 
 def edge_segment(window: int | None, view: tuple[int, int, int, int]
@@ -201,9 +212,10 @@ def _read_args(run_id: str | None, prompt: int | None, layer: int | None,
 @callback(Output("long-context-overview", "figure"),
           Input("long-context-run", "value"), Input("long-context-prompt", "value"),
           Input("long-context-layer", "value"), Input("long-context-head", "value"),
-          Input("long-context-pooling", "value"))
+          Input("long-context-pooling", "value"), Input("long-context-scale", "value"))
 @safe
-def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling):
+def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
+                  scale: Scale):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
@@ -212,9 +224,8 @@ def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, poolin
     left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
     title = (f"L{layer}H{head}, whole pattern, {n} tokens: {_pooling_note(pooled)}{left}"
              "<br>drag a box to open it as a window")
-    fig = _heatmap(pooled, rec.tokens(prompt), title)
-    fig.update_layout(title_text=title + _mark_edge(fig, rec, layer, pooled))
-    return fig
+    fig = _heatmap(pooled, rec.tokens(prompt), title, scale)
+    return figures.set_title(fig, title + _mark_edge(fig, rec, layer, pooled), size=13)
 
 
 @callback(Output("long-context-q0", "value"), Output("long-context-k0", "value"),
@@ -246,10 +257,11 @@ def window_of(n: int, q0: int | None, k0: int | None, span: int | None
           Input("long-context-run", "value"), Input("long-context-prompt", "value"),
           Input("long-context-layer", "value"), Input("long-context-head", "value"),
           Input("long-context-pooling", "value"), Input("long-context-q0", "value"),
-          Input("long-context-k0", "value"), Input("long-context-span", "value"))
+          Input("long-context-k0", "value"), Input("long-context-span", "value"),
+          Input("long-context-scale", "value"))
 @safe
 def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
-                first_query: Index, first_key: Index, span: Index):
+                first_query: Index, first_key: Index, span: Index, scale: Scale):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
@@ -257,9 +269,8 @@ def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling:
     pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=pooling)
     title = (f"window: queries {window[0]}..{window[1] - 1}, keys {window[2]}..{window[3] - 1}"
              f": {_pooling_note(pooled)}<br>click a cell to list its query's top keys")
-    fig = _heatmap(pooled, rec.tokens(prompt), title)
-    fig.update_layout(title_text=title + _mark_edge(fig, rec, layer, pooled))
-    return fig
+    fig = _heatmap(pooled, rec.tokens(prompt), title, scale)
+    return figures.set_title(fig, title + _mark_edge(fig, rec, layer, pooled), size=13)
 
 
 def query_of(point: dict) -> int:

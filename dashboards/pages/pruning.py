@@ -234,13 +234,52 @@ def draw_kinds(run_id: RunId):
             _table("pruning-kinds-table", survival[SURVIVAL.names].round(3))]
 
 
+SPEED_SHOWN = ["budget", "n_removed", "speedup", "speedup range", "seconds_full",
+               "full range", "seconds_removed", "removed range", "repeats", "load", "busy",
+               "max_abs_diff", "batch_tokens", "skipped"]
+
+
+def _range(low: float, high: float) -> str:
+    return "-" if low != low or high != high else f"{low:.3g} to {high:.3g}"
+
+
+def speed_rows(speed: pd.DataFrame) -> pd.DataFrame:
+    """The speed-up table as the page shows it: each median beside its range, the load
+    before and after the timings and whether it was busy. A run written before the
+    timings had ranges (one fastest time each) shows ``-`` for them."""
+    speed = speed.reindex(columns=SPEEDUP.names)
+    def ranged(name: str) -> list[str]:
+        return [_range(lo, hi) for lo, hi in zip(speed[f"{name}_low"], speed[f"{name}_high"],
+                                                 strict=True)]
+    return pd.DataFrame({
+        "budget": speed.budget, "n_removed": speed.n_removed,
+        "speedup": speed.speedup.round(3), "speedup range": ranged("speedup"),
+        "seconds_full": speed.seconds_full.round(4), "full range": ranged("seconds_full"),
+        "seconds_removed": speed.seconds_removed.round(4),
+        "removed range": ranged("seconds_removed"),
+        "repeats": speed.repeats.fillna(-1).astype(int).astype(str).replace("-1", "-"),
+        "load": [_range(a, b).replace(" to ", " then ") for a, b in
+                 zip(speed.load_before, speed.load_after, strict=True)],
+        "busy": ["-" if b is None or b != b else ("busy" if b else "idle") for b in speed.busy],
+        "max_abs_diff": speed.max_abs_diff, "batch_tokens": speed.batch_tokens,
+        "skipped": speed.skipped}, columns=SPEED_SHOWN)
+
+
 @callback(Output("pruning-speed", "children"), Input("pruning-run", "value"))
 @safe
 def draw_speed(run_id: RunId):
     speed = data.get_run(run_id, shows=SHOWS).table(SPEEDUP.name)
     if speed.empty:
         return html.P("Not measured in this run.", className="wb-note")
-    return _table("pruning-speed-table", speed[SPEEDUP.names].round(4))
+    shown = speed_rows(speed)
+    note = ("The median of interleaved pairs (full, then removed, back to back), with the "
+            "range of the pairs; the load is the machine's 1-minute load average before "
+            "then after the timings.")
+    if (shown.busy == "busy").any():
+        note += (" Busy: the load was above the machine's cores, so these times include "
+                 "waiting for the cores and the speed-up is not the model's own.")
+    return [html.P(note, className="wb-note", id="pruning-speed-note"),
+            _table("pruning-speed-table", shown)]
 
 
 def _table(component_id: str, df: pd.DataFrame) -> dash_table.DataTable:

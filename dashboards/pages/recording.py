@@ -1,26 +1,45 @@
-"""Recording viewer: one head's attention pattern, labelled with tokens, and all heads at once."""
+"""Recording viewer: one head's attention pattern, labelled with tokens, and all heads at once.
+
+The page opens on the recording's strongest attention sink (the head with the largest mean
+weight on the first key of the first prompt); the colour scale (linear, log or power)
+shows what such a head does with the rest of its weight."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import dash
-from dash import Input, Output, State, callback, dcc, html, no_update
+from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
 from dashboards.components.controls import (
     check_choice,
+    colour_scale,
     labelled,
+    opening_head,
     recording_choices,
     recording_layout_choices,
+    strongest_sink,
 )
+from dashboards.components.figures import ColourScale
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
-from dashboards.components.values import ClickedHead, Head, Index, Layer, RunId, triggered
+from dashboards.components.values import (
+    ClickedHead,
+    Head,
+    Index,
+    Layer,
+    OneOf,
+    RunId,
+    triggered,
+)
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")
+Scale = Annotated[ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 MAX_TOKENS = 512
 """A longer prompt shows its first 512 tokens here; the Long context page shows it all."""
 
@@ -39,13 +58,15 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 def _controls(chosen: str) -> list:
     prompts, layers, heads, _ = recording_layout_choices(chosen)
+    layer, head = opening_head(chosen)
     return [
         labelled("prompt", dcc.Dropdown(id="recording-prompt", options=prompts, value=0,
                                         clearable=False), "28em"),
-        labelled("layer", dcc.Dropdown(id="recording-layer", options=layers, value=0,
+        labelled("layer", dcc.Dropdown(id="recording-layer", options=layers, value=layer,
                                        clearable=False)),
-        labelled("head", dcc.Dropdown(id="recording-head", options=heads, value=0,
+        labelled("head", dcc.Dropdown(id="recording-head", options=heads, value=head,
                                       clearable=False)),
+        colour_scale("recording"),
     ]
 
 
@@ -62,30 +83,28 @@ def choose_run(run_id: RunId):
     return prompts, 0, layers, heads, None
 
 
-# A run's change also checks the layer and head kept from the last run (the dropdowns keep
-# their values), so it is called first too; a refused click is said in the banner.
+# A new run opens on its strongest sink, as the page does (so this is called first too); a
+# refused click is said in the banner.
 @callback(Output("recording-layer", "value"), Output("recording-head", "value"),
           Output("recording-error", "children", allow_duplicate=True),
           Input("recording-grid", "clickData"), Input("recording-run", "value"),
-          State("recording-layer", "value"), State("recording-head", "value"),
           prevent_initial_call="initial_duplicate")
 @safe
-def choose_head(click: ClickedHead, run_id: RunId, layer: Layer, head: Head):
+def choose_head(click: ClickedHead, run_id: RunId):
     rec = data.recording(run_id)
     if triggered() == "recording-grid" and click:
         layer, head = click  # grid coordinates are in units of heads and layers
         check_choice(rec, None, layer, head)
         return layer, head, no_update
-    layer = layer if layer is not None and layer < rec.n_layers else 0
-    head = head if head is not None and head < rec.n_heads else 0
-    return layer, head, no_update
+    return *strongest_sink(rec, 0), no_update
 
 
 @callback(Output("recording-pattern", "figure"),
           Input("recording-run", "value"), Input("recording-prompt", "value"),
-          Input("recording-layer", "value"), Input("recording-head", "value"))
+          Input("recording-layer", "value"), Input("recording-head", "value"),
+          Input("recording-scale", "value"))
 @safe
-def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head):
+def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: Scale):
     if prompt is None or layer is None or head is None:
         return no_update
     rec = data.recording(run_id)
@@ -95,15 +114,16 @@ def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head):
     if n < rec.length(prompt):
         title += f": first {n} of {rec.length(prompt)} tokens (Long context shows them all)"
     pattern = rec.pattern(prompt, layer, head, queries=(0, n))[:, :n]
-    return figures.pattern_heatmap(pattern, rec.tokens(prompt)[:n], title)
+    return figures.pattern_heatmap(pattern, rec.tokens(prompt)[:n], title, scale)
 
 
 @callback(Output("recording-grid", "figure"),
-          Input("recording-run", "value"), Input("recording-prompt", "value"))
+          Input("recording-run", "value"), Input("recording-prompt", "value"),
+          Input("recording-scale", "value"))
 @safe
-def draw_grid(run_id: RunId, prompt: Index):
+def draw_grid(run_id: RunId, prompt: Index, scale: Scale):
     rec = data.recording(run_id)
     if prompt is None:
         return no_update
     check_choice(rec, prompt, None, None)
-    return figures.pattern_grid(rec, prompt)
+    return figures.pattern_grid(rec, prompt, scale=scale)

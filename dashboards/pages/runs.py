@@ -1,6 +1,9 @@
 """Runs: every stored run, filtered by experiment, model and status; each complete run
 links ("open") to the page that shows it (:mod:`dashboards.components.links`), and
-``?run=ID`` selects one, with its provenance and its tables to download.
+``?run=ID`` selects one, with its provenance and its tables to download. Each row says
+what tells the run apart (the config values it changed from its experiment's defaults, the
+sweep it was a cell of), how long it took, and whether the machine was busy meanwhile
+(:mod:`workbench.harness.run_facts`).
 
 Damaged runs (a ``run.json`` that fails its checks) are listed too, with the reason; they
 open in no page."""
@@ -27,6 +30,7 @@ from dashboards.components.values import (
     check,
 )
 from workbench.core.options import Status
+from workbench.harness import run_facts
 from workbench.store.runs import Run
 
 # ``reproduce`` runs (claim verdicts) have no page of their own: they open here, with their
@@ -34,7 +38,8 @@ from workbench.store.runs import Run
 dash.register_page(__name__, path="/", name="Runs", order=0, experiments=["reproduce"])
 
 PAGE_SIZE = 20
-COLUMNS = ["open", "run", "experiment", "model", "status", "started", "tables", "problem"]
+COLUMNS = ["open", "run", "experiment", "model", "status", "started", "duration", "load",
+           "varies", "sweep", "tables", "problem"]
 StatusChoice = Annotated[str | None, OneOf(get_args(Status))]
 SelectedRows = Annotated[list[int] | None, ListOf(Whole(optional=False), 1)]
 """The table's ``selected_rows`` (one row at most: it selects a single run)."""
@@ -47,19 +52,29 @@ def open_cell(run: Run) -> str:
     return f"[open]({links.run_link(run.id, run.experiment)})"
 
 
-def row(run: Run) -> dict[str, str]:
-    """One line of the table; ``problem`` is why a run is damaged, failed or interrupted."""
+def row(run: Run, sweeps: dict[str, Run]) -> dict[str, str]:
+    """One line of the table; ``sweeps`` are the parents of cells (:func:`run_facts.parents`),
+    ``problem`` is why a run is damaged, failed or interrupted."""
     return {"open": open_cell(run), "run": run.id, "experiment": run.experiment,
-            "model": run.model_name or "-", "status": run.status,
-            "started": run.meta.started_at[:19], "tables": ", ".join(run.table_names()),
+            "model": run_facts.sweep_name(run) or run.model_name or "-", "status": run.status,
+            "started": run.meta.started_at[:19],
+            "duration": run_facts.duration_text(run.seconds), "load": run_facts.load_text(run),
+            "varies": run_facts.varies_text(run), "sweep": run_facts.parent_text(run, sweeps),
+            "tables": ", ".join(run.table_names()),
             "problem": "" if run.status == "complete" else run.meta.error or ""}
+
+
+def rows_of(runs: list[Run]) -> list[dict[str, str]]:
+    """The table's rows, each cell's sweep found among every stored run."""
+    sweeps = run_facts.parents(data.runs(status=None))
+    return [row(r, sweeps) for r in runs]
 
 
 @safe_layout("Runs")
 def layout(experiment: str | None = None, model: str | None = None, run: str | None = None,
            **_: str) -> html.Div:
     runs = data.runs(status=None)
-    rows = [row(r) for r in runs]
+    rows = rows_of(runs)
     experiments = sorted({r["experiment"] for r in rows} - {"-"})
     models = sorted({r["model"] for r in rows} - {"-"})
     damaged = sum(r.status == "damaged" for r in runs)
@@ -87,7 +102,14 @@ def layout(experiment: str | None = None, model: str | None = None, run: str | N
             style_cell={"textAlign": "left", "fontSize": "0.85em", "whiteSpace": "normal",
                         "maxWidth": "30em"},
             style_data_conditional=[
-                {"if": {"filter_query": '{status} != "complete"'}, "color": "#b91c1c"}],
+                {"if": {"filter_query": '{status} != "complete"'}, "color": "#b91c1c"},
+                {"if": {"filter_query": '{load} = "busy"', "column_id": "load"},
+                 "color": "#b45309", "fontWeight": "bold"}],
+            tooltip_header={"load": "busy: the machine's load average was above its cores "
+                                    "at the run's start or end, so its duration is not its own",
+                            "varies": "the config values the run changed from its "
+                                      "experiment's defaults",
+                            "sweep": "the sweep (its spec's name) the run was a cell of"},
         ),
         html.Div(id="runs-detail", style={"marginTop": "1em"}),
         exports.table_download("runs"),
@@ -100,7 +122,7 @@ def layout(experiment: str | None = None, model: str | None = None, run: str | N
           Input("runs-status", "value"), State("runs-requested", "data"))
 @safe
 def filter_runs(experiment: Name, model: Name, status: StatusChoice, requested: RunId):
-    rows = [row(r) for r in data.runs(experiment=experiment, status=status)]
+    rows = rows_of(data.runs(experiment=experiment, status=status))
     rows = [r for r in rows if not model or r["model"] == model]
     if not requested:
         return rows, [], 0, None
@@ -143,7 +165,10 @@ def detail(run: Run) -> list:
         return children  # its run.json cannot be trusted to say more
     shown = meta.model_dump(mode="json", include={
         "run_id", "experiment", "status", "started_at", "ended_at", "workbench_version",
-        "git", "seed", "model", "config", "tables"})
-    children += [html.Ul([html.Li(line) for line in meta.summary]),
+        "git", "seed", "model", "config", "tables", "load_at_start", "load_at_end"})
+    took = run_facts.duration_text(run.seconds)
+    children += [html.P(f"wall time {took}; {meta.load_note}", id="runs-wall-time",
+                        className="wb-note"),
+                 html.Ul([html.Li(line) for line in meta.summary]),
                  html.Pre(json.dumps(shown, indent=2), className="wb-pre")]
     return children

@@ -71,7 +71,9 @@ head was removed in each order), ``masks`` (the first importance order's masks a
 ``budgets``, also written to ``masks/<order>-<budget>.json`` in the run folder for
 ``--heads-mask``), ``survival`` (the join above), ``speedup`` (wall-clock time of the model
 with heads removed from its weights, :mod:`workbench.models.surgery`, against the full
-model, and the largest difference from masking). ``tables.py`` declares every column.
+model: the median and range of ``speed_repeats`` interleaved pairs, flagged ``busy`` when
+the machine's load was above its cores; and the largest difference from masking).
+``tables.py`` declares every column.
 
 Examples:
     From the command line, then a later run with a saved mask (``<run>`` is the first run's
@@ -117,9 +119,11 @@ from workbench.interventions.importance import Accumulation
 from workbench.interventions.masks import Ablation, head_means
 from workbench.models.base import Model
 
+MIN_SPEED_REPEATS = 5
+"""Timed pairs of the speed-up: enough for a median that one slow moment does not move."""
 DEMO = {"chunk_tokens": 64, "fit_tokens": 512, "ablation_tokens": 64, "eval_tokens": 512,
         "repeat_prompts": 4, "repeat_len": 24, "importance": ("gradient",),
-        "max_fraction": 0.3, "probes": 4, "budgets": (0.1, 0.3), "speed_repeats": 1,
+        "max_fraction": 0.3, "probes": 4, "budgets": (0.1, 0.3), "speed_repeats": 5,
         "n_boot": 200, "n_random": 3}
 """The demo config, also the base of the pruning claims (``data/claims/head_pruning.json``):
 three random orders, as when the claims were registered."""
@@ -173,7 +177,8 @@ class Config:
         10, "heads per metric of other experiments joined with the survival order",
         min=1, max=MAX_HEADS)
     speed_repeats: int = param(
-        3, "timed runs of the models with heads removed from the weights (0: skip)", min=0, max=100)
+        MIN_SPEED_REPEATS, "timed pairs (full, then heads removed from the weights) of the "
+        "speed-up, at least 5 for a median and range (0: skip)", min=0, max=100)
     # half the usual batch, which also sets the examples per gradient batch
     # (accumulate=batch) and the batch timed for the speed-up
     max_batch_tokens: int = shared("max_batch_tokens", 1024)
@@ -191,6 +196,9 @@ class Config:
             raise ValueError("ablation importance orders pruning, so ablation_tokens > 0")
         if self.ablation_tokens > self.fit_tokens:
             raise ValueError("ablation_tokens is a part of the fit text: at most fit_tokens")
+        if 0 < self.speed_repeats < MIN_SPEED_REPEATS:
+            raise ValueError(f"speed_repeats: 0 (skip) or at least {MIN_SPEED_REPEATS}, so the "
+                             f"speed-up has a median and range; got {self.speed_repeats}")
 
 
 @experiment("head-pruning", config=Config, tables=TABLES, demo=DEMO)

@@ -9,6 +9,7 @@ import copy
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ from workbench.models.surgery import hf_forward, plain_copy, remove_heads
 from workbench.scores.embeddings import batch_embeddings, mean_pool, sentence_embeddings
 from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
-from workbench.store.records import ModelInfo
+from workbench.store import provenance
+from workbench.store.records import ModelInfo, busy_load
 from workbench.store.runs import RunStore
 from workbench.store.schema import with_layer_types
 
@@ -552,8 +554,10 @@ def _seconds(hf_model: torch.nn.Module, batch: Batch, causal: bool) -> float:
 
 def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> pd.DataFrame:
     """Wall-clock time of one held-out batch through the model with heads removed from its
-    weights, against the full model (the fastest of ``repeats`` interleaved runs each),
-    and the largest difference between the removed model's output and the masked one's."""
+    weights, against the full model: ``repeats`` interleaved pairs (full, then removed, back
+    to back), summarised by their median and range, with the machine's load before and
+    after them; and the largest difference between the removed model's output and the
+    masked one's."""
     model = pruner.model
     if repeats < 1 or not masks or pruner.cfg.ablation != "zero":
         return SPEEDUP.empty()
@@ -562,6 +566,7 @@ def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> p
     if skipped:  # masks still work through hooks: only this step is left out, with why
         return pd.DataFrame([{"budget": budget, "n_removed": int((values == 0).sum()),
                               **dict.fromkeys(SPEEDUP.names[2:-2], math.nan),
+                              "repeats": 0, "busy": None,
                               "batch_tokens": int(batch.attention_mask.sum()),
                               "skipped": skipped}
                              for budget, values in masks.items()], columns=SPEEDUP.names)
@@ -570,15 +575,28 @@ def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> p
     with torch.inference_mode():
         _seconds(plain, batch, model.info.causal)  # warm up
         for budget, values in progress.track(list(masks.items()), desc="removal speed-up"):
-            rows.append({"budget": budget, "n_removed": int((values == 0).sum()),
-                         **_time_removed(pruner, plain, batch, values, repeats)})
+            before = provenance.load_average()
+            timed = _time_removed(pruner, plain, batch, values, repeats)
+            after = provenance.load_average()
+            rows.append({"budget": budget, "n_removed": int((values == 0).sum()), **timed,
+                         "load_before": before[0] if before else math.nan,
+                         "load_after": after[0] if after else math.nan,
+                         "busy": busy_load([before, after], os.cpu_count())})
     return pd.DataFrame(rows, columns=SPEEDUP.names)
+
+
+def spread(values: list[float], name: str) -> dict[str, float]:
+    """The median of ``values`` as ``name``, their least and greatest as ``name_low`` and
+    ``name_high``."""
+    return {name: float(np.median(values)), f"{name}_low": float(min(values)),
+            f"{name}_high": float(max(values))}
 
 
 def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
                   values: Tensor, repeats: int) -> dict[str, float | int]:
-    """Parameters, fastest times and the largest output difference from masking, for the
-    heads of ``values`` removed from a copy of ``plain``."""
+    """Parameters, the median and range of the times and of their ratios, and the largest
+    output difference from masking, for the heads of ``values`` removed from a copy of
+    ``plain``."""
     model, causal = pruner.model, pruner.model.info.causal
     removed = remove_heads(copy.deepcopy(plain), values)
     _seconds(removed, batch, causal)  # warm up
@@ -591,10 +609,11 @@ def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
                   if causal else batch_embeddings(model, batch))
     diff = masked.float() - _forward(removed, batch, causal).float()
     real = batch.attention_mask.bool() if causal else slice(None)
+    ratios = [f / r for f, r in zip(full_s, removed_s, strict=True)]
     return {"params_full": sum(p.numel() for p in plain.parameters()),
             "params_removed": sum(p.numel() for p in removed.parameters()),
-            "seconds_full": min(full_s), "seconds_removed": min(removed_s),
-            "speedup": min(full_s) / min(removed_s),
+            **spread(full_s, "seconds_full"), **spread(removed_s, "seconds_removed"),
+            **spread(ratios, "speedup"), "repeats": repeats,
             "max_abs_diff": float(diff[real].abs().max()),
             "batch_tokens": int(batch.attention_mask.sum()), "skipped": ""}
 

@@ -70,14 +70,27 @@ SURVIVAL = Table("survival", "do the top heads of other experiments' metrics (ne
 ))
 
 SPEEDUP = Table("speedup", "the model with heads removed from its weights against the full "
-                "model, timed on one held-out batch (zero ablation only)", columns(
+                "model, timed on one held-out batch (zero ablation only): the median and "
+                "range of interleaved repeats, and the machine's load while they ran", columns(
     ("budget", "float", "the budget of the mask removed"),
     ("n_removed", "int", "heads removed from the weights"),
     ("params_full", "float", "parameters of the full model (NaN when skipped)"),
     ("params_removed", "float", "parameters with the heads removed (NaN when skipped)"),
-    ("seconds_full", "float", "wall-clock seconds of the full model, fastest of the repeats"),
-    ("seconds_removed", "float", "the same with the heads removed"),
-    ("speedup", "float", "seconds_full / seconds_removed"),
+    ("seconds_full", "float", "wall-clock seconds of the full model, median of the repeats"),
+    ("seconds_full_low", "float", "the fastest of those repeats"),
+    ("seconds_full_high", "float", "the slowest of those repeats"),
+    ("seconds_removed", "float", "the same with the heads removed: median of the repeats"),
+    ("seconds_removed_low", "float", "the fastest of those repeats"),
+    ("seconds_removed_high", "float", "the slowest of those repeats"),
+    ("speedup", "float", "median over the repeats of full / removed seconds, each repeat's "
+                         "pair timed back to back"),
+    ("speedup_low", "float", "the lowest of those ratios"),
+    ("speedup_high", "float", "the highest of those ratios"),
+    ("repeats", "int", "timed pairs (full, then removed) of the batch"),
+    ("load_before", "float", "the machine's 1-minute load average before the timings"),
+    ("load_after", "float", "the same after them"),
+    ("busy", "bool", "the load was above the machine's cores before or after: the times "
+                     "include waiting for the cores, and the speed-up is not the model's own"),
     ("max_abs_diff", "float", "largest |output removed - output masked| over real tokens "
                               "(logits, or mean-pooled embeddings)"),
     ("batch_tokens", "int", "real tokens in the timed batch"),

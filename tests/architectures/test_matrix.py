@@ -47,7 +47,7 @@ SMALL = {
                      "chunk_tokens": 32, "repeat_prompts": 2, "repeat_len": 4, "probes": 2,
                      "importance": ("gradient",), "reverse": False, "n_random": 1,
                      "step_fraction": 0.25, "max_fraction": 0.5, "n_boot": 20,
-                     "speed_repeats": 1, "budgets": (0.25,)},
+                     "speed_repeats": 5, "budgets": (0.25,)},
     "qk-attribution": {"n_prompts": 2, "n_random": 2, "n_boot": 20, "patch_prompts": 1},
     # the tiny tokenizer's only words that are one token with their leading space
     "ioi": {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,

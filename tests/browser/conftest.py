@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 
 CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
@@ -81,7 +82,8 @@ def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = 45
     script = """([id, want]) => {
         const el = document.querySelector(`#${id} .js-plotly-plot`);
         if (!el || !el.data || !el.layout) return null;
-        const title = (el.layout.title && el.layout.title.text) || "";
+        // a title is wrapped onto lines to fit its figure: read it as one line
+        const title = ((el.layout.title && el.layout.title.text) || "").replaceAll("<br>", " ");
         if (!title.includes(want)) return null;
         return {data: el.data, layout: el.layout};
     }"""
@@ -90,11 +92,18 @@ def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = 45
     return handle.json_value()
 
 
+def sink_head(rec, prompt: int = 0) -> tuple[int, int]:
+    """The (layer, head) whose dense pattern puts the most mean weight on the first key
+    over every query but the first, found from the recording's full patterns."""
+    mass = np.array([[rec.pattern(prompt, layer, head)[1:, 0].mean()
+                      for head in range(rec.n_heads)] for layer in range(rec.n_layers)])
+    layer, head = np.unravel_index(int(np.argmax(mass)), mass.shape)
+    return int(layer), int(head)
+
+
 def as_array(value):
     """A figure array as the browser holds it: a list, or Plotly's typed-array encoding."""
     import base64
-
-    import numpy as np
 
     if isinstance(value, dict) and "bdata" in value:
         array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])

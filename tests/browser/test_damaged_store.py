@@ -42,7 +42,7 @@ def test_a_store_with_damaged_runs_renders_every_page(page, served):
         assert name in table and reason in table, name
 
     page.goto(f"{url}/recording")  # the newest record run is damaged; the healthy one opens
-    figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    figure(page, "recording-pattern", title_contains="layer ")
     assert page.inner_text("#recording-run").endswith(healthy[-4:])  # the label ends so
 
     page.goto(f"{url}/recording?run={damaged}")
@@ -58,4 +58,4 @@ def test_a_store_with_damaged_runs_renders_every_page(page, served):
     assert "checksum mismatch" in page.inner_text("#heads-error")
 
     page.click("#nav-recording")  # the other pages keep working
-    figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    figure(page, "recording-pattern", title_contains="layer ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, serve, sink_head
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import Recording, record
@@ -27,11 +27,34 @@ def served(tmp_path_factory, llama):
     proc.wait(10)
 
 
+def test_recording_viewer_opens_on_the_strongest_sink(page, served):
+    url, run, _ = served
+    rec = Recording.open(run.path)
+    layer, head = sink_head(rec)
+    page.goto(f"{url}/recording?run={run.id}")
+    fig = figure(page, "recording-pattern", title_contains=f"layer {layer}, head {head}")
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"]), rec.pattern(0, layer, head),
+                               atol=1e-6)
+    assert page.inner_text("#recording-layer") == str(layer)
+    assert page.inner_text("#recording-head") == str(head)
+    # the log scale changes the colours, never the weights
+    linear = fig["data"][0]["colorscale"]
+    page.get_by_label("log").check()
+    page.wait_for_function("""() => {  // the figure redrawn on the log scale
+        const el = document.querySelector('#recording-pattern .js-plotly-plot');
+        return el && el.data[0].colorbar.title.text === 'weight (log)';
+    }""")
+    fig = figure(page, "recording-pattern", title_contains=f"layer {layer}, head {head}")
+    assert fig["data"][0]["colorscale"] != linear
+    np.testing.assert_allclose(as_array(fig["data"][0]["z"]), rec.pattern(0, layer, head),
+                               atol=1e-6)
+
+
 def test_recording_viewer_draws_the_selected_head(page, served):
     url, run, _ = served
     rec = Recording.open(run.path)
     page.goto(f"{url}/recording?run={run.id}")
-    first = figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    first = figure(page, "recording-pattern", title_contains="layer ")
     choose(page, "recording-prompt", f"1: {rec.prompts[1].label} "
            f"({len(rec.tokens(1))} tok) " + "".join(rec.tokens(1)[:12]) + "…")
     choose(page, "recording-layer", "1")
@@ -51,7 +74,7 @@ def test_clicking_the_head_grid_opens_that_head(page, served):
     url, run, _ = served
     page.goto(f"{url}/recording?run={run.id}")
     figure(page, "recording-grid", title_contains="all heads")
-    figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    figure(page, "recording-pattern", title_contains="layer ")
     page.wait_for_timeout(500)  # let the graph settle to its final size
     box = page.locator("#recording-grid .nsewdrag").first.bounding_box()
     # layers down (2), heads across (4): click the middle of layer 1, head 3
@@ -91,4 +114,21 @@ def test_runs_page_filters_and_opens_a_run(page, served):
     page.locator("#runs-table input[type=radio]").first.check()
     page.get_by_text("open in Recording").click()
     page.wait_for_url(f"**/recording?run={run.id}")
-    figure(page, "recording-pattern", title_contains="layer 0, head 0")
+    figure(page, "recording-pattern", title_contains="layer ")
+
+
+def test_runs_page_tells_runs_apart(page, served):
+    url, _, overview = served
+    page.goto(url)
+    page.wait_for_selector("#runs-table td")
+    headers = [h.strip() for h in page.locator("#runs-table th").all_inner_texts()]
+    assert {"duration", "load", "varies", "sweep"} <= set(headers)
+    row = page.locator("#runs-table tbody tr").filter(has_text=overview.id)
+    cells = dict(zip(headers, [c.strip() for c in row.locator("td").all_inner_texts()],
+                     strict=False))
+    assert cells["varies"] == "n_boot=50"  # the one value off head-overview's defaults
+    assert cells["load"] == ("busy" if overview.meta.busy else "idle")
+    assert cells["sweep"] == "-"
+    page.goto(f"{url}/?run={overview.id}")
+    page.wait_for_selector("#runs-wall-time")
+    assert overview.meta.load_note in page.inner_text("#runs-wall-time")

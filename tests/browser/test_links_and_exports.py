@@ -186,6 +186,25 @@ def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     assert list(bar["x"]) == ["previous-token", "random"]
     np.testing.assert_allclose(as_array(bar["y"])[1], random_zero.induction_tracked.mean(),
                                rtol=1e-6)
+    # the path patch: the previous-token heads out of only K, Q or V, against random draws
+    patch = run.table("path_patch")
+    drawn = figure(page, "heads-path-patch", title_contains="path patch")
+    ours = next(t for t in drawn["data"] if t["name"] == "previous-token heads"
+                and t["xaxis"] == "x")
+    assert list(ours["x"]) == ["key", "query", "value"]
+    want = patch[patch.condition == "previous-token"].set_index("path").induction_tracked
+    np.testing.assert_allclose(as_array(ours["y"]), want.loc[["key", "query", "value"]],
+                               rtol=1e-6)
+    draws = patch[patch.condition == "random"].groupby("path").induction_tracked
+    mean = next(t for t in drawn["data"] if t["name"].startswith("random") and
+                t["xaxis"] == "x")
+    np.testing.assert_allclose(as_array(mean["y"]), draws.mean().loc[list(mean["x"])],
+                               rtol=1e-6)
+    spread = as_array(mean["error_y"]["array"]) + as_array(mean["y"])
+    np.testing.assert_allclose(spread, draws.max().loc[list(mean["x"])], rtol=1e-6)
+    points = next(t for t in drawn["data"] if t["name"] == "one random draw"
+                  and t["xaxis"] == "x")
+    assert len(points["x"]) == int((patch.condition == "random").sum())
 
 
 def test_previous_token_runs_hide_the_induction_section(page, served):
@@ -250,7 +269,7 @@ def test_a_table_downloads_as_csv_and_parquet(page, served):
 
 @pytest.mark.parametrize(("path", "key", "graphs"), [
     ("/residual", "record", 2), ("/overview", "head-overview", 2),
-    ("/heads", "induction-heads", 7), ("/", "bert", 0)])
+    ("/heads", "induction-heads", 8), ("/", "bert", 0)])
 def test_every_page_offers_exports_and_downloads(page, served, path, key, graphs):
     url, made = served
     run = made[key]

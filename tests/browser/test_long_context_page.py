@@ -42,14 +42,35 @@ def served(tmp_path_factory, llama_hf, tokenizer):
     proc.wait(10)
 
 
+def opening_head(rec) -> tuple[int, int]:
+    """The head with the largest mean weight on the first key, from the dense view of
+    every query row (the stored top-k rows hold the first key's weight exactly)."""
+    def mass(layer: int, head: int) -> float:
+        column = [rec.pattern(0, layer, head, queries=(q, min(q + 1024, N)))[:, 0]
+                  for q in range(0, N, 1024)]  # a dense 8k pattern at once would be 256 MB
+        return float(np.concatenate(column)[1:].mean())
+
+    masses = np.array([[mass(layer, head) for head in range(rec.n_heads)]
+                       for layer in range(rec.n_layers)])
+    layer, head = np.unravel_index(int(np.argmax(masses)), masses.shape)
+    return int(layer), int(head)
+
+
 def test_overview_window_and_top_keys(page, served):
     url, run_id, rec = served
+    layer, head = opening_head(rec)
     page.goto(f"{url}/long-context?run={run_id}")
     fig = figure(page, "long-context-overview",
-                 title_contains=f"max pooling of {F} x {F} tokens a cell")
+                 title_contains=f"L{layer}H{head}, whole pattern")
+    assert f"max pooling of {F} x {F} tokens a cell" in fig["layout"]["title"]["text"].replace(
+        "<br>", " ")
+    assert fig["data"][0]["colorbar"]["title"]["text"] == "max (log)"  # opens on the log scale
+    # and lists the last query's top keys
+    page.wait_for_function("document.querySelector('#long-context-topk').innerText"
+                           f".includes('query {N - 1} ')")
     grid = as_array(fig["data"][0]["z"])
     assert grid.shape == (512, 512)
-    view = rec.pattern(0, 0, 0, queries=(0, 16 * F))  # the dense view of the stored top-k
+    view = rec.pattern(0, layer, head, queries=(0, 16 * F))  # the dense view of the top-k
     reference = view.reshape(16, F, N // F, F).max(axis=(1, 3))
     np.testing.assert_allclose(grid[:16], reference, atol=1e-6)
 
@@ -69,7 +90,8 @@ def test_overview_window_and_top_keys(page, served):
                  title_contains="queries 1030..1077, keys 1000..1047")
     assert "1 token a cell" in fig["layout"]["title"]["text"]
     window = as_array(fig["data"][0]["z"])
-    np.testing.assert_allclose(window, rec.pattern(0, 0, 0, queries=(1030, 1078))[:, 1000:1048],
+    np.testing.assert_allclose(window,
+                               rec.pattern(0, layer, head, queries=(1030, 1078))[:, 1000:1048],
                                atol=1e-6)
     labels = fig["data"][0]["x"]  # keys labelled with their tokens
     assert labels[0] == f"1000 {rec.tokens(0)[1000]!r}"[:20] and len(labels) == 48
@@ -88,8 +110,8 @@ def test_overview_window_and_top_keys(page, served):
     page.wait_for_function(
         "document.querySelector('#long-context-topk').innerText.includes('query 1500')")
     rows = page.locator("#long-context-topk-table tbody tr")
-    sparse = rec.pattern_sparse(0, 0, 0, queries=(1500, 1501))
+    sparse = rec.pattern_sparse(0, layer, head, queries=(1500, 1501))
     best = int(sparse.keys[0, 0])
     assert rows.first.locator("td").nth(1).inner_text() == str(best)
-    assert best == int(np.argmax(rec.pattern(0, 0, 0, queries=(1500, 1501))[0]))
+    assert best == int(np.argmax(rec.pattern(0, layer, head, queries=(1500, 1501))[0]))
     assert "left out of the top 16" in page.inner_text("#long-context-topk-exact")

@@ -15,7 +15,7 @@ from workbench.store.runs import RunStore
 
 CONFIG = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
           "repeat_prompts": 2, "repeat_len": 6, "probes": 2, "step_fraction": 0.25,
-          "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 1, "budgets": (0.25, 0.5),
+          "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 5, "budgets": (0.25, 0.5),
           "importance": ("gradient",), "top_k": 2}
 
 
@@ -131,3 +131,21 @@ def test_figures_come_before_the_summary_which_is_collapsed(page, served):
     shown = page.locator("#pruning-summary li").all_inner_texts()
     assert [t.strip() for t in shown] == [line.strip() for line in lines]
     offers_exports(page, "pruning-curves", run.id)
+
+
+def test_the_speed_up_shows_its_median_range_and_load(page, served):
+    url, run = served
+    speed = run.table("speedup")
+    page.goto(f"{url}/pruning?run={run.id}")
+    page.wait_for_selector("#pruning-speed-table td", timeout=60_000)
+    headers = [h.strip() for h in page.locator("#pruning-speed-table th").all_inner_texts()]
+    assert {"speedup", "speedup range", "full range", "removed range", "load",
+            "busy"} <= set(headers)
+    rows = page.locator("#pruning-speed-table tbody tr")
+    first = dict(zip(headers, [c.strip() for c in rows.nth(1).locator("td").all_inner_texts()],
+                     strict=False))
+    low, high = speed.speedup_low.iloc[0], speed.speedup_high.iloc[0]
+    assert low <= speed.speedup.iloc[0] <= high and speed.repeats.iloc[0] == 5
+    assert first["speedup range"] == f"{low:.3g} to {high:.3g}"
+    assert first["busy"] == ("busy" if speed.busy.iloc[0] else "idle")
+    assert "median of interleaved pairs" in page.inner_text("#pruning-speed-note")

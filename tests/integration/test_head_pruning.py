@@ -18,7 +18,7 @@ from workbench.store.runs import RunStore
 SMOLLM2 = {"chunk_tokens": 64, "fit_tokens": 128, "ablation_tokens": 64, "eval_tokens": 128,
            "repeat_prompts": 2, "repeat_len": 16, "importance": ("gradient",),
            "reverse": False, "n_random": 1, "step_fraction": 0.1, "max_fraction": 0.1,
-           "budgets": (0.1,), "speed_repeats": 1, "n_boot": 50}
+           "budgets": (0.1,), "speed_repeats": 5, "n_boot": 50}
 
 
 def workbench(*args: str) -> list[str]:
@@ -69,7 +69,7 @@ def test_minilm_from_the_command_line(runs_dir, tmp_path):
                     "--set", "fit_tokens=128", "--set", "ablation_tokens=64",
                     "--set", "eval_tokens=256", "--set", "importance=gradient",
                     "--set", "step_fraction=0.25", "--set", "n_random=2", "--set", "probes=2",
-                    "--set", "budgets=0.25", "--set", "speed_repeats=1", "--set", "n_boot=50")
+                    "--set", "budgets=0.25", "--set", "speed_repeats=5", "--set", "n_boot=50")
     run = RunStore(runs_dir).get(out[-1])
     assert run.status == "complete"
     curve = run.table("pruning_curve")

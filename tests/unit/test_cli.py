@@ -48,8 +48,11 @@ def test_record_show_and_runs(capsys, runs_dir, llama_folder):
     assert status == 0
     rec = Recording.open(out[-1])
     assert len(rec) == 2 and rec.tokens(1)[0] == "<bos>"
-    status, out, _ = cli(capsys, "show", out[-1].split("/")[-1])
+    run = RunStore(runs_dir).get(out[-1].split("/")[-1])
+    status, out, _ = cli(capsys, "show", run.id)
     assert status == 0 and any(line.startswith("status     complete") for line in out)
+    wall = next(line for line in out if line.startswith("wall time  "))
+    assert wall.endswith(f"({run.meta.load_note})") and run.meta.load_at_end is not None
     status, out, _ = cli(capsys, "runs")
     assert "record" in out[2] and "complete" in out[2]
 

@@ -213,3 +213,30 @@ def test_show_an_unknown_table_suggests_the_closest_before_printing(capsys, runs
     status, out, err = cli(capsys, "show", out[-1], "--table", "head_scorez")
     assert status == 2 and out == [] and err.count("\n") == 1
     assert "(did you mean 'head_scores'" in err
+
+
+def test_a_wall_time_says_whether_the_machine_was_busy(capsys, runs_dir, llama_folder,
+                                                         monkeypatch):
+    import os
+
+    from workbench.store import provenance
+
+    cores = os.cpu_count()
+    monkeypatch.setattr(provenance, "load_average", lambda: [cores + 1.5, 1.0, 1.0])
+    status, out, _ = cli(capsys, "run", "head-overview", "--model", str(llama_folder))
+    assert status == 0
+    run = RunStore(runs_dir).get(out[-1])
+    assert run.meta.load_at_start == run.meta.load_at_end == (cores + 1.5, 1.0, 1.0)
+    assert run.meta.busy is True
+    status, out, _ = cli(capsys, "run", "head-overview", "--help")
+    text = _joined(out)
+    assert f"busy (load {cores + 1.5:.1f} at start, {cores + 1.5:.1f} at end, {cores} cores)" \
+        in text
+    assert "rerun it on an idle machine" in text
+
+    monkeypatch.setattr(provenance, "load_average", lambda: [0.5, 0.5, 0.5])
+    status, out, _ = cli(capsys, "run", "head-overview", "--model", str(llama_folder))
+    status, out, _ = cli(capsys, "run", "head-overview", "--help")
+    text = _joined(out)
+    assert f"idle (load 0.5 at start, 0.5 at end, {cores} cores)" in text
+    assert "rerun it on an idle machine" not in text

@@ -57,7 +57,7 @@ TEXTS = ["the cat sat on the mat and the dog sat on the rug",
 PROMPTS = [Prompt(text=t) for t in TEXTS]
 SMALL = {"fit_tokens": 128, "ablation_tokens": 32, "eval_tokens": 64, "chunk_tokens": 32,
          "repeat_prompts": 2, "repeat_len": 6, "probes": 2, "step_fraction": 0.25,
-         "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 1, "budgets": (0.25, 0.5)}
+         "max_fraction": 0.75, "n_boot": 50, "speed_repeats": 5, "budgets": (0.25, 0.5)}
 
 
 def causal_objective(model, prompts=PROMPTS, ablation=PROMPTS[:2]):
@@ -502,3 +502,41 @@ def test_prunable_fraction_judges_the_bootstrap_ends(value, spread, verdict):
     m = prunable_fraction_at_least(_curve(value, [], spread=spread), order="gradient",
                                    metric="heldout_loss", tolerance=0.05, fraction=0.5)
     assert m.outcome == verdict and m.threshold == 0.5
+
+
+def test_the_speed_up_is_the_median_of_interleaved_pairs_with_its_range(bert, tmp_path,
+                                                                        monkeypatch):
+    """Timings scripted so that one slow moment hits the third pair: the median ignores it,
+    the range shows it, and the pairs alternate full, removed."""
+    from experiments.head_pruning import measure
+
+    calls = []
+
+    def scripted(hf_model, batch, causal):
+        calls.append(hf_model)
+        plain = calls[0]  # the first call warms the full model up
+        fulls = sum(m is plain for m in calls[1:])
+        if hf_model is plain:
+            return 10.0 if fulls == 3 else 1.0
+        return 0.5
+
+    monkeypatch.setattr(measure, "_seconds", scripted)
+    run = run_experiment("head-pruning", bert, {**SMALL, "importance": ("gradient",),
+                                                "n_random": 1, "reverse": False,
+                                                "budgets": (0.25,)}, runs_dir=tmp_path)
+    row = run.table("speedup").iloc[0]
+    assert row.repeats == 5
+    assert (row.seconds_full, row.seconds_full_low, row.seconds_full_high) == (1.0, 1.0, 10.0)
+    assert (row.seconds_removed, row.seconds_removed_low, row.seconds_removed_high) == (
+        0.5, 0.5, 0.5)
+    assert (row.speedup, row.speedup_low, row.speedup_high) == (2.0, 2.0, 20.0)
+    plain, warm_removed, *timed = calls
+    assert warm_removed is not plain
+    assert [m is plain for m in timed] == [True, False] * 5  # full, removed, alternately
+    assert isinstance(row.busy, bool | np.bool_) and row.load_before >= 0
+
+
+def test_fewer_than_five_timed_pairs_are_refused():
+    with pytest.raises(ValueError, match=r"speed_repeats: 0 \(skip\) or at least 5"):
+        Config(speed_repeats=2)
+    assert Config(speed_repeats=0).speed_repeats == 0

@@ -145,3 +145,14 @@ def test_a_window_reads_only_the_chunks_of_its_rows(llama, tmp_path, monkeypatch
         chunks = sorted({k for k in read if "/c/" in k and "topk_keys" not in k})
         # query rows 17..29 lie in query blocks 2 and 3 of 8 rows
         assert chunks == sorted(f"{kind}/L001/c/0/0/{b}/0" for kind in kinds for b in (2, 3))
+
+
+def test_first_key_mass_is_the_mean_first_column_in_both_storages(pair):
+    _, dense, topk = pair
+    for i in range(len(dense)):
+        n = dense.length(i)
+        for layer in range(dense.n_layers):
+            full = dense.pattern(i, layer)  # (head, query, key)
+            want = full[:, 1:, 0].mean(axis=1) if n > 1 else np.zeros(dense.n_heads)
+            np.testing.assert_allclose(dense.first_key_mass(i, layer), want, atol=1e-6)
+            np.testing.assert_allclose(topk.first_key_mass(i, layer), want, atol=1e-3)

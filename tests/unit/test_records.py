@@ -108,3 +108,21 @@ def test_a_run_record_reads_back_equal(tmp_path):
     assert stored.meta.summary == ("one line",) and stored.meta.model == fake_info()
     with pytest.raises(RecordError, match="unknown field 'colour'"):
         run.update(colour="blue")
+
+
+def test_a_run_without_its_load_stays_valid_and_says_so(tmp_path):
+    store = RunStore(tmp_path)
+    with store.start("exp", fake_info(), {"n": 1}) as run:
+        pass
+    data = json.loads((store.get(run.id).path / "run.json").read_text())
+    assert len(data["load_at_start"]) == 3 and len(data["load_at_end"]) == 3
+    older = {k: v for k, v in data.items() if not k.startswith("load_at")}
+    meta = RunMeta.from_data(older, what="run.json")
+    assert meta.load_at_start is None and meta.busy is None
+    assert meta.load_note == "load not recorded"
+    cores = meta.machine.cpu_count
+    busy = meta.replace(load_at_start=[0.0, 0.0, 0.0], load_at_end=[cores + 0.5, 0.0, 0.0])
+    assert busy.busy is True and busy.load_note.startswith("busy (load 0.0 at start")
+    idle = meta.replace(load_at_start=[cores, 0.0, 0.0])  # at the cores is not above them
+    assert idle.busy is False and idle.load_note == f"idle (load {cores:.1f} at start, " \
+        f"{cores} cores)"

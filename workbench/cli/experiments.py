@@ -76,9 +76,13 @@ def _wall_time_lines(exp: Any, root: Path) -> list[str]:
              "had loaded before):"]
     for t in times:
         model = "its own models" if t.model == "-" else t.model
-        cores = f", {t.cpu_count} cores" if t.cpu_count else ""
+        cores = f", {t.cpu_count} cores" if t.cpu_count and t.busy is None else ""
+        load = "" if t.busy is None else f", {t.load}"
         lines.append(f"{t.config} on {model}: {_duration(t.seconds)} "
-                     f"({t.ended_at[:16].replace('T', ' ')}{cores}; run {t.run_id})")
+                     f"({t.ended_at[:16].replace('T', ' ')}{cores}{load}; run {t.run_id})")
+    if any(t.busy for t in times):
+        lines.append("a busy run's time includes waiting for the cores: rerun it on an idle "
+                     "machine for its own")
     return lines
 
 

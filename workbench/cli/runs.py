@@ -37,10 +37,31 @@ def cmd_runs(args: argparse.Namespace) -> None:
     if not runs:
         _out(f"no runs in {_cell(store.root)}")
         return
-    rows = [{"run": r.id, "experiment": r.experiment, "model": r.model_name or "-",
-             "status": _status(r), "started": r.meta.started_at[:19]} for r in runs]
-    _out(_table(rows, ["run", "experiment", "model", "status", "started"]))
+    rows = _rows(runs, store.runs())
+    _out(_table(rows, RUN_COLUMNS))
     _out(f"\n{len(runs)} runs in {_cell(store.root)}")
+    if any(row["load"] == "busy" for row in rows):
+        _out("load busy: the machine's load was above its cores at the run's start or end, "
+             "so its duration is not its own")
+
+
+RUN_COLUMNS = ["run", "experiment", "model", "status", "started", "duration", "load",
+               "varies", "sweep"]
+
+
+def _rows(runs: list[Any], every: list[Any]) -> list[dict[str, str]]:
+    """One row of ``workbench runs`` a run: what tells it apart from its neighbours (the
+    config values it changed from its experiment's defaults, the sweep of ``every`` it was
+    a cell of), how long it took and whether the machine was busy meanwhile."""
+    from workbench.harness import run_facts
+
+    sweeps = run_facts.parents(every)
+    return [{"run": r.id, "experiment": r.experiment,
+             "model": run_facts.sweep_name(r) or r.model_name or "-", "status": _status(r),
+             "started": r.meta.started_at[:19],
+             "duration": run_facts.duration_text(r.seconds), "load": run_facts.load_text(r),
+             "varies": run_facts.varies_text(r), "sweep": run_facts.parent_text(r, sweeps)}
+            for r in runs]
 
 
 def _check_classes(run: Any, classes: bool) -> None:
@@ -134,6 +155,10 @@ def cmd_show(args: argparse.Namespace) -> None:
     _out(f"model      {_model_line(meta)}")
     _out(f"status     {_status(run)}  ({_cell(meta.started_at)} -> "
          f"{_cell(meta.ended_at) or '...'})")
+    if run.seconds is not None:
+        from workbench.harness.run_facts import duration_text
+
+        _out(f"wall time  {duration_text(run.seconds)}  ({meta.load_note})")
     if meta.error:
         _out(f"error      {_cell(meta.error)}")
     commit, dirty = (meta.git.commit, meta.git.dirty) if meta.git else (None, False)

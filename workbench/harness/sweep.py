@@ -243,7 +243,7 @@ def run_sweep(spec: Spec, cells: Sequence[Cell], *, runs_dir: str | Path | None 
         if session is not None:
             sweep_ray.check_workers_can_write(root)
         report(_progress(len(cells), outcomes, 0))  # once nothing can refuse the sweep
-        with store.start("sweep", None, spec.to_dict(), tables=TABLES,
+        with store.start("sweep", None, spec.to_dict(), tables=TABLES, name=spec.name,
                          extra={"cpus": cpus, "gpus": gpus, "address": address}) as active:
             (active.dir / SPEC_FILE).write_text(spec.text, encoding="utf-8")
             try:

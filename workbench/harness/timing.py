@@ -3,7 +3,8 @@
 Every run records when it started and ended (``run.json``), so the wall time of the
 default config (no ``--set``) and of the demo config (``workbench demo``) on each model is
 the newest complete run with exactly that config. ``workbench run EXPERIMENT --help`` shows
-these figures; nothing is estimated or extrapolated.
+these figures, each with whether the machine was busy (its load average, recorded at the
+run's start and end, above its cores); nothing is estimated or extrapolated.
 
 Examples:
     >>> from workbench.harness.experiment import get
@@ -14,13 +15,12 @@ Examples:
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import Experiment
+from workbench.harness.run_facts import stored_form
 from workbench.store.runs import RunStore
 
 ConfigName = Literal["default", "demo"]
@@ -38,11 +38,11 @@ class WallTime:
     ended_at: str
     cpu_count: int | None
     """CPU cores of the machine that ran it (``run.json``'s ``machine``)."""
-
-
-def _stored_form(cfg: Any) -> dict[str, Any]:
-    """A config as ``run.json`` holds it (tuples as lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    busy: bool | None = None
+    """Whether the machine was busy (:attr:`RunMeta.busy`): the time is then not the
+    run's own; ``None`` for a run that did not record its load."""
+    load: str = "load not recorded"
+    """The load in a few words (:attr:`RunMeta.load_note`)."""
 
 
 def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
@@ -56,8 +56,8 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
     Returns:
         One :class:`WallTime` per (config, model) that has such a run, default first.
     """
-    default = _stored_form(exp.config())
-    demo = _stored_form(apply_overrides(exp.config, dict(exp.demo)))
+    default = stored_form(exp.config())
+    demo = stored_form(apply_overrides(exp.config, dict(exp.demo)))
     named: dict[ConfigName, dict[str, Any]] = {"default": default}
     if demo != default:  # a demo that is the default is timed once, as the default
         named["demo"] = demo
@@ -75,5 +75,6 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
             ended = run.meta.ended_at or ""
             if found is None or ended > found.ended_at:
                 cpus = run.meta.machine.cpu_count if run.meta.machine else None
-                newest[(name, model)] = WallTime(name, model, seconds, run.id, ended, cpus)
+                newest[(name, model)] = WallTime(name, model, seconds, run.id, ended, cpus,
+                                                 run.meta.busy, run.meta.load_note)
     return sorted(newest.values(), key=lambda t: (t.config != "default", t.model))

@@ -507,6 +507,27 @@ class Recording:
             diagonal=exact[..., 1], previous=exact[..., 2], left_out=exact[..., 3],
             queries=np.arange(q0, q1))
 
+    def first_key_mass(self, prompt: int, layer: int) -> Float[np.ndarray, " head_index"]:
+        """Each head's mean weight on the first key, over every query but the first (which
+        can only attend there): the sink score of one prompt, exact for both storages.
+
+        Args:
+            prompt: the prompt.
+            layer: the layer.
+
+        Returns:
+            One mean weight per head (zeros for a prompt of one token).
+        """
+        n = self.length(prompt)
+        if n < 2:
+            self._query_range(prompt, layer, None, None)
+            return np.zeros(self.n_heads, dtype=np.float32)
+        if self.patterns == "topk":  # the exact channel holds the first key's weight
+            first = self.pattern_sparse(prompt, layer, queries=(1, n)).first
+        else:
+            first = self.pattern(prompt, layer, queries=(1, n))[..., 0]
+        return first.mean(axis=-1)
+
     def pooled(self, prompt: int, layer: int, head: int, *,
                window: tuple[int, int, int, int] | None = None, max_cells: int = 512,
                how: sparse.Pooling = "max") -> Pooled:

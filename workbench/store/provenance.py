@@ -61,6 +61,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def load_average() -> list[float] | None:
+    """``os.getloadavg()``, or ``None`` on a platform without it (Windows)."""
+    try:
+        return [round(load, 2) for load in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def collect() -> dict[str, Any]:
     """Everything above, as stored in ``run.json``."""
     return {"versions": package_versions(), "git": git_revision(), "machine": machine()}

@@ -38,6 +38,10 @@ Timestamp = matching(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{
                      "an ISO 8601 time (2026-12-01T10:00:00+00:00)", max_length=40)
 """An ISO 8601 time, as ``datetime.isoformat`` writes it."""
 Text = Annotated[str, Field(max_length=1 << 20)]
+Load = Annotated[float, Field(ge=0)]
+LoadAverage = tuple[Load, Load, Load]
+"""``os.getloadavg()``: the machine's mean number of runnable processes over the last 1, 5
+and 15 minutes."""
 MAX_LAYERS = 1 << 16
 LayerType = Literal["global", "sliding"]
 """How far back a layer's queries see: ``global``, every key the model's mask allows (every
@@ -204,6 +208,16 @@ class Interventions(Record):
     heads_mask: HeadMaskFile | None = None
 
 
+def busy_load(loads: list[Any], cores: int | None) -> bool | None:
+    """Whether a machine of ``cores`` cores was busy: any of ``loads`` (load averages, or
+    ``None`` where not read) with a 1-minute load above its cores; ``None`` when no load or
+    the cores are unknown."""
+    ones = [load[0] for load in loads if load]
+    if not cores or not ones:
+        return None
+    return max(ones) > cores
+
+
 class RunMeta(Record):
     """A run's ``run.json``.
 
@@ -251,6 +265,31 @@ class RunMeta(Record):
     """Sweeps: the Ray cluster the cells ran on (``None``: a local one)."""
     cells: tuple[RunId | Literal[""], ...] | None = None
     """Sweeps: the run id of every cell, in order (empty for a cell that did not run)."""
+    load_at_start: LoadAverage | None = None
+    """The machine's load average as the run started (``None``: not recorded; runs
+    written before this field, or a platform without ``os.getloadavg``)."""
+    load_at_end: LoadAverage | None = None
+    """The machine's load average as the run ended (complete or failed)."""
+
+    @property
+    def busy(self) -> bool | None:
+        """Whether the machine was busy during the run: a 1-minute load above its cores at
+        the start or at the end, so its wall time is not the run's own (``None``: the load
+        or the cores were not recorded)."""
+        cores = self.machine.cpu_count if self.machine else None
+        return busy_load([self.load_at_start, self.load_at_end], cores)
+
+    @property
+    def load_note(self) -> str:
+        """The load in a few words, for beside a wall time: ``busy (load 3.1 at start, 2.4
+        at end, 2 cores)``, ``idle (...)`` or ``load not recorded``."""
+        busy = self.busy
+        if busy is None:
+            return "load not recorded"
+        parts = [f"{load[0]:.1f} at {when}" for when, load in
+                 (("start", self.load_at_start), ("end", self.load_at_end)) if load]
+        cores = self.machine.cpu_count if self.machine else None
+        return f"{'busy' if busy else 'idle'} (load {', '.join(parts)}, {cores} cores)"
 
     @property
     def seconds(self) -> float | None:

@@ -293,6 +293,12 @@ def _recording_indexes(folder: Path) -> dict[str, str]:
     return found
 
 
+def _load_tuple() -> tuple[float, float, float] | None:
+    """The load average as :class:`RunMeta` holds it (``model_copy`` does not validate)."""
+    load = provenance.load_average()
+    return None if load is None else (load[0], load[1], load[2])
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".rstrip(": ")
 
@@ -361,6 +367,7 @@ class ActiveRun:
         kill at any step leaves a folder under ``.incomplete/`` (which no reader believes)
         or a complete run whose every byte is on disk."""
         self.meta = self.meta.replace(status="complete", ended_at=_now(),
+                                      load_at_end=provenance.load_average(),
                                       recordings=_recording_indexes(self._at))
         self._write()
         durable.remove_quietly(self._at / RESERVE)
@@ -374,7 +381,8 @@ class ActiveRun:
         Never raises: the caller re-raises ``error`` itself.
         """
         self.meta = self.meta.model_copy(update=dict(
-            status="failed", ended_at=_now(), error=_describe(error)[:100_000],
+            status="failed", ended_at=_now(), load_at_end=_load_tuple(),
+            error=_describe(error)[:100_000],
             traceback="".join(traceback.format_exception(error))[-8000:]))
         try:
             self._write()
@@ -424,7 +432,8 @@ class RunStore:
     @contextmanager
     def start(self, experiment: str, model: ModelInfo | Mapping[str, Any] | None, config: Any,
               *, tables: Mapping[str, Table] | None = None,
-              extra: dict[str, Any] | None = None) -> Iterator[ActiveRun]:
+              extra: dict[str, Any] | None = None,
+              name: str | None = None) -> Iterator[ActiveRun]:
         """Create a run; mark it complete when the block ends, failed if it raises.
 
         Args:
@@ -434,6 +443,8 @@ class RunStore:
             config: the experiment's config dataclass (or a dict).
             tables: the declarations of the tables the run may save (none by default).
             extra: more facts for ``run.json`` (fields of :class:`RunMeta`).
+            name: what the run id names after the experiment (default the model's name,
+                ``none`` without a model; a sweep gives its spec's name).
 
         Raises:
             RecordError: ``extra`` names no field of ``run.json`` or has a value of the
@@ -445,7 +456,7 @@ class RunStore:
         info = model if isinstance(model, ModelInfo) or model is None else \
             ModelInfo.from_data(dict(model), what="the run's model")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        model_part = _slug(info.name) if info else "none"
+        model_part = _slug(name) if name else (_slug(info.name) if info else "none")
         run_id = f"{stamp}-{_slug(experiment)}-{model_part}-{secrets.token_hex(2)}"
         seed = cfg.get("seed")
         meta = RunMeta.from_data({
@@ -453,7 +464,8 @@ class RunStore:
             "model": info.to_data() if info else None, "config": cfg,
             "seed": seed if isinstance(seed, int) else None,
             "workbench_version": provenance.workbench_version(), **provenance.collect(),
-            "started_at": _now(), "status": "running", "pid": os.getpid(),
+            "started_at": _now(), "load_at_start": provenance.load_average(),
+            "status": "running", "pid": os.getpid(),
             "pid_started": process_started(), **(extra or {}),
         }, what=RUN_JSON)
         staging = self.root / INCOMPLETE / run_id
