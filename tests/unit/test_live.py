@@ -119,7 +119,7 @@ def test_cancelling_a_waiting_job_takes_it_out_of_the_line(tmp_path, models):
     gate = threading.Event()
     loader = Loader(models, gate)
     queue = queue_of(tmp_path, loader)
-    first = queue.submit("tiny-llama", "prompt 0")
+    queue.submit("tiny-llama", "prompt 0")
     assert loader.started.wait(TIMEOUT)
     second, third = (queue.submit("tiny-llama", f"prompt {i}") for i in (1, 2))
     assert queue.status(third.id).position == 2

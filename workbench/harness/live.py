@@ -390,7 +390,7 @@ class LiveQueue:
             self._end(job, "cancelled", CANCELLED)
         except _Refused as exc:
             self._end(job, "refused", str(exc))
-        except Exception as exc:  # noqa: BLE001  # any failure is the job's, said in its run
+        except Exception as exc:  # any failure is the job's, said in its run
             log.warning("live job %s failed: %s", job.id, exc)
             self._end(job, "failed", " ".join(f"{type(exc).__name__}: {exc}".split()))
         else:
