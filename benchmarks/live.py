@@ -6,9 +6,10 @@ For each model a :class:`workbench.harness.live.LiveQueue` over a fresh run stor
   included);
 - ``--repeats`` jobs of a prompt of ``--tokens`` tokens of natural text with the model
   kept loaded, each timed from submit until the page's figures are built from the run:
-  the run completes, every pattern metric is scored (``pattern_scores``), the opening head
-  is chosen and its pattern heatmap and the scores heatmap are made (the figure functions
-  the page calls). The median and the range are reported.
+  the run completes, the opening metric is scored (``pattern_scores``; the page scores a
+  metric when it is shown), the opening head is chosen, and its pattern heatmap and the
+  scores heatmap are made (the figure functions the page calls). The median and the
+  range are reported.
 
 In the browser the page polls the job every ``POLL_MS`` (300 ms) and draws the figure, so
 a reader waits up to that much longer (``tests/browser/test_live_page.py`` times the
@@ -63,7 +64,7 @@ def until_figure(queue, model: str, text: str) -> float:
     if status.state != "complete":
         raise SystemExit(f"{model}: the job {status.state}: {status.error}")
     rec = Recording.open(queue.store.get(status.run_id).path)
-    scores = live.pattern_scores(rec)
+    scores = live.pattern_scores(rec, names=[live.DEFAULT_METRIC])  # as the page opens
     layer, head = live.opening_head(scores)
     figures.pattern_heatmap(rec.pattern(0, layer, head), rec.tokens(0), "pattern")
     figures.head_heatmap(scores, live.DEFAULT_METRIC)

@@ -52,6 +52,9 @@ PromptText = Annotated[str | None, Passage(max_chars=CHARS_PER_TOKEN * live.MAX_
 JobId = Annotated[str | None, Text(max_chars=64)]
 """A live job's id, as the queue gave it."""
 POLL_MS = 300
+PATTERN_METRICS = [name for name, m in metrics.METRICS.items() if m.kind == "pattern"]
+"""The metrics the page scores: every metric of the registry that is a function of one
+pattern."""
 NOTE = (f"The server records your prompt (at most {live.MAX_TOKENS} tokens) into an ordinary "
         "record run: one job at a time per model, yours shown with its place in the line. "
         "The run also opens on the Recording page, and its link can be shared.")
@@ -88,13 +91,12 @@ def layout(**_: str) -> html.Div:
 
 
 def _result() -> list:
-    names = [name for name, m in metrics.METRICS.items() if m.kind == "pattern"]
     return [
         html.Div(className="wb-controls", children=[
             labelled("layer", dcc.Dropdown(id="live-layer", clearable=False)),
             labelled("head", dcc.Dropdown(id="live-head", clearable=False)),
             labelled("query", dcc.Dropdown(id="live-query", clearable=False), "16em"),
-            labelled("scores of", dcc.Dropdown(id="live-metric", options=names,
+            labelled("scores of", dcc.Dropdown(id="live-metric", options=PATTERN_METRICS,
                                                value=live.DEFAULT_METRIC, clearable=False),
                      "14em"),
         ]),
@@ -188,14 +190,15 @@ def _said(status: live.JobStatus) -> list:
     return said
 
 
-@lru_cache(maxsize=8)
-def _scores_of(folder: str, mtime_ns: int) -> pd.DataFrame:
-    return live.pattern_scores(Recording.open(folder))
+@lru_cache(maxsize=32)
+def _scores_of(folder: str, mtime_ns: int, metric: str) -> pd.DataFrame:
+    return live.pattern_scores(Recording.open(folder), names=[metric])
 
 
-def scores(rec: Recording) -> pd.DataFrame:
-    """Every pattern metric of every head of the recording's prompt (read once)."""
-    return _scores_of(str(rec.root), (rec.root / "index.json").stat().st_mtime_ns)
+def scores(rec: Recording, metric: str) -> pd.DataFrame:
+    """One pattern metric of every head on the recording's prompt (computed once; one
+    metric at a time, as the page shows them, so the first figure waits for one)."""
+    return _scores_of(str(rec.root), (rec.root / "index.json").stat().st_mtime_ns, metric)
 
 
 @callback(Output("live-layer", "options"), Output("live-layer", "value"),
@@ -215,7 +218,7 @@ def open_run(run_id: RunId, click: ClickedHead, query: Index):
         below("layer", layer, rec.n_layers, "layers in the recording")
         below("head", head, rec.n_heads, "heads in each layer")
     else:
-        layer, head = live.opening_head(scores(rec))
+        layer, head = live.opening_head(scores(rec, live.DEFAULT_METRIC))
         query = n - 1
     queries = [{"label": f"{q}: {t!r}"[:40], "value": q} for q, t in enumerate(rec.tokens(0))]
     return (list(range(rec.n_layers)), layer, list(range(rec.n_heads)), head, queries,
@@ -228,8 +231,8 @@ def open_run(run_id: RunId, click: ClickedHead, query: Index):
 def draw_scores(run_id: RunId, metric: Name):
     if run_id is None or metric is None:
         return no_update
-    table = scores(data.recording(run_id))
-    among("metric", metric, sorted(table.metric.unique()), "the pattern metrics")
+    among("metric", metric, PATTERN_METRICS, "the pattern metrics")
+    table = scores(data.recording(run_id), metric)
     meaning = metrics.get(metric).meaning
     bounded = metrics.get(metric).bounded
     return figures.head_heatmap(table, metric, title=f"{metric}: {meaning}<br>click a head "

@@ -435,35 +435,48 @@ class _Refused(WorkbenchError):
     """A prompt found too long once its model was loaded: refused, no run."""
 
 
-def pattern_scores(rec: Recording, prompt: int = 0) -> pd.DataFrame:
-    """Every pattern metric of :mod:`workbench.scores.metrics` on each head, from the dense
+def pattern_scores(rec: Recording, prompt: int = 0,
+                   names: Sequence[str] | None = None) -> pd.DataFrame:
+    """Pattern metrics of :mod:`workbench.scores.metrics` on each head, from the dense
     patterns of one recorded prompt (the same reductions the experiments run during the
     forward pass, applied to the whole stored pattern).
 
+    Args:
+        rec: a recording with dense patterns.
+        prompt: the prompt's index.
+        names: the metrics (default: every pattern metric of the registry).
+
     Returns:
-        ``layer, head, metric, score``, long format.
+        ``layer, head, metric, score``, long format, in layer, metric, head order.
 
     Raises:
         WorkbenchError: the recording stores no dense patterns.
+        UnknownNameError: a name that is not a registered metric.
+        ValueError: a metric that is not a function of one pattern.
     """
     if rec.patterns != "dense":
         raise WorkbenchError(f"scores need dense patterns; this recording stores {rec.patterns}")
+    if names is None:
+        names = [name for name, m in metrics.METRICS.items() if m.kind == "pattern"]
+    reductions = metrics.reductions(*names)
     ids = list(rec.prompts[prompt].token_ids)
     n = len(ids)
     ctx = PatternContext(input_ids=torch.tensor([ids]), lengths=torch.tensor([n]),
                          query_mask=torch.ones(1, n, dtype=torch.bool), layer=0,
                          causal=rec.model.causal)
-    names = [name for name, m in metrics.METRICS.items() if m.kind == "pattern"]
-    reductions = metrics.reductions(*names)
-    frames = []
+    layers, metric, values = [], [], []
     for layer in range(rec.n_layers):
         pattern = torch.from_numpy(rec.pattern(prompt, layer).astype(np.float32))[None]
         at = dataclasses.replace(ctx, layer=layer)  # (1, H, Q, K)
         for name, fn in reductions.items():
-            scores = fn(pattern, at)[0].numpy()
-            frames.append(pd.DataFrame({"layer": layer, "head": np.arange(len(scores)),
-                                        "metric": name, "score": scores.astype(float)}))
-    return pd.concat(frames, ignore_index=True)
+            layers.append(layer)
+            metric.append(name)
+            values.append(fn(pattern, at)[0].double().numpy())
+    heads = rec.n_heads
+    return pd.DataFrame({"layer": np.repeat(layers, heads),
+                         "head": np.tile(np.arange(heads), len(values)),
+                         "metric": np.repeat(metric, heads),
+                         "score": np.concatenate(values) if values else np.zeros(0)})
 
 
 def opening_head(scores: pd.DataFrame, metric: str = DEFAULT_METRIC) -> tuple[int, int]:
