@@ -6,7 +6,8 @@ reader's place in the line shown, cancellable) into an ordinary ``record`` run, 
 opens on the Recording page and is shared by its id. The page then draws the pattern of a
 head with the Recording page's own figure, every pattern metric of every head for this
 prompt, and the chosen query's row; it opens on the head with the largest
-previous-token score and on the last query. On a host that is not loopback the page is
+previous-token score and on the last query. ``/live?run=ID`` opens any complete
+recording's heads the same way. On a host that is not loopback the page is
 off unless the dashboard was started with ``--allow-live``.
 """
 
@@ -45,7 +46,8 @@ from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt, file_sets, load_pr
 from workbench.recording.record import Recording
 from workbench.scores import metrics
 
-dash.register_page(__name__, path="/live", name="Live", order=20)
+SHOWS = ["record"]
+dash.register_page(__name__, path="/live", name="Live", order=20, experiments=SHOWS)
 
 PromptText = Annotated[str | None, Passage(max_chars=CHARS_PER_TOKEN * live.MAX_TOKENS)]
 """The text area's prompt: its length in tokens is the queue's to check."""
@@ -61,12 +63,13 @@ NOTE = (f"The server records your prompt (at most {live.MAX_TOKENS} tokens) into
 
 
 @safe_layout("Live")
-def layout(**_: str) -> html.Div:
+def layout(run: str | None = None, **_: str) -> html.Div:
     heading = html.H2("Live: type a prompt, see its heads")
     try:
         models = list(data.live_queue().models())
     except WorkbenchError as exc:
         return html.Div([heading, message(str(exc))], id="live-off")
+    opened = None if run is None else data.get_run(run, shows=SHOWS).id  # ?run=: its heads
     return html.Div([
         heading, html.P(NOTE, className="wb-note"), html.Div(id="live-error"),
         html.Div(className="wb-controls", children=[
@@ -84,7 +87,7 @@ def layout(**_: str) -> html.Div:
             html.Button("Cancel", id="live-cancel", n_clicks=0),
             html.Div(id="live-status", className="wb-note"),
         ]),
-        dcc.Store(id="live-job"), dcc.Store(id="live-run"),
+        dcc.Store(id="live-job"), dcc.Store(id="live-run", data=opened),
         dcc.Interval(id="live-poll", interval=POLL_MS, disabled=True),
         html.Div(id="live-result", style={"display": "none"}, children=_result()),
     ])
@@ -108,29 +111,31 @@ def _result() -> list:
 
 
 @callback(Output("live-prompt", "options"), Output("live-prompt", "value"),
+          Output("live-error", "children", allow_duplicate=True),
           Input("live-set", "value"), prevent_initial_call=True)
 @safe
 def choose_set(name: Name):
     if name is None:
-        return [], None
+        return [], None, None
     among("prompt set", name, sorted(file_sets()), "the prompt sets of data/prompts")
     prompts = load_prompt_set(name)
-    return [{"label": f"{i}: {_text(p)[:60]}", "value": i} for i, p in enumerate(prompts)], None
+    options = [{"label": f"{i}: {_text(p)[:60]}", "value": i} for i, p in enumerate(prompts)]
+    return options, None, None
 
 
 def _text(prompt: Prompt) -> str:
     return " ".join(part for part in (prompt.text, prompt.pair) if part)
 
 
-@callback(Output("live-text", "value"), Input("live-prompt", "value"),
-          State("live-set", "value"), prevent_initial_call=True)
+@callback(Output("live-text", "value"), Output("live-error", "children", allow_duplicate=True),
+          Input("live-prompt", "value"), State("live-set", "value"), prevent_initial_call=True)
 @safe
 def choose_prompt(index: Index, name: Name):
     if index is None or name is None:
-        return no_update
+        return no_update, no_update
     among("prompt set", name, sorted(file_sets()), "the prompt sets of data/prompts")
     prompts = load_prompt_set(name)
-    return _text(prompts[below("prompt", index, len(prompts), "prompts in the set")])
+    return _text(prompts[below("prompt", index, len(prompts), "prompts in the set")]), None
 
 
 @callback(Output("live-job", "data"), Output("live-poll", "disabled"),
@@ -206,7 +211,7 @@ def scores(rec: Recording, metric: str) -> pd.DataFrame:
           Output("live-query", "options"), Output("live-query", "value"),
           Output("live-result", "style"), Output("live-error", "children", allow_duplicate=True),
           Input("live-run", "data"), Input("live-scores", "clickData"),
-          State("live-query", "value"), prevent_initial_call=True)
+          State("live-query", "value"), prevent_initial_call="initial_duplicate")
 @safe
 def open_run(run_id: RunId, click: ClickedHead, query: Index):
     if run_id is None:
