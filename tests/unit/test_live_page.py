@@ -57,3 +57,21 @@ def test_a_prompt_may_span_lines_but_holds_no_other_control_character():
     for bad in ["a\x00b", "x" * 21, 5, ["a"]]:
         with pytest.raises(Refused, match="prompt: expected text of at most 20 characters"):
             spec.check("prompt", bad)
+
+
+@pytest.mark.parametrize(("argv", "on"), [
+    (["--host", "0.0.0.0"], False), (["--host", "0.0.0.0", "--allow-live"], True),
+    ([], True)])
+def test_the_command_serves_the_live_page_as_its_host_and_flag_say(capsys, tmp_path,
+                                                                   monkeypatch, argv, on):
+    import dashboards.app as app_module
+    from tests.tiny import cli
+
+    served = []
+    monkeypatch.setattr(app_module, "serve", lambda app, *args, **kwargs: served.append(app))
+    status, out, _ = cli(capsys, "dashboard", "--out", str(tmp_path), *argv)
+    assert status == 0 and str(tmp_path) in out[0]
+    (app,) = served
+    assert app.server.config["WORKBENCH_RUNS_DIR"] == str(tmp_path)
+    assert (app.server.config["WORKBENCH_LIVE_OFF"] is None) is on
+    assert ("workbench_live" in app.server.extensions) is on
