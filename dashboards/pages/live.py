@@ -143,10 +143,10 @@ def choose_prompt(index: Index, name: Name):
           Input("live-submit", "n_clicks"), State("live-model", "value"),
           State("live-text", "value"), prevent_initial_call=True)
 @safe
-def submit(clicks: Clicks, model: Name, text: PromptText):
+def submit(clicks: Clicks, model: Name, prompt: PromptText):
     if not clicks:
         return no_update, no_update, no_update, no_update
-    status = data.live_queue().submit(model or "", text or "", device="cpu")
+    status = data.live_queue().submit(model or "", prompt or "", device="cpu")
     return status.id, False, _said(status), None
 
 
