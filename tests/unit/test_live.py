@@ -268,3 +268,11 @@ def test_scores_of_a_live_recording_are_the_hand_computed_ones(tmp_path, models)
     assert live.opening_head(scores) == (best.layer, best["head"])
     with pytest.raises(UnknownNameError, match="no scores of metric 'sink'"):
         live.opening_head(scores, "sink")
+
+
+def test_an_encoder_stops_at_its_next_layer_once_cancelled(bert):
+    cancel = threading.Event()
+    cancel.set()
+    assert len(bert.bridge.blocks) == bert.info.n_layers
+    with live.cancellable(bert, cancel), pytest.raises(live.Cancelled):
+        bert.bridge(torch.tensor([[2, 5, 6, 3]]), return_type=None)

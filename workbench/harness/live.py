@@ -299,7 +299,10 @@ class LiveQueue:
                                    f"known models: {', '.join(known)}")
         loaded = self.cache.peek(model, device)
         if loaded is not None:
-            check_tokens(loaded, prompt, self.max_tokens)
+            # a tokenizer its worker is using may refuse a second caller ("Already
+            # borrowed"); the worker counts the tokens again before the run starts
+            with contextlib.suppress(RuntimeError):
+                check_tokens(loaded, prompt, self.max_tokens)
         job = _Job(secrets.token_hex(8), model, device, prompt, time.perf_counter())
         with self._lock:
             waiting = sum(len(line) for line in self._lines.values())
