@@ -32,15 +32,26 @@ ADDRESS = Text(max_chars=10 * MAX_CHARS)
 """The router's address and query: text, as a browser's location always is."""
 
 
-def create_app(runs_dir: str | Path) -> Dash:
+def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0.1") -> Dash:
     """The dashboard over the run store in ``runs_dir``.
 
+    Args:
+        runs_dir: the run store.
+        live: serve the Live page's recordings (:func:`live_allowed` says when the command
+            does); off, the page says why.
+        host: where the app is served, for the Live page's word on why it is off.
+
     Example:
-        >>> serve(create_app("data/runs"), "127.0.0.1", 8050)   # doctest: +SKIP
+        >>> serve(create_app("data/runs", live=True), "127.0.0.1", 8050)   # doctest: +SKIP
     """
     app = Dash(__name__, use_pages=True, pages_folder=str(PAGES), title="workbench",
                suppress_callback_exceptions=True)
     app.server.config["WORKBENCH_RUNS_DIR"] = str(runs_dir)
+    app.server.config["WORKBENCH_LIVE_OFF"] = None if live else live_off(host)
+    if live:
+        from workbench.harness.live import LiveQueue
+
+        app.server.extensions["workbench_live"] = LiveQueue(runs_dir)
     app.layout = html.Div(className="wb", children=[
         html.Header(className="wb-nav", children=[
             html.Span("workbench", className="wb-brand"),
@@ -105,12 +116,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_host(host: str, debug: bool) -> str | None:
+def live_allowed(host: str, allow_live: bool) -> bool:
+    """Whether the Live page records prompts: on a loopback host, or with ``--allow-live``
+    (it runs a model for whoever reaches the server)."""
+    return allow_live or is_loopback(host)
+
+
+def live_off(host: str) -> str:
+    """Why the Live page is off on ``host``, as the page says it."""
+    if is_loopback(host):
+        return "the Live page is off in this app (create_app(..., live=True) serves it)"
+    return (f"the Live page is off: this dashboard is served on {host}, which is not a "
+            "loopback address, and the page lets anyone who reaches the server run a model "
+            "on this machine; start it with `workbench dashboard --allow-live` to serve it "
+            "anyway")
+
+
+def check_host(host: str, debug: bool, allow_live: bool = False) -> str | None:
     """Whether the dashboard may be served on ``host``, before anything is built.
 
     Returns:
         ``None`` for a loopback host, else the warning to show: the runs become readable
-        to the network.
+        to the network, and with ``allow_live`` anyone who reaches it runs models here
+        (without it the Live page is off).
 
     Raises:
         WorkbenchError: ``debug`` with a host that is not loopback (the debugger runs code
@@ -120,11 +148,15 @@ def check_host(host: str, debug: bool) -> str | None:
         return None
     if debug:
         raise WorkbenchError(f"{DEBUG_REFUSED} (--host {host}); use --host 127.0.0.1")
+    live = ("--allow-live: anyone who reaches it can also run models on this machine "
+            "(the Live page)" if allow_live else
+            "the Live page is off (--allow-live serves it)")
     return (f"--host {host} is not a loopback address: every run in the store becomes "
-            "readable to anyone on the network who can reach this port")
+            f"readable to anyone on the network who can reach this port; {live}")
 
 
-def serve(app: Dash, host: str, port: int, debug: bool = False) -> None:
+def serve(app: Dash, host: str, port: int, debug: bool = False,
+          allow_live: bool = False) -> None:
     """Serve ``app`` until interrupted.
 
     The Werkzeug debugger and Dash's dev tools are on only with ``debug`` on a loopback
@@ -135,7 +167,7 @@ def serve(app: Dash, host: str, port: int, debug: bool = False) -> None:
         WorkbenchError: ``debug`` on a host that is not loopback, or a port outside
             1..65535.
     """
-    warning = check_host(host, debug)
+    warning = check_host(host, debug, allow_live)
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise WorkbenchError(f"--port {port} is not a port; expected 1..65535")
     if warning:

@@ -21,8 +21,22 @@ import flask
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Status
+from workbench.harness.live import LiveQueue
 from workbench.recording.record import Recording
 from workbench.store.runs import INCOMPLETE, Run, RunStore
+
+
+def live_queue() -> LiveQueue:
+    """The app's queue of live recordings (``create_app(..., live=True)``).
+
+    Raises:
+        WorkbenchError: the Live page is off (the message says why).
+    """
+    off = flask.current_app.config.get("WORKBENCH_LIVE_OFF")
+    queue = flask.current_app.extensions.get("workbench_live")
+    if off or queue is None:
+        raise WorkbenchError(off or "the Live page is off in this app")
+    return queue
 
 
 def store() -> RunStore:

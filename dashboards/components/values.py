@@ -182,6 +182,25 @@ class Text(Spec):
 
 
 @dataclass(frozen=True)
+class Passage(Spec):
+    """Text of at most ``max_chars`` characters over any number of lines (typed or pasted
+    into a text area): line breaks and tabs, but no other control characters."""
+
+    max_chars: int = MAX_CHARS
+
+    @property
+    def expects(self) -> str:
+        return f"text of at most {self.max_chars} characters"
+
+    def parse(self, value: Any) -> str:
+        if not isinstance(value, str) or len(value) > self.max_chars or any(
+                c not in "\n\r\t" and unicodedata.category(c) in NOT_IN_A_LINE
+                for c in value):
+            raise _Misfit
+        return value
+
+
+@dataclass(frozen=True)
 class OneOf(Spec):
     """One of the strings ``choices``."""
 

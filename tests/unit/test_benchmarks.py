@@ -21,6 +21,7 @@ SMOKE = {
     "patching.py": ["--smoke", "{model}"],
     "sweep.py": ["--smoke", "{model}"],
     "models.py": ["--smoke"],
+    "live.py": ["--smoke", "--model", "{model}"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 

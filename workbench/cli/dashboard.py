@@ -11,10 +11,11 @@ from workbench.core import paths
 
 
 def cmd_dashboard(args: argparse.Namespace) -> None:
-    from dashboards.app import check_host, create_app, serve
+    from dashboards.app import check_host, create_app, live_allowed, serve
 
     check_host(args.host, args.debug)  # refuses --debug off loopback before anything is built
     runs = paths.runs_dir(args.runs)
-    app = create_app(runs)
+    app = create_app(runs, live=live_allowed(args.host, args.allow_live), host=args.host)
     _out(f"serving runs from {runs} at http://{args.host}:{args.port}/  (Ctrl-C stops)")
-    serve(app, args.host, args.port, args.debug)  # warns when the host is not loopback
+    # warns when the host is not loopback, and what --allow-live means there
+    serve(app, args.host, args.port, args.debug, allow_live=args.allow_live)

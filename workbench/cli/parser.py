@@ -280,13 +280,17 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.add_argument("--yes", action="store_true", help="remove them")
     _out_option(p)
     p = _add(sub, "dashboard", cmd_dashboard, "serve the dashboard")
-    p.add_argument("--runs", metavar="DIR", help="run store to show (default as --out)")
+    p.add_argument("--runs", "--out", dest="runs", metavar="DIR", help="run store to show "
+                   "(--out and --runs are the same; default: $WORKBENCH_RUNS_DIR or data/runs)")
     p.set_defaults(store="read")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; "
                    "another host makes the runs readable to the network)")
     p.add_argument("--port", type=PORT, default=8050, help="TCP port, 1..65535 (default 8050)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode: hot reload and the "
                    "interactive debugger (loopback --host only)")
+    p.add_argument("--allow-live", action="store_true", help="serve the Live page on a host "
+                   "that is not loopback too (it lets anyone who reaches the port run models "
+                   "on this machine)")
 
 
 def build_parser() -> argparse.ArgumentParser:
