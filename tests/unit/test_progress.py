@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import re
+import sys
+import warnings
+
 import pytest
 
 from workbench.core import progress
@@ -103,3 +109,89 @@ def test_the_cli_draws_nested_tqdm_bars_on_stderr(capsys):
     assert out == ""
     assert "exp [step 1/2: scoring]" in err and "exp [step 2/2: ablation]" in err
     assert "batches" in err
+
+
+class FakeStream(io.StringIO):
+    """stderr redirected to a file: not a terminal."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_stderr_that_is_not_a_terminal_gets_plain_lines_no_redraws():
+    from workbench.cli.render import _PlainBars, progress_renderer
+
+    stream, clock = FakeStream(), Clock()
+    assert isinstance(progress_renderer(stream), _PlainBars)
+    progress.render_with(_PlainBars(stream, clock))
+    try:
+        with progress.stages("exp", 3) as stage:
+            stage("first")
+            for _ in progress.track(range(300), desc="batches"):
+                clock.now += 1  # 300 items of a second: a line at 60, 120, ..., 300 s
+            stage("second")
+            stage("third")
+            clock.now += 30
+    finally:
+        progress.render_with(None)
+    text = stream.getvalue()
+    assert "\r" not in text and "\x1b" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert len(lines) == 3 + 5 + 1  # each step, each minute of the inner bar, the end
+    assert lines[0] == "exp [step 1/3: first] (under 1 s elapsed)"
+    assert lines[1] == "  batches 60/300 20% (1 min 00 s elapsed, about 4 min 00 s left)"
+    assert lines[5].startswith("  batches 300/300 100% (5 min 00 s elapsed")
+    # two of three steps done in 300 s: the third should take half as long again
+    assert lines[7] == "exp [step 3/3: third] (5 min 00 s elapsed, about 2 min 30 s left)"
+    assert lines[8] == "exp: 3 of 3 steps in 5 min 30 s"
+
+
+def test_a_quick_loop_writes_nothing_to_a_file():
+    from workbench.cli.render import _PlainBars
+
+    stream = FakeStream()
+    progress.render_with(_PlainBars(stream, Clock()))
+    try:
+        for _ in progress.track(range(1000), desc="quick"):
+            pass
+    finally:
+        progress.render_with(None)
+    assert stream.getvalue() == ""
+
+
+def test_log_lines_and_warnings_never_glue_onto_a_bar(capsys):
+    from workbench.cli.render import _TqdmBars, log_lines
+
+    root = logging.getLogger()
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(console)
+    bars = _TqdmBars()
+    progress.render_with(bars)
+    try:
+        with log_lines(bars), progress.stages("exp", 2) as stage:
+            stage("first")
+            assert console not in root.handlers
+            logging.getLogger("workbench.x").warning("loaded smollm2")
+            with warnings.catch_warnings():  # pytest's own recording of warnings aside
+                warnings.simplefilter("always")
+                warnings.warn("a deprecated thing", UserWarning, stacklevel=1)
+            stage("second")
+    finally:
+        progress.render_with(None)
+        root.removeHandler(console)
+    err = capsys.readouterr().err
+    pieces = re.split(r"[\r\n]", err)
+    assert "WARNING workbench.x: loaded smollm2" in pieces  # a line of its own
+    assert any(p.startswith("WARNING py.warnings:") and p.rstrip().endswith(
+        "a deprecated thing") for p in pieces)

@@ -47,6 +47,31 @@ class Bar:
     stage: str = ""
     """The name of the current step, for a bar opened by :func:`stages`."""
 
+    @property
+    def fraction(self) -> float | None:
+        """How much of the bar is done, 0 to 1 (``None`` when its total is unknown)."""
+        if not self.total:
+            return None
+        return min(self.n / self.total, 1.0)
+
+
+def time_left(bar: Bar, elapsed: float) -> float | None:
+    """Seconds the rest of ``bar`` should take if it goes on at the pace it has had over
+    the ``elapsed`` seconds since it opened (``None`` before anything is done, or when its
+    total is unknown).
+
+    Args:
+        bar: an open bar.
+        elapsed: seconds since it opened.
+
+    Returns:
+        ``elapsed * (1 - f) / f`` for the fraction ``f`` done, or ``None``.
+    """
+    done = bar.fraction
+    if not done or elapsed <= 0:
+        return None
+    return elapsed * (1.0 - done) / done
+
 
 class Renderer(Protocol):
     """What draws the bars (the CLI's tqdm renderer)."""
