@@ -195,3 +195,49 @@ def test_log_lines_and_warnings_never_glue_onto_a_bar(capsys):
     assert "WARNING workbench.x: loaded smollm2" in pieces  # a line of its own
     assert any(p.startswith("WARNING py.warnings:") and p.rstrip().endswith(
         "a deprecated thing") for p in pieces)
+
+
+def test_the_time_left_of_the_steps_counts_each_step_by_its_weight():
+    from workbench.cli.render import _PlainBars, _TqdmBars
+
+    stream, clock = FakeStream(), Clock()
+    seen: list[tuple[float | None, float | None]] = []
+
+    class Watch(_PlainBars):
+        def update(self, bar):
+            if bar.steps:  # (fraction done, seconds left) as the renderer works them out
+                seen.append((bar.fraction, progress.time_left(bar, clock.now - 1000.0)))
+                assert _TqdmBars._position(bar) == (1.0, bar.fraction)
+            super().update(bar)
+
+    progress.render_with(Watch(stream, clock))
+    try:
+        with progress.stages("exp", 3, weights=(1, 2, 1)) as stage:
+            stage("short")
+            clock.now += 100
+            stage("long")  # a quarter done in 100 s: 300 s left (equal steps would say 200)
+            for _ in progress.track(range(2), desc="halves"):
+                clock.now += 100  # half of the long step: half the run in 200 s
+            stage("last")
+            clock.now += 100
+    finally:
+        progress.render_with(None)
+    assert seen[0] == (0.0, None)
+    assert (0.25, 300.0) in seen and (0.5, 200.0) in seen and (0.75, 100.0) in seen
+    assert seen[-1] == (1.0, 0.0)
+    lines = stream.getvalue().splitlines()
+    assert lines[1] == "exp [step 2/3: long] (1 min 40 s elapsed, about 5 min 00 s left)"
+    assert lines[-2] == "exp [step 3/3: last] (5 min 00 s elapsed, about 1 min 40 s left)"
+
+
+def test_without_weights_the_steps_count_equally_and_bad_weights_are_refused(recorder):
+    bar = progress.Bar("exp", 4, depth=0, steps=True, n=1.5)
+    assert bar.fraction == 1.5 / 4
+    assert progress.time_left(bar, 30.0) == pytest.approx(30.0 * 2.5 / 1.5)
+    assert progress.time_left(progress.Bar("x", None, depth=0, n=3), 30.0) is None
+    with pytest.raises(ValueError, match="expected 2 positive step weights"), \
+            progress.stages("exp", 2, weights=(1, 0)):
+        pass
+    with pytest.raises(ValueError, match="expected 2 positive step weights"), \
+            progress.stages("exp", 2, weights=(1,)):
+        pass

@@ -125,6 +125,15 @@ class _TqdmBars:
             return f"{bar.desc} [step {step}/{bar.total}: {bar.stage}]"
         return bar.desc if bar.total is None else f"{bar.desc} {bar.finished}/{bar.total}"
 
+    @staticmethod
+    def _position(bar: progress.Bar) -> tuple[float | None, float]:
+        """tqdm's total and n for ``bar``: a stages bar runs from 0 to 1 by its weighted
+        fraction, so that tqdm's whole-run rate (``smoothing=0``) gives the weighted time
+        left, :func:`workbench.core.progress.time_left`."""
+        if bar.steps and bar.total:
+            return 1.0, bar.fraction or 0.0
+        return bar.total, bar.n
+
     def open(self, bar: progress.Bar) -> None:
         from tqdm import tqdm
 
@@ -132,8 +141,9 @@ class _TqdmBars:
         fmt = None if bar.total is None else (
             "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
         self._bars[id(bar)] = tqdm(
-            total=bar.total, desc=self._label(bar), position=bar.depth, bar_format=fmt,
-            leave=bar.steps and bar.depth == 0, dynamic_ncols=True, file=sys.stderr,
+            total=self._position(bar)[0], desc=self._label(bar), position=bar.depth,
+            bar_format=fmt, leave=bar.steps and bar.depth == 0, dynamic_ncols=True,
+            file=sys.stderr,
             # a whole-run average: steps differ too much in length for a recent rate
             smoothing=0 if bar.steps else 0.3)
 
@@ -141,13 +151,14 @@ class _TqdmBars:
         shown = self._bars.get(id(bar))
         if shown is None:
             return
-        if shown.total != bar.total:
-            shown.total = bar.total
+        total, n = self._position(bar)
+        if shown.total != total:
+            shown.total = total
         label = self._label(bar)
         # a new step is drawn at once; counts may wait for tqdm's next refresh
         new_step = bar.steps and label != shown.desc
         shown.set_description_str(label, refresh=False)
-        shown.update(bar.n - shown.n)
+        shown.update(n - shown.n)
         if new_step:
             shown.refresh()
 
