@@ -12,13 +12,16 @@ from typing import Any
 from workbench.cli.record import _heads_mask
 from workbench.cli.render import _WIDTH, _cell, _duration, _fill, _out, _wrapped_table
 from workbench.core import paths
+from workbench.core.devices import chosen_device
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     from workbench.harness.experiment import run_experiment
 
+    device = chosen_device(args.device)
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
-                         dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
+                         dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args),
+                         device=device)
     for line in run.meta.summary:  # a reused run's, as stored
         _out(_cell(line))
     _out(_cell(run.path))
@@ -40,7 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] \
         if args.models is not None else None
-    for line in run_demo(models, args.out, fresh=args.fresh):
+    device = chosen_device(args.device)
+    for line in run_demo(models, args.out, fresh=args.fresh, device=device):
         _out(line)
     _out(str(paths.runs_dir(args.out)))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.cli.render import _cell, _out
 from workbench.core import paths
+from workbench.core.devices import chosen_device
 from workbench.core.errors import WorkbenchError
 
 
@@ -70,9 +71,10 @@ def cmd_record(args: argparse.Namespace) -> None:
     from workbench.store.records import Interventions
     from workbench.store.runs import RunStore
 
+    device = chosen_device(args.device)
     mask = _heads_mask(args)
     make_prompts, source = _prompt_source(args)
-    model = load_model(args.model, dtype=args.dtype, runs_dir=args.out)
+    model = load_model(args.model, dtype=args.dtype, device=device, runs_dir=args.out)
     if mask is not None:
         mask.check(model)
     _check_topk(args.topk, model)

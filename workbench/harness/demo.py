@@ -64,7 +64,7 @@ def demo_models(models: Sequence[str] | None) -> tuple[tuple[str, ...], bool]:
 
 
 def run_demo(models: Sequence[str] | None = None, runs_dir: str | Path | None = None, *,
-             fresh: bool = False) -> Iterator[str]:
+             fresh: bool = False, device: str = "cpu") -> Iterator[str]:
     """Run the demo; yield one line of news per step (the CLI prints them).
 
     Args:
@@ -73,6 +73,7 @@ def run_demo(models: Sequence[str] | None = None, runs_dir: str | Path | None = 
             the full demo (every bundled model, training, every claim).
         runs_dir: the run store.
         fresh: run again instead of reusing matching complete runs.
+        device: torch device the bundled models load on (the training stays on the CPU).
 
     Returns:
         An iterator of one line per step.
@@ -81,7 +82,7 @@ def run_demo(models: Sequence[str] | None = None, runs_dir: str | Path | None = 
     store = RunStore(paths.runs_dir(runs_dir))
     experiments = all_experiments()
     for name in models:
-        model = load_model(name)
+        model = load_model(name, device=device)
         yield f"record on {name}: {demo_recording(model, store, fresh)}"
         for exp in experiments:
             if not exp.needs_model or name not in exp.demo_models:
@@ -94,17 +95,18 @@ def run_demo(models: Sequence[str] | None = None, runs_dir: str | Path | None = 
                 continue
             yield f"{exp.name} on {name}: {run.status} {run.id}"
     if full:
-        yield from _model_free_and_claims(experiments, store, runs_dir, fresh)
+        yield from _model_free_and_claims(experiments, store, runs_dir, fresh, device)
         return
     for name in models:  # only the claims about the chosen models, checked on them
         chosen = [c for c in claims.load_claims() if name in c.models]
         if chosen:
-            run = claims.reproduce_run(store, chosen, model=name)
+            run = claims.reproduce_run(store, chosen, model=name, device=device)
             yield f"claims on {name}: {run.meta.summary[0]} ({run.id})"
 
 
 def _model_free_and_claims(experiments: Sequence[Experiment], store: RunStore,
-                           runs_dir: str | Path | None, fresh: bool) -> Iterator[str]:
+                           runs_dir: str | Path | None, fresh: bool,
+                           device: str) -> Iterator[str]:
     """The experiments that train their own models, then every claim."""
     for exp in experiments:
         if not exp.needs_model:
@@ -113,7 +115,7 @@ def _model_free_and_claims(experiments: Sequence[Experiment], store: RunStore,
     yield from demo_sweep(store, runs_dir)
     all_claims = claims.load_claims()
     if all_claims:
-        run = claims.reproduce_run(store, all_claims)
+        run = claims.reproduce_run(store, all_claims, device=device)
         yield f"claims: {run.meta.summary[0]} ({run.id})"
 
 
