@@ -1,9 +1,11 @@
 """Progress reporting: the library says how far it is, and the CLI draws it.
 
-Library code wraps its loops in :func:`track` and groups a long run into named steps with
-:func:`stages`; neither prints anything. A renderer installed with :func:`render_with` (the
-CLI installs tqdm bars on stderr) is told when a bar opens, moves and closes; with none
-installed, :func:`track` is a plain loop and :func:`stages` does nothing.
+Library code wraps its loops in :func:`track`, moves a bar by hand with :func:`counting`
+where the work is reported from callbacks (a model's hooks), and groups a long run into
+named steps with :func:`stages`; none of them prints anything. A renderer installed with
+:func:`render_with` (the CLI installs tqdm bars on a terminal, plain lines otherwise) is
+told when a bar opens, moves and closes; with none installed, :func:`track` is a plain
+loop and :func:`counting` and :func:`stages` do nothing.
 
 Bars nest: a bar opened while another is open sits one level under it (``depth``), and a
 bar's position counts its finished items plus the fraction done of the bar under it, so an
@@ -170,6 +172,35 @@ def track(items: Iterable[T], *, total: int | None = None, desc: str = "") -> It
         for done, item in enumerate(items, 1):
             yield item
             _finish(bar, done)
+    finally:
+        _pop(bar)
+
+
+@contextmanager
+def counting(total: int, *, desc: str = "") -> Iterator[Callable[[int], None]]:
+    """A bar moved by hand, for work reported from callbacks (a model's hooks, layer by
+    layer) rather than done in a loop.
+
+    Args:
+        total: units of work expected.
+        desc: what is counted, e.g. ``"recording (layers x query rows)"``.
+
+    Returns:
+        A context manager yielding ``advance(units)``: that many more units are done.
+    """
+    if _renderer is None:
+        yield lambda units: None
+        return
+    bar = _push(desc, total)
+    done = 0
+
+    def advance(units: int) -> None:
+        nonlocal done
+        done += units
+        _finish(bar, done)
+
+    try:
+        yield advance
     finally:
         _pop(bar)
 
