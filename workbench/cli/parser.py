@@ -198,9 +198,11 @@ def _add_record_command(sub: Subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a prompt (blank lines separate several)")
     src.add_argument("--file", metavar="PATH", help="a UTF-8 text file; blank lines separate "
-                     "prompts")
+                     "prompts (with --whole, the file is one prompt)")
     src.add_argument("--prompt-set", metavar="NAME", help="a named prompt set "
                      "(`workbench prompts` lists them)")
+    p.add_argument("--whole", action="store_true", help="with --file: the whole file is one "
+                   "prompt, exactly as it is (blank lines and line breaks kept)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="parameter of a generated prompt set, e.g. seq_len=64")
     p.add_argument("--limit", type=COUNT, metavar="N",
