@@ -85,6 +85,7 @@ def _stored(store, exp, name: str, seconds: int) -> str:
 
 
 def test_the_plan_names_every_step_and_says_when_it_has_no_estimate(runs_dir):
+    from workbench.harness.experiment import get
     from workbench.store.runs import RunStore
 
     plan = demo.demo_plan(["minilm"], RunStore(runs_dir))
@@ -93,11 +94,19 @@ def test_the_plan_names_every_step_and_says_when_it_has_no_estimate(runs_dir):
     assert [s.label for s in plan] == ["record on minilm",
                                        *(f"{e} on minilm" for e in experiments),
                                        "claims on minilm"]
+    from workbench.harness.sweep_spec import bundled_refusal
+
+    skipped = {s.name for s in plan if s.skip}
+    assert "induction-heads" in skipped  # refused on an encoder: named, not run
+    assert skipped == {e for e in experiments if bundled_refusal(get(e), "minilm")}
     lines = demo.plan_lines(plan)
     n = len(plan)
     assert lines[0] == f"plan: {n} steps"
-    assert lines[1:-1] == [f"[{k}/{n}] {s.label}: no estimate" for k, s in enumerate(plan, 1)]
-    assert lines[-1].startswith(f"estimated: 0 s for 0 steps, and {n} steps with no estimate")
+    assert lines[1:-1] == [f"[{k}/{n}] {s.label}: " + (f"skipped ({s.skip})" if s.skip
+                                                       else "no estimate")
+                           for k, s in enumerate(plan, 1)]
+    assert lines[-1].startswith(f"estimated: 0 s for {len(skipped)} steps, and "
+                                f"{n - len(skipped)} steps with no estimate")
 
 
 def test_a_stored_run_gives_the_estimate_or_is_reused(runs_dir, monkeypatch):
@@ -117,7 +126,7 @@ def test_a_stored_run_gives_the_estimate_or_is_reused(runs_dir, monkeypatch):
     monkeypatch.setattr(demo, "_cores", lambda: 2)
     k = fresh.index(step) + 1
     first, warning = demo.start_line(fresh, k, 75.0)
-    rest = len(fresh) - k  # the steps after it, none with an estimate
+    rest = sum(s.seconds is None for s in fresh[k:])  # the steps after it with no estimate
     assert first == (f"[{k}/{len(fresh)}] head-overview on minilm (1 min 15 s so far, about "
                      f"1 min 30 s left plus {rest} steps with no estimate; load 5.0 on 2 "
                      "cores)")

@@ -86,8 +86,34 @@ def _wall_time_lines(exp: Any, root: Path) -> list[str]:
     return lines
 
 
-_NEEDS = {"any": "any model", "causal": "a causal (left-to-right) model",
+_NEEDS = {"any": "any model its family supports", "causal": "a causal (left-to-right) model",
           "causal_lm": "a causal language model with a trained LM head"}
+
+
+def _model_lines(exp: Any) -> list[str]:
+    """What ``exp`` takes, from the checks its runs make: what it requires, then each
+    model family it works on and each it refuses, with the reason (the family x
+    experiment matrix, :mod:`workbench.harness.matrix`)."""
+    from workbench.harness import matrix
+    from workbench.models.adapters import FAMILIES
+
+    cells = [matrix.cell(adapter, exp) for _, adapter in FAMILIES.items()]
+    works = [c.family for c in cells if c.works]
+    lines = [f"model: {_NEEDS[exp.requires]}",
+             "works on the families: " + (", ".join(works) or "none")]
+    lines += [f"refuses {c.family}: {c.reason}" for c in cells if not c.works]
+    return lines
+
+
+def _demo_models_text(exp: Any) -> str:
+    """The bundled models ``exp``'s demo runs on, by the checks the demo's plan makes (a
+    model the experiment refuses is named apart, with the reason)."""
+    from workbench.harness.sweep_spec import bundled_refusal
+
+    refused = {name: bundled_refusal(exp, name) for name in exp.demo_models}
+    taken = [name for name, why in refused.items() if not why]
+    text = ", ".join(taken) or "no bundled model"
+    return text + "".join(f"; not {name}: {why}" for name, why in refused.items() if why)
 
 
 def experiment_help(name: str, root: Path) -> str:
@@ -101,15 +127,17 @@ def experiment_help(name: str, root: Path) -> str:
 
     exp = get(name)
     demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items()) or "(the default)"
-    model = _NEEDS[exp.requires] if exp.needs_model else "no model (it trains its own)"
     indent = "  "
+    models = [_fill(line, hanging=indent) for line in _model_lines(exp)] if exp.needs_model \
+        else ["model: no model (it trains its own)"]
+    on = f", on {_demo_models_text(exp)}" if exp.needs_model else ""
     parts = [
         f"{exp.name} ({exp.module})",
         _fill(exp.description, indent=indent),
-        f"\nmodel: {model}",
+        "", *models,
         "\nconfig fields (--set FIELD=VALUE; a tuple is comma-separated, e.g. 1,2,8):",
         textwrap.indent(_fields_text(exp), indent),
-        f"\ndemo config (workbench demo, on {', '.join(exp.demo_models)}):",
+        "\n" + _fill(f"demo config (workbench demo{on}):", hanging=indent),
         _fill(demo, indent=indent),
         "\n" + _fill("tables: " + ", ".join(exp.tables or {}), hanging=indent),
         "\nwall time:",

@@ -30,6 +30,7 @@ from workbench.harness.experiment import (
     verify_stored_files,
 )
 from workbench.harness.experiment import get as get_experiment
+from workbench.harness.sweep_spec import bundled_refusal
 from workbench.harness.timing import wall_times
 from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
@@ -89,6 +90,9 @@ class DemoStep:
     """Its expected wall time, from the stored runs (``None``: no estimate)."""
     basis: str = "no estimate"
     """Where :attr:`seconds` comes from, said in the plan."""
+    skip: str = ""
+    """Why the experiment refuses the model, known before it loads (the step is then
+    only named, not run)."""
 
     @property
     def label(self) -> str:
@@ -109,8 +113,8 @@ def demo_plan(models: Sequence[str] | None, store: RunStore, *,
     steps = []
     for name in names:
         steps.append(DemoStep("record", "record", name))
-        steps += [DemoStep("experiment", exp.name, name) for exp in experiments
-                  if exp.needs_model and name in exp.demo_models]
+        steps += [DemoStep("experiment", exp.name, name, skip=bundled_refusal(exp, name))
+                  for exp in experiments if exp.needs_model and name in exp.demo_models]
     if full:
         steps += [DemoStep("training", exp.name, None) for exp in experiments
                   if not exp.needs_model]
@@ -126,6 +130,8 @@ def _estimated(step: DemoStep, store: RunStore, fresh: bool) -> DemoStep:
     """``step`` with its estimate: the newest complete run of its demo config on its model
     (an experiment, or the recording), or ``step`` as it is (the sweep and the claims,
     whose time depends on what they find done)."""
+    if step.skip:
+        return dataclasses.replace(step, seconds=0.0, basis=f"skipped ({step.skip})")
     if not store.root.is_dir() or step.kind in ("sweep", "claims"):
         return step
     if step.kind == "record":
@@ -243,6 +249,8 @@ def _run_step(step: DemoStep, model: Model | None, store: RunStore,
     if step.kind == "record":
         assert model is not None
         yield f"record on {step.model}: {demo_recording(model, store, fresh)}"
+    elif step.kind == "experiment" and step.skip:
+        yield f"{step.label}: skipped ({step.skip})"
     elif step.kind == "experiment":
         exp = get_experiment(step.name)
         try:
