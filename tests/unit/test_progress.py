@@ -241,3 +241,19 @@ def test_without_weights_the_steps_count_equally_and_bad_weights_are_refused(rec
     with pytest.raises(ValueError, match="expected 2 positive step weights"), \
             progress.stages("exp", 2, weights=(1,)):
         pass
+
+
+def test_a_sweeps_cells_are_plain_lines_on_a_file(monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench.cli import sweep
+
+    stream = FakeStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    with sweep._sweep_bar(3, quiet=False) as show:
+        for done, running in [(0, 2), (0, 2), (1, 2), (1, 1), (2, 1), (3, 0)]:
+            show(SimpleNamespace(done=done, failed=0, running=running))
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+    assert [line.split(" (")[0] for line in lines] == [
+        "cells: 0/3 ended", "cells: 1/3 ended", "cells: 2/3 ended", "cells: 3/3 ended"]
