@@ -141,7 +141,8 @@ def _estimated(step: DemoStep, store: RunStore, fresh: bool) -> DemoStep:
         if not found:
             return step
         newest = max(found, key=lambda r: r.meta.ended_at or "")
-        return _timed(step, newest.seconds or 0.0, newest.id, reused=not fresh)
+        return _timed(step, newest.seconds or 0.0, newest.id, reused=not fresh and (
+            newest.meta.workbench_version == provenance.workbench_version()))
     exp = get_experiment(step.name)
     # wall_times names the demo config "default" when it is the default
     named = "demo" if _demo_differs(exp) else "default"
