@@ -105,8 +105,8 @@ def test_the_plan_names_every_step_and_says_when_it_has_no_estimate(runs_dir):
     assert lines[1:-1] == [f"[{k}/{n}] {s.label}: " + (f"skipped ({s.skip})" if s.skip
                                                        else "no estimate")
                            for k, s in enumerate(plan, 1)]
-    assert lines[-1].startswith(f"estimated: 0 s for {len(skipped)} steps, and "
-                                f"{n - len(skipped)} steps with no estimate")
+    assert lines[-1].startswith(f"estimated: no estimate ({n - len(skipped)} of {n} steps "
+                                "have no stored run to go by)")
 
 
 def test_a_stored_run_gives_the_estimate_or_is_reused(runs_dir, monkeypatch):
@@ -127,8 +127,8 @@ def test_a_stored_run_gives_the_estimate_or_is_reused(runs_dir, monkeypatch):
     k = fresh.index(step) + 1
     first, warning = demo.start_line(fresh, k, 75.0)
     rest = sum(s.seconds is None for s in fresh[k:])  # the steps after it with no estimate
-    assert first == (f"[{k}/{len(fresh)}] head-overview on minilm (1 min 15 s so far, about "
-                     f"1 min 30 s left plus {rest} steps with no estimate; load 5.0 on 2 "
+    assert first == (f"[{k}/{len(fresh)}] head-overview on minilm (1 min 15 s so far; left: "
+                     f"about 1 min 30 s, not counting {rest} with no estimate; load 5.0 on 2 "
                      "cores)")
     assert warning.startswith("warning: the load average (5.0) is above the 2 cores")
     monkeypatch.setattr(demo.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
@@ -139,7 +139,7 @@ def test_each_step_is_announced_before_it_runs(calls, runs_dir, monkeypatch):
     monkeypatch.setattr(demo.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # no warning
     lines = list(demo.run_demo(["minilm"], runs_dir))
     n = int(lines[0].split()[1])
-    starts = [i for i, line in enumerate(lines) if line.startswith("[") and " so far, " in line]
+    starts = [i for i, line in enumerate(lines) if line.startswith("[") and " so far; " in line]
     assert len(starts) == n
     for k, i in enumerate(starts, 1):
         label = lines[k].split("] ", 1)[1].rsplit(": ", 1)[0]  # from the plan

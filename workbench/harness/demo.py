@@ -173,17 +173,24 @@ def _about(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
+def _time_left(steps: Sequence[DemoStep]) -> str:
+    """The sum of the estimates of ``steps``, and how many have none."""
+    timed = [s.seconds for s in steps if s.seconds is not None and not s.skip]
+    unknown = sum(s.seconds is None for s in steps)
+    if not timed and unknown:
+        return f"no estimate ({unknown} of {len(steps)} steps have no stored run to go by)"
+    none = f", not counting {unknown} with no estimate" if unknown else ""
+    return f"about {_about(sum(timed))}{none}"
+
+
 def plan_lines(plan: Sequence[DemoStep]) -> list[str]:
     """The plan as printed before the demo starts: ``[k/N] experiment on model: estimate``
     for every step, then the total of the estimates."""
     n = len(plan)
     lines = [f"plan: {n} steps"]
     lines += [f"[{k}/{n}] {step.label}: {step.basis}" for k, step in enumerate(plan, 1)]
-    known = [s.seconds for s in plan if s.seconds is not None]
-    unknown = n - len(known)
-    lines.append(f"estimated: {_about(sum(known))} for {len(known)} steps"
-                 + (f", and {unknown} steps with no estimate" if unknown else "")
-                 + " (stored wall times, model loading not included)")
+    lines.append(f"estimated: {_time_left(plan)} (from the stored wall times; loading the "
+                 "models not included)")
     return lines
 
 
@@ -199,15 +206,10 @@ def start_line(plan: Sequence[DemoStep], k: int, elapsed: float) -> list[str]:
     (the estimates of this step and the ones after it; ``elapsed`` seconds so far), the
     load average, and a warning when the load is above the cores."""
     n = len(plan)
-    rest = plan[k - 1:]
-    known = [s.seconds for s in rest if s.seconds is not None]
-    unknown = len(rest) - len(known)
-    left = (f"about {_about(sum(known))} left" if known else "no estimate of the time left") \
-        + (f" plus {unknown} steps with no estimate" if known and unknown else "")
     load = os.getloadavg()[0]
     cores = _cores()
-    lines = [f"[{k}/{n}] {plan[k - 1].label} ({_about(elapsed)} so far, {left}; "
-             f"load {load:.1f} on {cores} cores)"]
+    lines = [f"[{k}/{n}] {plan[k - 1].label} ({_about(elapsed)} so far; left: "
+             f"{_time_left(plan[k - 1:])}; load {load:.1f} on {cores} cores)"]
     if load > cores:
         lines.append(f"warning: the load average ({load:.1f}) is above the {cores} cores: "
                      "other work shares them, so steps take longer than estimated")
