@@ -123,3 +123,12 @@ def test_the_device_reaches_load_model(capsys, monkeypatch, runs_dir, gpus):
     status, _, err = cli(capsys, "run", "head-overview", "--model", "smollm2", "--device",
                          "cuda:1")
     assert status == 2 and "stop here" in err and asked == ["cuda:1"]
+
+
+def test_a_sweep_ignores_the_device_variable(capsys, monkeypatch, runs_dir, gpus, tmp_path):
+    gpus(0)
+    monkeypatch.setenv(devices.DEVICE_ENV, "cuda:7")  # would be refused by run or record
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "s"\nexperiments = ["head-overview"]\nmodels = ["minilm"]\n')
+    status, out, err = cli(capsys, "sweep", str(spec), "--dry-run")
+    assert status == 0 and "WORKBENCH_DEVICE" not in err and "s: 1 cells" in "\n".join(out)
