@@ -257,3 +257,12 @@ def test_a_sweeps_cells_are_plain_lines_on_a_file(monkeypatch):
     assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
     assert [line.split(" (")[0] for line in lines] == [
         "cells: 0/3 ended", "cells: 1/3 ended", "cells: 2/3 ended", "cells: 3/3 ended"]
+
+
+def test_a_log_record_of_several_lines_stays_lines_and_inert():
+    from workbench.cli.render import _PlainBars
+
+    stream = FakeStream()
+    _PlainBars(stream, Clock()).write("Dash is running\n")
+    _PlainBars(stream, Clock()).write("Traceback:\n  line 1\x1b[2J\n")
+    assert stream.getvalue() == "Dash is running\nTraceback:\n  line 1\\x1b[2J\n"

@@ -101,6 +101,12 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s"
 
 
+def _inert_lines(text: str) -> str:
+    """``text`` without its trailing line breaks, each of its lines inert (a control
+    character other than the line breaks is escaped)."""
+    return "\n".join(printable(line) for line in text.rstrip("\r\n").split("\n"))
+
+
 class _TqdmBars:
     """Draws :mod:`workbench.core.progress` bars with tqdm on stderr, one line per open bar,
     nested by depth (``position=``). Only an outermost stages bar stays (``leave=``) to show
@@ -114,7 +120,7 @@ class _TqdmBars:
         """``line`` on a line of its own above the bars (they are cleared, then redrawn)."""
         from tqdm import tqdm
 
-        tqdm.write(line, file=sys.stderr)
+        tqdm.write(_inert_lines(line), file=sys.stderr)
 
     @staticmethod
     def _label(bar: progress.Bar) -> str:
@@ -187,9 +193,9 @@ class _PlainBars:
         self._label: dict[int, str] = {}
 
     def write(self, line: str) -> None:
-        """``line`` and a newline."""
+        """``line`` (a log record may hold several, a traceback) and a newline."""
         stream = self._stream or sys.stderr
-        stream.write(printable(line) + "\n")
+        stream.write(_inert_lines(line) + "\n")
         stream.flush()
 
     def _line(self, bar: progress.Bar, label: str, now: float) -> None:

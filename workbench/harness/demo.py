@@ -178,7 +178,7 @@ def _time_left(steps: Sequence[DemoStep]) -> str:
     timed = [s.seconds for s in steps if s.seconds is not None and not s.skip]
     unknown = sum(s.seconds is None for s in steps)
     if not timed and unknown:
-        return f"no estimate ({unknown} of {len(steps)} steps have no stored run to go by)"
+        return f"no estimate, {unknown} of {len(steps)} steps have no stored run to go by"
     none = f", not counting {unknown} with no estimate" if unknown else ""
     return f"about {_about(sum(timed))}{none}"
 
@@ -189,8 +189,7 @@ def plan_lines(plan: Sequence[DemoStep]) -> list[str]:
     n = len(plan)
     lines = [f"plan: {n} steps"]
     lines += [f"[{k}/{n}] {step.label}: {step.basis}" for k, step in enumerate(plan, 1)]
-    lines.append(f"estimated: {_time_left(plan)} (from the stored wall times; loading the "
-                 "models not included)")
+    lines.append(f"estimated: {_time_left(plan)} (loading the models not included)")
     return lines
 
 
