@@ -201,7 +201,7 @@ class _PlainBars:
     def _line(self, bar: progress.Bar, label: str, now: float) -> None:
         elapsed = now - self._opened[id(bar)]
         left = progress.time_left(bar, elapsed)
-        about = "" if left is None else f", about {_duration(left)} left"
+        about = "" if left is None else f", {'' if left < 1 else 'about '}{_duration(left)} left"
         self.write(f"{'  ' * bar.depth}{label} ({_duration(elapsed)} elapsed{about})")
         self._shown[id(bar)] = now
 

@@ -178,7 +178,8 @@ def _time_left(steps: Sequence[DemoStep]) -> str:
     timed = [s.seconds for s in steps if s.seconds is not None and not s.skip]
     unknown = sum(s.seconds is None for s in steps)
     if not timed and unknown:
-        return f"no estimate, {unknown} of {len(steps)} steps have no stored run to go by"
+        have = "has" if unknown == 1 else "have"
+        return f"no estimate, {unknown} of {len(steps)} steps {have} no stored run to go by"
     none = f", not counting {unknown} with no estimate" if unknown else ""
     return f"about {_about(sum(timed))}{none}"
 
