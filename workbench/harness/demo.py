@@ -168,7 +168,9 @@ def _timed(step: DemoStep, seconds: float, run_id: str, *, reused: bool) -> Demo
 
 
 def _about(seconds: float) -> str:
-    """A wall time as the plan says it: ``45 s``, ``2 min 30 s``."""
+    """A wall time as the plan says it: ``under 1 s``, ``45 s``, ``2 min 30 s``."""
+    if seconds < 1:  # run.json keeps whole seconds
+        return "under 1 s"
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
@@ -181,7 +183,8 @@ def _time_left(steps: Sequence[DemoStep]) -> str:
         have = "has" if unknown == 1 else "have"
         return f"no estimate, {unknown} of {len(steps)} steps {have} no stored run to go by"
     none = f", not counting {unknown} with no estimate" if unknown else ""
-    return f"about {_about(sum(timed))}{none}"
+    total = sum(timed)
+    return f"{'about ' if total >= 1 else ''}{_about(total)}{none}"
 
 
 def plan_lines(plan: Sequence[DemoStep]) -> list[str]:
