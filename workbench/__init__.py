@@ -16,6 +16,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = {
+    "check_device": "workbench.core.devices",
     "load_model": "workbench.models.load",
     "Model": "workbench.models.base",
     "Prompt": "workbench.inputs.prompts",

@@ -161,7 +161,8 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                seq_len=cfg.seq_len, repeats=cfg.repeats, seed=cfg.seed)
     natural = token_chunks(model, python_docs(), n_chunks=cfg.n_natural, n_tokens=128,
                            label="docs")
-    with progress.stages("induction-heads", 6) as stage:
+    # each step's seconds in a demo run on smollm2 (2 shared cores), for the time left
+    with progress.stages("induction-heads", 6, weights=(147, 18, 261, 170, 361, 3)) as stage:
         stage("head scores")
         head_scores, head_classes = head_score_table(model, repeated, natural, cfg)
         stage("loss on repeats")

@@ -57,6 +57,24 @@ def test_record_show_and_runs(capsys, runs_dir, llama_folder):
     assert "record" in out[2] and "complete" in out[2]
 
 
+def test_record_file_is_split_at_blank_lines_unless_whole(capsys, runs_dir, llama_folder,
+                                                            tmp_path):
+    text = "def f():\n    return 1\n\n\ndef g():\n    return 2\n"
+    (tmp_path / "code.txt").write_text(text)
+    status, out, _ = cli(capsys, "record", str(llama_folder), "--file",
+                         str(tmp_path / "code.txt"))
+    assert status == 0 and out[0].startswith(f"2 prompts from {tmp_path / 'code.txt'} "
+                                             "(blank lines separate prompts; --whole")
+    assert len(Recording.open(out[-1])) == 2
+    status, out, _ = cli(capsys, "record", str(llama_folder), "--file",
+                         str(tmp_path / "code.txt"), "--whole")
+    assert status == 0 and out[0] == f"1 prompt from {tmp_path / 'code.txt'} (the whole file)"
+    rec = Recording.open(out[-1])
+    assert len(rec) == 1 and rec.prompts[0].text == text  # blank lines and indents kept
+    status, _, err = cli(capsys, "record", str(llama_folder), "--text", "hi", "--whole")
+    assert status == 2 and "--whole reads a --file as one prompt; it needs --file" in err
+
+
 def test_run_experiment_writes_head_scores(capsys, runs_dir, llama_folder):
     status, out, _ = cli(capsys, "run", "head-overview", "--model", str(llama_folder),
                          "--set", "n_boot=50")

@@ -240,3 +240,24 @@ def test_a_wall_time_says_whether_the_machine_was_busy(capsys, runs_dir, llama_f
     text = _joined(out)
     assert f"idle (load 0.5 at start, 0.5 at end, {cores} cores)" in text
     assert "rerun it on an idle machine" not in text
+
+
+@pytest.mark.parametrize("name", ["qk-attribution", "induction-heads", "head-overview"])
+def test_the_models_in_the_help_are_the_ones_the_checks_accept(capsys, runs_dir, name):
+    from workbench.harness import matrix
+    from workbench.harness.sweep_spec import bundled_refusal
+    from workbench.models.adapters import FAMILIES
+
+    status, out, _ = cli(capsys, "run", name, "--help")
+    assert status == 0
+    text = _joined(out)
+    exp = get(name)
+    for _, adapter in FAMILIES.items():
+        verdict = matrix.cell(adapter, exp)
+        if not verdict.works:  # every refusal the runs make is in the help, with its reason
+            assert f"refuses {adapter.family}: {' '.join(verdict.reason.split())}" in text
+    works = [a.family for _, a in FAMILIES.items() if matrix.cell(a, exp).works]
+    assert f"works on the families: {', '.join(works)}" in text
+    demo_line = text.split("demo config (workbench demo, on ", 1)[1].split("):", 1)[0]
+    taken = demo_line.split(";")[0].split(", ")
+    assert taken == [m for m in exp.demo_models if not bundled_refusal(exp, m)]

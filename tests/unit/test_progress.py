@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import re
+import sys
+import warnings
+
 import pytest
 
 from workbench.core import progress
@@ -103,3 +109,160 @@ def test_the_cli_draws_nested_tqdm_bars_on_stderr(capsys):
     assert out == ""
     assert "exp [step 1/2: scoring]" in err and "exp [step 2/2: ablation]" in err
     assert "batches" in err
+
+
+class FakeStream(io.StringIO):
+    """stderr redirected to a file: not a terminal."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_stderr_that_is_not_a_terminal_gets_plain_lines_no_redraws():
+    from workbench.cli.render import _PlainBars, progress_renderer
+
+    stream, clock = FakeStream(), Clock()
+    assert isinstance(progress_renderer(stream), _PlainBars)
+    progress.render_with(_PlainBars(stream, clock))
+    try:
+        with progress.stages("exp", 3) as stage:
+            stage("first")
+            for _ in progress.track(range(300), desc="batches"):
+                clock.now += 1  # 300 items of a second: a line at 60, 120, ..., 300 s
+            stage("second")
+            stage("third")
+            clock.now += 30
+    finally:
+        progress.render_with(None)
+    text = stream.getvalue()
+    assert "\r" not in text and "\x1b" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert len(lines) == 3 + 5 + 1  # each step, each minute of the inner bar, the end
+    assert lines[0] == "exp [step 1/3: first] (under 1 s elapsed)"
+    assert lines[1] == "  batches 60/300 20% (1 min 00 s elapsed, about 4 min 00 s left)"
+    assert lines[5].startswith("  batches 300/300 100% (5 min 00 s elapsed")
+    # two of three steps done in 300 s: the third should take half as long again
+    assert lines[7] == "exp [step 3/3: third] (5 min 00 s elapsed, about 2 min 30 s left)"
+    assert lines[8] == "exp: 3 of 3 steps in 5 min 30 s"
+
+
+def test_a_quick_loop_writes_nothing_to_a_file():
+    from workbench.cli.render import _PlainBars
+
+    stream = FakeStream()
+    progress.render_with(_PlainBars(stream, Clock()))
+    try:
+        for _ in progress.track(range(1000), desc="quick"):
+            pass
+    finally:
+        progress.render_with(None)
+    assert stream.getvalue() == ""
+
+
+def test_log_lines_and_warnings_never_glue_onto_a_bar(capsys):
+    from workbench.cli.render import _TqdmBars, log_lines
+
+    root = logging.getLogger()
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(console)
+    bars = _TqdmBars()
+    progress.render_with(bars)
+    try:
+        with log_lines(bars), progress.stages("exp", 2) as stage:
+            stage("first")
+            assert console not in root.handlers
+            logging.getLogger("workbench.x").warning("loaded smollm2")
+            with warnings.catch_warnings():  # pytest's own recording of warnings aside
+                warnings.simplefilter("always")
+                warnings.warn("a deprecated thing", UserWarning, stacklevel=1)
+            stage("second")
+    finally:
+        progress.render_with(None)
+        root.removeHandler(console)
+    err = capsys.readouterr().err
+    pieces = re.split(r"[\r\n]", err)
+    assert "WARNING workbench.x: loaded smollm2" in pieces  # a line of its own
+    assert any(p.startswith("WARNING py.warnings:") and p.rstrip().endswith(
+        "a deprecated thing") for p in pieces)
+
+
+def test_the_time_left_of_the_steps_counts_each_step_by_its_weight():
+    from workbench.cli.render import _PlainBars, _TqdmBars
+
+    stream, clock = FakeStream(), Clock()
+    seen: list[tuple[float | None, float | None]] = []
+
+    class Watch(_PlainBars):
+        def update(self, bar):
+            if bar.steps:  # (fraction done, seconds left) as the renderer works them out
+                seen.append((bar.fraction, progress.time_left(bar, clock.now - 1000.0)))
+                assert _TqdmBars._position(bar) == (1.0, bar.fraction)
+            super().update(bar)
+
+    progress.render_with(Watch(stream, clock))
+    try:
+        with progress.stages("exp", 3, weights=(1, 2, 1)) as stage:
+            stage("short")
+            clock.now += 100
+            stage("long")  # a quarter done in 100 s: 300 s left (equal steps would say 200)
+            for _ in progress.track(range(2), desc="halves"):
+                clock.now += 100  # half of the long step: half the run in 200 s
+            stage("last")
+            clock.now += 100
+    finally:
+        progress.render_with(None)
+    assert seen[0] == (0.0, None)
+    assert (0.25, 300.0) in seen and (0.5, 200.0) in seen and (0.75, 100.0) in seen
+    assert seen[-1] == (1.0, 0.0)
+    lines = stream.getvalue().splitlines()
+    assert lines[1] == "exp [step 2/3: long] (1 min 40 s elapsed, about 5 min 00 s left)"
+    assert lines[-2] == "exp [step 3/3: last] (5 min 00 s elapsed, about 1 min 40 s left)"
+
+
+def test_without_weights_the_steps_count_equally_and_bad_weights_are_refused(recorder):
+    bar = progress.Bar("exp", 4, depth=0, steps=True, n=1.5)
+    assert bar.fraction == 1.5 / 4
+    assert progress.time_left(bar, 30.0) == pytest.approx(30.0 * 2.5 / 1.5)
+    assert progress.time_left(progress.Bar("x", None, depth=0, n=3), 30.0) is None
+    with pytest.raises(ValueError, match="expected 2 positive step weights"), \
+            progress.stages("exp", 2, weights=(1, 0)):
+        pass
+    with pytest.raises(ValueError, match="expected 2 positive step weights"), \
+            progress.stages("exp", 2, weights=(1,)):
+        pass
+
+
+def test_a_sweeps_cells_are_plain_lines_on_a_file(monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench.cli import sweep
+
+    stream = FakeStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    with sweep._sweep_bar(3, quiet=False) as show:
+        for done, running in [(0, 2), (0, 2), (1, 2), (1, 1), (2, 1), (3, 0)]:
+            show(SimpleNamespace(done=done, failed=0, running=running))
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+    assert [line.split(" (")[0] for line in lines] == [
+        "cells: 0/3 ended", "cells: 1/3 ended", "cells: 2/3 ended", "cells: 3/3 ended"]
+
+
+def test_a_log_record_of_several_lines_stays_lines_and_inert():
+    from workbench.cli.render import _PlainBars
+
+    stream = FakeStream()
+    _PlainBars(stream, Clock()).write("Dash is running\n")
+    _PlainBars(stream, Clock()).write("Traceback:\n  line 1\x1b[2J\n")
+    assert stream.getvalue() == "Dash is running\nTraceback:\n  line 1\\x1b[2J\n"

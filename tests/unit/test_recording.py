@@ -132,3 +132,28 @@ def test_patterns_only_recording(llama, tmp_path):
     assert not (tmp_path / "rec" / "resid").exists()
     with pytest.raises(WorkbenchError, match="attention patterns only"):
         rec.resid(0, 0)
+
+
+@pytest.mark.parametrize(("patterns", "resid", "attention"), [
+    ("dense", True, "blocked"), ("topk", False, "blocked"), ("dense", False, "dense"),
+    ("none", True, "auto")])
+def test_the_bar_of_one_prompt_moves_layer_by_layer(llama, tmp_path, patterns, resid,
+                                                    attention):
+    from tests.unit.test_progress import Recorder
+    from workbench.core import progress
+
+    prompt = Prompt(text=" ".join(TEXTS))
+    n = len(llama.encode(prompt)[0])
+    rec = Recorder()
+    progress.render_with(rec)
+    try:
+        record(llama, [prompt], tmp_path / "rec", patterns=patterns, include_resid=resid,
+               attention=attention)
+    finally:
+        progress.render_with(None)
+    desc = "recording (layers x query rows)"
+    done = [e[4] for e in rec.of(desc) if e[0] == "update"]
+    # one prompt, one batch: the bar still moves at every layer, to layers x tokens
+    assert done[-1] == llama.info.n_layers * n
+    assert len(set(done)) >= llama.info.n_layers
+    assert done == sorted(done)

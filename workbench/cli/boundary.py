@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.parser import build_parser
-from workbench.cli.render import _one_line, _TqdmBars
+from workbench.cli.render import _one_line, log_lines, progress_renderer
 from workbench.core import paths, progress
 from workbench.core.errors import WorkbenchError
 
@@ -166,11 +166,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("transformers", "transformer_lens", "httpx", "urllib3", "werkzeug", "ray"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    progress.render_with(None if args.quiet else _TqdmBars())
+    bars = None if args.quiet else progress_renderer(sys.stderr)
+    progress.render_with(bars)
     previous = _handle_signals()
     try:
         _check_store(args)
-        with _TqdmBars.logging() if not args.quiet else contextlib.nullcontext():
+        with log_lines(bars) if bars is not None else contextlib.nullcontext():
             args.fn(args)
         if _SIGNALLED:
             raise _interruption(_SIGNALLED[-1])

@@ -12,13 +12,16 @@ from typing import Any
 from workbench.cli.record import _heads_mask
 from workbench.cli.render import _WIDTH, _cell, _duration, _fill, _out, _wrapped_table
 from workbench.core import paths
+from workbench.core.devices import chosen_device
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     from workbench.harness.experiment import run_experiment
 
+    device = chosen_device(args.device)
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
-                         dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args))
+                         dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args),
+                         device=device)
     for line in run.meta.summary:  # a reused run's, as stored
         _out(_cell(line))
     _out(_cell(run.path))
@@ -40,7 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] \
         if args.models is not None else None
-    for line in run_demo(models, args.out, fresh=args.fresh):
+    device = chosen_device(args.device)
+    for line in run_demo(models, args.out, fresh=args.fresh, device=device):
         _out(line)
     _out(str(paths.runs_dir(args.out)))
 
@@ -86,8 +90,34 @@ def _wall_time_lines(exp: Any, root: Path) -> list[str]:
     return lines
 
 
-_NEEDS = {"any": "any model", "causal": "a causal (left-to-right) model",
+_NEEDS = {"any": "any model its family supports", "causal": "a causal (left-to-right) model",
           "causal_lm": "a causal language model with a trained LM head"}
+
+
+def _model_lines(exp: Any) -> list[str]:
+    """What ``exp`` takes, from the checks its runs make: what it requires, then each
+    model family it works on and each it refuses, with the reason (the family x
+    experiment matrix, :mod:`workbench.harness.matrix`)."""
+    from workbench.harness import matrix
+    from workbench.models.adapters import FAMILIES
+
+    cells = [matrix.cell(adapter, exp) for _, adapter in FAMILIES.items()]
+    works = [c.family for c in cells if c.works]
+    lines = [f"model: {_NEEDS[exp.requires]}",
+             "works on the families: " + (", ".join(works) or "none")]
+    lines += [f"refuses {c.family}: {c.reason}" for c in cells if not c.works]
+    return lines
+
+
+def _demo_models_text(exp: Any) -> str:
+    """The bundled models ``exp``'s demo runs on, by the checks the demo's plan makes (a
+    model the experiment refuses is named apart, with the reason)."""
+    from workbench.harness.sweep_spec import bundled_refusal
+
+    refused = {name: bundled_refusal(exp, name) for name in exp.demo_models}
+    taken = [name for name, why in refused.items() if not why]
+    text = ", ".join(taken) or "no bundled model"
+    return text + "".join(f"; not {name}: {why}" for name, why in refused.items() if why)
 
 
 def experiment_help(name: str, root: Path) -> str:
@@ -101,15 +131,17 @@ def experiment_help(name: str, root: Path) -> str:
 
     exp = get(name)
     demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items()) or "(the default)"
-    model = _NEEDS[exp.requires] if exp.needs_model else "no model (it trains its own)"
     indent = "  "
+    models = [_fill(line, hanging=indent) for line in _model_lines(exp)] if exp.needs_model \
+        else ["model: no model (it trains its own)"]
+    on = f", on {_demo_models_text(exp)}" if exp.needs_model else ""
     parts = [
         f"{exp.name} ({exp.module})",
         _fill(exp.description, indent=indent),
-        f"\nmodel: {model}",
+        "", *models,
         "\nconfig fields (--set FIELD=VALUE; a tuple is comma-separated, e.g. 1,2,8):",
         textwrap.indent(_fields_text(exp), indent),
-        f"\ndemo config (workbench demo, on {', '.join(exp.demo_models)}):",
+        "\n" + _fill(f"demo config (workbench demo{on}):", hanging=indent),
         _fill(demo, indent=indent),
         "\n" + _fill("tables: " + ", ".join(exp.tables or {}), hanging=indent),
         "\nwall time:",

@@ -29,6 +29,7 @@ from workbench.cli.reproduce import cmd_reproduce
 from workbench.cli.runs import cmd_clean, cmd_runs, cmd_show
 from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
+from workbench.core.devices import DEVICE_ENV, DEVICE_FORMS, parse_device
 from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.core.options import PatternStorage, Status, StoreDtype
 from workbench.core.values import Range, check_declaration, shown
@@ -155,6 +156,21 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
                    help=f"{dtype.help} (default {dtype.default})")
 
 
+def _device(text: str) -> str:
+    """An argparse type: a device's spelling (whether the machine has it is checked by
+    the command, before its model loads)."""
+    try:
+        return parse_device(text)
+    except WorkbenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=_device, metavar="|".join(DEVICE_FORMS),
+                   help=f"torch device the models load on (default: ${DEVICE_ENV} or cpu); "
+                   "refused before a model loads if this machine does not have it")
+
+
 def _mask_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
                    "workbench.interventions) to every forward pass")
@@ -182,9 +198,11 @@ def _add_record_command(sub: Subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a prompt (blank lines separate several)")
     src.add_argument("--file", metavar="PATH", help="a UTF-8 text file; blank lines separate "
-                     "prompts")
+                     "prompts (with --whole, the file is one prompt)")
     src.add_argument("--prompt-set", metavar="NAME", help="a named prompt set "
                      "(`workbench prompts` lists them)")
+    p.add_argument("--whole", action="store_true", help="with --file: the whole file is one "
+                   "prompt, exactly as it is (blank lines and line breaks kept)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="parameter of a generated prompt set, e.g. seq_len=64")
     p.add_argument("--limit", type=COUNT, metavar="N",
@@ -208,6 +226,7 @@ def _add_record_command(sub: Subparsers) -> None:
                    "prompt)")
     _mask_option(p)
     _dtype_option(p)
+    _device_option(p)
     _out_option(p)
 
 
@@ -224,6 +243,7 @@ def _add_experiment_commands(sub: Subparsers) -> None:
                    help="return a matching complete run instead of running again")
     _mask_option(p)
     _dtype_option(p)
+    _device_option(p)
     _out_option(p)
     _add(sub, "experiments", cmd_experiments, "list experiments, their config fields and tables")
     p = _add(sub, "demo", cmd_demo,
@@ -232,6 +252,7 @@ def _add_experiment_commands(sub: Subparsers) -> None:
                    "separated): their experiments and the claims about them, no training "
                    "(default: smollm2 and minilm, the training and every claim)")
     p.add_argument("--fresh", action="store_true", help="do not reuse matching runs")
+    _device_option(p)
     _out_option(p)
     p = _add(sub, "sweep", cmd_sweep, "run a sweep spec (experiments x models x checkpoints "
              "x seeds x configs) on Ray, resumably")
@@ -257,6 +278,7 @@ def _add_experiment_commands(sub: Subparsers) -> None:
                    "kind, model, the last stored verdict, and the statement")
     p.add_argument("--wide", action="store_true", help="with --list: also each claim's source, "
                    "quote, published figure, experiment, config, check and last measurement")
+    _device_option(p)
     _out_option(p)
 
 

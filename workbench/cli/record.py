@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.cli.render import _cell, _out
 from workbench.core import paths
+from workbench.core.devices import chosen_device
 from workbench.core.errors import WorkbenchError
 
 
@@ -27,6 +28,8 @@ def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any, int | None]
         read_prompt_file,
     )
 
+    if args.whole and args.file is None:
+        raise WorkbenchError("--whole reads a --file as one prompt; it needs --file PATH")
     if args.set and args.prompt_set is None:
         raise WorkbenchError("--set sets parameters of a generated prompt set; it needs "
                              "--prompt-set NAME")
@@ -37,8 +40,13 @@ def _prompt_source(args: argparse.Namespace) -> tuple[Callable[[Any, int | None]
         return lambda model, limit: prompts[:limit], "text"
     if args.file is not None:
         # paragraphs whatever the file's name: a regular UTF-8 file of bounded size
-        prompts = read_prompt_file(Path(args.file), pairs=False)
-        return lambda model, limit: prompts[:limit], f"file:{args.file}"
+        prompts = read_prompt_file(Path(args.file), pairs=False, whole=args.whole)
+        split = "the whole file" if args.whole else "blank lines separate prompts; --whole " \
+            "reads the file as one"
+        _out(_cell(f"{len(prompts)} prompt{'' if len(prompts) == 1 else 's'} from "
+                   f"{args.file} ({split})"))
+        return (lambda model, limit: prompts[:limit],
+                f"file:{args.file}" + (" (whole)" if args.whole else ""))
     name = args.prompt_set
     params = check_prompt_params(name, split_overrides(args.set or []))
     return (lambda model, limit: load_prompt_set(name, model, limit=limit, **params),
@@ -70,9 +78,10 @@ def cmd_record(args: argparse.Namespace) -> None:
     from workbench.store.records import Interventions
     from workbench.store.runs import RunStore
 
+    device = chosen_device(args.device)
     mask = _heads_mask(args)
     make_prompts, source = _prompt_source(args)
-    model = load_model(args.model, dtype=args.dtype, runs_dir=args.out)
+    model = load_model(args.model, dtype=args.dtype, device=device, runs_dir=args.out)
     if mask is not None:
         mask.check(model)
     _check_topk(args.topk, model)

@@ -1,6 +1,8 @@
 """How the command line draws on the terminal: fixed-width tables, wrapped text, durations,
-one-line messages, stdout lines, and the tqdm bars that draw :mod:`workbench.core.progress`
-reports (the library reports progress; only the CLI draws it).
+one-line messages, stdout lines, and the progress that :mod:`workbench.core.progress`
+reports (the library reports progress; only the CLI draws it): tqdm bars on a terminal,
+plain lines on a stderr that is a file or a pipe (:func:`progress_renderer`), and log lines
+always on lines of their own (:func:`log_lines`).
 
 Stored text (a run's error and summary, names, table cells, claims) is shown inert, by
 :func:`workbench.core.errors.printable`: every table cell and every field a command prints
@@ -11,10 +13,12 @@ from any source reaches the terminal."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import textwrap
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 from workbench.core import progress
 from workbench.core.errors import printable
@@ -97,6 +101,12 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s"
 
 
+def _inert_lines(text: str) -> str:
+    """``text`` without its trailing line breaks, each of its lines inert (a control
+    character other than the line breaks is escaped)."""
+    return "\n".join(printable(line) for line in text.rstrip("\r\n").split("\n"))
+
+
 class _TqdmBars:
     """Draws :mod:`workbench.core.progress` bars with tqdm on stderr, one line per open bar,
     nested by depth (``position=``). Only an outermost stages bar stays (``leave=``) to show
@@ -106,11 +116,11 @@ class _TqdmBars:
         self._bars: dict[int, Any] = {}
 
     @staticmethod
-    def logging() -> contextlib.AbstractContextManager[None]:
-        """Log lines written above the bars instead of through them."""
-        from tqdm.contrib.logging import logging_redirect_tqdm
+    def write(line: str) -> None:
+        """``line`` on a line of its own above the bars (they are cleared, then redrawn)."""
+        from tqdm import tqdm
 
-        return logging_redirect_tqdm()
+        tqdm.write(_inert_lines(line), file=sys.stderr)
 
     @staticmethod
     def _label(bar: progress.Bar) -> str:
@@ -121,6 +131,15 @@ class _TqdmBars:
             return f"{bar.desc} [step {step}/{bar.total}: {bar.stage}]"
         return bar.desc if bar.total is None else f"{bar.desc} {bar.finished}/{bar.total}"
 
+    @staticmethod
+    def _position(bar: progress.Bar) -> tuple[float | None, float]:
+        """tqdm's total and n for ``bar``: a stages bar runs from 0 to 1 by its weighted
+        fraction, so that tqdm's whole-run rate (``smoothing=0``) gives the weighted time
+        left, :func:`workbench.core.progress.time_left`."""
+        if bar.steps and bar.total:
+            return 1.0, bar.fraction or 0.0
+        return bar.total, bar.n
+
     def open(self, bar: progress.Bar) -> None:
         from tqdm import tqdm
 
@@ -128,8 +147,9 @@ class _TqdmBars:
         fmt = None if bar.total is None else (
             "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
         self._bars[id(bar)] = tqdm(
-            total=bar.total, desc=self._label(bar), position=bar.depth, bar_format=fmt,
-            leave=bar.steps and bar.depth == 0, dynamic_ncols=True, file=sys.stderr,
+            total=self._position(bar)[0], desc=self._label(bar), position=bar.depth,
+            bar_format=fmt, leave=bar.steps and bar.depth == 0, dynamic_ncols=True,
+            file=sys.stderr,
             # a whole-run average: steps differ too much in length for a recent rate
             smoothing=0 if bar.steps else 0.3)
 
@@ -137,13 +157,14 @@ class _TqdmBars:
         shown = self._bars.get(id(bar))
         if shown is None:
             return
-        if shown.total != bar.total:
-            shown.total = bar.total
+        total, n = self._position(bar)
+        if shown.total != total:
+            shown.total = total
         label = self._label(bar)
         # a new step is drawn at once; counts may wait for tqdm's next refresh
         new_step = bar.steps and label != shown.desc
         shown.set_description_str(label, refresh=False)
-        shown.update(bar.n - shown.n)
+        shown.update(n - shown.n)
         if new_step:
             shown.refresh()
 
@@ -151,3 +172,115 @@ class _TqdmBars:
         shown = self._bars.pop(id(bar), None)
         if shown is not None:
             shown.close()
+
+
+class _PlainBars:
+    """Progress as plain lines, for a stderr that is a file or a pipe (``make demo > log
+    2>&1``, CI): a line as each step of a :func:`~workbench.core.progress.stages` bar
+    starts, at most one line a minute for any other bar, and a last line when an outermost
+    stages bar ends. Never a carriage return or a cursor move, so the log holds only lines
+    a reader wants."""
+
+    EVERY = 60.0
+    """Seconds between two lines of one bar that is not a stages bar."""
+
+    def __init__(self, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._stream = stream  # None: sys.stderr as it is when a line is written
+        self._clock = clock
+        self._opened: dict[int, float] = {}
+        self._shown: dict[int, float] = {}
+        self._label: dict[int, str] = {}
+
+    def write(self, line: str) -> None:
+        """``line`` (a log record may hold several, a traceback) and a newline."""
+        stream = self._stream or sys.stderr
+        stream.write(_inert_lines(line) + "\n")
+        stream.flush()
+
+    def _line(self, bar: progress.Bar, label: str, now: float) -> None:
+        elapsed = now - self._opened[id(bar)]
+        left = progress.time_left(bar, elapsed)
+        about = "" if left is None else f", {'' if left < 1 else 'about '}{_duration(left)} left"
+        self.write(f"{'  ' * bar.depth}{label} ({_duration(elapsed)} elapsed{about})")
+        self._shown[id(bar)] = now
+
+    def open(self, bar: progress.Bar) -> None:
+        self._opened[id(bar)] = self._shown[id(bar)] = self._clock()
+
+    def update(self, bar: progress.Bar) -> None:
+        if id(bar) not in self._opened:
+            return
+        now = self._clock()
+        if bar.steps:  # a line as a step starts (the end of the last one names no new step)
+            label = _TqdmBars._label(bar)
+            if bar.stage and self._label.get(id(bar)) != label:
+                self._label[id(bar)] = label
+                self._line(bar, label, now)
+            return
+        if now - self._shown[id(bar)] >= self.EVERY:
+            percent = "" if bar.fraction is None else f" {100 * bar.fraction:.0f}%"
+            self._line(bar, _TqdmBars._label(bar) + percent, now)
+
+    def close(self, bar: progress.Bar) -> None:
+        opened = self._opened.pop(id(bar), None)
+        self._shown.pop(id(bar), None)
+        self._label.pop(id(bar), None)
+        if opened is not None and bar.steps and bar.depth == 0:
+            took = _duration(self._clock() - opened)
+            self.write(f"{bar.desc}: {bar.finished} of {bar.total} steps in {took}")
+
+
+Bars = _TqdmBars | _PlainBars
+
+
+def progress_renderer(stream: TextIO | None = None) -> Bars:
+    """What draws progress on ``stream`` (default stderr): tqdm bars on a terminal, plain
+    lines otherwise."""
+    stream = stream or sys.stderr
+    isatty = getattr(stream, "isatty", None)
+    return _TqdmBars() if isatty is not None and isatty() else _PlainBars(stream)
+
+
+class _LogLines(logging.Handler):
+    """Writes log records through the progress renderer, so that a log line is always a
+    line of its own (on a terminal, the bars are cleared above it and redrawn below)."""
+
+    def __init__(self, bars: Bars) -> None:
+        super().__init__()
+        self._bars = bars
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._bars.write(self.format(record))
+        except Exception:  # logging's own rule: a handler never raises
+            self.handleError(record)
+
+
+def _console(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and not isinstance(
+        handler, logging.FileHandler) and handler.stream in (sys.stdout, sys.stderr)
+
+
+@contextlib.contextmanager
+def log_lines(bars: Bars) -> Iterator[None]:
+    """While open, the root logger's console handlers write through ``bars`` (with their
+    level and format), and Python warnings are logged the same way, so neither a log line
+    nor a warning is glued onto a bar."""
+    root = logging.getLogger()
+    swapped = [h for h in root.handlers if _console(h)]
+    for old in swapped:
+        new = _LogLines(bars)
+        new.setLevel(old.level)
+        new.setFormatter(old.formatter)
+        root.removeHandler(old)
+        root.addHandler(new)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        for handler in [h for h in root.handlers if isinstance(h, _LogLines)]:
+            root.removeHandler(handler)
+        for old in swapped:
+            root.addHandler(old)

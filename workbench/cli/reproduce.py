@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.cli.render import _cell, _fill, _out, _table
 from workbench.core import paths
+from workbench.core.devices import chosen_device
 from workbench.core.errors import WorkbenchError
 
 
@@ -25,7 +26,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         _out(_fill(f"verdict: the newest in {store.root} ('-': not checked there); "
                    "`--wide` shows each claim in full"))
         return
-    run = claims_mod.reproduce_run(store, selected, model=args.model, fresh=args.fresh)
+    run = claims_mod.reproduce_run(store, selected, model=args.model, fresh=args.fresh,
+                                   device=chosen_device(args.device))
     table = run.table("claims")
     judged = table.verdict.isin(["pass", "fail", "undecided"])
     table = table.assign(measured=table.measured.where(judged, table.reason))

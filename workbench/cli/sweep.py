@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workbench.cli.render import _cell, _duration, _one_line, _out, _table
@@ -78,11 +79,31 @@ def _cell_plan(cell: Any, reused: dict[int, Any]) -> str:
     return f"reuse {reused[cell.index].id}" if cell.index in reused else "run"
 
 
+def _plain_cells(total: int) -> Callable[[Any], None]:
+    """On a stderr that is not a terminal: a plain line each time a cell ends, no redraws."""
+    start = time.monotonic()
+    shown: list[tuple[int, int]] = []
+
+    def show(p: Any) -> None:
+        if shown and shown[-1] == (p.done, p.failed):
+            return
+        shown.append((p.done, p.failed))
+        sys.stderr.write(f"cells: {p.done + p.failed}/{total} ended ({p.done} done, "
+                         f"{p.failed} failed, {p.running} running; "
+                         f"{_duration(time.monotonic() - start)} elapsed)\n")
+        sys.stderr.flush()
+
+    return show
+
+
 @contextlib.contextmanager
 def _sweep_bar(total: int, quiet: bool) -> Any:
     """A tqdm bar of a sweep's cells: done, running, failed, time left."""
     if quiet:
         yield lambda p: None
+        return
+    if not sys.stderr.isatty():
+        yield _plain_cells(total)
         return
     from tqdm import tqdm
 

@@ -1,4 +1,5 @@
 """The foundation every layer stands on: errors, paths, progress, the registry, checksums.
 
-Nothing here imports torch or any other part of the workbench.
+Nothing here imports any other part of the workbench, nor torch at import time
+(:mod:`~workbench.core.devices` asks torch only when it checks a device).
 """

@@ -1,16 +1,24 @@
 """Progress reporting: the library says how far it is, and the CLI draws it.
 
-Library code wraps its loops in :func:`track` and groups a long run into named steps with
-:func:`stages`; neither prints anything. A renderer installed with :func:`render_with` (the
-CLI installs tqdm bars on stderr) is told when a bar opens, moves and closes; with none
-installed, :func:`track` is a plain loop and :func:`stages` does nothing.
+Library code wraps its loops in :func:`track`, moves a bar by hand with :func:`counting`
+where the work is reported from callbacks (a model's hooks), and groups a long run into
+named steps with :func:`stages`; none of them prints anything. A renderer installed with
+:func:`render_with` (the CLI installs tqdm bars on a terminal, plain lines otherwise) is
+told when a bar opens, moves and closes; with none installed, :func:`track` is a plain
+loop and :func:`counting` and :func:`stages` do nothing.
 
 Bars nest: a bar opened while another is open sits one level under it (``depth``), and a
 bar's position counts its finished items plus the fraction done of the bar under it, so an
 outer bar moves smoothly and its time left is estimated from all the work done so far.
 
+The steps of a run are rarely equal: one may take most of it. :func:`stages` takes each
+step's expected share of the run (``weights=``, in the order the steps start, measured on
+a demo run and written beside the steps), and the fraction done of a stages bar, which
+:func:`time_left` extrapolates, counts each step by its share: half of a step that takes
+80% of the run is 40% of it. Without weights, steps count equally.
+
 Examples:
-    >>> with stages("induction-heads", 2) as stage:
+    >>> with stages("induction-heads", 2, weights=(1, 3)) as stage:
     ...     stage("head scores")
     ...     for batch in track(range(3), desc="scoring"):
     ...         pass
@@ -19,7 +27,7 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -46,6 +54,40 @@ class Bar:
     """``True`` for a bar opened by :func:`stages` (it counts named steps, not items)."""
     stage: str = ""
     """The name of the current step, for a bar opened by :func:`stages`."""
+    weights: tuple[float, ...] = ()
+    """Each step's expected share of a stages bar's time (empty: equal steps)."""
+
+    @property
+    def fraction(self) -> float | None:
+        """How much of the bar is done, 0 to 1 (``None`` when its total is unknown); the
+        steps of a stages bar count by their ``weights`` when it has one per step."""
+        if not self.total:
+            return None
+        if not self.weights or len(self.weights) != self.total:
+            return min(self.n / self.total, 1.0)
+        whole = min(int(self.n), self.total)
+        done = sum(self.weights[:whole])
+        if whole < self.total:
+            done += self.weights[whole] * (self.n - whole)
+        return min(done / sum(self.weights), 1.0)
+
+
+def time_left(bar: Bar, elapsed: float) -> float | None:
+    """Seconds the rest of ``bar`` should take if it goes on at the pace it has had over
+    the ``elapsed`` seconds since it opened (``None`` before anything is done, or when its
+    total is unknown).
+
+    Args:
+        bar: an open bar.
+        elapsed: seconds since it opened.
+
+    Returns:
+        ``elapsed * (1 - f) / f`` for the fraction ``f`` done, or ``None``.
+    """
+    done = bar.fraction
+    if not done or elapsed <= 0:
+        return None
+    return elapsed * (1.0 - done) / done
 
 
 class Renderer(Protocol):
@@ -72,9 +114,10 @@ def render_with(renderer: Renderer | None) -> None:
     _open.clear()
 
 
-def _push(desc: str, total: int | None, *, steps: bool = False) -> Bar:
+def _push(desc: str, total: int | None, *, steps: bool = False,
+          weights: tuple[float, ...] = ()) -> Bar:
     parent = _open[-1] if _open else None
-    bar = Bar(desc, total, depth=len(_open), parent=parent, steps=steps)
+    bar = Bar(desc, total, depth=len(_open), parent=parent, steps=steps, weights=weights)
     _open.append(bar)
     if _renderer is not None:
         _renderer.open(bar)
@@ -134,21 +177,58 @@ def track(items: Iterable[T], *, total: int | None = None, desc: str = "") -> It
 
 
 @contextmanager
-def stages(desc: str, total: int) -> Iterator[Callable[[str], None]]:
+def counting(total: int, *, desc: str = "") -> Iterator[Callable[[int], None]]:
+    """A bar moved by hand, for work reported from callbacks (a model's hooks, layer by
+    layer) rather than done in a loop.
+
+    Args:
+        total: units of work expected.
+        desc: what is counted, e.g. ``"recording (layers x query rows)"``.
+
+    Returns:
+        A context manager yielding ``advance(units)``: that many more units are done.
+    """
+    if _renderer is None:
+        yield lambda units: None
+        return
+    bar = _push(desc, total)
+    done = 0
+
+    def advance(units: int) -> None:
+        nonlocal done
+        done += units
+        _finish(bar, done)
+
+    try:
+        yield advance
+    finally:
+        _pop(bar)
+
+
+@contextmanager
+def stages(desc: str, total: int,
+           weights: Sequence[float] = ()) -> Iterator[Callable[[str], None]]:
     """An outer bar over the named steps of a long run; the bars of each step nest under it.
 
     Args:
         desc: what runs, e.g. the experiment's name.
         total: how many steps (each call of the yielded function starts the next one).
+        weights: each step's expected share of the run's time, in the order they start
+            (any positive numbers: they are normalised); empty, the steps count equally.
 
     Returns:
         A context manager yielding ``stage(name)``, which ends the current step and
         starts the one called ``name``.
+
+    Raises:
+        ValueError: ``weights`` that are not one positive number per step.
     """
+    if weights and (len(weights) != total or min(weights) <= 0):
+        raise ValueError(f"expected {total} positive step weights, got {tuple(weights)}")
     if _renderer is None:
         yield lambda name: None
         return
-    bar = _push(desc, total, steps=True)
+    bar = _push(desc, total, steps=True, weights=tuple(float(w) for w in weights))
     started = 0
 
     def stage(name: str) -> None:

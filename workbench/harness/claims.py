@@ -312,7 +312,8 @@ def evaluate(claim: Claim, run: Run) -> Measurement:
 
 
 def reproduce(claims: Sequence[Claim], *, model: str | None = None,
-              runs_dir: str | Path | None = None, fresh: bool = False) -> pd.DataFrame:
+              runs_dir: str | Path | None = None, fresh: bool = False,
+              device: str = "cpu") -> pd.DataFrame:
     """Run (or reuse) what each claim needs and judge it.
 
     Args:
@@ -320,6 +321,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
         model: check every claim that applies to this model instead of its default models.
         runs_dir: the run store.
         fresh: run again even when a matching complete run exists.
+        device: torch device the models load on.
 
     Returns:
         One row per (claim, model), the columns of :data:`CLAIMS_TABLE`: the claim, its kind
@@ -344,7 +346,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
             rows.append(row)
             try:
                 if name not in loaded:
-                    loaded[name] = load_model(name, runs_dir=runs_dir)
+                    loaded[name] = load_model(name, runs_dir=runs_dir, device=device)
             except WorkbenchError as exc:
                 loaded[name] = exc
             target = loaded[name]
@@ -404,11 +406,13 @@ def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path 
 
 
 def reproduce_run(store: RunStore, claims: Sequence[Claim], *, model: str | None = None,
-                  fresh: bool = False) -> Run:
-    """:func:`reproduce`, stored as a run of ``reproduce`` with its table ``claims``."""
+                  fresh: bool = False, device: str = "cpu") -> Run:
+    """:func:`reproduce`, stored as a run of ``reproduce`` with its table ``claims``
+    (the device is not part of its config: verdicts do not depend on it)."""
     config = {"claims": [c.id for c in claims], "model": model, "fresh": fresh}
     with store.start("reproduce", None, config, tables=tables(CLAIMS_TABLE)) as run:
-        table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh)
+        table = reproduce(claims, model=model, runs_dir=store.root, fresh=fresh,
+                          device=device)
         run.save_table("claims", table)
         run.update(summary=[summary(table)])
     return store.get(run.final)

@@ -215,7 +215,8 @@ def all_experiments() -> list[Experiment]:
 def run_experiment(name: str, model: str | Model | None,
                    overrides: Iterable[str] | Mapping[str, Any] = (), *,
                    runs_dir: str | Path | None = None, dtype: Dtype = "float32",
-                   reuse: bool = False, heads_mask: HeadMask | None = None) -> Run:
+                   reuse: bool = False, heads_mask: HeadMask | None = None,
+                   device: str = "cpu") -> Run:
     """Run a registered experiment and store it as a run.
 
     The config is checked before the model loads, so a bad override fails at once.
@@ -230,6 +231,8 @@ def run_experiment(name: str, model: str | Model | None,
         reuse: return an existing complete run with the same experiment, model, config,
             head mask and workbench version instead of running again.
         heads_mask: a :class:`~workbench.interventions.HeadMask` applied for the whole run.
+        device: torch device to load a model named by ``model`` on (checked by
+            :func:`workbench.core.devices.check_device`); a loaded model stays where it is.
 
     Returns:
         The finished run. If the experiment raises, the run is stored as failed (with the
@@ -241,7 +244,8 @@ def run_experiment(name: str, model: str | Model | None,
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))
-    loaded = load_model(model, dtype=dtype, runs_dir=runs_dir) if isinstance(model, str) else model
+    loaded = (load_model(model, dtype=dtype, device=device, runs_dir=runs_dir)
+              if isinstance(model, str) else model)
     if loaded is not None:
         exp.check_fit(loaded.info)
     if loaded is not None and exp.check_model is not None:

@@ -504,6 +504,19 @@ def _cell(index: int, draft: _Draft, base: str) -> Cell:
                 skip=skip)
 
 
+def bundled_refusal(exp: Experiment, name: str) -> str:
+    """Why ``exp`` refuses the bundled model ``name``, from the zoo's facts about it and
+    the same checks a sweep's plan makes (``""``: nothing refuses it), for the help and
+    the demo's plan.
+
+    Raises:
+        UnknownNameError: ``name`` is not a bundled model.
+    """
+    spec = zoo.MODELS.get(name)
+    facts = ModelFacts(name, spec.architecture, spec.causal, spec.has_lm_head, spec.n_layers)
+    return _refusal(exp, ModelRef(name, name, facts=facts))
+
+
 def _refusal(exp: Experiment, ref: ModelRef | None) -> str:
     """Why ``exp`` refuses ``ref``, from what is known without loading it: the check a run
     makes once the model has loaded (:meth:`Experiment.check_fit`), then the family's own

@@ -200,12 +200,16 @@ def _read_once(path: str, mtime_ns: int, size: int) -> tuple[Prompt, ...]:
     return tuple(read_prompt_file(Path(path)))
 
 
-def read_prompt_file(path: Path, *, pairs: bool | None = None) -> list[Prompt]:
-    """Read a prompt file: paragraphs (``.txt``), or sentence pairs (``.tsv``).
+def read_prompt_file(path: Path, *, pairs: bool | None = None,
+                     whole: bool = False) -> list[Prompt]:
+    """Read a prompt file: paragraphs (``.txt``), sentence pairs (``.tsv``), or the whole
+    file as one prompt.
 
     Args:
         path: the file: regular, at most :data:`MAX_PROMPT_FILE` bytes, UTF-8 text.
         pairs: read tab-separated sentence pairs (default: when the name ends ``.tsv``).
+        whole: the file's text is one prompt, exactly as it is (blank lines, line breaks
+            and indentation kept), labelled ``<file stem>``.
 
     Returns:
         The prompts, labelled ``<file stem>[i]``.
@@ -218,6 +222,10 @@ def read_prompt_file(path: Path, *, pairs: bool | None = None) -> list[Prompt]:
     what = f"prompt file {printable(str(path))}"
     text = read_text(path, what="prompt file", limit=MAX_PROMPT_FILE)
     label = printable(path.stem)
+    if whole:
+        if not text.strip():
+            raise WorkbenchError(f"{what} is empty")
+        return [Prompt(text=text, label=label)]
     if pairs if pairs is not None else path.suffix == ".tsv":
         return _sentence_pairs(text, label, what)
     return prompts_from_text(text, label=label, what=what)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -111,11 +111,14 @@ class _Writer:
     def _add(self, kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> None:
         self.arrays[(kind, layer)] = zarr_store.create(self.group, kind, layer, shape, dtype)
 
-    def hook_fns(self, n_layers: int) -> list[tuple[str, Any]]:
-        """The residual stream's hooks (patterns come block by block: :meth:`consume`)."""
+    def hook_fns(self, n_layers: int, advance: Callable[[int], None] | None = None
+                 ) -> list[tuple[str, Any]]:
+        """The residual stream's hooks (patterns come block by block: :meth:`consume`);
+        with ``advance``, each layer's output counts the batch's query rows done."""
         if ("resid", 0) not in self.arrays:
             return []
-        return [(hooks.resid(b, n_layers), self._resid_hook(b)) for b in range(n_layers + 1)]
+        return [(hooks.resid(b, n_layers), self._resid_hook(b, advance if b else None))
+                for b in range(n_layers + 1)]
 
     def last_hook(self, n_layers: int) -> str:
         """The last hook point whose tensor is written; the forward pass stops there."""
@@ -173,8 +176,10 @@ class _Writer:
             block[:, : part.shape[1]] = part
             array[index, :, c0:stop] = block
 
-    def _resid_hook(self, boundary: int):
+    def _resid_hook(self, boundary: int, advance: Callable[[int], None] | None = None):
         def hook(tensor: torch.Tensor, hook: Any) -> None:
+            if advance is not None:
+                advance(int(tensor.shape[1]))
             for row, (index, n) in self._rows():
                 step = zarr_store.RESID_BLOCK
                 for p0 in range(0, n, step):
@@ -251,12 +256,16 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
     writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
     batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
-    fed = hooks.patterns_fed(model, writer.consume, attention=attention) \
-        if storage != "none" else contextlib.nullcontext()
-    with torch.inference_mode(), fed:
-        for batch in progress.track(batches, desc="recording"):
+    # the bar counts every layer's query rows, so it moves on one long prompt too
+    rows = info.n_layers * sum(int(b.input_ids.shape[1]) for b in batches)
+    with torch.inference_mode(), progress.counting(
+            rows, desc="recording (layers x query rows)") as advance, _fed(
+            model, writer, storage, attention, advance):
+        for batch in batches:
             writer.batch = batch
-            hooks.run_hooked(model.bridge, batch, writer.hook_fns(info.n_layers),
+            hooks.run_hooked(model.bridge, batch,
+                             writer.hook_fns(info.n_layers, None if storage != "none"
+                                             else advance),
                              stop_after=writer.last_hook(info.n_layers))
     index = _index(model, prompts, encoded, root, store_dtype=store_dtype, patterns=storage,
                    topk=topk if storage == "topk" else None, resid=include_resid,
@@ -264,6 +273,20 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     # the index is written last: a recording without one does not open
     durable.write_atomic(root / INDEX, index.to_json())
     return Recording.open(root)
+
+
+def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: AttentionPath,
+         advance: Callable[[int], None]) -> contextlib.AbstractContextManager[Any]:
+    """Patterns handed to ``writer`` block by block (each block's query rows counted by
+    ``advance``), or nothing when patterns are not stored."""
+    if storage == "none":
+        return contextlib.nullcontext()
+
+    def consume(block: PatternBlock) -> None:
+        writer.consume(block)
+        advance(block.q1 - block.q0)
+
+    return hooks.patterns_fed(model, consume, attention=attention)
 
 
 def _index(model: Model, prompts: Sequence[Prompt], encoded: list[Any], root: Path,
