@@ -32,7 +32,8 @@ ADDRESS = Text(max_chars=10 * MAX_CHARS)
 """The router's address and query: text, as a browser's location always is."""
 
 
-def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0.1") -> Dash:
+def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0.1",
+               device: str = "cpu") -> Dash:
     """The dashboard over the run store in ``runs_dir``.
 
     Args:
@@ -40,6 +41,8 @@ def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0
         live: serve the Live page's recordings (:func:`live_allowed` says when the command
             does); off, the page says why.
         host: where the app is served, for the Live page's word on why it is off.
+        device: the torch device the Live page's models load on (checked by the caller:
+            :func:`workbench.core.devices.check_device`).
 
     Example:
         >>> serve(create_app("data/runs", live=True), "127.0.0.1", 8050)   # doctest: +SKIP
@@ -48,6 +51,7 @@ def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0
                suppress_callback_exceptions=True)
     app.server.config["WORKBENCH_RUNS_DIR"] = str(runs_dir)
     app.server.config["WORKBENCH_LIVE_OFF"] = None if live else live_off(host)
+    app.server.config["WORKBENCH_LIVE_DEVICE"] = device
     if live:
         from workbench.harness.live import LiveQueue
 

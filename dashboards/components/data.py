@@ -26,6 +26,11 @@ from workbench.recording.record import Recording
 from workbench.store.runs import INCOMPLETE, Run, RunStore
 
 
+def live_device() -> str:
+    """The torch device the app's Live page loads its models on (``create_app(device=)``)."""
+    return flask.current_app.config.get("WORKBENCH_LIVE_DEVICE") or "cpu"
+
+
 def live_queue() -> LiveQueue:
     """The app's queue of live recordings (``create_app(..., live=True)``).
 

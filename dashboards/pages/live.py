@@ -146,7 +146,7 @@ def choose_prompt(index: Index, name: Name):
 def submit(clicks: Clicks, model: Name, prompt: PromptText):
     if not clicks:
         return no_update, no_update, no_update, no_update
-    status = data.live_queue().submit(model or "", prompt or "", device="cpu")
+    status = data.live_queue().submit(model or "", prompt or "", device=data.live_device())
     return status.id, False, _said(status), None
 
 

@@ -45,6 +45,17 @@ def serve(runs_dir) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("dashboard did not start within 60 s")
 
 
+def stop(proc: subprocess.Popen, grace: float = 60) -> None:
+    """Stop a served dashboard: SIGTERM, and SIGKILL if it has not exited within ``grace``
+    seconds (on shared cores a clean exit can take longer than on an idle machine)."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def browser():
     if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import figure, serve
+from tests.browser.conftest import figure, serve, stop
 from tests.robustness.test_dashboard_paths import DAMAGED, damaged_runs, record_run
 from workbench.store.runs import RunStore
 
@@ -23,8 +23,7 @@ def served(tmp_path_factory, llama):
     checksum, damaged, _ = damaged_runs(runs)
     proc, url = serve(runs)
     yield url, healthy, checksum, damaged
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_a_store_with_damaged_runs_renders_every_page(page, served):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, serve, sink_head
+from tests.browser.conftest import as_array, choose, figure, serve, sink_head, stop
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import Recording, record
@@ -23,8 +23,7 @@ def served(tmp_path_factory, llama):
     overview = run_experiment("head-overview", llama, {"n_boot": 50}, runs_dir=runs)
     proc, url = serve(runs)
     yield url, store.get(run.id), overview
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_recording_viewer_opens_on_the_strongest_sink(page, served):

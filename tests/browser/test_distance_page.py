@@ -8,7 +8,7 @@ import pytest
 
 from tests import tiny
 from tests.architectures.families import build
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"n_prompts": 2, "seq_len": 4, "distances": (4, 8, 12, 24), "n_boot": 20}
@@ -21,8 +21,7 @@ def served(tmp_path_factory, tokenizer):
     run = run_experiment("induction-distance", model, SMALL, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_the_curves_open_on_the_best_heads_and_mark_the_window(page, served):

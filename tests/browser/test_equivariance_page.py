@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.scores.attention import worked_example
 
@@ -20,8 +20,7 @@ def served(tmp_path_factory, llama):
     run = run_experiment("permutation-equivariance", llama, CONFIG, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def stored(run, condition, prompt, layer, head, seed):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dashboards.components.figures import pattern_from_rows
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 TEXT = ("A module is a file containing Python definitions and statements. The module name is "
@@ -27,8 +27,7 @@ def served(tmp_path_factory):
     run = run_experiment("induction-formation", None, overrides, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_curves_and_head_scores_carry_the_run(page, served):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from experiments.previous_token_heads.tables import HEAD_SCORES
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.recording.record import Recording
 
@@ -20,8 +20,7 @@ def served(tmp_path_factory, llama, bert):
     second = run_experiment("previous-token-heads", bert, SMALL, runs_dir=runs)
     proc, url = serve(runs)
     yield url, first, second
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def grid(scores, metric, n_layers, n_heads):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"prompt_set": "repeated-random", "n_prompts": 2, "read": "all", "n_boot": 20}
@@ -17,8 +17,7 @@ def served(tmp_path_factory, llama):
     run = run_experiment("logit-lens", llama, SMALL, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_the_grid_is_the_stored_lens_with_the_top_tokens(page, served):

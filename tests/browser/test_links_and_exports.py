@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.browser.conftest import as_array, download, figure, serve
+from tests.browser.conftest import as_array, download, figure, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import record
@@ -46,8 +46,7 @@ def served(tmp_path_factory, llama, bert):
     }
     proc, url = serve(runs)
     yield url, made
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def server_errors(page) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from tests import tiny
-from tests.browser.conftest import as_array, figure, serve
+from tests.browser.conftest import as_array, figure, serve, stop
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import Recording, record
 from workbench.store.runs import RunStore
@@ -38,8 +38,7 @@ def served(tmp_path_factory, llama_hf, tokenizer):
     assert rec.patterns == "topk" and rec.length(0) == N  # auto: topk above 1,024 tokens
     proc, url = serve(runs)
     yield url, run.id, rec
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def opening_head(rec) -> tuple[int, int]:

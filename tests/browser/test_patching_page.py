@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,
@@ -19,8 +19,7 @@ def served(tmp_path_factory, llama):
     run = run_experiment("ioi", llama, SMALL, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_the_layers_x_positions_heatmap_is_the_stored_grid(page, served):

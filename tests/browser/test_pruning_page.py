@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.store import schema
 from workbench.store.runs import RunStore
@@ -37,8 +37,7 @@ def served(tmp_path_factory, llama):
     run = run_experiment("head-pruning", llama, CONFIG, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def grid(df, value="score"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"n_prompts": 4, "seq_len": 16, "stream_tokens": 80, "window": 24, "n_sinks": 4,
@@ -20,8 +20,7 @@ def served(tmp_path_factory, llama, bert):
     encoder = run_experiment("attention-sinks", bert, SMALL, runs_dir=runs)
     proc, url = serve(runs)
     yield url, decoder, encoder
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def expected_grid(run, input_name: str, metric: str = "first_token") -> np.ndarray:

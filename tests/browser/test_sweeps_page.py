@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, serve
+from tests.browser.conftest import as_array, choose, figure, serve, stop
 from workbench.harness import sweep, sweep_ray
 from workbench.harness.experiment import run_experiment
 from workbench.harness.sweep_spec import expand, parse_spec
@@ -47,8 +47,7 @@ def served(tmp_path_factory):
         sweep.record_cells(active, store, cells, outcomes, since)
     proc, url = serve(runs)
     yield url, store.get(active.id)
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def _scores(run):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve
+from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"n_prompts": 3, "seq_len": 8, "n_heads": 2, "n_previous": 1, "n_random": 3,
@@ -18,8 +18,7 @@ def served(tmp_path_factory, llama):
     run = run_experiment("qk-attribution", llama, SMALL, runs_dir=runs)
     proc, url = serve(runs)
     yield url, run
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def test_strip_bars_and_matrix_of_the_chosen_pair(page, served):

@@ -75,3 +75,26 @@ def test_the_command_serves_the_live_page_as_its_host_and_flag_say(capsys, tmp_p
     assert app.server.config["WORKBENCH_RUNS_DIR"] == str(tmp_path)
     assert (app.server.config["WORKBENCH_LIVE_OFF"] is None) is on
     assert ("workbench_live" in app.server.extensions) is on
+    assert app.server.config["WORKBENCH_LIVE_DEVICE"] == "cpu"
+
+
+def test_the_live_page_loads_on_the_dashboards_device(capsys, tmp_path, monkeypatch):
+    import torch
+
+    import dashboards.app as app_module
+    from tests.tiny import cli
+
+    served = []
+    monkeypatch.setattr(app_module, "serve", lambda app, *args, **kwargs: served.append(app))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status, out, err = cli(capsys, "dashboard", "--out", str(tmp_path), "--device", "cuda")
+    assert status == 2 and not served and out == [] and err.count("\n") == 1
+    assert "cuda: not available on this machine" in err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("WORKBENCH_DEVICE", "cuda:1")
+    status, _, _ = cli(capsys, "dashboard", "--out", str(tmp_path))
+    (app,) = served
+    assert status == 0 and app.server.config["WORKBENCH_LIVE_DEVICE"] == "cuda:1"
+    with app.server.app_context():
+        assert data.live_device() == "cuda:1"

@@ -313,6 +313,7 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.add_argument("--allow-live", action="store_true", help="serve the Live page on a host "
                    "that is not loopback too (it lets anyone who reaches the port run models "
                    "on this machine)")
+    _device_option(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
