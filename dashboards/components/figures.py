@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -14,10 +14,14 @@ import plotly.colors
 import plotly.graph_objects as go
 from jaxtyping import Float
 
+from dashboards.components.values import OneOf
 from workbench.recording.record import Recording
 
 ColourScale = Literal["linear", "log", "power"]
 COLOUR_SCALES: tuple[str, ...] = get_args(ColourScale)
+Scale = Annotated[ColourScale | None, OneOf(COLOUR_SCALES)]
+"""A colour-scale switch's value as a callback takes it: ``None`` (a switch not yet set,
+or a request that leaves it out) is the linear scale."""
 LOG_FLOOR = 1e-4
 """On the log scale every weight below this fraction of the scale's top is the lightest
 colour: four decades, which shows a head's spread beside a first-token weight near 1."""
@@ -30,14 +34,15 @@ MAX_DISCRETE = 16
 """Whole-number values with at most this many levels get one colour a level."""
 
 
-def colour_stops(scale: ColourScale, base: str = "Blues") -> list[list]:
+def colour_stops(scale: ColourScale | None, base: str = "Blues") -> list[list]:
     """A Plotly colorscale that paints ``base`` on a linear, log or power scale.
 
     The figure's ``z`` stays the weights themselves (hover and exports read true values);
     only where the colours sit between ``zmin`` and ``zmax`` changes: on the log scale the
     colour ``c`` is at the fraction ``LOG_FLOOR ** (1 - c)`` of the range, on the power
-    scale at ``c ** (1 / POWER)``.
+    scale at ``c ** (1 / POWER)``. ``None`` is the linear scale.
     """
+    scale = scale or "linear"
     if scale not in COLOUR_SCALES:
         raise ValueError(f"colour scale must be one of {', '.join(COLOUR_SCALES)}, got {scale!r}")
     levels = np.linspace(0, 1, STOPS)
@@ -50,11 +55,11 @@ def colour_stops(scale: ColourScale, base: str = "Blues") -> list[list]:
     return [[0.0, colours[0]]] + [[float(a), c] for a, c in zip(at, colours, strict=True)]
 
 
-def scale_colorbar(scale: ColourScale, title: str) -> dict:
+def scale_colorbar(scale: ColourScale | None, title: str) -> dict:
     """The colour bar of a heatmap painted by :func:`colour_stops`, its title naming the
     scale. Its axis stays linear in the weight, so on the log scale most of the bar is
     dark: the colours a small weight gets."""
-    return {"title": title if scale == "linear" else f"{title} ({scale})"}
+    return {"title": title if scale in (None, "linear") else f"{title} ({scale})"}
 
 
 def discrete_levels(values: np.ndarray) -> list[int] | None:

@@ -30,7 +30,6 @@ from dashboards.components.values import (
     Layer,
     ListOf,
     Name,
-    OneOf,
     Records,
     RunId,
     Whole,
@@ -66,7 +65,6 @@ HIDDEN = {"display": "none"}
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 MAX_K = 500
 TopK = Annotated[int | None, Whole(1, MAX_K)]
-Scale = Annotated[figures.ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 HeadCell = Annotated[dict[str, Any] | None,
                      Fields((("row", Whole(optional=False)),), extra=True)]
 """The top-k table's ``active_cell`` (Dash adds ``column``, ``column_id``, ``row_id``)."""
@@ -305,7 +303,7 @@ def example_prompt(rec: Recording, inputs: str) -> int:
           Input("heads-selected", "data"), Input("heads-run", "value"),
           Input("heads-metric", "value"), Input("heads-scale", "value"))
 @safe
-def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: Scale):
+def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: figures.Scale):
     run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
     if metric is None:

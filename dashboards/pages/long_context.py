@@ -62,7 +62,6 @@ WINDOW_CELLS = 256
 """A window of up to this many tokens a side is drawn token by token, with labels."""
 TOP_ROWS = 16
 Pooling = Annotated[str, OneOf(("max", "sum"), optional=False)]
-Scale = Annotated[figures.ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 
 
 @safe_layout("Long context")
@@ -215,7 +214,7 @@ def _read_args(run_id: str | None, prompt: int | None, layer: int | None,
           Input("long-context-pooling", "value"), Input("long-context-scale", "value"))
 @safe
 def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
-                  scale: Scale):
+                  scale: figures.Scale):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
@@ -261,7 +260,7 @@ def window_of(n: int, q0: int | None, k0: int | None, span: int | None
           Input("long-context-scale", "value"))
 @safe
 def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
-                first_query: Index, first_key: Index, span: Index, scale: Scale):
+                first_query: Index, first_key: Index, span: Index, scale: figures.Scale):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update

@@ -6,8 +6,6 @@ shows what such a head does with the rest of its weight."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import dash
 from dash import Input, Output, callback, dcc, html, no_update
 
@@ -21,7 +19,6 @@ from dashboards.components.controls import (
     recording_layout_choices,
     strongest_sink,
 )
-from dashboards.components.figures import ColourScale
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import (
@@ -29,7 +26,6 @@ from dashboards.components.values import (
     Head,
     Index,
     Layer,
-    OneOf,
     RunId,
     triggered,
 )
@@ -39,7 +35,6 @@ dash.register_page(__name__, path="/recording", name="Recording", order=1, exper
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")
-Scale = Annotated[ColourScale, OneOf(figures.COLOUR_SCALES, optional=False)]
 MAX_TOKENS = 512
 """A longer prompt shows its first 512 tokens here; the Long context page shows it all."""
 
@@ -104,7 +99,7 @@ def choose_head(click: ClickedHead, run_id: RunId):
           Input("recording-layer", "value"), Input("recording-head", "value"),
           Input("recording-scale", "value"))
 @safe
-def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: Scale):
+def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: figures.Scale):
     if prompt is None or layer is None or head is None:
         return no_update
     rec = data.recording(run_id)
@@ -121,7 +116,7 @@ def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: 
           Input("recording-run", "value"), Input("recording-prompt", "value"),
           Input("recording-scale", "value"))
 @safe
-def draw_grid(run_id: RunId, prompt: Index, scale: Scale):
+def draw_grid(run_id: RunId, prompt: Index, scale: figures.Scale):
     rec = data.recording(run_id)
     if prompt is None:
         return no_update

@@ -1,6 +1,11 @@
 """Blocked attention on the bundled models: every layer's output is the bridge's eager
-output within 1e-6 (float32), each layer fed the eager pass's input, in a right-padded
-batch whose length is not a multiple of the block."""
+output within 1e-6 of its own scale (float32), each layer fed the eager pass's input, in a
+right-padded batch whose length is not a multiple of the block.
+
+The scale: smollm2's attention outputs reach 190, where one float32 step is 1.5e-5, so a
+sum taken in another order (the blocks', or another CPU's kernels) can differ by a few
+steps; 1e-6 absolute held only where the kernels happened to add in the eager order. The
+tolerance is 1e-6 times the largest magnitude of the eager output (at least 1e-6)."""
 
 from __future__ import annotations
 
@@ -24,5 +29,6 @@ def test_blocked_layer_outputs_equal_eager_on_the_bundled_models(request, name, 
         got = _outputs(model, ids, mask, inputs=eager)
     real = mask.bool()
     for name_, want in eager.items():
-        torch.testing.assert_close(got[name_][real], want[real], atol=1e-6, rtol=0,
+        scale = max(1.0, want[real].abs().max().item())
+        torch.testing.assert_close(got[name_][real], want[real], atol=1e-6 * scale, rtol=0,
                                    msg=name_)

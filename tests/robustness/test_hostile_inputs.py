@@ -254,7 +254,8 @@ def test_whitespace_only_lines_separate_prompts(capsys, runs_dir, llama_folder, 
     path.write_text("the cat sat\n   \nthe dog ran\n\t\r\non the mat\n")
     status, out, err = cli(capsys, "record", str(llama_folder), "--file", str(path))
     assert status == 0, err
-    assert out[0].startswith("recorded 3 prompts")
+    assert out[0].startswith(f"3 prompts from {path}")
+    assert out[1].startswith("recorded 3 prompts")
 
 
 # ---- prompt-set files are checked by content before a run, not only by name ----------------

@@ -85,8 +85,9 @@ def _options(parser: argparse.ArgumentParser):
             yield parser.prog, action
 
 
-TEXT_OPTIONS = {"--address"}
-"""Options whose ``type=`` parses text that is not a number (a cluster address)."""
+TEXT_OPTIONS = {"--address", "--device"}
+"""Options whose ``type=`` parses text that is not a number (a cluster address, a torch
+device)."""
 
 
 def test_every_numeric_command_line_option_has_declared_bounds():
