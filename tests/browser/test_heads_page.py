@@ -88,7 +88,7 @@ def test_head_classes_are_marked_at_the_stored_rate_and_at_a_typed_one(page, ser
     page.goto(f"{url}/heads?run={run.id}")
     assert class_marks(page, "heads-heatmap", name=f"previous-token at FDR {rate:g}") == \
         cells(rows[rows.in_class])
-    page.wait_for_function("() => document.querySelector('#heads-classes-note')"
+    page.wait_for_function("() => document.querySelector('#heads-classes-note')?"
                            ".innerText.includes('heads at FDR')")
     assert page.inner_text("#heads-classes-note") == classes.summary_line(stored,
                                                                           "previous-token")
