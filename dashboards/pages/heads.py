@@ -4,6 +4,8 @@ difference when both have the metric on the same grid of heads), and for an
 ``induction-heads`` run its causal evidence: loss on each repeat, the in-context-learning
 score, the K-composition ablation and its path patch (the previous-token heads removed from
 only the key, query or value input of the tracked induction heads, against random draws).
+The heatmap outlines the heads of a head class at a false-discovery rate the reader types
+(:mod:`dashboards.components.head_classes`).
 
 The top-k table shows the columns of the run's ``head_scores`` table as its experiment
 declares them (``experiments/<name>/tables.py``), with each column's meaning on hover."""
@@ -19,7 +21,7 @@ import plotly.graph_objects as go
 from dash import ALL, Input, Output, State, callback, dash_table, dcc, html, no_update
 from plotly.subplots import make_subplots
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports, figures, head_classes
 from dashboards.components.controls import colour_scale, labelled, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from dashboards.components.skeleton import run_page, runs_of
@@ -108,12 +110,14 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
         labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=MAX_K,
                                     step=1)),
         colour_scale("heads"),
+        *head_classes.controls("heads"),
     ], body=lambda chosen: [
         html.Div(id="heads-compare-note"),
         html.Div(className="wb-row", children=[
             exports.graph("heads-heatmap", chosen),
             exports.graph("heads-compare-heatmap", chosen, hidden=True),
             exports.graph("heads-difference", chosen, hidden=True)]),
+        html.P(id="heads-classes-note", className="wb-note"),
         html.P("Click a head in the heatmap or a row of the table to see its attention.",
                className="wb-note"),
         html.Div(className="wb-row", children=[
@@ -132,6 +136,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
 
 
 exports.follow("heads-run", page="heads", graphs=GRAPHS)
+head_classes.follow("heads", shows=SHOWS)
 
 
 @callback(Output("heads-metric", "options"), Output("heads-metric", "value"),
@@ -165,12 +170,15 @@ def _compared(compare_id: str | None) -> pd.DataFrame | None:
 
 @callback(Output("heads-heatmap", "figure"), Output("heads-table", "data"),
           Output("heads-table", "columns"), Output("heads-table", "tooltip_header"),
+          Output("heads-classes-note", "children"),
           Input("heads-run", "value"), Input("heads-metric", "value"), Input("heads-k", "value"),
-          Input("heads-compare", "value"))
+          Input("heads-compare", "value"), Input("heads-class", "value"),
+          Input("heads-fdr", "value"))
 @safe
-def draw_run(run_id: RunId, metric: Name, top_k: TopK, compare_id: RunId):
+def draw_run(run_id: RunId, metric: Name, top_k: TopK, compare_id: RunId,
+             head_class: head_classes.ClassName, fdr: head_classes.Rate):
     if metric is None:
-        return no_update, no_update, no_update, no_update
+        return no_update, no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     declared = EXPERIMENTS[run.experiment]
     shown = table_columns(declared)
@@ -187,8 +195,9 @@ def draw_run(run_id: RunId, metric: Name, top_k: TopK, compare_id: RunId):
     top = scores[scores.metric == metric].nlargest(top_k or 10, "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}
-    return (figures.head_heatmap(scores, metric, title=title, zmin=zmin, zmax=zmax), rows,
-            [{"name": c, "id": c} for c in shown], tips)
+    heatmap = figures.head_heatmap(scores, metric, title=title, zmin=zmin, zmax=zmax)
+    note = head_classes.mark(heatmap, run, head_class, fdr)
+    return heatmap, rows, [{"name": c, "id": c} for c in shown], tips, note
 
 
 def _grid_shape(scores: pd.DataFrame) -> tuple[int, int]:

@@ -3,8 +3,10 @@
 A layer x head heatmap of the chosen metric of a ``head-overview`` run (entropy,
 normalized entropy, mean distance, self-attention; hover shows the 95% interval), the
 metric by layer (mean over heads, with the lowest and highest head; as in Vig & Belinkov's
-mean attention distance by layer), and a sortable table of every head. Everything is read
-from the run's tables by their declarations in ``experiments/head_overview/tables.py``."""
+mean attention distance by layer), and a sortable table of every head, with the heads of a
+head class outlined on the heatmap at a false-discovery rate the reader types
+(:mod:`dashboards.components.head_classes`). Everything is read from the run's tables by
+their declarations in ``experiments/head_overview/tables.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports, figures, head_classes
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
@@ -34,10 +36,12 @@ TABLE_COLUMNS = [c for c in HEAD_SCORES.names if c != "metric"]
 def layout(run: str | None = None, **_: str) -> html.Div:
     return run_page("overview", "Overview", shows=SHOWS, requested=run, empty=EMPTY, controls=[
         labelled("metric", dcc.Dropdown(id="overview-metric", clearable=False), "16em"),
+        *head_classes.controls("overview"),
     ], body=lambda chosen: [
         html.Ul(id="overview-summary", className="wb-note"),
         html.Div(className="wb-row", children=[exports.graph("overview-heatmap", chosen),
                                                exports.graph("overview-layers", chosen)]),
+        html.P(id="overview-classes-note", className="wb-note"),
         dash_table.DataTable(
             id="overview-table", sort_action="native", page_size=20,
             columns=[{"name": c, "id": c} for c in TABLE_COLUMNS],
@@ -47,6 +51,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 
 exports.follow("overview-run", page="overview", graphs=["overview-heatmap", "overview-layers"])
+head_classes.follow("overview", shows=SHOWS)
 
 
 @callback(Output("overview-metric", "options"), Output("overview-metric", "value"),
@@ -85,12 +90,14 @@ def layers_figure(scores: pd.DataFrame, metric: str) -> go.Figure:
 
 
 @callback(Output("overview-heatmap", "figure"), Output("overview-layers", "figure"),
-          Output("overview-table", "data"),
-          Input("overview-run", "value"), Input("overview-metric", "value"))
+          Output("overview-table", "data"), Output("overview-classes-note", "children"),
+          Input("overview-run", "value"), Input("overview-metric", "value"),
+          Input("overview-class", "value"), Input("overview-fdr", "value"))
 @safe
-def draw(run_id: RunId, metric: Name):
+def draw(run_id: RunId, metric: Name, head_class: head_classes.ClassName,
+         fdr: head_classes.Rate):
     if metric is None:
-        return no_update, no_update, no_update
+        return no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     scores = run.table(HEAD_SCORES.name)
     among("metric", metric, list(dict.fromkeys(scores.metric)), "the run's metrics")
@@ -99,6 +106,7 @@ def draw(run_id: RunId, metric: Name):
     title = f"{metric} · {run.model_name}<br><sup>{declared.meaning}</sup>"
     heatmap = figures.head_heatmap(scores, metric, title=title,
                                    zmin=0 if bounded else None, zmax=1 if bounded else None)
+    note = head_classes.mark(heatmap, run, head_class, fdr)
     rows = scores[scores.metric == metric].sort_values(["layer", "head"])
     return (heatmap, layers_figure(scores, metric),
-            rows.reindex(columns=TABLE_COLUMNS).round(4).to_dict("records"))
+            rows.reindex(columns=TABLE_COLUMNS).round(4).to_dict("records"), note)

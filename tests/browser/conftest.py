@@ -142,3 +142,17 @@ def offers_exports(page, graph_id: str, run_id: str) -> None:
     assert name == f"{run_id}-{graph_id}.svg" and body.lstrip().startswith(b"<svg")
     page.wait_for_selector(".wb-download button:text-is('Parquet')")
     assert page.locator(".wb-download button:text-is('CSV')").count() == 1
+
+
+def class_marks(page, graph_id: str, *, name: str, timeout: float = 45) -> set[tuple[int, int]]:
+    """The ``(layer, head)`` cells marked on a heatmap by its trace ``name`` (a head class at
+    a rate, :mod:`dashboards.components.head_classes`), once that trace is drawn."""
+    script = """([id, name]) => {
+        const el = document.querySelector(`#${id} .js-plotly-plot`);
+        const marks = el && el.data && el.data.find(t => t.name === name);
+        return marks ? {x: marks.x, y: marks.y} : null;
+    }"""
+    handle = page.wait_for_function(script, arg=[graph_id, name], timeout=timeout * 1000)
+    cells = handle.json_value()
+    return {(int(y), int(x)) for x, y in zip(as_array(cells["x"]), as_array(cells["y"]),
+                                             strict=True)}

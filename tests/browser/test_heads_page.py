@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from experiments.previous_token_heads.tables import HEAD_SCORES
-from tests.browser.conftest import as_array, choose, figure, serve, stop
+from tests.browser.conftest import as_array, choose, class_marks, figure, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.recording.record import Recording
+from workbench.scores import classes
 
 SMALL = {"n_prompts": 4, "n_repeated": 4, "n_tokens": 32, "seq_len": 8, "n_boot": 50}
 
@@ -73,3 +74,36 @@ def test_two_runs_side_by_side(page, served):
     np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
                                grid(other.table("head_scores"), "previous_token", 2, 4),
                                atol=1e-9)
+
+
+def cells(rows):
+    return {(int(r.layer), int(r.head)) for r in rows.itertuples()}
+
+
+def test_head_classes_are_marked_at_the_stored_rate_and_at_a_typed_one(page, served):
+    url, run, _ = served
+    stored = run.table("head_classes")
+    rows = stored[stored.head_class == "previous-token"]  # the class of previous_token
+    rate = float(rows.fdr.iloc[0])
+    page.goto(f"{url}/heads?run={run.id}")
+    assert class_marks(page, "heads-heatmap", name=f"previous-token at FDR {rate:g}") == \
+        cells(rows[rows.in_class])
+    page.wait_for_function("() => document.querySelector('#heads-classes-note')?"
+                           ".innerText.includes('heads at FDR')")
+    assert page.inner_text("#heads-classes-note") == classes.summary_line(stored,
+                                                                          "previous-token")
+    # another rate: the heads whose q is at most it, whatever the stored in_class says
+    q = rows.q.dropna().sort_values()
+    other = float(f"{q.iloc[len(q) // 2]:.3g}")
+    want = cells(rows[rows.q <= other])
+    assert want and want != cells(rows[rows.in_class])  # the rate changes the marks
+    page.fill("#heads-fdr", str(other))
+    page.press("#heads-fdr", "Enter")
+    assert class_marks(page, "heads-heatmap", name=f"previous-token at FDR {other:g}") == want
+    assert page.inner_text("#heads-classes-note").startswith(
+        f"previous-token heads at FDR {other:g}: {len(want)} of {len(rows)} ")
+    # the class follows the metric, at the rate typed
+    choose(page, "heads-metric", "duplicate_token")
+    duplicate = stored[stored.head_class == "duplicate-token"]
+    assert class_marks(page, "heads-heatmap", name=f"duplicate-token at FDR {other:g}") == \
+        cells(duplicate[duplicate.q <= other])

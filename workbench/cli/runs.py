@@ -82,9 +82,8 @@ CLASS_COLUMNS = ["layer", "head", "score", "ci_low", "ci_high", "null_mean", "ch
 def _classes(run: Any, fdr: float | None) -> str:
     """The heads in each class of the run's head_classes table, best score first: at the
     run's declared rate, or at ``fdr`` (a BH q-value is the least rate that rejects)."""
-    import numpy as np
-
     from workbench.core.errors import WorkbenchError
+    from workbench.scores import classes
     from workbench.store.schema import head_classes
 
     if "head_classes" not in run.table_names():
@@ -95,10 +94,9 @@ def _classes(run: Any, fdr: float | None) -> str:
     except WorkbenchError as exc:
         raise WorkbenchError(f"run {_cell(run.id)}: {exc}") from None
     blocks = []
-    for name, rows in table.groupby("head_class", sort=False):
-        rate = float(rows.fdr.iloc[0]) if fdr is None else fdr
-        q = rows.q.to_numpy(dtype=float)
-        inside = rows[np.nan_to_num(q, nan=np.inf) <= rate].sort_values("score", ascending=False)
+    for name, rows in classes.at_rate(table, fdr).groupby("head_class", sort=False):
+        rate = float(rows.fdr.iloc[0])
+        inside = rows[rows.in_class].sort_values("score", ascending=False)
         first = rows.iloc[0]
         draws = int(first.n_draws)
         floor = f", smallest p {1 / (1 + draws):.2g}" if draws >= 0 else ""

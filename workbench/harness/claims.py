@@ -498,9 +498,8 @@ def _class_rows(run: Run, head_class: str, fdr: float | None) -> tuple[pd.DataFr
     rows = table[table.head_class == head_class]
     if rows.empty:
         raise WorkbenchError(f"run {run.id} tested no head for the {head_class} class")
-    rate = float(rows.fdr.iloc[0]) if fdr is None else float(fdr)
-    inside = rows.q.fillna(math.inf).to_numpy(dtype=float) <= rate
-    return rows.assign(inside=inside), rate
+    rows = classes.at_rate(rows, fdr)
+    return rows.assign(inside=rows.in_class), float(rows.fdr.iloc[0])
 
 
 def _labels(rows: pd.DataFrame) -> str:

@@ -348,6 +348,25 @@ def classify(head_class: HeadClass, real: pd.DataFrame, null: pd.DataFrame | flo
     })
 
 
+def at_rate(head_classes: pd.DataFrame, fdr: float | None = None) -> pd.DataFrame:
+    """A ``head_classes`` table re-read at the false-discovery rate ``fdr``: ``in_class``
+    is ``q <= fdr`` (a BH q-value is the least rate at which the head is rejected), and
+    ``fdr`` says the rate. With no ``fdr`` each class keeps the rate it was declared at.
+
+    A head with no q (not tested) is in no class at any rate.
+
+    Examples:
+        >>> table = pd.DataFrame({"head_class": ["sink"] * 3, "q": [0.001, 0.03, np.nan],
+        ...                       "fdr": 0.05, "in_class": [True, True, False]})
+        >>> at_rate(table, 0.01).in_class.tolist()
+        [True, False, False]
+    """
+    rate = head_classes.fdr.to_numpy(dtype=float) if fdr is None else \
+        np.full(len(head_classes), float(fdr))
+    q = np.nan_to_num(head_classes.q.to_numpy(dtype=float), nan=np.inf)
+    return head_classes.assign(fdr=rate, in_class=q <= rate)
+
+
 def summary_line(head_classes: pd.DataFrame, name: str) -> str:
     """One line: how many heads are in a class at its rate, and where."""
     rows = head_classes[head_classes.head_class == name]
