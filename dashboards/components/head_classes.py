@@ -17,7 +17,7 @@ from typing import Annotated
 
 import pandas as pd
 import plotly.graph_objects as go
-from dash import Input, Output, State, callback, dcc
+from dash import Input, Output, State, callback, dcc, html
 
 from dashboards.components import data
 from dashboards.components.controls import labelled
@@ -36,12 +36,16 @@ MARK_COLOUR = "#e11d48"
 
 
 def controls(page: str) -> list:
-    """The class dropdown and the rate input, ids ``{page}-class`` and ``{page}-fdr``."""
+    """The class dropdown and the rate input, ids ``{page}-class`` and ``{page}-fdr``,
+    each with the box that says why it could not be filled (``{page}-class-error``,
+    ``{page}-fdr-error``)."""
     return [
         labelled("head class", dcc.Dropdown(id=f"{page}-class", clearable=False,
                                             placeholder="no head classes"), "12em"),
+        html.Div(id=f"{page}-class-error"),
         labelled("FDR", dcc.Input(id=f"{page}-fdr", type="number", min=LOWEST_RATE, max=1,
                                   step="any", debounce=True, style={"width": "6em"})),
+        html.Div(id=f"{page}-fdr-error"),
     ]
 
 
@@ -72,18 +76,21 @@ def follow(page: str, *, shows: list[str]) -> None:
     Call it once, at the page's import, beside its callbacks."""
 
     @callback(Output(f"{page}-class", "options"), Output(f"{page}-class", "value"),
+              Output(f"{page}-class-error", "children"),
               Input(f"{page}-run", "value"), Input(f"{page}-metric", "value"),
               State(f"{page}-class", "value"))
     @safe
     def choose_class(run_id: RunId, metric: Name, current: ClassName):
         names = class_names(table_of(data.get_run(run_id, shows=shows)))
-        return names, default_class(names, metric, current)
+        return names, default_class(names, metric, current), None
 
-    @callback(Output(f"{page}-fdr", "value"), Input(f"{page}-run", "value"))
+    @callback(Output(f"{page}-fdr", "value"), Output(f"{page}-fdr-error", "children"),
+              Input(f"{page}-run", "value"))
     @safe
     def stored_rate(run_id: RunId):
         table = table_of(data.get_run(run_id, shows=shows))
-        return None if table is None or table.empty else float(table.fdr.iloc[0])
+        rate = None if table is None or table.empty else float(table.fdr.iloc[0])
+        return rate, None
 
 
 def mark(fig: go.Figure, run: Run, name: str | None, rate: float | None) -> str:
