@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from workbench.core import progress
 from workbench.core.errors import printable
+from workbench.harness.run_facts import duration_text as _duration
 
 
 def _cell(value: Any) -> str:
@@ -90,15 +91,6 @@ def _wrapped_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
 def _one_line(text: str) -> str:
     """``text`` as one inert line: its lines joined by spaces, control characters escaped."""
     return printable(" ".join(line.strip() for line in text.splitlines() if line.strip()))
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 1:  # run.json keeps whole seconds
-        return "under 1 s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest:02d} s"
 
 
 def _inert_lines(text: str) -> str:

@@ -93,8 +93,8 @@ def parent_text(run: Run, sweeps: dict[str, Run]) -> str:
 
 
 def duration_text(seconds: float | None) -> str:
-    """A wall time as the CLI prints one (``under 1 s``, ``42 s``, ``3 min 05 s``; ``-``
-    for a run that has not ended)."""
+    """A wall time as the CLI and the pages print one (``under 1 s``, ``42 s``,
+    ``3 min 05 s``; ``-`` for a run that has not ended)."""
     if seconds is None:
         return "-"
     if seconds < 1:  # run.json keeps whole seconds
