@@ -579,11 +579,11 @@ def sink_classes(model: Model, natural: Sequence[Prompt], per_prompt: pd.DataFra
     (Gu et al.'s threshold is the null) and above uniform attention, at ``fdr`` over the
     model's heads (:mod:`workbench.scores.classes`; no further forward pass)."""
     alpha = per_prompt[(per_prompt.input == "natural") & (per_prompt.metric == "first_token")]
-    chance = reductions.null_scores(model, natural, metrics.reductions("first_token"))
+    chance = reductions.layer_nulls(model, natural, metrics.reductions("first_token"))
     testing = classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed, eps=cfg.eps)
     return classes.classify(classes.get("sink"), alpha.drop(columns="input"), cfg.eps,
                             testing=testing, n_boot=cfg.n_boot, seed=cfg.seed,
-                            inputs="natural", chance=chance.set_index("prompt").score)
+                            inputs="natural", chance=chance.drop(columns="metric"))
 
 
 def massive_by_layer(resid: pd.DataFrame) -> pd.DataFrame:

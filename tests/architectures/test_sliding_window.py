@@ -279,3 +279,40 @@ def test_the_distance_curve_of_a_16_token_window_drops_to_zero_beyond_it(tokeniz
     assert (far.score > 0).all()
     assert any(line.startswith("beyond the 16-token window: sliding layers' largest score "
                                "0.000") for line in run.meta.summary)
+
+
+def test_head_score_nulls_of_a_sliding_layer_cover_only_its_window(gemma3):
+    """The uniform null of a sliding layer spreads over the window the layer's mask allows:
+    a first-token weight of 1/(q+1) while position 0 is within the window, 0 beyond it."""
+    from workbench.inputs.prompts import Prompt
+    from workbench.scores import metrics
+    from workbench.scores.heads import score_heads
+
+    texts = ["one two three four five six seven eight nine ten eleven twelve thirteen",
+             "the cat sat on the mat and then the dog sat on the cat again and again"]
+    prompts = [Prompt(text=t) for t in texts]
+    table = score_heads(gemma3, prompts, metrics.reductions("first_token"), inputs="text",
+                        n_boot=10)
+    lengths = [len(gemma3.encode(p)[0]) for p in prompts]
+    assert min(lengths) > WINDOW
+    by_hand = {
+        "global": np.mean([np.mean(1 / np.arange(1, n + 1)) for n in lengths]),
+        "sliding": np.mean([np.mean([1 / (q + 1) if q < WINDOW else 0.0 for q in range(n)])
+                            for n in lengths]),
+    }
+    for layer, kind in enumerate(gemma3.info.layer_types):
+        null = table[table.layer == layer].null
+        assert null.to_numpy() == pytest.approx(by_hand[kind], abs=1e-6)
+    assert by_hand["sliding"] < by_hand["global"]
+
+
+def test_a_prompt_within_the_window_has_one_null_on_both_layer_types(gemma3):
+    from workbench.inputs.prompts import Prompt
+    from workbench.recording.reductions import layer_nulls
+    from workbench.scores import metrics
+
+    prompts = [Prompt(text="a b c")]
+    assert len(gemma3.encode(prompts[0])[0]) <= WINDOW
+    nulls = layer_nulls(gemma3, prompts, metrics.reductions("previous_token", "first_token"))
+    wide = nulls.pivot(index="metric", columns="layer", values="score")
+    assert (wide[0] == wide[1]).all()

@@ -289,23 +289,34 @@ def _batch_ids(batch: Batch, read: Sequence[list[int]]) -> Int[Tensor, "batch po
     return ids
 
 
-def uniform_pattern(n: int, causal: bool, rows: tuple[int, int] | None = None
-                    ) -> Float[Tensor, "1 1 query_pos key_pos"]:
+def uniform_pattern(n: int, causal: bool, rows: tuple[int, int] | None = None,
+                    window: int | None = None) -> Float[Tensor, "1 1 query_pos key_pos"]:
     """Attention spread evenly over the keys each query can see: the null pattern (only
-    query rows ``rows = (q0, q1)`` of it, if given)."""
+    query rows ``rows = (q0, q1)`` of it, if given). ``window``: a causal sliding layer's
+    span, the last ``window`` keys, the query's own included (the model's own mask:
+    ``0 <= q - k < window``)."""
     q0, q1 = rows if rows is not None else (0, n)
     queries, keys = torch.arange(q0, q1)[:, None], torch.arange(n)[None, :]
-    visible = (keys <= queries).float() if causal else torch.ones(q1 - q0, n)
+    visible = keys <= queries if causal else torch.ones(q1 - q0, n, dtype=torch.bool)
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window is read as causal: the last keys before "
+                             "each query")
+        visible = visible & (queries - keys < window)
+    visible = visible.float()
     return (visible / visible.sum(-1, keepdim=True))[None, None]
 
 
 def null_scores(model: Model, prompts: Sequence[Prompt],
-                reductions: Mapping[str, Reduction]) -> pd.DataFrame:
+                reductions: Mapping[str, Reduction], *, window: int | None = None
+                ) -> pd.DataFrame:
     """Each reduction applied to the uniform pattern of every prompt (no forward pass).
 
     This is what a score would be for a head that attends evenly to everything it can
     see, so a reader knows what "high" means for that score on those prompts. Block-wise
-    reductions get the pattern one block of rows at a time, as in a pass.
+    reductions get the pattern one block of rows at a time, as in a pass. ``window``: the
+    uniform pattern of a sliding layer of that span (:func:`layer_nulls` picks it per
+    layer).
 
     Returns:
         ``prompt, metric, score`` (the same for every head).
@@ -324,12 +335,30 @@ def null_scores(model: Model, prompts: Sequence[Prompt],
             total: Partial | None = None
             for q0 in range(0, n, step):
                 q1 = min(q0 + step, n)
-                pattern = uniform_pattern(n, model.info.causal, (q0, q1))
+                pattern = uniform_pattern(n, model.info.causal, (q0, q1), window)
                 part = _part(fn, pattern, dataclasses.replace(ctx, q0=q0, q1=q1))
                 total = part if total is None else total + part
             assert total is not None
             rows.append((i, metric, float(total.result()[0, 0])))
     return pd.DataFrame(rows, columns=["prompt", "metric", "score"])
+
+
+def layer_nulls(model: Model, prompts: Sequence[Prompt],
+                reductions: Mapping[str, Reduction]) -> pd.DataFrame:
+    """:func:`null_scores` for every layer: a global layer's uniform pattern spreads over
+    every key its mask allows, a sliding layer's only over its window
+    (``model.info.window(layer)``), so beyond the window a sliding layer's null is what
+    that layer can do (a first-token null of 0 once the first token is out of reach).
+    Each distinct span is computed once.
+
+    Returns:
+        ``prompt, layer, metric, score`` (the same for every head of a layer).
+    """
+    spans = [model.info.window(layer) for layer in range(model.info.n_layers)]
+    by_span = {span: null_scores(model, prompts, reductions, window=span)
+               for span in dict.fromkeys(spans)}
+    return pd.concat([by_span[span].assign(layer=layer) for layer, span in enumerate(spans)],
+                     ignore_index=True)[["prompt", "layer", "metric", "score"]]
 
 
 def _to_frame(batch_out: Mapping[tuple[int, str], Tensor], indices: list[int]) -> pd.DataFrame:

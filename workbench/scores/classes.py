@@ -291,7 +291,7 @@ def _wide(per_prompt: pd.DataFrame, prompts: list[int]) -> tuple[np.ndarray, pd.
 
 def classify(head_class: HeadClass, real: pd.DataFrame, null: pd.DataFrame | float, *,
              testing: Testing, n_boot: int, seed: int, inputs: str,
-             chance: pd.Series | None = None) -> pd.DataFrame:
+             chance: pd.Series | pd.DataFrame | None = None) -> pd.DataFrame:
     """Test every head of a model for one class.
 
     A head is in the class when its score beats, on the same prompts, both its null and
@@ -306,7 +306,8 @@ def classify(head_class: HeadClass, real: pd.DataFrame, null: pd.DataFrame | flo
         null: the null value of each (prompt, head), the same shape and prompt numbers as
             ``real`` (paired), or one constant (``threshold`` classes).
         chance: the uniform pattern's score on each prompt (by prompt number), the same for
-            every head; none: no such floor.
+            every head; or ``prompt, layer, score``, the same for every head of a layer (a
+            sliding layer's uniform pattern covers only its window); none: no such floor.
         testing: the rate, draws and seed.
         n_boot: bootstrap resamples of the score's interval; ``seed`` its seed.
         inputs: what the scores were measured on.
@@ -323,9 +324,8 @@ def classify(head_class: HeadClass, real: pd.DataFrame, null: pd.DataFrame | flo
             raise ValueError(f"{head_class.name}: the null scores another set of heads")
     else:
         y = np.full_like(x, float(null))
-    u = np.full(len(prompts), -np.inf) if chance is None else \
-        chance.reindex(prompts).to_numpy(dtype=float)
-    d = x - np.maximum(y, np.nan_to_num(u, nan=-np.inf)[:, None])
+    u = _chance(chance, prompts, heads)
+    d = x - np.maximum(y, np.nan_to_num(u, nan=-np.inf))
     p = sign_flip_p(d, testing.n_draws, testing.seed)
     q = bh_qvalues(p)
     summary = summarize(real.assign(metric=head_class.metric), n_boot=n_boot, seed=seed)
@@ -338,7 +338,7 @@ def classify(head_class: HeadClass, real: pd.DataFrame, null: pd.DataFrame | flo
         "metric": head_class.metric, "head_class": head_class.name,
         "score": summary.score, "ci_low": summary.ci_low, "ci_high": summary.ci_high,
         "null_mean": null_mean,
-        "chance": float(np.nanmean(u)) if chance is not None else np.nan,
+        "chance": np.nanmean(u, axis=0) if chance is not None else np.nan,
         "p": p, "q": q, "fdr": testing.fdr,
         "in_class": np.nan_to_num(q, nan=np.inf) <= testing.fdr,
         "n_prompts": summary.n_prompts.astype(int), "n_draws": testing.n_draws,
@@ -346,6 +346,18 @@ def classify(head_class: HeadClass, real: pd.DataFrame, null: pd.DataFrame | flo
         "null": head_class.null if isinstance(null, pd.DataFrame) else
         f"{head_class.null}, eps = {float(null):g}",
     })
+
+
+def _chance(chance: pd.Series | pd.DataFrame | None, prompts: list[int],
+            heads: pd.DataFrame) -> np.ndarray:
+    """``[prompt, head]``: the uniform pattern's score each head is held to (-inf: none)."""
+    if chance is None:
+        return np.full((len(prompts), len(heads)), -np.inf)
+    if isinstance(chance, pd.Series):
+        return np.repeat(chance.reindex(prompts).to_numpy(dtype=float)[:, None],
+                         len(heads), axis=1)
+    wide = chance.pivot(index="prompt", columns="layer", values="score").reindex(prompts)
+    return wide.reindex(columns=heads.layer.to_numpy()).to_numpy(dtype=float)
 
 
 def at_rate(head_classes: pd.DataFrame, fdr: float | None = None) -> pd.DataFrame:

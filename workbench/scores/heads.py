@@ -23,7 +23,7 @@ from workbench.core import progress
 from workbench.inputs.prompts import Prompt
 from workbench.models import adapters
 from workbench.models.base import Model
-from workbench.recording.reductions import Reduction, null_scores, reduce_patterns
+from workbench.recording.reductions import Reduction, layer_nulls, reduce_patterns
 from workbench.scores import classes
 from workbench.scores.stats import bootstrap_mean_ci, summarize
 from workbench.store.schema import head_classes
@@ -40,10 +40,18 @@ def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str
     per_prompt = reduce_patterns(model, prompts, reductions, max_batch_tokens=max_batch_tokens,
                                  desc=f"scoring {inputs}")
     table = summarize(per_prompt, n_boot=n_boot, seed=seed)
-    null = null_scores(model, prompts, reductions).groupby("metric").score.mean()
-    table["null"] = table.metric.map(null)
+    table = _with_null(table, layer_nulls(model, prompts, reductions))
     table["inputs"] = inputs
     return table
+
+
+def _with_null(table: pd.DataFrame, uniform: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with each row's null: its layer's uniform score of its metric
+    (:func:`~workbench.recording.reductions.layer_nulls`), the mean over the prompts."""
+    null = uniform.groupby(["layer", "metric"], as_index=False).score.mean()
+    merged = table.merge(null.rename(columns={"score": "null"}), on=["layer", "metric"],
+                         how="left", validate="many_to_one")
+    return merged.astype({"null": "float64"})
 
 
 class Classified(NamedTuple):
@@ -97,10 +105,9 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
     n = len(prompts)
     real = per_prompt[per_prompt.prompt < n]
     table = summarize(real[real.metric.isin(list(reductions))], n_boot=n_boot, seed=seed)
-    uniform = null_scores(model, prompts, {**reductions, **{
+    uniform = layer_nulls(model, prompts, {**reductions, **{
         k: v for k, v in scan.items() if k in classes.PATTERN_REDUCTIONS}})
-    null = uniform[uniform.metric.isin(list(reductions))].groupby("metric").score.mean()
-    table["null"] = table.metric.map(null)
+    table = _with_null(table, uniform[uniform.metric.isin(list(reductions))])
     table["inputs"] = inputs
     rows = []
     for head_class in tested:
@@ -115,7 +122,7 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
             tested_name, null_name = classes.PATTERN_NULLS[head_class.name]
             observed = real[real.metric == tested_name]
             against = real[real.metric == null_name]
-        chance = uniform[uniform.metric == observed.metric.iloc[0]].set_index("prompt").score \
+        chance = uniform[uniform.metric == observed.metric.iloc[0]].drop(columns="metric") \
             if len(observed) else None
         rows.append(classes.classify(head_class, observed, against, testing=testing,
                                      n_boot=n_boot, seed=seed, inputs=inputs, chance=chance))

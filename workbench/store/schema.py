@@ -144,7 +144,8 @@ LAYER_TYPE = Column("layer_type", "str", "the layer's attention span: sliding (i
 layer (:data:`workbench.store.records.LayerType`), where the distinction changes what a
 score means."""
 NULL_COLUMNS = columns(
-    ("null", "float", "the same score of a pattern uniform over the visible keys"),
+    ("null", "float", "the same score of a pattern uniform over the keys the head's "
+                     "layer sees (a sliding layer: its window)"),
     ("inputs", "str", "the inputs the score was measured on"),
 )
 
@@ -167,8 +168,8 @@ HEAD_CLASS_COLUMNS = columns(
     ("ci_low", "float", "95% bootstrap interval of score over prompts, low end"),
     ("ci_high", "float", "95% bootstrap interval of score over prompts, high end"),
     ("null_mean", "float", "the mean of the null the score is tested against (see null)"),
-    ("chance", "float", "the score of attention uniform over the keys each query sees, on "
-                        "the same prompts (head_scores' null)"),
+    ("chance", "float", "the score of attention uniform over the keys each query of the "
+                        "head's layer sees, on the same prompts (head_scores' null)"),
     ("p", "float", "one-sided paired sign-flip p-value of score > max(null, chance) over "
                    "prompts: (1 + #draws >= observed) / (1 + n_draws)"),
     ("q", "float", "Benjamini-Hochberg q-value over every head of the model, per class"),
