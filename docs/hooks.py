@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,18 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
 
 # -- the experiments --------------------------------------------------------------------
 
+def _example_block(match: re.Match) -> str:
+    body = textwrap.dedent(match.group(2)).strip("\n")
+    lang = "python" if body.lstrip().startswith(">>>") else "bash"
+    return f"{match.group(1)}:\n\n```{lang}\n{body}\n```\n"
+
+
 def _docstring_markdown(text: str) -> str:
-    """A module docstring as Markdown: reST roles and double backticks as code."""
+    """A module docstring as Markdown: reST roles and double backticks as code, and an
+    indented ``Example:`` section as a code block."""
     text = re.sub(r":(?:mod|func|class|meth|attr|data):`~?([^`]+)`", r"`\1`", text)
-    return re.sub(r"``([^`]+)``", r"`\1`", text)
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    return re.sub(r"^(Examples?):\n((?:(?:    .*)?\n?)+)", _example_block, text, flags=re.M)
 
 
 def _set_text(value: Any) -> str:
@@ -139,7 +148,7 @@ def experiment_reference(name: str) -> str:
          *_families(exp)]
     fields = [[_code(f.name), _code(f.type), _code(_set_text(f.default)), f.range, f.help]
               for f in config.fields(exp.config)]
-    parts = [f"## `{exp.name}`: the reference", "", exp.description, "",
+    parts = [f"## Reference: `{exp.name}`", "", exp.description, "",
              f"Module: `{exp.module}`; run it with `workbench run {exp.name}` or "
              f"`python -m {exp.module}`.", "", *needs, "",
              f"Demo config: `{demo}`." if demo else "Demo config: the default.", "",
