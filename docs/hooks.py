@@ -197,18 +197,31 @@ def wall_times(name: str) -> str:
 
 # -- claims and schemas -----------------------------------------------------------------
 
+def _claim(c: Any) -> list[str]:
+    applies = c.applies_to if isinstance(c.applies_to, str) else ", ".join(c.applies_to)
+    params = json.dumps(c.check.params, sort_keys=True) if c.check.params else ""
+    lines = [f"#### `{c.id}`", "", f"*{c.kind}*: {_cell(c.statement)}", "",
+             f"- **source**: {_cell(c.source)}",
+             f"- **published**: {_cell(c.published)}"]
+    lines += [f'- **quote**: "{_cell(c.quote)}"'] if c.quote else []
+    lines += [f"- **measured by**: `{c.experiment}` with the config "
+              f"`{json.dumps(c.config)}`; check `{c.check.name}`"
+              + (f" with `{params}`" if params else ""),
+              f"- **applies to**: {applies}; **run on**: {', '.join(c.models) or 'its own models'}",
+              ""]
+    return lines
+
+
 def claims_reference() -> str:
-    """Markdown for every claim of ``data/claims/*.json``, grouped by file."""
+    """Markdown for every claim of ``data/claims/*.json``, grouped by file: its statement,
+    source, published value, the experiment, config and check that measure it."""
     from workbench.harness.claims import read_claims_file
 
     parts = []
     for path in sorted((ROOT / "data" / "claims").glob("*.json")):
-        rows = [[_code(c.id), c.kind, c.statement, c.source, c.published,
-                 _code(c.experiment), json.dumps(c.config), _code(c.check.name)]
-                for c in read_claims_file(path)]
-        parts += [f"### `{path.name}`", "",
-                  _table(["claim", "kind", "statement", "source", "published", "experiment",
-                          "config", "check"], rows), ""]
+        parts += [f"### `{path.name}`", ""]
+        for claim in read_claims_file(path):
+            parts += _claim(claim)
     return "\n".join(parts)
 
 
@@ -280,3 +293,12 @@ def on_serve(server: Any, config: Any, builder: Any) -> Any:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return MARKER.sub(_generated, markdown)
+
+
+ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):<code>~?")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """The docstrings' reST roles (``:func:`x```), which the Google-style parser leaves
+    as text before the code, read as plain code: ``x``."""
+    return ROLE.sub("<code>", html)
