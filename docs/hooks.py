@@ -13,6 +13,7 @@ mkdocs-jupyter, not executed); the build passes with none.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import textwrap
@@ -195,6 +196,44 @@ def wall_times(name: str) -> str:
     return "\n".join(parts)
 
 
+@functools.cache
+def dashboard_pages() -> dict[str, tuple[tuple[str, str], ...]]:
+    """Every experiment a dashboard page declares, with the ``(name, path)`` of the pages
+    that show it, from the pages' own ``register_page(..., experiments=[...])`` (the app is
+    built over an empty store; no page reads data as it is built)."""
+    import tempfile
+
+    from dashboards.app import create_app
+    from dashboards.components import links
+
+    with tempfile.TemporaryDirectory() as runs:
+        create_app(runs)
+    return {exp: tuple((page["name"], page["path"]) for page in pages)
+            for exp, pages in links.pages_by_experiment().items()}
+
+
+def _dashboard_items() -> list[str]:
+    """The top-level list items of the Dashboard page, one per page of the dashboard."""
+    text = (ROOT / "docs" / "dashboard.md").read_text(encoding="utf-8")
+    return ["- " + item.strip() for item in re.split(r"^- ", text, flags=re.M)[1:]]
+
+
+def figures(name: str) -> str:
+    """How to read the figures of ``name``'s runs: the Dashboard page's entry of every
+    dashboard page that shows them."""
+    shown = dashboard_pages().get(name, ())
+    if not shown:
+        return ("No dashboard page shows these runs; the [Runs page](../dashboard.md) shows "
+                "their provenance and tables, each ready to download.")
+    parts = []
+    for page, path in shown:
+        item = next((i for i in _dashboard_items() if i.startswith(f"- **{page}** (`{path}")), "")
+        item = item.split("\n\n")[0]  # the entry alone, not the paragraphs after the list
+        parts += [f"The dashboard's **{page}** page (`{path}?run=ID`) shows its runs, as the "
+                  f"[Dashboard](../dashboard.md) page says:", "", item.replace("\n", "\n"), ""]
+    return "\n".join(parts)
+
+
 # -- claims and schemas -----------------------------------------------------------------
 
 def _claim(c: Any) -> list[str]:
@@ -245,6 +284,8 @@ def _generated(match: re.Match) -> str:
         return cli_reference()
     if kind == "experiment" and arg:
         return experiment_reference(arg)
+    if kind == "figures" and arg:
+        return figures(arg)
     if kind == "walltimes" and arg:
         return wall_times(arg)
     if kind == "claims":

@@ -127,6 +127,15 @@ def test_every_experiment_has_a_page_with_its_fields_and_tables(exp):
         assert f"#### `{table.name}`" in text, f"{exp.name}: table {table.name} is missing"
         for column in table.columns:
             assert f"| `{column.name}` |" in text, f"{exp.name}: {table.name}.{column.name}"
+    # the dashboard pages that show its runs, each with its entry of docs/dashboard.md
+    shown = HOOKS.dashboard_pages().get(exp.name, ())
+    figures = HOOKS.figures(exp.name)
+    for page, path in shown:
+        assert f"- **{page}** (`{path}" in figures, f"{exp.name}: {page} is not described"
+
+
+def test_every_experiment_is_shown_by_a_dashboard_page():
+    assert {e.name for e in all_experiments()} <= set(HOOKS.dashboard_pages())
 
 
 def test_the_claims_and_schemas_are_all_generated():
