@@ -1,10 +1,13 @@
 """The MkDocs hooks that generate the site's reference parts at build time, so they cannot
 drift from the code: the CLI reference (from ``workbench.cli.build_parser``), each
-experiment's config fields and tables (from the registry), the claims registry (from
+experiment's config fields and tables (from the registry) and the dashboard pages that
+show it (from their declarations), the claims registry (from
 ``data/claims/*.json``) and the JSON Schemas of the stored files (``data/schemas/``).
 
 A page asks for a part with a marker on a line of its own, replaced before the page is
-rendered: ``<!-- generated: cli -->``, ``<!-- generated: experiment NAME -->``,
+rendered: ``<!-- generated: cli -->``, ``<!-- generated: experiment NAME -->`` (its fields,
+tables and docstring), ``<!-- generated: figures NAME -->`` (the dashboard pages that show
+its runs), ``<!-- generated: walltimes NAME -->`` (its rows of the wall-time tables),
 ``<!-- generated: claims -->``, ``<!-- generated: schemas -->``. The notebooks of
 ``notebooks/*.ipynb`` are brought in as pages of the Tutorials section (rendered by
 mkdocs-jupyter, not executed); the build passes with none.
@@ -114,14 +117,6 @@ def _docstring_markdown(text: str) -> str:
     return re.sub(r"^(Examples?):\n((?:(?:    .*)?\n?)+)", _example_block, text, flags=re.M)
 
 
-def _set_text(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return ",".join(_set_text(v) for v in value) or "(empty)"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return "none" if value is None else str(value)
-
-
 def _families(exp: Any) -> list[str]:
     from workbench.harness import matrix
     from workbench.models.adapters import FAMILIES
@@ -139,13 +134,15 @@ def experiment_reference(name: str) -> str:
     its module docstring (the definitions with their sources)."""
     import importlib
 
+    # a value as --set takes it, and what `requires` asks, as `run EXPERIMENT --help` says
+    from workbench.cli.experiments import _NEEDS, _set_text
     from workbench.harness import config
     from workbench.harness.experiment import get
 
     exp = get(name)
     demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items())
     needs = ["Trains its own models (no `--model`)."] if not exp.needs_model else \
-        [f"Requires: `{exp.requires}`. Demo models: {', '.join(exp.demo_models)}.", "",
+        [f"Takes {_NEEDS[exp.requires]}. Demo models: {', '.join(exp.demo_models)}.", "",
          *_families(exp)]
     fields = [[_code(f.name), _code(f.type), _code(_set_text(f.default)), f.range, f.help]
               for f in config.fields(exp.config)]
