@@ -1,5 +1,5 @@
 # The two commands: `make demo` (or `make demo-quick`) and `make test`. All work from a fresh
-# clone.
+# clone. `make docs` builds the documentation site into site/ (`make test` builds it too).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -8,15 +8,18 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
+DOCS_PORT ?= 8000
 PYTEST_ARGS ?=
+# MkDocs' own banner about its next major version is not about this site
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup fetch demo demo-quick dashboard test unit lint fuzz bench clean
+.PHONY: setup fetch demo demo-quick dashboard test unit lint docs docs-serve fuzz bench clean
 
 $(BIN)/workbench: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev,ray]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,ray,docs]"
 	touch $@
 
 setup: $(BIN)/workbench
@@ -49,6 +52,7 @@ dashboard: setup
 
 test: fetch
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: setup
@@ -59,8 +63,18 @@ fuzz: fetch
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/fuzz --hypothesis-show-statistics $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check workbench experiments dashboards tests benchmarks
+	$(BIN)/ruff check workbench experiments dashboards tests benchmarks docs/hooks.py
 	$(BIN)/lint-imports
+
+# The documentation site from docs/ into site/ (git-ignored); a broken link, a missing
+# anchor or a reference that does not resolve fails it. The CLI reference, each
+# experiment's fields and tables, the claims and the schemas are generated as it builds.
+docs: setup
+	$(BIN)/mkdocs build --strict
+
+# The site at http://$(HOST):$(DOCS_PORT)/, rebuilt as docs/, notebooks/ or the code change.
+docs-serve: setup
+	$(BIN)/mkdocs serve --dev-addr $(HOST):$(DOCS_PORT)
 
 bench: fetch
 	$(BIN)/python benchmarks/recording.py
@@ -68,4 +82,4 @@ bench: fetch
 	nice -n 10 $(BIN)/python benchmarks/sweep.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache site

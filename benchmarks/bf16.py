@@ -19,7 +19,7 @@ decompositions) are outside this table.
 
 Usage:
     python benchmarks/bf16.py [--models smollm2,minilm] [--dtypes bfloat16,float16] [--json]
-    python benchmarks/bf16.py --markdown          # the README table
+    python benchmarks/bf16.py --markdown          # the table of docs/performance.md
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def measure(models: list[str], dtypes: list[str], sizes=(N_PROMPTS, N_TOKENS, SE
 
 
 def markdown(result: dict) -> str:
-    """The table as README shows it: one row per metric, both models side by side."""
+    """The table as docs/performance.md shows it: one row per metric, both models side by
+    side."""
     lines = []
     for dtype, by_model in result["table"].items():
         models = list(by_model)
@@ -178,7 +179,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--smoke", action="store_true",
                         help="2 prompts of 16 tokens, on --models (local folders)")
-    parser.add_argument("--markdown", action="store_true", help="print the README table")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the table of docs/performance.md")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     sizes = (2, 16, 4) if args.smoke else (N_PROMPTS, N_TOKENS, SEQ_LEN)

@@ -27,7 +27,7 @@ _API = {
     "run_experiment": "workbench.harness.experiment",
     "WorkbenchError": "workbench.core.errors",
 }
-# Modules reachable as ``from workbench import hooks`` (the README's tour uses these).
+# Modules reachable as ``from workbench import hooks`` (the five-minute tour uses these).
 _MODULES = {
     "hooks": "workbench.recording.hooks",
 }

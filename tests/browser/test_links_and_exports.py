@@ -20,7 +20,7 @@ SMALL_HEADS = {"n_prompts": 4, "n_repeated": 4, "n_tokens": 32, "seq_len": 8, "n
 SMALL_INDUCTION = {"n_prompts": 4, "n_natural": 2, "n_random": 2, "icl_prompts": 2,
                    "copying_tokens": 20, "n_boot": 50, "seq_len": 8, "n_ablate": 1,
                    "n_track": 1}
-# The page each kind of run opens in, written out here as the README documents it.
+# The page each kind of run opens in, written out here as docs/dashboard.md documents it.
 PAGE_OF = {"record": "/recording", "head-overview": "/overview",
            "previous-token-heads": "/heads", "induction-heads": "/heads"}
 # Every page that shows one kind of run, and the id prefix of its components.

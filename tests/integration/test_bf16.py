@@ -1,4 +1,4 @@
-"""bfloat16 head scores stay within the bounds README's bf16 table states for the
+"""bfloat16 head scores stay within the bounds the bf16 table of docs/performance.md states for the
 experiments it calls safe in bf16 (previous-token-heads and induction-heads' head scores):
 every score of theirs within ``benchmarks/bf16.py``'s fixed ``SAFE`` bound of its float32
 value on smollm2, and no top-10 head list losing a head. Fewer prompts than the table's
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SAFE_IN_BF16 = ("previous-token-heads", "induction-heads (head scores)")
-"""The experiments README's table calls safe in bfloat16."""
+"""The experiments that table calls safe in bfloat16."""
 
 
 def _bf16_benchmark():

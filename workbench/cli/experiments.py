@@ -74,8 +74,9 @@ def _wall_time_lines(exp: Any, root: Path) -> list[str]:
 
     times = wall_times(exp, RunStore(root)) if root.is_dir() else []
     if not times:
-        return [f"no complete run of its default or demo config in {root} to time; the "
-                "README's Experiments section gives the wall times measured on 2 cores"]
+        return [f"no complete run of its default or demo config in {root} to time; its "
+                f"page of the documentation, docs/experiments/{exp.name}.md, gives the wall "
+                "times measured on 2 cores"]
     lines = [f"from the newest complete runs in {root} (start to end of each run; the model "
              "had loaded before):"]
     for t in times:

@@ -208,7 +208,8 @@ def logit_lens(model: Model, batch: Batch, rows: Int[Tensor, " n"],
     Args:
         model: a causal LM.
         batch: the inputs.
-        rows, positions: the entries read.
+        rows: the batch row of each entry read.
+        positions: the position of each entry read, in its row.
         answer: the token each entry is asked about (e.g. the next token).
         scale: see :data:`LensScale` (stated with every result).
         chunk: entries read at once.

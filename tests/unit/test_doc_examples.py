@@ -1,10 +1,12 @@
-"""README's shell examples are commands that exist, with options that parse and do something.
+"""The shell examples of the README and of every page of the documentation site
+(``docs/**/*.md``) are commands that exist, with options that parse and do something.
 
 Every line of every ```bash block is checked: a ``workbench ...`` or ``python -m
 experiments.X ...`` line against the real argument parser, a ``make`` line against the
-Makefile's targets, a ``python FILE`` line against the file. A ``workbench run`` example
-whose ``--set`` options all repeat the defaults is a no-op and fails. The Python blocks are
-executed in ``tests/integration/test_readme.py`` (they need the bundled models).
+Makefile's targets, a ``python FILE`` line against the file. Every subcommand has an
+example on some page. A ``workbench run`` example whose ``--set`` options all repeat the
+defaults is a no-op and fails. The Python blocks are executed, page by page, in
+``tests/integration/test_doc_examples.py`` (they need the bundled models).
 """
 
 from __future__ import annotations
@@ -22,11 +24,17 @@ from workbench.harness.experiment import all_experiments, get
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+"""The README and every page of the site, each a Markdown file."""
 
 
-def blocks(lang: str) -> list[tuple[int, str]]:
-    """``(first line number, text)`` of each fenced block of ``lang`` in the README."""
-    found, current, start, lines = [], None, 0, README.read_text(encoding="utf-8").splitlines()
+def page_name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def blocks(lang: str, page: Path = README) -> list[tuple[int, str]]:
+    """``(first line number, text)`` of each fenced block of ``lang`` in ``page``."""
+    found, current, start, lines = [], None, 0, page.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if current is None and line.startswith("```"):
             current, start = line[3:].strip(), number + 1
@@ -40,18 +48,19 @@ def blocks(lang: str) -> list[tuple[int, str]]:
     return found
 
 
-def shell_commands() -> list[tuple[str, list[str]]]:
-    """Each command of the bash blocks as ``(README line, argv)``, environment variable
-    assignments dropped, after the first ``|``."""
+def shell_commands(pages: list[Path] = PAGES) -> list[tuple[str, list[str]]]:
+    """Each command of the bash blocks of ``pages`` as ``(page:line, argv)``, environment
+    variable assignments dropped, after the first ``|``."""
     commands = []
-    for start, text in blocks("bash"):
-        for offset, line in enumerate(text.splitlines()):
-            words = shlex.split(line, comments=True)
-            words = words[:words.index("|")] if "|" in words else words
-            while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
-                words = words[1:]
-            if words:
-                commands.append((f"README.md:{start + offset}", words))
+    for page in pages:
+        for start, text in blocks("bash", page):
+            for offset, line in enumerate(text.splitlines()):
+                words = shlex.split(line, comments=True)
+                words = words[:words.index("|")] if "|" in words else words
+                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                    words = words[1:]
+                if words:
+                    commands.append((f"{page_name(page)}:{start + offset}", words))
     return commands
 
 
@@ -73,11 +82,19 @@ def _as_workbench(words: list[str]) -> list[str] | None:
     return None
 
 
-def test_the_readme_has_shell_examples_of_every_command():
+def test_the_pages_have_shell_examples_of_every_command():
     used = {args[0] for _, words in COMMANDS if (args := _as_workbench(words))}
     parser = build_parser()
     subcommands = next(a for a in parser._actions if a.dest == "command").choices
     assert used == set(subcommands)
+
+
+def test_every_page_is_read():
+    # the README and the pages moved out of it hold shell examples; a page that fails to
+    # be found (a moved docs folder) must not leave the checks above with nothing to do
+    pages = {w.split(":")[0] for w, _ in COMMANDS}
+    assert {"README.md", "docs/getting-started.md", "docs/commands.md",
+            "docs/experiments/ioi.md"} <= pages
 
 
 @pytest.mark.parametrize("where, words", COMMANDS, ids=[w for w, _ in COMMANDS])
