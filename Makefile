@@ -10,6 +10,8 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8050
 DOCS_PORT ?= 8000
 PYTEST_ARGS ?=
+# mkdocs-material prints a banner about a future MkDocs on every build; the site uses MkDocs 1.6
+export NO_MKDOCS_2_WARNING := 1
 # MkDocs' own banner about its next major version is not about this site
 export NO_MKDOCS_2_WARNING := 1
 
