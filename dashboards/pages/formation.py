@@ -23,10 +23,10 @@ from experiments.induction_formation.tables import (
     PHASE_CHANGE,
     TRAINING_CURVE,
 )
-from workbench.figures import curves
+from workbench.figures import curves, pages
 from workbench.store.schema import Table
 
-SHOWS = ["induction-formation"]
+SHOWS = pages.shows("/formation")
 dash.register_page(__name__, path="/formation", name="Formation", order=7, experiments=SHOWS)
 
 EMPTY = "No training runs yet. Train the models with `workbench run induction-formation`."

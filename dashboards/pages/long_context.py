@@ -46,10 +46,10 @@ from dashboards.components.values import (
     below,
     coordinate,
 )
-from workbench.figures import patterns
+from workbench.figures import pages, patterns
 from workbench.recording.record import Recording
 
-SHOWS = ["record"]
+SHOWS = pages.shows("/long-context")
 dash.register_page(__name__, path="/long-context", name="Long context", order=8,
                    experiments=SHOWS)
 

@@ -24,9 +24,10 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Click, Name, RunId, among, below, cell_of, triggered
 from experiments.ioi.tables import BEHAVIOUR, PATCH_HEADS, PATCH_POSITIONS
+from workbench.figures import pages
 from workbench.store.runs import Run
 
-SHOWS = ["ioi"]
+SHOWS = pages.shows("/patching")
 dash.register_page(__name__, path="/patching", name="Patching", order=11, experiments=SHOWS)
 
 EMPTY = "No ioi runs yet. Make one with `workbench run ioi --model smollm2`."

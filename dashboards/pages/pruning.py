@@ -25,9 +25,9 @@ from experiments.head_pruning.tables import (
     SPEEDUP,
     SURVIVAL,
 )
-from workbench.figures import curves
+from workbench.figures import curves, pages
 
-SHOWS = ["head-pruning"]
+SHOWS = pages.shows("/pruning")
 dash.register_page(__name__, path="/pruning", name="Pruning", order=6, experiments=SHOWS)
 
 EMPTY = "No head-pruning runs yet: `workbench run head-pruning --model minilm`."

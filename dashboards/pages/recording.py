@@ -29,9 +29,9 @@ from dashboards.components.values import (
     RunId,
     triggered,
 )
-from workbench.figures import patterns
+from workbench.figures import pages, patterns
 
-SHOWS = ["record"]
+SHOWS = pages.shows("/recording")
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Make one with "

@@ -31,10 +31,11 @@ from experiments.attention_sinks.tables import (
     STREAMING_PERPLEXITY,
     TOP_RECEIVERS,
 )
+from workbench.figures import pages
 from workbench.scores import metrics
 from workbench.store.runs import Run
 
-SHOWS = ["attention-sinks"]
+SHOWS = pages.shows("/sinks")
 dash.register_page(__name__, path="/sinks", name="Sinks", order=4, experiments=SHOWS)
 
 EMPTY = ("No attention-sinks runs yet. Make one with "
