@@ -120,14 +120,14 @@ def test_the_why_pages_bars(runs, app):
     label = f"L{layer}H{head}"
     prompt = int(scores[(scores.layer == layer) & (scores["head"] == head)].prompt.min())
     with app.server.app_context():
-        queries = why.choose_query(run.id, (layer, head), prompt)[0]
+        queries = why.choose_query(run.id, label, prompt)[0]
         for query in [q["value"] for q in queries]:
-            _, key, query_side, _ = why.draw_pair(run.id, (layer, head), prompt, query)
+            _, key, query_side, _ = why.draw_pair(run.id, label, prompt, query)
             assert same(run.figure("qk_pair", head=label, prompt=prompt, query=query), key)
             assert same(run.figure("qk_pair", head=label, prompt=prompt, query=query,
                                    side="query"), query_side)
         assert same(run.figure("qk_attribution", head=label),
-                    why.draw_aggregate(run.id, (layer, head)))
+                    why.draw_aggregate(run.id, label))
     # each bar is a component's part: the bars add up to the pair's score (an invariant)
     bars = run.figure("qk_pair", head=label, prompt=prompt, query=queries[0]["value"])
     pair = scores[(scores.layer == layer) & (scores["head"] == head)
