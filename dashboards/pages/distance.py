@@ -28,8 +28,8 @@ from experiments.induction_distance.tables import DISTANCE_LOSSES, DISTANCE_SCOR
 from workbench.figures import pages
 
 SHOWS = pages.shows("/distance")
-dash.register_page(__name__, path="/distance", name="Induction distance", order=13,
-                   experiments=SHOWS)
+dash.register_page(__name__, path="/distance", name="Induction distance",
+                   order=pages.order("/distance"), experiments=SHOWS)
 
 EMPTY = ("No induction-distance runs yet. Make one with `workbench run induction-distance "
          "--model smollm2 --set max_tokens=1024`.")

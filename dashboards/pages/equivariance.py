@@ -28,8 +28,8 @@ from workbench.store.runs import Run
 
 EXPERIMENT = "permutation-equivariance"
 SHOWS = pages.shows("/equivariance")
-dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
-                   experiments=SHOWS)
+dash.register_page(__name__, path="/equivariance", name="Equivariance",
+                   order=pages.order("/equivariance"), experiments=SHOWS)
 
 EMPTY = ("No permutation-equivariance runs yet. Make one with "
          "`workbench run permutation-equivariance --model smollm2`.")

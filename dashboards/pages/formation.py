@@ -27,7 +27,8 @@ from workbench.figures import curves, pages
 from workbench.store.schema import Table
 
 SHOWS = pages.shows("/formation")
-dash.register_page(__name__, path="/formation", name="Formation", order=7, experiments=SHOWS)
+dash.register_page(__name__, path="/formation", name="Formation",
+                   order=pages.order("/formation"), experiments=SHOWS)
 
 EMPTY = "No training runs yet. Train the models with `workbench run induction-formation`."
 

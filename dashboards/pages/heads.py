@@ -63,7 +63,8 @@ EXPERIMENTS: dict[str, Table] = {
     "induction-heads": INDUCTION_HEADS,
 }
 SHOWS = pages.shows("/heads")
-dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=SHOWS)
+dash.register_page(__name__, path="/heads", name="Heads",
+                   order=pages.order("/heads"), experiments=SHOWS)
 
 HIDDEN = {"display": "none"}
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}

@@ -26,7 +26,8 @@ from workbench.figures import pages
 from workbench.store.runs import Run
 
 SHOWS = pages.shows("/lens")
-dash.register_page(__name__, path="/lens", name="Logit lens", order=12, experiments=SHOWS)
+dash.register_page(__name__, path="/lens", name="Logit lens",
+                   order=pages.order("/lens"), experiments=SHOWS)
 
 EMPTY = ("No logit-lens runs yet. Make one with `workbench run logit-lens --model smollm2`.")
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}

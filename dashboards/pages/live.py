@@ -48,7 +48,8 @@ from workbench.recording.record import Recording
 from workbench.scores import metrics
 
 SHOWS = pages.shows("/live")
-dash.register_page(__name__, path="/live", name="Live", order=20, experiments=SHOWS)
+dash.register_page(__name__, path="/live", name="Live",
+                   order=pages.order("/live"), experiments=SHOWS)
 
 PromptText = Annotated[str | None, Passage(max_chars=CHARS_PER_TOKEN * live.MAX_TOKENS)]
 """The text area's prompt: its length in tokens is the queue's to check."""

@@ -50,8 +50,8 @@ from workbench.figures import pages, patterns
 from workbench.recording.record import Recording
 
 SHOWS = pages.shows("/long-context")
-dash.register_page(__name__, path="/long-context", name="Long context", order=8,
-                   experiments=SHOWS)
+dash.register_page(__name__, path="/long-context", name="Long context",
+                   order=pages.order("/long-context"), experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Record a long document with "
          "`workbench record smollm2 --file doc.txt --patterns topk`.")

@@ -25,7 +25,8 @@ from workbench.figures import pages
 from workbench.scores import metrics
 
 SHOWS = pages.shows("/overview")
-dash.register_page(__name__, path="/overview", name="Overview", order=5, experiments=SHOWS)
+dash.register_page(__name__, path="/overview", name="Overview",
+                   order=pages.order("/overview"), experiments=SHOWS)
 
 EMPTY = ("No head-overview runs yet. Make one with "
          "`workbench run head-overview --model smollm2`.")

@@ -28,7 +28,8 @@ from workbench.figures import pages
 from workbench.store.runs import Run
 
 SHOWS = pages.shows("/patching")
-dash.register_page(__name__, path="/patching", name="Patching", order=11, experiments=SHOWS)
+dash.register_page(__name__, path="/patching", name="Patching",
+                   order=pages.order("/patching"), experiments=SHOWS)
 
 EMPTY = "No ioi runs yet. Make one with `workbench run ioi --model smollm2`."
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}

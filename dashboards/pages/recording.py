@@ -32,7 +32,8 @@ from dashboards.components.values import (
 from workbench.figures import pages, patterns
 
 SHOWS = pages.shows("/recording")
-dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
+dash.register_page(__name__, path="/recording", name="Recording",
+                   order=pages.order("/recording"), experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")

@@ -14,8 +14,8 @@ from dashboards.components.values import Index, RunId, below
 from workbench.figures import pages
 
 SHOWS = pages.shows("/residual")
-dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
-                   experiments=SHOWS)
+dash.register_page(__name__, path="/residual", name="Residual stream",
+                   order=pages.order("/residual"), experiments=SHOWS)
 
 EMPTY = "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`."
 

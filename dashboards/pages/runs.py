@@ -36,7 +36,8 @@ from workbench.store.runs import Run
 
 # ``reproduce`` runs (claim verdicts) have no page of their own: they open here, with their
 # summary (the verdict counts) and their ``claims`` table to download.
-dash.register_page(__name__, path="/", name="Runs", order=0, experiments=pages.shows("/"))
+dash.register_page(__name__, path="/", name="Runs",
+                   order=pages.order("/"), experiments=pages.shows("/"))
 
 PAGE_SIZE = 20
 COLUMNS = ["open", "run", "experiment", "model", "status", "started", "duration", "load",

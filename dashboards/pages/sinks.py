@@ -36,7 +36,8 @@ from workbench.scores import metrics
 from workbench.store.runs import Run
 
 SHOWS = pages.shows("/sinks")
-dash.register_page(__name__, path="/sinks", name="Sinks", order=4, experiments=SHOWS)
+dash.register_page(__name__, path="/sinks", name="Sinks",
+                   order=pages.order("/sinks"), experiments=SHOWS)
 
 EMPTY = ("No attention-sinks runs yet. Make one with "
          "`workbench run attention-sinks --model smollm2`.")

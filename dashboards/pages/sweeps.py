@@ -27,7 +27,8 @@ from workbench.figures import pages
 from workbench.harness.sweep_tables import CELLS, SCORES
 
 SHOWS = pages.shows("/sweeps")
-dash.register_page(__name__, path="/sweeps", name="Sweeps", order=10, experiments=SHOWS)
+dash.register_page(__name__, path="/sweeps", name="Sweeps",
+                   order=pages.order("/sweeps"), experiments=SHOWS)
 
 EMPTY = "No sweeps yet. Run one with `workbench sweep data/sweeps/seeds.toml`."
 SEP = "|"

@@ -41,7 +41,8 @@ from workbench.figures.qk import (
 from workbench.store.runs import Run
 
 SHOWS = pages.shows("/why")
-dash.register_page(__name__, path="/why", name="Why", order=8, experiments=SHOWS)
+dash.register_page(__name__, path="/why", name="Why",
+                   order=pages.order("/why"), experiments=SHOWS)
 
 EMPTY = ("No qk-attribution runs yet. Make one with "
          "`workbench run qk-attribution --model smollm2`.")

@@ -1,6 +1,7 @@
 """Which dashboard page shows which run kinds: declared once, here, where the library can
 read it too (a run's notebook repr links to its page). Each page of ``dashboards/pages/``
-registers itself with ``experiments=pages.shows(<its path>)``, and the Runs page's links
+registers itself with ``experiments=pages.shows(<its path>)`` and
+``order=pages.order(<its path>)``, and the Runs page's links
 (``dashboards/components/links.py``) read them back from Dash's page registry, so the two
 cannot drift apart.
 
@@ -56,17 +57,26 @@ RUNS_PAGE = "/"
 """Where a run of a kind no page declares opens (the Runs page, with the run selected)."""
 
 
+def _page(path: str) -> Page:
+    for page in PAGES:
+        if page.path == path:
+            return page
+    raise UnknownNameError(f"no dashboard page at '{path}'; pages: "
+                           f"{', '.join(p.path for p in PAGES)}")
+
+
 def shows(path: str) -> list[str]:
     """The run kinds the page at ``path`` shows.
 
     Raises:
         UnknownNameError: no page has that path (the message lists the paths).
     """
-    for page in PAGES:
-        if page.path == path:
-            return list(page.experiments)
-    raise UnknownNameError(f"no dashboard page at '{path}'; pages: "
-                           f"{', '.join(p.path for p in PAGES)}")
+    return list(_page(path).experiments)
+
+
+def order(path: str) -> int:
+    """The nav position of the page at ``path`` (as :func:`shows`)."""
+    return _page(path).order
 
 
 def page_for(experiment: str) -> str:
