@@ -172,6 +172,8 @@ def test_unknown_figures_and_options_are_refused_in_one_line_listing_the_known(r
         run.figure("head_scores", metric="nope")
     with pytest.raises(WorkbenchError, match="reads table 'pruning_curve', which run"):
         run.figure("pruning_curve")
+    with pytest.raises(WorkbenchError, match="its figure is 'formation_heads'"):
+        runs[1]["induction-formation"].figure("head_scores")
     with pytest.raises(WorkbenchError, match="side 'both' is not among the sides"):
         runs[1]["qk-attribution"].figure("qk_pair", side="both")
 

@@ -125,6 +125,9 @@ def choice(name: str, value: Any, known: Sequence[Any], what: str) -> Any:
             "hover", "/heads", ["head_scores"])
 def _head_scores(run: StoredRun, *, metric: str | None = None) -> go.Figure:
     scores = run.table("head_scores")
+    if "step" in scores.columns:  # one grid of heads a checkpoint: not one heatmap
+        raise WorkbenchError(f"run {run.id} scores heads at every training step: its figure "
+                             "is 'formation_heads'")
     metric = choice("metric", metric, list(dict.fromkeys(scores.metric)), "the run's metrics")
     return heads.head_scores_figure(scores, metric, run.model_name, run.experiment,
                                     metric_meaning(metric))
