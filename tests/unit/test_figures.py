@@ -210,3 +210,5 @@ def test_show_long_pools_a_long_recording_to_screen_resolution(tokenizer, tmp_pa
         rec.show_pattern(0, 0, 1, scale="cubic")
     with pytest.raises(WorkbenchError, match=r"head 2 is out of range 0\.\.1"):
         rec.show_pattern(0, 0, 2)
+    with pytest.raises(WorkbenchError, match="layer must be a whole number, got '0'"):
+        rec.show_long(0, "0", 1)

@@ -709,6 +709,8 @@ class Recording:
 
     @staticmethod
     def _check(value: int, bound: int, what: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise WorkbenchError(f"{what} must be a whole number, got {value!r}")
         if not 0 <= value < bound:
             raise WorkbenchError(f"{what} {value} is out of range 0..{bound - 1}")
 
