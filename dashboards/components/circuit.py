@@ -193,7 +193,7 @@ def circuit_figure(classes: pd.DataFrame, paths: pd.DataFrame,
         go.Scatter(x=[LOGITS_COLUMN], y=[0.0], text=["logit(IO) - logit(S)"], mode="text",
                    hoverinfo="skip", name=LOGITS, textposition="middle center")])
     fig.update_layout(
-        shapes=shapes, annotations=notes, showlegend=False, height=560,
+        shapes=shapes, annotations=notes, showlegend=False, height=560, plot_bgcolor="white",
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
         title="IOI circuit: the heads of each class and the path patches between them "
               "(arrow width: effect; hover a label for its interval)",

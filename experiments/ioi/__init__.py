@@ -69,7 +69,7 @@ Example:
     workbench run ioi --model smollm2
     workbench run ioi --model smollm2 --set sites=resid_pre,attn_out,mlp_out --set patch_templates=2
     python -m experiments.ioi --model smollm2 --set path_patch=false
-    workbench run ioi --model smollm2 --config demo --set upstream=false
+    workbench run ioi --model smollm2 --set upstream=false --set n_receivers=2
 """
 
 from __future__ import annotations
