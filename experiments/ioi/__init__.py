@@ -180,7 +180,7 @@ class Result:
             lines.append(f"path patching into the queries of {paths.receivers.iloc[0]} "
                          f"({self.receivers_from})")
         for note in self.upstream_notes:
-            lines.append(f"upstream path patching into {note}")
+            lines.append(f"upstream path patching {note}")
         inv = t["checks"].set_index("invariant").value
         lines.append(f"checks: direct effects sum to the logit difference within "
                      f"{inv['dla_sum']:.1e}; every position patched {inv['patch_every']:.1e} "
@@ -224,7 +224,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                           behaviour, cfg)
             upstream = found if len(found) else upstream
         elif len(paths):
-            notes = ["nothing: not run (upstream=false)"]
+            notes = ["not run (upstream=false)"]
         upstream_classes = upstream_class_rows(upstream, behaviour, cfg) if len(upstream) \
             else pd.DataFrame()
     classes = pd.concat([c for c in (classes, inhibition, upstream_classes) if len(c)] or

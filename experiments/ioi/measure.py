@@ -486,10 +486,10 @@ def upstream_table(model: Model, groups: dict[str, list[IOIPrompt]], paths: pd.D
     for receiver_class in UPSTREAM:
         targets, kind = upstream_receivers(found, classes, receiver_class, column, cfg)
         if not targets or max(la for la, _ in targets) == 0:
-            notes.append(f"{kind}: not run (the receivers "
+            notes.append(f"into {kind}: not run (the receivers "
                          f"{'are all in layer 0' if targets else 'are none'})")
             break
-        notes.append(f"{kind}: {' '.join(map(label, targets))}")
+        notes.append(f"into {kind}: {' '.join(map(label, targets))}")
         found = upstream_rows(model, groups, targets, kind, attention, cfg)
         frames.append(found)
         classes = upstream_class_rows(found, behaviour, cfg)
