@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -335,7 +335,8 @@ def patch_all(model: Model, groups: dict[str, list[IOIPrompt]], cfg: Config
 
 def path_changes(model: Model, groups: dict[str, list[IOIPrompt]], senders: list[Head],
                  targets: list[Head], paths: Sequence[InputPath], cfg: Config, *,
-                 source: str = "corrupted") -> tuple[np.ndarray, np.ndarray]:
+                 source: Literal["corrupted", "clean"] = "corrupted"
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Each sender's output replaced by its output on the ``source`` prompts (``corrupted``,
     the ABC ones; ``clean``, the prompts themselves: nothing may change) in only the
     ``paths`` inputs of ``targets`` (several paths patched at once), on the clean prompts;
@@ -345,6 +346,8 @@ def path_changes(model: Model, groups: dict[str, list[IOIPrompt]], senders: list
         The clean logit differences ``[prompt]`` and the patched ones ``[prompt, sender]``,
         the prompts of every group in turn.
     """
+    if source not in ("corrupted", "clean"):
+        raise ValueError(f"source must be corrupted or clean, got {source!r}")
     upto = min(la for la, _ in targets)
     names = [label(s) for s in senders]
     n_layers = model.info.n_layers
