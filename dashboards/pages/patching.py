@@ -5,8 +5,13 @@ tokens at the same positions) and a site: the first heatmap is the normalised me
 corrupted run, 1 the clean one) of each layer's site patched at one position, the positions
 labelled with the group's tokens and the named positions (IO, S1, S1+1, S2, END); the second
 is each head's output patched at every position, over every patched prompt. Clicking a cell
-shows its value with its 95% bootstrap interval over prompts. Everything is read from the
-run's tables by the names ``experiments/ioi/tables.py`` declares.
+shows its value with its 95% bootstrap interval over prompts. Under them, the class
+diagram (:mod:`dashboards.components.circuit`): the heads of each of Wang et al.'s classes
+in groups, previous-token -> induction and duplicate-token -> S-inhibition -> name movers
+and negative name movers -> logits, each arrow a stored direct effect or path patch, its
+width the effect, its label's hover the interval; a class with no head is an empty group.
+Everything is read from the run's tables by the names ``experiments/ioi/tables.py``
+declares.
 """
 
 from __future__ import annotations
@@ -18,12 +23,19 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, exports
+from dashboards.components import circuit, data, exports
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Click, Name, RunId, among, below, cell_of, triggered
-from experiments.ioi.tables import BEHAVIOUR, PATCH_HEADS, PATCH_POSITIONS
+from experiments.ioi.tables import (
+    BEHAVIOUR,
+    CLASSES,
+    PATCH_HEADS,
+    PATCH_POSITIONS,
+    PATH_PATCHING,
+    UPSTREAM_PATHS,
+)
 from workbench.figures import pages
 from workbench.store.runs import Run
 
@@ -33,7 +45,7 @@ dash.register_page(__name__, path="/patching", name="Patching",
 
 EMPTY = "No ioi runs yet. Make one with `workbench run ioi --model smollm2`."
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
-GRAPHS = ["patching-positions", "patching-heads"]
+GRAPHS = ["patching-positions", "patching-heads", "patching-circuit"]
 CHECKS = {-1: "every position", -2: "nothing"}
 """The cells of the checks, kept out of the heatmap and said in the note."""
 ClickedCell = Annotated[tuple[int, int] | None,
@@ -53,6 +65,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
         html.P(id="patching-cell", className="wb-note"),
         exports.graph("patching-positions", chosen),
         exports.graph("patching-heads", chosen),
+        exports.graph("patching-circuit", chosen),
     ])
 
 
@@ -189,3 +202,16 @@ def show_cell(run_id: RunId, group: Name, site: Name, cell: ClickedCell, head: C
                 f"{row.value:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}] over "
                 f"{int(row.n_prompts)} prompts of {group}")
     return "Click a cell to see its value with its 95% bootstrap interval over prompts."
+
+
+@callback(Output("patching-circuit", "figure"), Input("patching-run", "value"))
+@safe
+def draw_circuit(run_id: RunId):
+    if not run_id:
+        return no_update
+    run = data.get_run(run_id, shows=SHOWS)
+    # a run written before the upstream path patches has no upstream_paths table
+    upstream = (run.table(UPSTREAM_PATHS.name) if UPSTREAM_PATHS.name in run.table_names()
+                else None)
+    return circuit.circuit_figure(run.table(CLASSES.name), run.table(PATH_PATCHING.name),
+                                  upstream)

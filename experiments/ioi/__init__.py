@@ -25,7 +25,8 @@ Definitions (tables ``prompts``, ``behaviour``, ``direct_effects``, ``attention`
   of the logit difference through the final norm, whose scale is frozen at its value on the
   prompt, and the unembedding (:mod:`workbench.scores.logit_attribution`); the parts sum to
   the logit difference (table ``checks``, ``dla_sum``).
-- **attention** from END to IO, S1, S1+1 and S2, per head.
+- **attention** from END to IO, S1, S1+1 and S2, from S2 to S1 and S1+1, and from S1+1
+  to S1, per head.
 
 Classes (table ``classes``; thresholds ``min_effect`` and ``min_attention``, fixed before any
 run):
@@ -40,9 +41,20 @@ run):
   by ``mean(patched - clean) / mean(clean)``, whose whole interval is at most
   ``-min_effect``, and attention END -> S2 at least ``min_attention``. Without a name
   mover the receivers are the top ``n_receivers`` heads by direct effect (stated in
-  ``path_patching.receivers``) and no S-inhibition head is classified. Wang et al.'s
-  duplicate-token, induction and previous-token classes (their upstream effect through
-  the S-inhibition heads) are not measured here.
+  ``path_patching.receivers``) and no S-inhibition head is classified;
+- **duplicate-token** and **induction**: path-patched from the corrupted run into only
+  the S-inhibition heads' keys and values at once (Wang et al. section 3.3), the relative
+  change's whole interval at most ``-min_effect``, and attention S2 -> S1
+  (duplicate-token) or S2 -> S1+1 (induction) at least ``min_attention``;
+- **previous-token**: the same through only the induction heads' keys, attention S1+1 ->
+  S1 at least ``min_attention``.
+
+Upstream receivers (table ``upstream_paths``, ``receiver_kind``): the S-inhibition heads,
+and then the induction heads, when there are any; otherwise the class's *candidates*, the
+``n_receivers`` senders of the patch before whose attention (END -> S2; S2 -> S1+1) is at
+least ``min_attention`` and whose effect is the most negative. Candidates are never
+claimed as the class, and no head is classified through them: their rows are measured
+and stated, and ``classes`` holds no duplicate-token, induction or previous-token head.
 
 Activation patching (tables ``patch_positions`` and ``patch_heads``;
 :mod:`workbench.interventions.patching`): on ``patch_prompts`` prompts of each of the ABBA
@@ -57,6 +69,7 @@ Example:
     workbench run ioi --model smollm2
     workbench run ioi --model smollm2 --set sites=resid_pre,attn_out,mlp_out --set patch_templates=2
     python -m experiments.ioi --model smollm2 --set path_patch=false
+    workbench run ioi --model smollm2 --set upstream=false --set n_receivers=2
 """
 
 from __future__ import annotations
@@ -82,6 +95,8 @@ from experiments.ioi.measure import (
     path_patch_table,
     prompts_table,
     receivers,
+    upstream_class_rows,
+    upstream_table,
 )
 from experiments.ioi.tables import TABLES
 from workbench.core import progress
@@ -108,13 +123,21 @@ class Config:
                                             "positions (resid_pre always, with the checks)")
     path_patch: bool = param(True, "path-patch every earlier head into the receivers' "
                              "queries (S-inhibition)")
-    n_receivers: int = param(3, "receivers when no name mover is found: the top heads by "
-                             "direct effect", min=1, max=MAX_HEADS)
+    upstream: bool = param(True, "path-patch every head below into the S-inhibition heads' "
+                           "keys and values, then into the induction heads' keys "
+                           "(duplicate-token, induction, previous-token; their candidates "
+                           "where no head is in the class)")
+    n_receivers: int = param(3, "receivers when a class has no head: the top heads by "
+                             "direct effect (no name mover), the candidates closest to "
+                             "the criterion (no s-inhibition or induction head)",
+                             min=1, max=MAX_HEADS)
     min_effect: float = param(0.1, "a class's least effect: a fraction of the mean logit "
-                              "difference (name movers) or of its relative change "
-                              "(s-inhibition)", min=0.0, max=1.0)
-    min_attention: float = param(0.1, "a class's least attention from END to IO (name "
-                                 "movers) or S2 (s-inhibition)", min=0.0, max=1.0)
+                              "difference (name movers) or of its relative change (the "
+                              "path-patched classes)", min=0.0, max=1.0)
+    min_attention: float = param(0.1, "a class's least attention: END to IO (name movers), "
+                                 "END to S2 (s-inhibition), S2 to S1 (duplicate-token), S2 "
+                                 "to S1+1 (induction), S1+1 to S1 (previous-token)",
+                                 min=0.0, max=1.0)
     names: str = param("auto", "candidate names ('auto': workbench.inputs.ioi.NAMES), "
                        "filtered to single tokens")
     places: str = param("auto", "candidate places ('auto': workbench.inputs.ioi.PLACES)")
@@ -128,6 +151,7 @@ class Config:
 class Result:
     tables_: dict[str, pd.DataFrame]
     receivers_from: str
+    upstream_notes: list[str]
 
     def tables(self) -> dict[str, pd.DataFrame]:
         return self.tables_
@@ -144,7 +168,8 @@ class Result:
             lines.append("the interval does not exclude 0: the model does not perform the "
                          "task above chance here, and no head class is claimed")
         classes = t["classes"]
-        for name in ("name mover", "negative name mover", "s-inhibition"):
+        for name in ("name mover", "negative name mover", "s-inhibition", "duplicate-token",
+                     "induction", "previous-token"):
             mine = classes[classes.head_class == name] if len(classes) else classes
             heads = ", ".join(f"L{r.layer}H{r.head} {r.effect:+.3f} [{r.ci_low:+.3f}, "
                               f"{r.ci_high:+.3f}]" for r in mine.itertuples()) or "none"
@@ -154,6 +179,8 @@ class Result:
         if len(paths):
             lines.append(f"path patching into the queries of {paths.receivers.iloc[0]} "
                          f"({self.receivers_from})")
+        for note in self.upstream_notes:
+            lines.append(f"upstream path patching {note}")
         inv = t["checks"].set_index("invariant").value
         lines.append(f"checks: direct effects sum to the logit difference within "
                      f"{inv['dla_sum']:.1e}; every position patched {inv['patch_every']:.1e} "
@@ -166,7 +193,7 @@ class Result:
             demo={"n_prompts": 40, "patch_prompts": 6, "n_boot": 500})
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """The IOI behaviour, the direct effects and the head classes of Wang et al. 2022."""
-    with progress.stages("ioi", 3) as stage:
+    with progress.stages("ioi", 4) as stage:
         stage("behaviour and direct effects")
         prompts = make_prompts(model, cfg, cfg.n_prompts, range(cfg.templates), cfg.seed)
         measured = measure_prompts(model, prompts, cfg)
@@ -190,10 +217,20 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                    f"({' '.join(map(label, targets))}) are in layer 0")
         movers = len(classes) and (classes.head_class == "name mover").any()
         inhibition = inhibition_rows(paths, behaviour, bool(movers), cfg)
-    classes = pd.concat([c for c in (classes, inhibition) if len(c)] or
+        stage("upstream path patching")
+        upstream, notes = TABLES["upstream_paths"].empty(), []
+        if cfg.upstream and len(paths):
+            found, notes = upstream_table(model, groups, paths, inhibition, attention,
+                                          behaviour, cfg)
+            upstream = found if len(found) else upstream
+        elif len(paths):
+            notes = ["not run (upstream=false)"]
+        upstream_classes = upstream_class_rows(upstream, behaviour, cfg) if len(upstream) \
+            else pd.DataFrame()
+    classes = pd.concat([c for c in (classes, inhibition, upstream_classes) if len(c)] or
                         [TABLES["classes"].empty()], ignore_index=True)
     tables = {"prompts": prompts_table(prompts, measured), "behaviour": behaviour,
               "direct_effects": direct, "attention": attention, "classes": classes,
               "patch_positions": positions, "patch_heads": heads, "path_patching": paths,
-              "checks": check_rows(measured, invariants)}
-    return Result(tables, receivers_from)
+              "upstream_paths": upstream, "checks": check_rows(measured, invariants)}
+    return Result(tables, receivers_from, notes)

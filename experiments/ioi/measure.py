@@ -1,12 +1,15 @@
 """What the ioi experiment measures: the behaviour, each component's direct effect, each
-head's attention from END, activation patching over layers x positions and heads, path
-patching into the name movers' queries, and the head classes those give."""
+head's attention between the named positions, activation patching over layers x positions
+and heads, path patching into the name movers' queries and, upstream, into the
+S-inhibition heads' keys and values and the induction heads' keys, and the head classes
+those give."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -19,7 +22,7 @@ from workbench.inputs.prompts import Prompt
 from workbench.interventions import replay
 from workbench.interventions.ablation import Head
 from workbench.interventions.patching import EVERY, NOTHING, Pair, PatchGrid, patch_grid
-from workbench.interventions.paths import path_patched, source_outputs
+from workbench.interventions.paths import InputPath, path_patched, source_outputs
 from workbench.models.base import Model
 from workbench.models.blocked import PatternBlock
 from workbench.models.norms import output_norm
@@ -30,8 +33,11 @@ from workbench.scores.stats import bootstrap_mean_ci, bootstrap_ratio_ci
 if TYPE_CHECKING:
     from experiments.ioi import Config
 
-ATTENDED = ("IO", "S1", "S1+1", "S2")
-"""The positions each head's attention from END is read at."""
+ATTENDED = (("END", "IO"), ("END", "S1"), ("END", "S1+1"), ("END", "S2"),
+            ("S2", "S1"), ("S2", "S1+1"), ("S1+1", "S1"))
+"""The ``(query, key)`` named positions each head's attention is read at: from END (name
+movers, S-inhibition), from S2 to S1 (duplicate-token) and to S1+1 (induction), from S1+1
+to S1 (previous-token)."""
 
 
 def label(head: Head) -> str:
@@ -76,14 +82,15 @@ class Measured:
     clean: np.ndarray
     corrupted: np.ndarray
     attention: np.ndarray
-    """``[prompt, layer, head, role]`` for :data:`ATTENDED`"""
+    """``[prompt, layer, head, pair]`` for the pairs of :data:`ATTENDED`"""
     error: float
     """the largest relative miss of the parts' sum (the dla_sum invariant)"""
 
 
 def measure_prompts(model: Model, prompts: list[IOIPrompt], cfg: Config) -> Measured:
-    """One clean pass per batch (the direct effects; the attention from END, read from the
-    pattern blocks of whichever attention path runs) and one corrupted pass."""
+    """One clean pass per batch (the direct effects; the attention between the named
+    positions, read from the pattern blocks of whichever attention path runs) and one
+    corrupted pass."""
     info = model.info
     n = len(prompts)
     attention = np.zeros((n, info.n_layers, info.n_heads, len(ATTENDED)))
@@ -94,12 +101,9 @@ def measure_prompts(model: Model, prompts: list[IOIPrompt], cfg: Config) -> Meas
     def consume(block: PatternBlock) -> None:
         weights = block.weights.double()
         for r, (i, p) in enumerate(zip(now["idx"], now["prompts"], strict=True)):
-            q = p.roles["END"] - block.q0
-            if not 0 <= q < weights.shape[2]:
-                continue
-            for j, role in enumerate(ATTENDED):
-                k = p.roles[role] - block.k0
-                if 0 <= k < weights.shape[3]:
+            for j, (query, key) in enumerate(ATTENDED):
+                q, k = p.roles[query] - block.q0, p.roles[key] - block.k0
+                if 0 <= q < weights.shape[2] and 0 <= k < weights.shape[3]:
                     attention[i, block.layer, :, j] = weights[r, :, q, k].numpy()
 
     with torch.inference_mode(), hooks.patterns_fed(model, consume):
@@ -165,19 +169,21 @@ def direct_table(m: Measured, cfg: Config) -> pd.DataFrame:
 
 
 def attention_table(m: Measured, cfg: Config) -> pd.DataFrame:
-    n, n_layers, n_heads, n_roles = m.attention.shape
+    n, n_layers, n_heads, n_pairs = m.attention.shape
     flat = m.attention.reshape(n, -1)
     low, high = bootstrap_mean_ci(flat, n_boot=cfg.n_boot, seed=cfg.seed)
-    layer, head, role = np.unravel_index(np.arange(flat.shape[1]), (n_layers, n_heads, n_roles))
+    layer, head, pair = np.unravel_index(np.arange(flat.shape[1]), (n_layers, n_heads, n_pairs))
     return pd.DataFrame({"layer": layer, "head": head,
-                         "role": [ATTENDED[r] for r in role], "weight": flat.mean(0),
+                         "query": [ATTENDED[j][0] for j in pair],
+                         "role": [ATTENDED[j][1] for j in pair], "weight": flat.mean(0),
                          "ci_low": low, "ci_high": high, "n_prompts": n})
 
 
 # ---- head classes --------------------------------------------------------------------------
 
-def _weight(attention: pd.DataFrame, role: str) -> pd.Series:
-    mine = attention[attention.role == role]
+def _weight(attention: pd.DataFrame, role: str, query: str = "END") -> pd.Series:
+    """Each head's mean attention from ``query`` to ``role``, by ``(layer, head)``."""
+    mine = attention[(attention["query"] == query) & (attention.role == role)]
     return mine.set_index(["layer", "head"]).weight
 
 
@@ -327,13 +333,22 @@ def patch_all(model: Model, groups: dict[str, list[IOIPrompt]], cfg: Config
 
 # ---- path patching into the receivers' queries ---------------------------------------------
 
-def path_patch_table(model: Model, groups: dict[str, list[IOIPrompt]], targets: list[Head],
-                     attention: pd.DataFrame, cfg: Config) -> pd.DataFrame:
-    """Each head below the deepest receiver, its output replaced by its output on the
-    corrupted (ABC) prompt in only the receivers' queries, on the clean prompts; the blocks
-    below the lowest receiver are replayed from the clean pass."""
-    deepest, upto = max(la for la, _ in targets), min(la for la, _ in targets)
-    senders = [(la, h) for la in range(deepest) for h in range(model.info.n_heads)]
+def path_changes(model: Model, groups: dict[str, list[IOIPrompt]], senders: list[Head],
+                 targets: list[Head], paths: Sequence[InputPath], cfg: Config, *,
+                 source: Literal["corrupted", "clean"] = "corrupted"
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each sender's output replaced by its output on the ``source`` prompts (``corrupted``,
+    the ABC ones; ``clean``, the prompts themselves: nothing may change) in only the
+    ``paths`` inputs of ``targets`` (several paths patched at once), on the clean prompts;
+    the blocks below the lowest target are replayed from the clean pass.
+
+    Returns:
+        The clean logit differences ``[prompt]`` and the patched ones ``[prompt, sender]``,
+        the prompts of every group in turn.
+    """
+    if source not in ("corrupted", "clean"):
+        raise ValueError(f"source must be corrupted or clean, got {source!r}")
+    upto = min(la for la, _ in targets)
     names = [label(s) for s in senders]
     n_layers = model.info.n_layers
     kept_names = [hooks.resid(0, n_layers), *(hooks.z(la) for la in range(upto))]
@@ -342,28 +357,147 @@ def path_patch_table(model: Model, groups: dict[str, list[IOIPrompt]], targets: 
     clean_parts, patched_parts = [], []
     for prompts in groups.values():
         pair = pair_of(prompts)
-        batch, twin = Batch.of(pair.clean), Batch.of(pair.corrupted)
+        batch = Batch.of(pair.clean)
         with torch.inference_mode():
-            other = source_outputs(model, twin, names)
+            other = source_outputs(model, batch if source == "clean" else
+                                   Batch.of(pair.corrupted), names)
             with replay.kept(model.bridge, kept_names) as prefix:
                 clean = logit_difference(model, batch, pair.contrast, pair.positions)
             patched = torch.zeros(len(senders), len(prompts))
-            for s, name in enumerate(progress.track(names, desc="path patch into queries")):
+            for s, name in enumerate(progress.track(names, desc=f"path patch into "
+                                                    f"{'+'.join(paths)}")):
                 with replay.replayed(model.bridge, prefix, upto), \
-                        path_patched(model, [name], targets, "q", {name: other[name]}):
+                        contextlib.ExitStack() as stack:
+                    for path in paths:
+                        stack.enter_context(path_patched(model, [name], targets, path,
+                                                         {name: other[name]}))
                     patched[s] = logit_difference(model, batch, pair.contrast, pair.positions)
         clean_parts.append(clean.double().numpy())
         patched_parts.append(patched.double().numpy().T)  # [prompt, sender]
-    clean_all, patched_all = np.concatenate(clean_parts), np.concatenate(patched_parts)
-    change = patched_all - clean_all[:, None]
-    low, high = bootstrap_ratio_ci(change, clean_all, n_boot=cfg.n_boot, seed=cfg.seed)
-    effect = change.mean(0) / clean_all.mean()
+    return np.concatenate(clean_parts), np.concatenate(patched_parts)
+
+
+def _relative(clean: np.ndarray, patched: np.ndarray, cfg: Config
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``mean(patched - clean) / mean(clean)`` per sender, with its bootstrap interval."""
+    change = patched - clean[:, None]
+    low, high = bootstrap_ratio_ci(change, clean, n_boot=cfg.n_boot, seed=cfg.seed)
+    return change.mean(0) / clean.mean(), low, high
+
+
+def path_patch_table(model: Model, groups: dict[str, list[IOIPrompt]], targets: list[Head],
+                     attention: pd.DataFrame, cfg: Config) -> pd.DataFrame:
+    """Each head below the deepest receiver, its output replaced by its output on the
+    corrupted (ABC) prompt in only the receivers' queries, on the clean prompts."""
+    senders = [(la, h) for la in range(max(la for la, _ in targets))
+               for h in range(model.info.n_heads)]
+    clean, patched = path_changes(model, groups, senders, targets, ("q",), cfg)
+    effect, low, high = _relative(clean, patched, cfg)
     to_s2 = _weight(attention, "S2")
     text = " ".join(label(t) for t in targets)
     return pd.DataFrame([{"layer": la, "head": h, "receivers": text, "path": "q",
                           "effect": float(effect[i]), "ci_low": float(low[i]),
                           "ci_high": float(high[i]), "attention_s2": float(to_s2[(la, h)]),
-                          "n_prompts": len(clean_all)} for i, (la, h) in enumerate(senders)])
+                          "n_prompts": len(clean)} for i, (la, h) in enumerate(senders)])
+
+
+# ---- upstream: into the S-inhibition heads' keys and values, the induction heads' keys --------
+
+UPSTREAM = {"s-inhibition": ("kv", ("duplicate-token", "induction")),
+            "induction": ("k", ("previous-token",))}
+"""Each upstream receiver class: the inputs its senders are patched into (Wang et al.
+2022, section 3.3) and the sender classes that patch classifies."""
+CLASS_ATTENTION = {"duplicate-token": ("S2", "S1"), "induction": ("S2", "S1+1"),
+                   "previous-token": ("S1+1", "S1")}
+"""The ``(query, key)`` attention each upstream class needs at least ``min_attention`` of."""
+_COLUMN = {"duplicate-token": "attention_s2_s1", "induction": "attention_s2_s1p1",
+           "previous-token": "attention_s1p1_s1"}
+
+
+def upstream_receivers(rows: pd.DataFrame, classes: pd.DataFrame, receiver_class: str,
+                       attention_column: str, cfg: Config) -> tuple[list[Head], str]:
+    """The heads of ``receiver_class`` (in ``classes``), else the candidates: among the
+    senders of the path patch that found that class (``rows``), the ``n_receivers`` whose
+    effect is most negative of those with ``attention_column`` at least ``min_attention``.
+
+    Returns:
+        The receivers and their kind: ``receiver_class``, or it with `` candidates``.
+    """
+    mine = classes[classes.head_class == receiver_class] if len(classes) else classes
+    if len(mine):
+        return [(int(r.layer), int(r.head)) for r in mine.itertuples()], receiver_class
+    near = rows[rows[attention_column] >= cfg.min_attention].nsmallest(cfg.n_receivers, "effect")
+    return ([(int(r.layer), int(r.head)) for r in near.itertuples()],
+            f"{receiver_class} candidates")
+
+
+def upstream_rows(model: Model, groups: dict[str, list[IOIPrompt]], targets: list[Head],
+                  kind: str, attention: pd.DataFrame, cfg: Config) -> pd.DataFrame:
+    """Each head below the deepest of ``targets`` (of receiver ``kind``, e.g. ``s-inhibition
+    candidates``) path-patched from the corrupted run into the targets' inputs of
+    :data:`UPSTREAM`, with the sender's attention of every upstream class."""
+    receiver_class = kind.removesuffix(" candidates")
+    path = UPSTREAM[receiver_class][0]
+    senders = [(la, h) for la in range(max(la for la, _ in targets))
+               for h in range(model.info.n_heads)]
+    clean, patched = path_changes(model, groups, senders, targets, tuple(path), cfg)
+    effect, low, high = _relative(clean, patched, cfg)
+    weights = {c: _weight(attention, key, query) for c, (query, key) in CLASS_ATTENTION.items()}
+    text = " ".join(label(t) for t in targets)
+    return pd.DataFrame([{
+        "layer": la, "head": h, "receiver_kind": kind, "receivers": text, "path": path,
+        "effect": float(effect[i]), "ci_low": float(low[i]), "ci_high": float(high[i]),
+        **{_COLUMN[c]: float(w[(la, h)]) for c, w in weights.items()},
+        "n_prompts": len(clean)} for i, (la, h) in enumerate(senders)])
+
+
+def upstream_class_rows(rows: pd.DataFrame, behaviour: pd.DataFrame, cfg: Config
+                        ) -> pd.DataFrame:
+    """The sender classes of upstream path patches whose receivers are a class, not its
+    candidates: the relative change's whole interval at most ``-min_effect`` and the
+    class's attention (:data:`CLASS_ATTENTION`) at least ``min_attention``."""
+    claimed = bool(behaviour[behaviour.scope == "all"].iloc[0].above_chance)
+    out = []
+    for kind, (path, sender_classes) in UPSTREAM.items():
+        mine = rows[(rows.receiver_kind == kind) & (rows.ci_high <= -cfg.min_effect)]
+        for cls in sender_classes:
+            query, key = CLASS_ATTENTION[cls]
+            out += [{"head_class": cls, "layer": r.layer, "head": r.head, "effect": r.effect,
+                     "ci_low": r.ci_low, "ci_high": r.ci_high,
+                     "attention": getattr(r, _COLUMN[cls]), "claimed": claimed,
+                     "criterion": f"path patch into the {kind} heads' {'+'.join(path)}: "
+                                  f"interval of the relative change <= -{cfg.min_effect:g}; "
+                                  f"attention {query}->{key} >= {cfg.min_attention:g}",
+                     "n_prompts": r.n_prompts}
+                    for r in mine.itertuples() if getattr(r, _COLUMN[cls]) >= cfg.min_attention]
+    return pd.DataFrame(out)
+
+
+def upstream_table(model: Model, groups: dict[str, list[IOIPrompt]], paths: pd.DataFrame,
+                   classes: pd.DataFrame, attention: pd.DataFrame, behaviour: pd.DataFrame,
+                   cfg: Config) -> tuple[pd.DataFrame, list[str]]:
+    """The two upstream path patches in turn: into the S-inhibition heads' (or their
+    candidates') keys and values, then into the induction heads' (or their candidates')
+    keys. A stage whose receivers are all in layer 0 (or that has none) is not run, nor
+    any after it.
+
+    Returns:
+        The ``upstream_paths`` rows and one note per stage: its receivers, or why not run.
+    """
+    frames, notes = [], []
+    found, column = paths, "attention_s2"
+    for receiver_class in UPSTREAM:
+        targets, kind = upstream_receivers(found, classes, receiver_class, column, cfg)
+        if not targets or max(la for la, _ in targets) == 0:
+            notes.append(f"into {kind}: not run (the receivers "
+                         f"{'are all in layer 0' if targets else 'are none'})")
+            break
+        notes.append(f"into {kind}: {' '.join(map(label, targets))}")
+        found = upstream_rows(model, groups, targets, kind, attention, cfg)
+        frames.append(found)
+        classes = upstream_class_rows(found, behaviour, cfg)
+        column = _COLUMN["induction"]
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), notes
 
 
 def check_rows(m: Measured, invariants: dict[str, float]) -> pd.DataFrame:

@@ -48,23 +48,28 @@ DIRECT_EFFECTS = Table("direct_effects", "each component's direct effect on the 
         ("share", "float", "effect / the mean logit difference"),
         _N,
     )))
-ATTENTION = Table("attention", "each head's attention from END to the named positions", (
+ATTENTION = Table("attention", "each head's attention between the named positions", (
     *HEAD_KEYS,
     *columns(
-        ("role", "str", "IO, S1, S1+1 or S2"),
-        ("weight", "float", "mean attention weight from END to the role's position"),
+        ("query", "str", "the position attending: END (to IO, S1, S1+1, S2), S2 (to S1, "
+         "S1+1) or S1+1 (to S1); a run written before this column held END only"),
+        ("role", "str", "the position attended to: IO, S1, S1+1 or S2"),
+        ("weight", "float", "mean attention weight from the query's position to the role's"),
         _LOW, _HIGH, _N,
     )))
 CLASSES = Table("classes", "heads sorted into Wang et al.'s classes by the stated criteria", (
-    *columns(("head_class", "str", "name mover, negative name mover or s-inhibition")),
+    *columns(("head_class", "str", "name mover, negative name mover, s-inhibition, "
+              "duplicate-token, induction or previous-token")),
     *HEAD_KEYS,
     *columns(
-        ("effect", "float", "name movers: direct effect (logits); s-inhibition: relative "
+        ("effect", "float", "name movers: direct effect (logits); the others: relative "
          "change of the logit difference when the head is path-patched into the name "
-         "movers' queries"),
+         "movers' queries (s-inhibition), the s-inhibition heads' keys and values "
+         "(duplicate-token, induction) or the induction heads' keys (previous-token)"),
         _LOW, _HIGH,
         ("attention", "float", "attention from END to IO (name movers) or to S2 "
-         "(s-inhibition)"),
+         "(s-inhibition), from S2 to S1 (duplicate-token) or to S1+1 (induction), from "
+         "S1+1 to S1 (previous-token)"),
         ("claimed", "bool", "the model performs the task above chance (behaviour interval "
          "above 0), so the class is claimed"),
         ("criterion", "str", "the rule the head met"),
@@ -103,6 +108,28 @@ PATH_PATCHING = Table("path_patching", "each sender head's output replaced by it
         ("attention_s2", "float", "the sender's attention from END to S2"),
         _N,
     )))
+UPSTREAM_PATHS = Table("upstream_paths", "each sender head's output replaced by its "
+                       "corrupted (ABC) one in only the keys and values of the S-inhibition "
+                       "heads, or the keys of the induction heads (their candidates where "
+                       "no head is in the class)", (
+    *HEAD_KEYS,
+    *columns(
+        ("receiver_kind", "str", "s-inhibition or induction (the class's heads), or "
+         "'s-inhibition candidates' / 'induction candidates': no head met the class's "
+         "criterion, so the receivers are the n_receivers heads closest to it (attention "
+         "at least min_attention, the most negative effect), never claimed as the class"),
+        ("receivers", "str", "the receiver heads, e.g. 'L7H3 L8H6'"),
+        ("path", "str", "kv (keys and values at once, into s-inhibition) or k (into "
+         "induction); with grouped-query attention a key-value group is patched whole"),
+        ("effect", "float", "mean(patched - clean) / mean(clean) of the logit difference"),
+        _LOW, _HIGH,
+        ("attention_s2_s1", "float", "the sender's attention from S2 to S1 "
+         "(duplicate-token)"),
+        ("attention_s2_s1p1", "float", "the sender's attention from S2 to S1+1 (induction)"),
+        ("attention_s1p1_s1", "float", "the sender's attention from S1+1 to S1 "
+         "(previous-token)"),
+        _N,
+    )))
 CHECKS = Table("checks", "the invariants the claims check", columns(
     ("invariant", "str", "dla_sum, patch_every or patch_nothing"),
     ("value", "float", "the largest deviation measured (see meaning)"),
@@ -110,4 +137,4 @@ CHECKS = Table("checks", "the invariants the claims check", columns(
 ))
 
 TABLES = tables(PROMPTS, BEHAVIOUR, DIRECT_EFFECTS, ATTENTION, CLASSES, PATCH_POSITIONS,
-                PATCH_HEADS, PATH_PATCHING, CHECKS)
+                PATCH_HEADS, PATH_PATCHING, UPSTREAM_PATHS, CHECKS)

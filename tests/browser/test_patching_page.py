@@ -5,12 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dashboards.components import circuit
 from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,
-         "templates": 2, "patch_prompts": 2, "n_receivers": 1, "path_patch": False,
-         "n_boot": 20}
+         "templates": 2, "patch_prompts": 2, "n_receivers": 1, "n_boot": 20,
+         "min_effect": 0.0, "min_attention": 0.0}
+"""No threshold, so that the random model's heads fill some classes and the diagram has
+arrows to draw."""
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +62,25 @@ def test_clicking_a_cell_shows_its_interval(page, served):
     row = stored[(stored.layer == 1) & (stored["head"] == 0)].iloc[0]
     assert f"L1H0's output patched at every position: {row.value:.3f}" in \
         page.locator("#patching-cell").inner_text()
+
+
+def test_the_class_diagram_draws_the_stored_classes(page, served):
+    url, run = served
+    page.goto(f"{url}/patching?run={run.id}")
+    fig = figure(page, "patching-circuit", title_contains="IOI circuit")
+    classes = run.table("classes")
+    notes = fig["layout"]["annotations"]
+    groups = {n["name"]: n["text"] for n in notes if n["name"].startswith("group ")}
+    for cls, _, _ in circuit.GROUPS:
+        n = int((classes.head_class == cls).sum())
+        assert groups[f"group {cls}"] == f"<b>{cls} ({n})</b>"
+    empty = {n["name"] for n in notes if n["name"].startswith("empty ")}
+    assert empty == {f"empty {cls}" for cls, _, _ in circuit.GROUPS
+                     if not (classes.head_class == cls).any()}
+    # the name movers' arrows into the logits, one per head of the two classes
+    movers = classes[classes.head_class.isin(["name mover", "negative name mover"])]
+    into_logits = [n for n in notes if n.get("showarrow") and n["name"].endswith("-> logits")]
+    assert len(movers) and len(into_logits) == len(movers)
+    assert {n["name"].split(" (")[0] for n in into_logits} == {
+        f"L{r.layer}H{r.head}" for r in movers.itertuples()}
+    offers_exports(page, "patching-circuit", run.id)

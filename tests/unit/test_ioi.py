@@ -88,6 +88,10 @@ def test_invariants_hold_and_no_class_is_claimed_at_chance(ioi_run):
     heads = ioi_run.table("patch_heads")
     assert set(heads["head"]) == {-1, 0, 1, 2, 3}
     assert len(ioi_run.table("path_patching"))  # into the top heads by direct effect
+    # its senders are all in layer 0: nothing is below them to patch into their keys
+    assert ioi_run.table("upstream_paths").empty
+    assert any(line.startswith("upstream path patching into s-inhibition candidates: not run")
+               for line in ioi_run.meta.summary)
     behaviour = ioi_run.table("behaviour").set_index("scope")
     if not behaviour.above_chance["all"]:  # a random model: nothing may be claimed
         classes = ioi_run.table("classes")
