@@ -10,7 +10,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
 
-.PHONY: setup fetch demo demo-quick dashboard test unit lint fuzz bench clean
+.PHONY: setup fetch demo demo-quick dashboard test unit notebooks lint fuzz bench clean
 
 $(BIN)/workbench: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,12 +54,17 @@ test: fetch
 unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
+# The tutorial notebooks in notebooks/, each run top to bottom in a Jupyter kernel of this
+# environment at the test's sizes, with its runs in a temporary folder (as `make test` does).
+notebooks: fetch
+	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
+
 # A longer fuzzing run for before a release: many more examples than `make test` tries.
 fuzz: fetch
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/fuzz --hypothesis-show-statistics $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check workbench experiments dashboards tests benchmarks
+	$(BIN)/ruff check workbench experiments dashboards tests benchmarks notebooks
 	$(BIN)/lint-imports
 
 bench: fetch
