@@ -1,130 +1,46 @@
-"""Plotly figures of attention patterns and residual-stream norms, and what every page's
-figures share: a colour scale that can be linear, log or power, discrete colours for
-discrete values, and titles wrapped onto lines that fit the figure."""
+"""Plotly figures of a recording's attention patterns and residual-stream norms, and the
+figures every page shares, which live in the library (:mod:`workbench.figures.style`) so
+that a page and a notebook draw the same figure from the same call."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
-from typing import Annotated, Literal, get_args
+from typing import Annotated
 
 import numpy as np
-import pandas as pd
-import plotly.colors
 import plotly.graph_objects as go
 from jaxtyping import Float
 
 from dashboards.components.values import OneOf
+from workbench.figures.style import (
+    COLOUR_SCALES,
+    LOG_FLOOR,
+    MAX_DISCRETE,
+    POWER,
+    STOPS,
+    TITLE_CHARS,
+    ColourScale,
+    colour_stops,
+    discrete_colours,
+    discrete_levels,
+    head_heatmap,
+    pattern_from_rows,
+    pattern_heatmap,
+    scale_colorbar,
+    set_title,
+    unique_labels,
+    wrapped,
+)
 from workbench.recording.record import Recording
 
-ColourScale = Literal["linear", "log", "power"]
-COLOUR_SCALES: tuple[str, ...] = get_args(ColourScale)
+__all__ = ["COLOUR_SCALES", "LOG_FLOOR", "MAX_DISCRETE", "POWER", "STOPS", "TITLE_CHARS",
+           "ColourScale", "Scale", "colour_stops", "discrete_colours", "discrete_levels",
+           "head_heatmap", "norm_heatmap", "norm_lines", "pattern_from_rows", "pattern_grid",
+           "pattern_heatmap", "resid_norms", "scale_colorbar", "set_title", "wrapped"]
+
 Scale = Annotated[ColourScale | None, OneOf(COLOUR_SCALES)]
 """A colour-scale switch's value as a callback takes it: ``None`` (a switch not yet set,
 or a request that leaves it out) is the linear scale."""
-LOG_FLOOR = 1e-4
-"""On the log scale every weight below this fraction of the scale's top is the lightest
-colour: four decades, which shows a head's spread beside a first-token weight near 1."""
-POWER = 0.5
-"""The power scale colours ``z ** POWER``: small weights lifted, less than on the log scale."""
-STOPS = 11
-TITLE_CHARS = 80
-"""Characters a title line holds in a figure of about 700 pixels."""
-MAX_DISCRETE = 16
-"""Whole-number values with at most this many levels get one colour a level."""
-
-
-def colour_stops(scale: ColourScale | None, base: str = "Blues") -> list[list]:
-    """A Plotly colorscale that paints ``base`` on a linear, log or power scale.
-
-    The figure's ``z`` stays the weights themselves (hover and exports read true values);
-    only where the colours sit between ``zmin`` and ``zmax`` changes: on the log scale the
-    colour ``c`` is at the fraction ``LOG_FLOOR ** (1 - c)`` of the range, on the power
-    scale at ``c ** (1 / POWER)``. ``None`` is the linear scale.
-    """
-    scale = scale or "linear"
-    if scale not in COLOUR_SCALES:
-        raise ValueError(f"colour scale must be one of {', '.join(COLOUR_SCALES)}, got {scale!r}")
-    levels = np.linspace(0, 1, STOPS)
-    colours = plotly.colors.sample_colorscale(base, levels.tolist())
-    if scale == "linear":
-        return [[float(at), c] for at, c in zip(levels, colours, strict=True)]
-    if scale == "power":
-        return [[float(at), c] for at, c in zip(levels ** (1 / POWER), colours, strict=True)]
-    at = LOG_FLOOR ** (1 - levels)
-    return [[0.0, colours[0]]] + [[float(a), c] for a, c in zip(at, colours, strict=True)]
-
-
-def scale_colorbar(scale: ColourScale | None, title: str) -> dict:
-    """The colour bar of a heatmap painted by :func:`colour_stops`, its title naming the
-    scale. Its axis stays linear in the weight, so on the log scale most of the bar is
-    dark: the colours a small weight gets."""
-    return {"title": title if scale in (None, "linear") else f"{title} ({scale})"}
-
-
-def discrete_levels(values: np.ndarray) -> list[int] | None:
-    """The levels of a grid of whole numbers with at most ``MAX_DISCRETE`` of them, from
-    the lowest to the highest (every whole number between); ``None`` for any other grid."""
-    finite = values[np.isfinite(values)]
-    if finite.size == 0 or not np.all(finite == np.round(finite)):
-        return None
-    low, high = int(finite.min()), int(finite.max())
-    if high - low + 1 > MAX_DISCRETE:
-        return None
-    return list(range(low, high + 1))
-
-
-def discrete_colours(levels: Sequence[int], base: str = "Viridis") -> list[list]:
-    """A stepped colorscale, one flat band of ``base`` a level, for ``zmin = levels[0] -
-    0.5`` and ``zmax = levels[-1] + 0.5`` (each level at the centre of its band)."""
-    n = len(levels)
-    colours = plotly.colors.sample_colorscale(base, [i / max(1, n - 1) for i in range(n)])
-    stops: list[list] = []
-    for i, colour in enumerate(colours):
-        stops += [[i / n, colour], [(i + 1) / n, colour]]
-    return stops
-
-
-def wrapped(title: str, width: int = TITLE_CHARS) -> str:
-    """``title`` with a line break wherever a line would pass ``width`` characters (the
-    line breaks it has are kept), so Plotly never cuts it off at the figure's edge."""
-    lines = []
-    for part in title.split("<br>"):
-        lines.extend(textwrap.wrap(part, width, break_long_words=False,
-                                   break_on_hyphens=False) or [""])
-    return "<br>".join(lines)
-
-
-def set_title(fig: go.Figure, title: str, width: int = TITLE_CHARS, size: int = 14
-              ) -> go.Figure:
-    """Give ``fig`` the wrapped ``title`` and a top margin tall enough for all its lines."""
-    text = wrapped(title, width)
-    lines = text.count("<br>") + 1
-    fig.update_layout(title={"text": text, "font": {"size": size}},
-                      margin={"t": 30 + int(size * 1.35) * lines})
-    return fig
-
-
-def _unique_labels(tokens: Sequence[str]) -> list[str]:
-    """Axis labels must be unique, so each token gets its position."""
-    return [f"{i}: {t!r}"[:24] for i, t in enumerate(tokens)]
-
-
-def pattern_heatmap(pattern: Float[np.ndarray, "query key"], tokens: Sequence[str],
-                    title: str, scale: ColourScale = "linear") -> go.Figure:
-    """One head's attention: rows are queries, columns are keys, labelled with tokens,
-    coloured on a ``linear``, ``log`` or ``power`` scale (:func:`colour_stops`)."""
-    labels = _unique_labels(tokens)
-    fig = go.Figure(go.Heatmap(
-        z=pattern, x=labels, y=labels, colorscale=colour_stops(scale), zmin=0, zmax=1,
-        hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
-        colorbar=scale_colorbar(scale, "weight"),
-    ))
-    side = min(900, 160 + 14 * len(tokens))
-    fig.update_layout(height=side + 80, margin={"l": 10, "r": 10, "b": 10},
-                      xaxis={"title": "key", "tickangle": -60, "side": "bottom"},
-                      yaxis={"title": "query", "autorange": "reversed"})
-    return set_title(fig, title)
 
 
 def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
@@ -175,7 +91,7 @@ def resid_norms(rec: Recording, prompt: int) -> Float[np.ndarray, "boundary pos"
 
 def norm_heatmap(norms: Float[np.ndarray, "boundary pos"], tokens: Sequence[str]) -> go.Figure:
     """Residual norm by layer boundary and position, on a log colour scale."""
-    labels = _unique_labels(tokens)
+    labels = unique_labels(tokens)
     fig = go.Figure(go.Heatmap(
         z=np.log10(np.maximum(norms, 1e-6)), x=labels, y=list(range(norms.shape[0])),
         customdata=norms, colorscale="Viridis", colorbar={"title": "log10 ‖x‖"},
@@ -203,48 +119,3 @@ def norm_lines(norms: Float[np.ndarray, "boundary pos"]) -> go.Figure:
     return fig
 
 
-def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
-                 zmin: float | None = None, zmax: float | None = None,
-                 colorscale: str = "Viridis") -> go.Figure:
-    """A layer x head heatmap of one metric from a long-format ``head_scores`` table.
-
-    Hover shows the score and, when the table has them, its 95% interval. Click data
-    carries ``x`` = head and ``y`` = layer.
-    """
-    df = scores[scores.metric == metric]
-    n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
-    grid = np.full((n_layers, n_heads), np.nan)
-    low = np.full_like(grid, np.nan)
-    high = np.full_like(grid, np.nan)
-    for row in df.itertuples():
-        grid[row.layer, row.head] = row.score
-        if "ci_low" in df.columns:
-            low[row.layer, row.head], high[row.layer, row.head] = row.ci_low, row.ci_high
-    hover = "L%{y}H%{x}<br>" + metric + " = %{z:.3f}"
-    if "ci_low" in df.columns:
-        hover += "<br>95% CI [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
-    bar: dict = {"title": metric}
-    levels = discrete_levels(grid)
-    if levels is not None:  # whole numbers (a kept/pruned mask, a step): one colour each
-        colorscale = discrete_colours(levels, colorscale)
-        zmin, zmax = levels[0] - 0.5, levels[-1] + 0.5
-        bar.update(tickvals=levels, ticktext=[str(v) for v in levels])
-        hover = hover.replace("%{z:.3f}", "%{z:.0f}")
-    fig = go.Figure(go.Heatmap(
-        z=grid, x=list(range(n_heads)), y=list(range(n_layers)),
-        customdata=np.stack([low, high], axis=-1), zmin=zmin, zmax=zmax,
-        colorscale=colorscale, hovertemplate=hover + "<extra></extra>", colorbar=bar,
-    ))
-    fig.update_layout(height=min(900, 160 + 22 * n_layers),
-                      margin={"l": 10, "r": 10, "b": 10},
-                      xaxis={"title": "head", "dtick": 1},
-                      yaxis={"title": "layer", "autorange": "reversed", "dtick": 1})
-    return set_title(fig, title or metric, width=60)
-
-
-def pattern_from_rows(rows: pd.DataFrame, n_tokens: int) -> Float[np.ndarray, "query key"]:
-    """One head's pattern stored as long rows (``query, key, weight``; e.g. only the lower
-    triangle a causal query can see) as a full ``[query, key]`` matrix, zeros elsewhere."""
-    grid = np.zeros((n_tokens, n_tokens))
-    grid[rows["query"].to_numpy(), rows["key"].to_numpy()] = rows["weight"].to_numpy()
-    return grid

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dash
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
-from plotly.subplots import make_subplots
 
 from dashboards.components import data, exports, figures
 from dashboards.components.controls import labelled
@@ -25,13 +23,13 @@ from experiments.induction_formation.tables import (
     PHASE_CHANGE,
     TRAINING_CURVE,
 )
+from workbench.figures import curves
 from workbench.store.schema import Table
 
 SHOWS = ["induction-formation"]
 dash.register_page(__name__, path="/formation", name="Formation", order=7, experiments=SHOWS)
 
 EMPTY = "No training runs yet. Train the models with `workbench run induction-formation`."
-WINDOW_COLOUR = "rgba(234, 179, 8, 0.25)"
 
 
 @safe_layout("Formation")
@@ -122,19 +120,6 @@ def _phase(run_id: str, model: str) -> pd.Series:
     return phase[phase.model == model].iloc[0]
 
 
-def _window(row: pd.Series) -> pd.Series | None:
-    return row if bool(row.detected) else None
-
-
-def _shade(fig: go.Figure, window: pd.Series | None, tokens_per_step: float | None) -> None:
-    if window is None:
-        return
-    scale = tokens_per_step or 1.0
-    fig.add_vrect(x0=window.start_step * scale, x1=window.end_step * scale,
-                  fillcolor=WINDOW_COLOUR, line_width=0, layer="below",
-                  annotation_text="phase change", annotation_position="top left")
-
-
 @callback(Output("formation-curves", "figure"), Output("formation-summary", "children"),
           Input("formation-run", "value"), Input("formation-model", "value"))
 @safe
@@ -142,25 +127,8 @@ def draw_curves(run_id: RunId, model: Name):
     if model is None:
         return no_update, no_update
     _check_model(run_id, model)
-    curve = _table(run_id, TRAINING_CURVE).sort_values(["n_layers", "step"])
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("loss (nats)", "in-context learning score "
-                                        "(late minus early loss; lower is more ICL)"))
-    for name, df in curve.groupby("model", sort=False):
-        dash_style = None if name == model else "dot"
-        fig.add_scatter(x=df.tokens, y=df.heldout_loss, name=f"{name} held-out loss",
-                        mode="lines+markers", line={"dash": dash_style}, row=1, col=1)
-        fig.add_scatter(x=df.tokens, y=df.train_loss, name=f"{name} training loss",
-                        mode="lines", line={"dash": dash_style, "width": 1}, row=1, col=1)
-        fig.add_scatter(x=df.tokens, y=df.icl_score, name=f"{name} ICL score",
-                        mode="lines+markers", line={"dash": dash_style}, row=2, col=1)
-    sel = curve[curve.model == model]
-    per_step = float(sel.tokens.iloc[-1] / sel.step.iloc[-1]) if sel.step.iloc[-1] else None
     phase = _phase(run_id, model)
-    _shade(fig, _window(phase), per_step)
-    fig.update_layout(title=f"loss and in-context learning against tokens seen · {model}",
-                      height=620, margin={"l": 10, "r": 10, "t": 80, "b": 10})
-    fig.update_xaxes(title_text="tokens seen", row=2, col=1)
+    fig = curves.formation_curves(_table(run_id, TRAINING_CURVE), phase, model)
     return fig, _describe(phase)
 
 
@@ -189,25 +157,7 @@ def draw_heads(run_id: RunId, model: Name):
     if model is None:
         return no_update
     _check_model(run_id, model)
-    scores = _table(run_id, HEAD_SCORES)
-    scores = scores[scores.model == model].sort_values("step")
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=("induction", "previous_token"))
-    for col, metric in enumerate(("induction", "previous_token"), start=1):
-        for (layer, head), df in scores[scores.metric == metric].groupby(["layer", "head"]):
-            fig.add_scatter(x=df.step, y=df.score, name=f"L{layer}H{head} {metric}",
-                            mode="lines", legendgroup=f"L{layer}H{head}",
-                            hovertemplate=f"L{layer}H{head}<br>step %{{x}}<br>{metric} "
-                                          "%{y:.3f}<extra></extra>", row=1, col=col)
-        null = scores[scores.metric == metric].null.iloc[0]
-        fig.add_hline(y=null, line_dash="dash", line_color="#888", row=1, col=col,
-                      annotation_text="uniform", annotation_position="bottom right")
-    _shade(fig, _window(_phase(run_id, model)), None)
-    fig.update_layout(title=f"every head's score over training · {model}", height=420,
-                      margin={"l": 10, "r": 10, "t": 80, "b": 10}, showlegend=False)
-    fig.update_xaxes(title_text="training step")
-    fig.update_yaxes(range=[0, 1])
-    return fig
+    return curves.formation_heads(_table(run_id, HEAD_SCORES), _phase(run_id, model), model)
 
 
 @callback(Output("formation-pattern", "figure"),

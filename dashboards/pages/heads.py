@@ -50,6 +50,7 @@ from experiments.induction_heads.tables import (
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
+from workbench.figures.heads import head_scores_figure, shared_range
 from workbench.recording.record import Recording
 from workbench.scores import metrics
 from workbench.store.runs import Run
@@ -155,15 +156,6 @@ def _metrics(scores: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(scores.metric))
 
 
-def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
-    """One colour scale for every heatmap of ``metric`` shown side by side: the lowest
-    and highest score of any of ``frames`` (``None`` when none has the metric)."""
-    scores = pd.concat([f.score[f.metric == metric] for f in frames]).dropna()
-    if scores.empty:
-        return None
-    return float(scores.min()), float(scores.max())
-
-
 def _compared(compare_id: str | None) -> pd.DataFrame | None:
     return _scores(data.get_run(compare_id, shows=SHOWS)) if compare_id else None
 
@@ -188,14 +180,12 @@ def draw_run(run_id: RunId, metric: Name, top_k: TopK, compare_id: RunId,
         other = _compared(compare_id)
     except WorkbenchError:  # the comparison says why; this run is still drawn
         other = None
-    zmin, zmax = shared_range([scores] + ([other] if other is not None else []), metric) or (
-        None, None)
-    title = (f"{metric} · {run.model_name} · {run.experiment}"
-             f"<br><sup>{metrics.get(metric).meaning}</sup>")
+    zrange = shared_range([scores] + ([other] if other is not None else []), metric)
     top = scores[scores.metric == metric].nlargest(top_k or 10, "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}
-    heatmap = figures.head_heatmap(scores, metric, title=title, zmin=zmin, zmax=zmax)
+    heatmap = head_scores_figure(scores, metric, run.model_name, run.experiment,
+                                 metrics.get(metric).meaning, zrange)
     note = head_classes.mark(heatmap, run, head_class, fdr)
     return heatmap, rows, [{"name": c, "id": c} for c in shown], tips, note
 

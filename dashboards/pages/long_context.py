@@ -19,8 +19,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import dash
-import numpy as np
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
@@ -48,6 +46,7 @@ from dashboards.components.values import (
     below,
     coordinate,
 )
+from workbench.figures import patterns
 from workbench.recording.record import Recording
 
 SHOWS = ["record"]
@@ -56,8 +55,7 @@ dash.register_page(__name__, path="/long-context", name="Long context", order=8,
 
 EMPTY = ("No recordings yet. Record a long document with "
          "`workbench record smollm2 --file doc.txt --patterns topk`.")
-OVERVIEW_CELLS = 512
-"""Cells a side of the overview: about one per screen pixel of the figure."""
+OVERVIEW_CELLS = patterns.OVERVIEW_CELLS
 WINDOW_CELLS = 256
 """A window of up to this many tokens a side is drawn token by token, with labels."""
 TOP_ROWS = 16
@@ -124,76 +122,6 @@ def choose_run(run_id: RunId):
     return prompts, 0, layers, layer, heads, head, last_query(run_id), None
 
 
-def _heatmap(pooled, tokens: list[str], title: str, scale: figures.ColourScale) -> go.Figure:
-    """A pooled grid drawn in token coordinates (cell centres), so a box drawn on it reads
-    as token positions; a window of single tokens is drawn on axes of token labels."""
-    q0, q1, k0, k1 = pooled.window
-    f, grid = pooled.factor, pooled.grid
-    top = 1 if pooled.how == "max" else None
-    heat = go.Heatmap(z=grid, colorscale=figures.colour_stops(scale), zmin=0, zmax=top,
-                      colorbar=figures.scale_colorbar(scale, pooled.how))
-    if f == 1:
-        # categorical axes of "position 'token'": labels and hover with no per-cell data
-        def names(a: int, b: int) -> list[str]:
-            return [f"{i} {tokens[i]!r}"[:20] for i in range(a, b)]
-
-        heat.update(x=names(k0, k1), y=names(q0, q1),
-                    hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>")
-        axes = {"xaxis": {"title": "key", "tickangle": -60, "nticks": 32},
-                "yaxis": {"title": "query", "autorange": "reversed", "nticks": 32}}
-    else:
-        heat.update(x=k0 + (np.arange(grid.shape[1]) + 0.5) * f - 0.5,
-                    y=q0 + (np.arange(grid.shape[0]) + 0.5) * f - 0.5,
-                    hovertemplate=f"queries %{{y:.0f}} ± {f // 2}<br>keys %{{x:.0f}} ± "
-                                  f"{f // 2}<br>{pooled.how} %{{z:.4f}}<extra></extra>")
-        axes = {"xaxis": {"title": "key"}, "yaxis": {"title": "query", "autorange": "reversed"}}
-    fig = go.Figure(heat)
-    fig.update_layout(height=660, width=700, margin={"l": 10, "r": 10, "b": 10}, **axes)
-    return figures.set_title(fig, title, size=13)
-
-
-def edge_segment(window: int | None, view: tuple[int, int, int, int]
-                 ) -> tuple[int, int, int, int] | None:
-    """Where a sliding window's edge crosses the view ``(q0, q1, k0, k1)``: the keys
-    ``k = q - (window - 1)``, the oldest a query ``q`` still sees, as ``(q_first, k_first,
-    q_last, k_last)``; ``None`` for a global layer (no window) or an edge outside the view.
-    Every key left of the edge carries exactly zero weight."""
-    if window is None:
-        return None
-    q0, q1, k0, k1 = view
-    reach = window - 1
-    first, last = max(q0, k0 + reach), min(q1 - 1, k1 - 1 + reach)
-    if first > last:
-        return None
-    return first, first - reach, last, last - reach
-
-
-def _mark_edge(fig: go.Figure, rec: Recording, layer: int, pooled) -> str:
-    """Draw the window edge of a sliding layer on a heatmap of ``pooled``, and say so in a
-    few words for the title (empty for a global layer)."""
-    window = rec.model.window(layer)
-    if window is None:
-        return ""
-    segment = edge_segment(window, pooled.window)
-    where = "" if segment is not None else " (outside this view)"
-    if segment is not None:
-        q_a, k_a, q_b, k_b = segment
-        q0, _, k0, _ = pooled.window
-        if pooled.factor == 1:  # categorical axes: positions counted from the view's start
-            q_a, q_b, k_a, k_b = q_a - q0, q_b - q0, k_a - k0, k_b - k0
-        fig.add_shape(type="line", x0=k_a - 0.5, y0=q_a, x1=k_b - 0.5, y1=q_b,
-                      line={"color": "#dc2626", "dash": "dash", "width": 1.5},
-                      name="window edge")
-    return (f"<br>sliding layer: each query sees its last {window} keys; the dashed line is "
-            f"the window's edge{where}, and every key left of it has weight 0")
-
-
-def _pooling_note(pooled) -> str:
-    f = pooled.factor
-    cell = "1 token a cell" if f == 1 else f"{pooled.how} pooling of {f} x {f} tokens a cell"
-    return cell
-
-
 def _read_args(run_id: str | None, prompt: int | None, layer: int | None,
                head: int | None) -> Recording | None:
     """The recording, its choice checked, or ``None`` while a dropdown is empty.
@@ -218,13 +146,7 @@ def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, poolin
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
-    pooled = rec.pooled(prompt, layer, head, max_cells=OVERVIEW_CELLS, how=pooling)
-    n = rec.length(prompt)
-    left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
-    title = (f"L{layer}H{head}, whole pattern, {n} tokens: {_pooling_note(pooled)}{left}"
-             "<br>drag a box to open it as a window")
-    fig = _heatmap(pooled, rec.tokens(prompt), title, scale)
-    return figures.set_title(fig, title + _mark_edge(fig, rec, layer, pooled), size=13)
+    return patterns.long_overview(rec, prompt, layer, head, pooling, scale, OVERVIEW_CELLS)
 
 
 @callback(Output("long-context-q0", "value"), Output("long-context-k0", "value"),
@@ -267,9 +189,10 @@ def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling:
     window = window_of(rec.length(prompt), first_query, first_key, span)
     pooled = rec.pooled(prompt, layer, head, window=window, max_cells=WINDOW_CELLS, how=pooling)
     title = (f"window: queries {window[0]}..{window[1] - 1}, keys {window[2]}..{window[3] - 1}"
-             f": {_pooling_note(pooled)}<br>click a cell to list its query's top keys")
-    fig = _heatmap(pooled, rec.tokens(prompt), title, scale)
-    return figures.set_title(fig, title + _mark_edge(fig, rec, layer, pooled), size=13)
+             f": {patterns.pooling_note(pooled)}<br>click a cell to list its query's top keys")
+    fig = patterns.pooled_heatmap(pooled, rec.tokens(prompt), title, scale)
+    edge = patterns.mark_edge(fig, rec.model.window(layer), pooled)
+    return figures.set_title(fig, title + edge, size=13)
 
 
 def query_of(point: dict) -> int:

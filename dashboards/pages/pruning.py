@@ -9,7 +9,6 @@ from typing import Annotated
 import dash
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, figures
@@ -26,13 +25,12 @@ from experiments.head_pruning.tables import (
     SPEEDUP,
     SURVIVAL,
 )
+from workbench.figures import curves
 
 SHOWS = ["head-pruning"]
 dash.register_page(__name__, path="/pruning", name="Pruning", order=6, experiments=SHOWS)
 
 EMPTY = "No head-pruning runs yet: `workbench run head-pruning --model minilm`."
-LINE_COLOURS = {"gradient": "#2563eb", "ablation": "#059669", "reverse-gradient": "#dc2626",
-                "reverse-ablation": "#d97706"}
 TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}
 Budget = Annotated[float | None, Real(0, 1)]
 """A fraction of the heads kept (the budget dropdown's values)."""
@@ -101,38 +99,6 @@ def draw_importance(run_id: RunId, kind: Name):
                                 title=f"{kind} · {run.model_name} (unpruned model)")
 
 
-def curves_figure(curve: pd.DataFrame, metric: str, model: str) -> go.Figure:
-    """The metric against the fraction pruned: one line per importance order, and the
-    random orders as their mean with a band from the lowest to the highest seed."""
-    rows = curve[curve.metric == metric]
-    fig = go.Figure()
-    rand = rows[rows.order == "random"].groupby("fraction_pruned").value
-    if len(rand):
-        stats = pd.DataFrame({"low": rand.min(), "high": rand.max(), "mean": rand.mean()})
-        x = stats.index.to_numpy()
-        fig.add_scatter(x=x, y=stats.high, name="random max", mode="lines",
-                        line={"width": 0}, showlegend=False, hoverinfo="skip")
-        fig.add_scatter(x=x, y=stats.low, name="random band", mode="lines",
-                        line={"width": 0}, fill="tonexty", fillcolor="rgba(107,114,128,0.25)")
-        fig.add_scatter(x=x, y=stats["mean"], name="random mean",
-                        mode="lines+markers", line={"color": "#6b7280", "dash": "dash"})
-    for order, group in rows[rows.order != "random"].groupby("order", sort=False):
-        group = group.sort_values("fraction_pruned")
-        fig.add_scatter(x=group.fraction_pruned, y=group.value, name=order,
-                        mode="lines+markers", line={"color": LINE_COLOURS.get(order)},
-                        customdata=np.stack([group.ci_low, group.ci_high], axis=-1),
-                        hovertemplate="%{x:.0%} pruned<br>" + metric + " = %{y:.4f}"
-                                      "<br>95% CI [%{customdata[0]:.4f}, "
-                                      "%{customdata[1]:.4f}]<extra>" + order + "</extra>")
-    n_seeds = rows[rows.order == "random"].seed.nunique()
-    fig.update_layout(title=f"{metric} vs fraction of heads pruned · {model} "
-                            f"(random: {n_seeds} seeds)",
-                      height=480, margin={"l": 10, "r": 10, "t": 50, "b": 10},
-                      xaxis={"title": "fraction of heads pruned", "tickformat": ".0%"},
-                      yaxis={"title": metric})
-    return fig
-
-
 @callback(Output("pruning-curves", "figure"),
           Input("pruning-run", "value"), Input("pruning-metric", "value"))
 @safe
@@ -142,7 +108,7 @@ def draw_curves(run_id: RunId, metric: Name):
     run = data.get_run(run_id, shows=SHOWS)
     curve = run.table(PRUNING_CURVE.name)
     among("metric", metric, list(dict.fromkeys(curve.metric)), "the run's metrics")
-    return curves_figure(curve, metric, run.model_name or "")
+    return curves.pruning_curves(curve, metric, run.model_name or "")
 
 
 @callback(Output("pruning-mask", "figure"),

@@ -29,13 +29,14 @@ from dashboards.components.values import (
     RunId,
     triggered,
 )
+from workbench.figures import patterns
 
 SHOWS = ["record"]
 dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")
-MAX_TOKENS = 512
+MAX_TOKENS = patterns.MAX_TOKENS
 """A longer prompt shows its first 512 tokens here; the Long context page shows it all."""
 
 
@@ -104,12 +105,7 @@ def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: 
         return no_update
     rec = data.recording(run_id)
     check_choice(rec, prompt, layer, head)
-    n = min(rec.length(prompt), MAX_TOKENS)
-    title = f"layer {layer}, head {head} (L{layer}H{head})"
-    if n < rec.length(prompt):
-        title += f": first {n} of {rec.length(prompt)} tokens (Long context shows them all)"
-    pattern = rec.pattern(prompt, layer, head, queries=(0, n))[:, :n]
-    return figures.pattern_heatmap(pattern, rec.tokens(prompt)[:n], title, scale)
+    return patterns.recording_pattern(rec, prompt, layer, head, scale, MAX_TOKENS)
 
 
 @callback(Output("recording-grid", "figure"),

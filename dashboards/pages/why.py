@@ -10,8 +10,6 @@ tables by the names ``experiments/qk_attribution/tables.py`` declares.
 
 from __future__ import annotations
 
-import re
-
 import dash
 import numpy as np
 import pandas as pd
@@ -32,6 +30,13 @@ from experiments.qk_attribution.tables import (
     SOURCES,
     TOKENS,
 )
+from workbench.figures.qk import (
+    aggregate_figure,
+    bars_figure,
+    component_order,
+    head_label,
+    pair_title,
+)
 from workbench.store.runs import Run
 
 SHOWS = ["qk-attribution"]
@@ -40,9 +45,7 @@ dash.register_page(__name__, path="/why", name="Why", order=8, experiments=SHOWS
 EMPTY = ("No qk-attribution runs yet. Make one with "
          "`workbench run qk-attribution --model smollm2`.")
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
-KIND_COLOURS = {"embed": "#1f2937", "head": "#2563eb", "mlp": "#f59e0b", "bias": "#9ca3af"}
 GRAPHS = ["why-strip", "why-key", "why-query", "why-pairs", "why-aggregate"]
-_COMPONENT = re.compile(r"^L(\d+)(H(\d+)|MLP|attn_bias)$")
 
 
 @safe_layout("Why")
@@ -63,32 +66,6 @@ def layout(run: str | None = None, **_: str) -> html.Div:
 
 
 exports.follow("why-run", page="why", graphs=GRAPHS)
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
-def component_order(name: str) -> tuple[int, int, str]:
-    """Sort key: embed first, then by layer (heads, then attention bias, then MLP), then
-    the head's own biases."""
-    if name == "embed":
-        return (-1, 0, name)
-    match = _COMPONENT.match(name)
-    if match is None:
-        return (10**6, 0, name)
-    layer, what, head = match.groups()
-    rank = int(head) if head is not None else (10**3 if what == "attn_bias" else 10**4)
-    return (int(layer), rank, name)
-
-
-def component_kind(name: str) -> str:
-    if name == "embed":
-        return "embed"
-    match = _COMPONENT.match(name)
-    if match is None or match.group(2) == "attn_bias":
-        return "bias"
-    return "mlp" if match.group(2) == "MLP" else "head"
 
 
 def _heads(scores: pd.DataFrame) -> list[str]:
@@ -190,7 +167,7 @@ def draw_pair(run_id: RunId, head: NamedHead, prompt: Index, query: Index):
     pair = mine(run.table(SCORES.name))
     keys = pair.key_pos.tolist()
     contrib = mine(run.table(PAIR_CONTRIBUTIONS.name))
-    title = f"{name}, query {query} '{tokens[query]}' on key {keys[0]} '{tokens[keys[0]]}'"
+    title = pair_title(name, query, keys[0], tokens)
     return (strip_figure(mine(run.table(PATTERNS.name)), tokens, query, keys, name),
             bars_figure(contrib[contrib.side == "key"], f"key side: {title}"),
             bars_figure(contrib[contrib.side == "query"], f"query side: {title}"),
@@ -213,20 +190,6 @@ def strip_figure(rows: pd.DataFrame, tokens: list[str], query: int, keys: list[i
     fig.update_layout(title=f"{head}: attention of query {query} '{tokens[query]}' "
                             f"(explained key outlined)", height=220, margin=MARGIN,
                       xaxis={"tickangle": -60})
-    return fig
-
-
-def bars_figure(contrib: pd.DataFrame, title: str) -> go.Figure:
-    """Each component's part of the score, in layer order, coloured by kind (mean over
-    the query's pairs)."""
-    mean = contrib.groupby("component").contribution.mean()
-    order = sorted(mean.index, key=component_order)
-    kinds = [component_kind(c) for c in order]
-    fig = go.Figure(go.Bar(x=order, y=mean[order].to_numpy(),
-                           marker_color=[KIND_COLOURS[k] for k in kinds],
-                           hovertemplate="%{x}<br>%{y:.4f}<extra></extra>"))
-    fig.update_layout(title=f"{title} (sum {mean.sum():.3f})", height=380, margin=MARGIN,
-                      yaxis={"title": "part of the score"}, xaxis={"tickangle": -60})
     return fig
 
 
@@ -259,23 +222,3 @@ def draw_aggregate(run_id: RunId, head: NamedHead):
     att = run.table(ATTRIBUTION.name)
     return aggregate_figure(att[(att.layer == layer) & (att["head"] == h)],
                             head_label(layer, h))
-
-
-def aggregate_figure(att: pd.DataFrame, head: str, top: int = 12) -> go.Figure:
-    """Mean part of the score over every prompt, with its 95% bootstrap interval, for the
-    components largest on either side (in layer order)."""
-    biggest = att.assign(size=att.contribution.abs()).groupby("component")["size"].max()
-    shown = sorted(biggest.nlargest(top).index, key=component_order)
-    fig = go.Figure()
-    for side, colour in (("key", "#2563eb"), ("query", "#f59e0b")):
-        rows = att[att.side == side].set_index("component").reindex(shown)
-        fig.add_bar(x=shown, y=rows.contribution.to_numpy(), name=f"{side} side",
-                    marker_color=colour,
-                    error_y={"type": "data", "symmetric": False,
-                             "array": (rows.ci_high - rows.contribution).to_numpy(),
-                             "arrayminus": (rows.contribution - rows.ci_low).to_numpy()})
-    n = int(att.n_prompts.max()) if len(att) else 0
-    fig.update_layout(barmode="group", height=420, margin=MARGIN, xaxis={"tickangle": -60},
-                      title=f"{head}: mean over {n} prompts, 95% bootstrap intervals",
-                      yaxis={"title": "part of the score"})
-    return fig

@@ -213,24 +213,8 @@ def test_the_window_conditions_say_why_when_they_cannot_run(gemma3, llama, tmp_p
 
 # ---- the Long context page marks the window edge ------------------------------------------
 
-@pytest.fixture(scope="module")
-def long_context_page():
-    import sys
-
-    import dash
-
-    from dashboards.app import create_app
-
-    create_app("/nonexistent")  # registers the pages
-    # the module as Dash imported it: importing ``dashboards.pages.long_context`` again
-    # would register the page a second time under a second name
-    (name,) = [page["module"] for page in dash.page_registry.values()
-               if page["path"] == "/long-context"]
-    return sys.modules[name]
-
-
-def test_window_edge_segment_by_hand(long_context_page):
-    edge_segment = long_context_page.edge_segment
+def test_window_edge_segment_by_hand():
+    from workbench.figures.patterns import edge_segment
 
     assert edge_segment(None, (0, 20, 0, 20)) is None  # a global layer
     # window 8: query q sees keys q - 7 .. q; the edge runs from (q 7, k 0) to (q 19, k 12)
@@ -239,10 +223,10 @@ def test_window_edge_segment_by_hand(long_context_page):
     assert edge_segment(8, (0, 5, 0, 5)) is None  # every query of the view sees key 0
 
 
-def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path,
-                                                             long_context_page):
+def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path):
     import plotly.graph_objects as go
 
+    from workbench.figures.patterns import mark_edge
     from workbench.inputs.prompts import Prompt
     from workbench.recording.record import record
 
@@ -251,7 +235,7 @@ def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path,
     for layer, marked in ((0, True), (1, False)):
         pooled = rec.pooled(0, layer, 0, max_cells=512, how="max")
         fig = go.Figure()
-        note = long_context_page._mark_edge(fig, rec, layer, pooled)
+        note = mark_edge(fig, rec.model.window(layer), pooled)
         assert bool(fig.layout.shapes) == marked and ("last 8 keys" in note) == marked
         if marked:
             line = fig.layout.shapes[0]

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
 import zarr
 from jaxtyping import Float
@@ -46,6 +47,8 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
 from workbench.core.records import RecordError
+from workbench.figures import patterns as figure_patterns
+from workbench.figures.style import COLOUR_SCALES, ColourScale
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
@@ -593,6 +596,49 @@ class Recording:
             grid = np.concatenate(parts)
         return Pooled(grid=grid, factor=factor, how=how, window=(q0, q1, k0, k1))
 
+    def show_pattern(self, prompt: int, layer: int, head: int, *,
+                     scale: ColourScale = "linear",
+                     max_tokens: int = figure_patterns.MAX_TOKENS) -> go.Figure:
+        """One head's attention on one prompt as the Recording page draws it: queries
+        down, keys across, each axis labelled with the tokens (the first ``max_tokens``).
+
+        Examples:
+            >>> rec.show_pattern(0, layer=1, head=2, scale="log")    # doctest: +SKIP
+
+        Raises:
+            WorkbenchError: a prompt, layer or head the recording does not have, a
+                recording without patterns, or an unknown colour scale.
+        """
+        _check_scale(scale)
+        self._check(prompt, len(self.prompts), "prompt")
+        self._check(layer, self.n_layers, "layer")
+        self._check(head, self.n_heads, "head")
+        return figure_patterns.recording_pattern(self, prompt, layer, head, scale, max_tokens)
+
+    def show_long(self, prompt: int, layer: int, head: int, pooling: sparse.Pooling = "max",
+                  *, scale: ColourScale = "log",
+                  cells: int = figure_patterns.OVERVIEW_CELLS) -> go.Figure:
+        """One head's whole pattern as the Long context page's overview draws it: pooled
+        here (:meth:`pooled`, ``max`` or ``sum`` of each block of tokens) to at most
+        ``cells`` a side before the figure is made, so an 8,192-token prompt gives a
+        512 x 512 figure; a sliding layer's window edge is marked.
+
+        Examples:
+            >>> rec.show_long(0, layer=1, head=2, pooling="max")     # doctest: +SKIP
+
+        Raises:
+            WorkbenchError: as :meth:`show_pattern`, or a pooling other than max or sum.
+        """
+        _check_scale(scale)
+        if pooling not in ("max", "sum"):
+            raise WorkbenchError(f"pooling must be max or sum, got {pooling!r}")
+        if not 1 <= cells <= 4096:
+            raise WorkbenchError(f"cells must be between 1 and 4096, got {cells!r}")
+        self._check(prompt, len(self.prompts), "prompt")
+        self._check(layer, self.n_layers, "layer")
+        self._check(head, self.n_heads, "head")
+        return figure_patterns.long_overview(self, prompt, layer, head, pooling, scale, cells)
+
     def resid(self, prompt: int, layer: int) -> Float[np.ndarray, "pos d_model"]:
         """Residual stream ``[pos, d_model]`` at boundary ``layer`` (0 .. n_layers)."""
         if not self.has_resid:
@@ -658,3 +704,9 @@ def _pool_sparse(rows: sparse.SparsePattern, corner: tuple[int, int], shape: tup
     q0, k0 = corner
     return sparse.pool_entries(np.concatenate(r) - q0, np.concatenate(c) - k0,
                                np.concatenate(v), shape, factor, how)
+
+
+def _check_scale(scale: object) -> None:
+    if scale not in COLOUR_SCALES:
+        raise WorkbenchError(f"colour scale must be one of {', '.join(COLOUR_SCALES)}, "
+                             f"got {scale!r}")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Literal
 
 from workbench.core.errors import UnknownNameError
 from workbench.core.registry import Registry
+from workbench.figures import catalog
 from workbench.inputs.token_types import TOKEN_TYPES
 from workbench.recording.reductions import Reduction
 from workbench.scores import patterns
@@ -179,3 +180,11 @@ _declare(Metric("importance_gradient_raw", "E_x |dL/dxi_h| on the fit text, not 
 _declare(Metric("importance_ablation", "degradation on the fit text when the head alone is "
                 "removed, minus that of the unpruned model", NO_EFFECT, MICHEL, "importance",
                 bounded=False))
+
+
+def meaning(name: str) -> str | None:
+    """A registered metric's one-line meaning; ``None`` for any other name."""
+    return METRICS.get(name).meaning if name in METRICS else None
+
+
+catalog.describe_metrics(meaning)  # figure titles of a run read a metric's meaning here

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 import psutil
 import pyarrow
 
@@ -64,6 +65,7 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import Status
 from workbench.core.records import RecordError
+from workbench.figures import catalog
 from workbench.store import provenance, validate
 from workbench.store.records import Interventions, ModelInfo, RunMeta, TableEntry
 from workbench.store.schema import SchemaError, Table, current_metric_names
@@ -239,6 +241,21 @@ class Run:
             raise WorkbenchError(f"table '{name}' of run {self.id} is not readable Parquet "
                                  f"({_one_line(exc)})") from None
         return current_metric_names(frame)
+
+    def figure(self, name: str, **options: Any) -> go.Figure:
+        """The figure ``name`` of this run, as its dashboard page draws it
+        (:mod:`workbench.figures.catalog`).
+
+        Examples:
+            >>> run.figure("head_scores", metric="induction")     # doctest: +SKIP
+            >>> run.figure("pruning_curve", metric="loss")          # doctest: +SKIP
+
+        Raises:
+            UnknownNameError: no figure of that name (the message lists the known ones).
+            WorkbenchError: an option the figure does not take, a value the run does not
+                hold, or a run without the figure's tables.
+        """
+        return catalog.draw(self, name, options)
 
     def verify(self) -> None:
         """Re-hash every table of the run against ``run.json``.

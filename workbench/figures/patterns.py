@@ -1,0 +1,138 @@
+"""A recording's attention patterns as the Recording and Long context pages draw them: one
+head's pattern with token labels, and one head's whole pattern pooled to screen resolution.
+
+Both read only what they show from the recording: the first ``max_tokens`` query rows of a
+pattern, or the pooled grid :meth:`~workbench.recording.record.Recording.pooled` builds
+block by block, so an 8,192-token pattern becomes at most ``OVERVIEW_CELLS`` cells a side
+before any figure is made.
+
+Examples:
+    >>> rec = Recording.open("data/runs/<record run>")                  # doctest: +SKIP
+    >>> recording_pattern(rec, 0, 1, 2)                                 # doctest: +SKIP
+    >>> long_overview(rec, 0, 1, 2, pooling="max").data[0].z.shape      # doctest: +SKIP
+    (512, 512)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import plotly.graph_objects as go
+
+from workbench.figures.style import (
+    ColourScale,
+    colour_stops,
+    pattern_heatmap,
+    scale_colorbar,
+    set_title,
+)
+
+if TYPE_CHECKING:
+    from workbench.recording.record import Pooled, Recording
+
+Pooling = Literal["max", "sum"]
+MAX_TOKENS = 512
+"""The Recording page's pattern shows at most this many tokens (Long context shows all)."""
+OVERVIEW_CELLS = 512
+"""Cells a side of the pooled overview: about one per screen pixel of the figure."""
+
+
+def recording_pattern(rec: Recording, prompt: int, layer: int, head: int,
+                      scale: ColourScale | None = "linear",
+                      max_tokens: int = MAX_TOKENS) -> go.Figure:
+    """One head's attention on one prompt, queries down and keys across, token-labelled;
+    a prompt longer than ``max_tokens`` shows its first ``max_tokens`` tokens."""
+    length = rec.length(prompt)
+    n = min(length, max_tokens)
+    title = f"layer {layer}, head {head} (L{layer}H{head})"
+    if n < length:
+        title += f": first {n} of {length} tokens (Long context shows them all)"
+    pattern = rec.pattern(prompt, layer, head, queries=(0, n))[:, :n]
+    return pattern_heatmap(pattern, rec.tokens(prompt)[:n], title, scale or "linear")
+
+
+def pooled_heatmap(pooled: Pooled, tokens: Sequence[str], title: str,
+                   scale: ColourScale | None) -> go.Figure:
+    """A pooled grid drawn in token coordinates (cell centres), so a box drawn on it reads
+    as token positions; a window of single tokens is drawn on axes of token labels."""
+    q0, q1, k0, k1 = pooled.window
+    f, grid = pooled.factor, pooled.grid
+    top = 1 if pooled.how == "max" else None
+    heat = go.Heatmap(z=grid, colorscale=colour_stops(scale), zmin=0, zmax=top,
+                      colorbar=scale_colorbar(scale, pooled.how))
+    if f == 1:
+        # categorical axes of "position 'token'": labels and hover with no per-cell data
+        def names(a: int, b: int) -> list[str]:
+            return [f"{i} {tokens[i]!r}"[:20] for i in range(a, b)]
+
+        heat.update(x=names(k0, k1), y=names(q0, q1),
+                    hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>")
+        axes = {"xaxis": {"title": "key", "tickangle": -60, "nticks": 32},
+                "yaxis": {"title": "query", "autorange": "reversed", "nticks": 32}}
+    else:
+        heat.update(x=k0 + (np.arange(grid.shape[1]) + 0.5) * f - 0.5,
+                    y=q0 + (np.arange(grid.shape[0]) + 0.5) * f - 0.5,
+                    hovertemplate=f"queries %{{y:.0f}} ± {f // 2}<br>keys %{{x:.0f}} ± "
+                                  f"{f // 2}<br>{pooled.how} %{{z:.4f}}<extra></extra>")
+        axes = {"xaxis": {"title": "key"}, "yaxis": {"title": "query", "autorange": "reversed"}}
+    fig = go.Figure(heat)
+    fig.update_layout(height=660, width=700, margin={"l": 10, "r": 10, "b": 10}, **axes)
+    return set_title(fig, title, size=13)
+
+
+def edge_segment(window: int | None, view: tuple[int, int, int, int]
+                 ) -> tuple[int, int, int, int] | None:
+    """Where a sliding window's edge crosses the view ``(q0, q1, k0, k1)``: the keys
+    ``k = q - (window - 1)``, the oldest a query ``q`` still sees, as ``(q_first, k_first,
+    q_last, k_last)``; ``None`` for a global layer (no window) or an edge outside the view.
+    Every key left of the edge carries exactly zero weight."""
+    if window is None:
+        return None
+    q0, q1, k0, k1 = view
+    reach = window - 1
+    first, last = max(q0, k0 + reach), min(q1 - 1, k1 - 1 + reach)
+    if first > last:
+        return None
+    return first, first - reach, last, last - reach
+
+
+def mark_edge(fig: go.Figure, window: int | None, pooled: Pooled) -> str:
+    """Draw the edge of a sliding layer's ``window`` on a heatmap of ``pooled``, and say so
+    in a few words for the title (empty for a global layer, ``window`` ``None``)."""
+    if window is None:
+        return ""
+    segment = edge_segment(window, pooled.window)
+    where = "" if segment is not None else " (outside this view)"
+    if segment is not None:
+        q_a, k_a, q_b, k_b = segment
+        q0, _, k0, _ = pooled.window
+        if pooled.factor == 1:  # categorical axes: positions counted from the view's start
+            q_a, q_b, k_a, k_b = q_a - q0, q_b - q0, k_a - k0, k_b - k0
+        fig.add_shape(type="line", x0=k_a - 0.5, y0=q_a, x1=k_b - 0.5, y1=q_b,
+                      line={"color": "#dc2626", "dash": "dash", "width": 1.5},
+                      name="window edge")
+    return (f"<br>sliding layer: each query sees its last {window} keys; the dashed line is "
+            f"the window's edge{where}, and every key left of it has weight 0")
+
+
+def pooling_note(pooled: Pooled) -> str:
+    """What one cell of ``pooled`` holds, in words."""
+    f = pooled.factor
+    return "1 token a cell" if f == 1 else f"{pooled.how} pooling of {f} x {f} tokens a cell"
+
+
+def long_overview(rec: Recording, prompt: int, layer: int, head: int,
+                  pooling: Pooling = "max", scale: ColourScale | None = "log",
+                  cells: int = OVERVIEW_CELLS) -> go.Figure:
+    """One head's whole pattern on one prompt, pooled to at most ``cells`` x ``cells``
+    (``max`` or ``sum`` of each block of tokens) before the figure is made, with a sliding
+    layer's window edge marked: the Long context page's overview."""
+    pooled = rec.pooled(prompt, layer, head, max_cells=cells, how=pooling)
+    n = rec.length(prompt)
+    left = " (the left-out top-k mass is in no cell)" if rec.patterns == "topk" else ""
+    title = (f"L{layer}H{head}, whole pattern, {n} tokens: {pooling_note(pooled)}{left}"
+             "<br>drag a box to open it as a window")
+    fig = pooled_heatmap(pooled, rec.tokens(prompt), title, scale)
+    return set_title(fig, title + mark_edge(fig, rec.model.window(layer), pooled), size=13)
