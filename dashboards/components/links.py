@@ -1,11 +1,12 @@
 """Which page shows a run: one mapping, read from the pages' own declarations.
 
-Each page declares the experiments it shows where it registers itself,
-``dash.register_page(__name__, ..., experiments=["sinks"])``; nothing else lists them, so a
-new page plugs in by declaring its own. When several pages show one experiment (a
-``record`` run opens in Recording and in Residual stream), the first page of the nav
-(lowest ``order``) is the run's page. Run kinds no page declares open in the Runs page,
-which shows any run's provenance and tables.
+Each page registers itself with the experiments it shows and its nav order, read from the
+one declaration of them in the library (:mod:`workbench.figures.pages`, which a run's
+notebook card links with too): ``dash.register_page(__name__, ...,
+order=pages.order("/sinks"), experiments=pages.shows("/sinks"))``. When several pages
+show one experiment (a ``record`` run opens in Recording and in Residual stream), the
+first page of the nav (lowest ``order``) is the run's page. Run kinds no page declares
+open in the Runs page, which shows any run's provenance and tables.
 
 Examples:
     >>> page_for("attention-sinks")                          # doctest: +SKIP

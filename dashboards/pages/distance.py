@@ -25,10 +25,11 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import HeadName, ListOf, RunId
 from experiments.induction_distance.tables import DISTANCE_LOSSES, DISTANCE_SCORES
+from workbench.figures import pages
 
-SHOWS = ["induction-distance"]
-dash.register_page(__name__, path="/distance", name="Induction distance", order=13,
-                   experiments=SHOWS)
+SHOWS = pages.shows("/distance")
+dash.register_page(__name__, path="/distance", name="Induction distance",
+                   order=pages.order("/distance"), experiments=SHOWS)
 
 EMPTY = ("No induction-distance runs yet. Make one with `workbench run induction-distance "
          "--model smollm2 --set max_tokens=1024`.")

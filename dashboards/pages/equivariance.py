@@ -22,13 +22,14 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
+from workbench.figures import pages
 from workbench.scores.attention import worked_example
 from workbench.store.runs import Run
 
 EXPERIMENT = "permutation-equivariance"
-SHOWS = [EXPERIMENT]
-dash.register_page(__name__, path="/equivariance", name="Equivariance", order=9,
-                   experiments=SHOWS)
+SHOWS = pages.shows("/equivariance")
+dash.register_page(__name__, path="/equivariance", name="Equivariance",
+                   order=pages.order("/equivariance"), experiments=SHOWS)
 
 EMPTY = ("No permutation-equivariance runs yet. Make one with "
          "`workbench run permutation-equivariance --model smollm2`.")

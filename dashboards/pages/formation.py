@@ -23,11 +23,12 @@ from experiments.induction_formation.tables import (
     PHASE_CHANGE,
     TRAINING_CURVE,
 )
-from workbench.figures import curves
+from workbench.figures import curves, pages
 from workbench.store.schema import Table
 
-SHOWS = ["induction-formation"]
-dash.register_page(__name__, path="/formation", name="Formation", order=7, experiments=SHOWS)
+SHOWS = pages.shows("/formation")
+dash.register_page(__name__, path="/formation", name="Formation",
+                   order=pages.order("/formation"), experiments=SHOWS)
 
 EMPTY = "No training runs yet. Train the models with `workbench run induction-formation`."
 

@@ -50,6 +50,7 @@ from experiments.induction_heads.tables import (
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
+from workbench.figures import pages
 from workbench.figures.heads import head_scores_figure, shared_range
 from workbench.recording.record import Recording
 from workbench.scores import metrics
@@ -61,8 +62,9 @@ EXPERIMENTS: dict[str, Table] = {
     "previous-token-heads": PREVIOUS_TOKEN_HEADS,
     "induction-heads": INDUCTION_HEADS,
 }
-SHOWS = list(EXPERIMENTS)
-dash.register_page(__name__, path="/heads", name="Heads", order=3, experiments=SHOWS)
+SHOWS = pages.shows("/heads")
+dash.register_page(__name__, path="/heads", name="Heads",
+                   order=pages.order("/heads"), experiments=SHOWS)
 
 HIDDEN = {"display": "none"}
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}

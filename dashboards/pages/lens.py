@@ -22,10 +22,12 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, among
 from experiments.logit_lens.tables import DIRECT_EFFECTS, LENS, LENS_LAYERS, TOKENS
+from workbench.figures import pages
 from workbench.store.runs import Run
 
-SHOWS = ["logit-lens"]
-dash.register_page(__name__, path="/lens", name="Logit lens", order=12, experiments=SHOWS)
+SHOWS = pages.shows("/lens")
+dash.register_page(__name__, path="/lens", name="Logit lens",
+                   order=pages.order("/lens"), experiments=SHOWS)
 
 EMPTY = ("No logit-lens runs yet. Make one with `workbench run logit-lens --model smollm2`.")
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}

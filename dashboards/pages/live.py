@@ -41,13 +41,15 @@ from dashboards.components.values import (
 )
 from experiments.qk_attribution.tables import SCORES as WHY_SCORES
 from workbench.core.errors import WorkbenchError
+from workbench.figures import pages
 from workbench.harness import live
 from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt, file_sets, load_prompt_set
 from workbench.recording.record import Recording
 from workbench.scores import metrics
 
-SHOWS = ["record"]
-dash.register_page(__name__, path="/live", name="Live", order=20, experiments=SHOWS)
+SHOWS = pages.shows("/live")
+dash.register_page(__name__, path="/live", name="Live",
+                   order=pages.order("/live"), experiments=SHOWS)
 
 PromptText = Annotated[str | None, Passage(max_chars=CHARS_PER_TOKEN * live.MAX_TOKENS)]
 """The text area's prompt: its length in tokens is the queue's to check."""

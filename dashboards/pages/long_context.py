@@ -46,12 +46,12 @@ from dashboards.components.values import (
     below,
     coordinate,
 )
-from workbench.figures import patterns
+from workbench.figures import pages, patterns
 from workbench.recording.record import Recording
 
-SHOWS = ["record"]
-dash.register_page(__name__, path="/long-context", name="Long context", order=8,
-                   experiments=SHOWS)
+SHOWS = pages.shows("/long-context")
+dash.register_page(__name__, path="/long-context", name="Long context",
+                   order=pages.order("/long-context"), experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Record a long document with "
          "`workbench record smollm2 --file doc.txt --patterns topk`.")

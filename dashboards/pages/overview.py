@@ -21,10 +21,12 @@ from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Name, RunId, among
 from experiments.head_overview.tables import HEAD_SCORES
+from workbench.figures import pages
 from workbench.scores import metrics
 
-SHOWS = ["head-overview"]
-dash.register_page(__name__, path="/overview", name="Overview", order=5, experiments=SHOWS)
+SHOWS = pages.shows("/overview")
+dash.register_page(__name__, path="/overview", name="Overview",
+                   order=pages.order("/overview"), experiments=SHOWS)
 
 EMPTY = ("No head-overview runs yet. Make one with "
          "`workbench run head-overview --model smollm2`.")

@@ -24,10 +24,12 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Click, Name, RunId, among, below, cell_of, triggered
 from experiments.ioi.tables import BEHAVIOUR, PATCH_HEADS, PATCH_POSITIONS
+from workbench.figures import pages
 from workbench.store.runs import Run
 
-SHOWS = ["ioi"]
-dash.register_page(__name__, path="/patching", name="Patching", order=11, experiments=SHOWS)
+SHOWS = pages.shows("/patching")
+dash.register_page(__name__, path="/patching", name="Patching",
+                   order=pages.order("/patching"), experiments=SHOWS)
 
 EMPTY = "No ioi runs yet. Make one with `workbench run ioi --model smollm2`."
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}

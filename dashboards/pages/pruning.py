@@ -25,10 +25,11 @@ from experiments.head_pruning.tables import (
     SPEEDUP,
     SURVIVAL,
 )
-from workbench.figures import curves
+from workbench.figures import curves, pages
 
-SHOWS = ["head-pruning"]
-dash.register_page(__name__, path="/pruning", name="Pruning", order=6, experiments=SHOWS)
+SHOWS = pages.shows("/pruning")
+dash.register_page(__name__, path="/pruning", name="Pruning",
+                   order=pages.order("/pruning"), experiments=SHOWS)
 
 EMPTY = "No head-pruning runs yet: `workbench run head-pruning --model minilm`."
 TABLE_STYLE = {"fontSize": "0.85em", "textAlign": "left"}

@@ -29,10 +29,11 @@ from dashboards.components.values import (
     RunId,
     triggered,
 )
-from workbench.figures import patterns
+from workbench.figures import pages, patterns
 
-SHOWS = ["record"]
-dash.register_page(__name__, path="/recording", name="Recording", order=1, experiments=SHOWS)
+SHOWS = pages.shows("/recording")
+dash.register_page(__name__, path="/recording", name="Recording",
+                   order=pages.order("/recording"), experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Make one with "
          "`workbench record smollm2 --prompt-set natural`.")

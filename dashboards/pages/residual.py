@@ -11,10 +11,11 @@ from dashboards.components.controls import labelled, prompt_options
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, below
+from workbench.figures import pages
 
-SHOWS = ["record"]
-dash.register_page(__name__, path="/residual", name="Residual stream", order=2,
-                   experiments=SHOWS)
+SHOWS = pages.shows("/residual")
+dash.register_page(__name__, path="/residual", name="Residual stream",
+                   order=pages.order("/residual"), experiments=SHOWS)
 
 EMPTY = "No recordings yet. Make one with `workbench record smollm2 --prompt-set natural`."
 

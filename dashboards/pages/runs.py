@@ -30,12 +30,14 @@ from dashboards.components.values import (
     check,
 )
 from workbench.core.options import Status
+from workbench.figures import pages
 from workbench.harness import run_facts
 from workbench.store.runs import Run
 
 # ``reproduce`` runs (claim verdicts) have no page of their own: they open here, with their
 # summary (the verdict counts) and their ``claims`` table to download.
-dash.register_page(__name__, path="/", name="Runs", order=0, experiments=["reproduce"])
+dash.register_page(__name__, path="/", name="Runs",
+                   order=pages.order("/"), experiments=pages.shows("/"))
 
 PAGE_SIZE = 20
 COLUMNS = ["open", "run", "experiment", "model", "status", "started", "duration", "load",

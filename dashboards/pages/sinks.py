@@ -31,11 +31,13 @@ from experiments.attention_sinks.tables import (
     STREAMING_PERPLEXITY,
     TOP_RECEIVERS,
 )
+from workbench.figures import pages
 from workbench.scores import metrics
 from workbench.store.runs import Run
 
-SHOWS = ["attention-sinks"]
-dash.register_page(__name__, path="/sinks", name="Sinks", order=4, experiments=SHOWS)
+SHOWS = pages.shows("/sinks")
+dash.register_page(__name__, path="/sinks", name="Sinks",
+                   order=pages.order("/sinks"), experiments=SHOWS)
 
 EMPTY = ("No attention-sinks runs yet. Make one with "
          "`workbench run attention-sinks --model smollm2`.")

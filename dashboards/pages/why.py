@@ -30,6 +30,7 @@ from experiments.qk_attribution.tables import (
     SOURCES,
     TOKENS,
 )
+from workbench.figures import pages
 from workbench.figures.qk import (
     aggregate_figure,
     bars_figure,
@@ -39,8 +40,9 @@ from workbench.figures.qk import (
 )
 from workbench.store.runs import Run
 
-SHOWS = ["qk-attribution"]
-dash.register_page(__name__, path="/why", name="Why", order=8, experiments=SHOWS)
+SHOWS = pages.shows("/why")
+dash.register_page(__name__, path="/why", name="Why",
+                   order=pages.order("/why"), experiments=SHOWS)
 
 EMPTY = ("No qk-attribution runs yet. Make one with "
          "`workbench run qk-attribution --model smollm2`.")

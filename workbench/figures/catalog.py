@@ -42,6 +42,8 @@ class StoredRun(Protocol):
     def experiment(self) -> str: ...
     @property
     def model_name(self) -> str | None: ...
+    @property
+    def status(self) -> str: ...
     def table(self, name: str) -> pd.DataFrame: ...
     def table_names(self) -> list[str]: ...
 
@@ -103,7 +105,7 @@ def draw(run: StoredRun, name: str, options: dict[str, Any]) -> go.Figure:
     missing = [t for t in entry.tables if t not in run.table_names()]
     if missing:
         raise WorkbenchError(f"figure '{name}' reads table '{missing[0]}', which run {run.id} "
-                             f"({run.experiment}) does not have")
+                             f"({run.experiment}, {run.status}) does not have")
     return entry.draw(run, **options)
 
 
@@ -125,6 +127,9 @@ def choice(name: str, value: Any, known: Sequence[Any], what: str) -> Any:
             "hover", "/heads", ["head_scores"])
 def _head_scores(run: StoredRun, *, metric: str | None = None) -> go.Figure:
     scores = run.table("head_scores")
+    if "step" in scores.columns:  # one grid of heads a checkpoint: not one heatmap
+        raise WorkbenchError(f"run {run.id} scores heads at every training step: its figure "
+                             "is 'formation_heads'")
     metric = choice("metric", metric, list(dict.fromkeys(scores.metric)), "the run's metrics")
     return heads.head_scores_figure(scores, metric, run.model_name, run.experiment,
                                     metric_meaning(metric))

@@ -47,6 +47,7 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
 from workbench.core.records import RecordError
+from workbench.figures import html as fhtml
 from workbench.figures import patterns as figure_patterns
 from workbench.figures.style import COLOUR_SCALES, ColourScale
 from workbench.inputs.batching import Batch, make_batches
@@ -367,6 +368,8 @@ class Pooled:
     window: tuple[int, int, int, int]
 
 
+REPR_PROMPTS = 20
+"""A recording's notebook card shows this many prompts' tokens."""
 Queries = tuple[int, int] | None
 """Query rows ``(start, stop)`` of a read; ``None`` for every row of the prompt."""
 
@@ -457,6 +460,31 @@ class Recording:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def __repr__(self) -> str:
+        return (f"Recording({str(self.root)!r}, {self.model.name}, {len(self.prompts)} prompts, "
+                f"patterns={self.patterns})")
+
+    def _repr_html_(self) -> str:
+        """The recording's card in a notebook: its model and storage, then each prompt
+        (the first :data:`REPR_PROMPTS`) as a strip of its tokens, each in a box."""
+        m = self.model
+        title = fhtml.Safe(f"<b>Recording</b> {fhtml.code(self.root)} · "
+                           f"{fhtml.cell(m.name)} · {m.n_layers} layers x {m.n_heads} heads")
+        storage = (f"patterns: {self.patterns}" + (f" (top {self.topk} a query row)"
+                                                   if self.patterns == "topk" else "")
+                   + f"; residual stream: {'yes' if self.has_resid else 'no'}; "
+                   f"{len(self.prompts)} prompts; format {self.format_version}")
+        parts: list[fhtml.Safe | str] = [storage]
+        for i, prompt in enumerate(self.prompts[:REPR_PROMPTS]):
+            head = fhtml.Safe(f"<div><b>prompt {i}</b> {fhtml.cell(prompt.label)} "
+                              f"({len(prompt.token_ids)} tokens)</div>")
+            parts.append(fhtml.Safe(head + fhtml.token_strip(list(prompt.tokens))))
+        if len(self.prompts) > REPR_PROMPTS:
+            parts.append(f"… {len(self.prompts) - REPR_PROMPTS} more prompts")
+        parts.append(fhtml.Safe("<div><code>rec.show_pattern(prompt, layer, head)</code>, "
+                                "<code>rec.show_long(prompt, layer, head)</code></div>"))
+        return fhtml.block(title, *parts)
 
     def tokens(self, prompt: int) -> list[str]:
         """Token strings of prompt ``prompt``."""
@@ -681,6 +709,8 @@ class Recording:
 
     @staticmethod
     def _check(value: int, bound: int, what: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise WorkbenchError(f"{what} must be a whole number, got {value!r}")
         if not 0 <= value < bound:
             raise WorkbenchError(f"{what} {value} is out of range 0..{bound - 1}")
 

@@ -66,7 +66,7 @@ from workbench.core.files import read_bounded
 from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.figures import catalog
-from workbench.store import provenance, validate
+from workbench.store import display, provenance, validate
 from workbench.store.records import Interventions, ModelInfo, RunMeta, TableEntry
 from workbench.store.schema import SchemaError, Table, current_metric_names
 
@@ -171,6 +171,10 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, {self.status})"
+
+    def _repr_html_(self) -> str:
+        """The run's card in a notebook (:mod:`workbench.store.display`)."""
+        return display.run_html(self)
 
     @property
     def id(self) -> str:
