@@ -21,10 +21,14 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
 TEST_SIZES: dict[str, dict[str, object]] = {
-    # one 8,192-token recording takes several minutes on 2 cores; 1,024 shows the same
-    # stored form (topk is forced in the notebook, so it is not the dense default)
+    # one 8,192-token recording takes several minutes on 2 cores; 1,024 tokens show the same
+    # stored form (the notebook asks for topk, which auto would not choose at this length)
     "06_long_document": {"N_TOKENS": 1024},
     "04_why_a_head_attends": {"N_PROMPTS": 2, "N_RANDOM": 3},
+    "03_head_pruning": {"FIT_TOKENS": 128, "EVAL_TOKENS": 128},
+    "02_attention_sinks": {"N_PROMPTS": 4, "SEQ_LEN": 32, "STREAM_TOKENS": 384, "WINDOW": 64},
+    # training is the notebook's cost: 100 steps run every cell (the phase change needs more)
+    "05_formation_sweep": {"STEPS": 100, "SWEEP_EVERY": 50},
 }
 """Parameter overrides per notebook (its file name without ``.ipynb``)."""
 
