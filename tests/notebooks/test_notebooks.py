@@ -27,8 +27,9 @@ TEST_SIZES: dict[str, dict[str, object]] = {
     "04_why_a_head_attends": {"N_PROMPTS": 2, "N_RANDOM": 3},
     "03_head_pruning": {"FIT_TOKENS": 128, "EVAL_TOKENS": 128},
     "02_attention_sinks": {"N_PROMPTS": 4, "SEQ_LEN": 32, "STREAM_TOKENS": 384, "WINDOW": 64},
-    # training is the notebook's cost: 100 steps run every cell (the phase change needs more)
-    "05_formation_sweep": {"STEPS": 100, "SWEEP_EVERY": 50},
+    # training is the notebook's cost: 100 small steps run every cell (no phase change yet)
+    "05_formation_sweep": {"STEPS": 100, "BATCH_SIZE": 8, "CHECKPOINT_EVERY": 50,
+                           "SWEEP_EVERY": 50},
 }
 """Parameter overrides per notebook (its file name without ``.ipynb``)."""
 
