@@ -4,13 +4,15 @@ on the bundled models, and each is committed without outputs.
 A notebook's ``parameters`` cell (tagged as papermill tags it) holds the sizes a reader
 runs; the test inserts a cell after it with the smaller sizes of :data:`TEST_SIZES`, as
 papermill's injected parameters do, so the suite stays within its time. The kernel's runs
-and temporary folders go to the test's ``tmp_path``.
+go to the test's ``tmp_path``, its temporary folders to a short-lived folder of its own.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -84,12 +86,16 @@ def with_test_sizes(nb: nbformat.NotebookNode, sizes: dict[str, object]
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_runs_top_to_bottom(path, tmp_path):
     nb = with_test_sizes(nbformat.read(path, as_version=4), TEST_SIZES.get(path.stem, {}))
-    (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path / "runs"),
-           "TMPDIR": str(tmp_path / "tmp")}
+    # the kernel's temporary folders (recordings, Ray's session) in a short path of its own:
+    # Ray's socket paths under pytest's long tmp_path pass the 107-byte limit of AF_UNIX
+    scratch = Path(tempfile.mkdtemp(prefix="wb-nb-"))
+    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path / "runs"), "TMPDIR": str(scratch)}
     client = NotebookClient(nb, kernel_name="python3", timeout=TIMEOUT,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute(env=env)  # a cell that raises fails the test with its traceback
+    try:
+        client.execute(env=env)  # a cell that raises fails the test with its traceback
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     kernel_python = nb.cells[0].outputs[0]["text"].strip()
     assert Path(kernel_python).resolve() == Path(sys.executable).resolve(), (
         f"the kernel ran {kernel_python}, not this environment's {sys.executable}")
