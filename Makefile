@@ -10,12 +10,10 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8050
 DOCS_PORT ?= 8000
 PYTEST_ARGS ?=
-# mkdocs-material prints a banner about a future MkDocs on every build; the site uses MkDocs 1.6
-export NO_MKDOCS_2_WARNING := 1
 # MkDocs' own banner about its next major version is not about this site
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup fetch demo demo-quick dashboard test unit lint docs docs-serve fuzz bench clean
+.PHONY: setup fetch demo demo-quick dashboard test unit notebooks lint docs docs-serve fuzz bench clean
 
 $(BIN)/workbench: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,12 +58,17 @@ test: fetch
 unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
+# The tutorial notebooks in notebooks/, each run top to bottom in a Jupyter kernel of this
+# environment at the test's sizes, with its runs in a temporary folder (as `make test` does).
+notebooks: fetch
+	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
+
 # A longer fuzzing run for before a release: many more examples than `make test` tries.
 fuzz: fetch
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/fuzz --hypothesis-show-statistics $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check workbench experiments dashboards tests benchmarks docs/hooks.py
+	$(BIN)/ruff check workbench experiments dashboards tests benchmarks notebooks docs/hooks.py
 	$(BIN)/lint-imports
 
 # The documentation site from docs/ into site/ (git-ignored); a broken link, a missing

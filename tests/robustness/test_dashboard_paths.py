@@ -21,9 +21,9 @@ import pytest
 from dash._utils import split_callback_id
 
 from dashboards.app import DEBUG_REFUSED, check_host, create_app, serve
-from dashboards.components import figures
 from tests.tiny import fake_info
 from workbench.core.errors import WorkbenchError
+from workbench.figures import patterns
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import record
 from workbench.store.runs import RunStore
@@ -393,7 +393,8 @@ def _a_bug(monkeypatch) -> None:
     def broken(*args: Any, **kwargs: Any):
         raise RuntimeError("a bug in a figure")
 
-    monkeypatch.setattr(figures, "pattern_heatmap", broken)
+    # the Recording page draws through the library's figure, as a notebook does
+    monkeypatch.setattr(patterns, "pattern_heatmap", broken)
 
 
 def test_a_failing_callback_sends_no_traceback_when_debug_is_off(served, hostile, monkeypatch):

@@ -6,8 +6,8 @@ layer x head grid of scores.
 Examples:
     >>> import numpy as np
     >>> fig = pattern_heatmap(np.eye(3), ["a", "b", "c"], "L0H0")
-    >>> fig.data[0].x
-    ('0: \'a\'', '1: \'b\'', '2: \'c\'')
+    >>> fig.data[0].x[0]
+    "0: 'a'"
 """
 
 from __future__ import annotations
