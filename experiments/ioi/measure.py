@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from experiments.ioi.tables import UPSTREAM_PATHS
 from workbench.core import progress
 from workbench.inputs.batching import Batch
 from workbench.inputs.ioi import IOIPrompt, ioi_prompts
@@ -431,18 +432,32 @@ def upstream_receivers(rows: pd.DataFrame, classes: pd.DataFrame, receiver_class
             f"{receiver_class} candidates")
 
 
+def upstream_senders(model: Model, targets: list[Head], receiver_class: str,
+                     weights: dict[str, pd.Series], cfg: Config) -> list[Head]:
+    """The heads below the deepest of ``targets`` whose attention meets the criterion of at
+    least one sender class of ``receiver_class`` (:data:`UPSTREAM`, :data:`CLASS_ATTENTION`):
+    a head below ``min_attention`` on every one of them can be in none of those classes, nor
+    a candidate receiver of the next patch, whatever its effect, so it is not patched."""
+    classes = UPSTREAM[receiver_class][1]
+    return [(la, h) for la in range(max(la for la, _ in targets))
+            for h in range(model.info.n_heads)
+            if any(float(weights[c].get((la, h), 0.0)) >= cfg.min_attention for c in classes)]
+
+
 def upstream_rows(model: Model, groups: dict[str, list[IOIPrompt]], targets: list[Head],
                   kind: str, attention: pd.DataFrame, cfg: Config) -> pd.DataFrame:
     """Each head below the deepest of ``targets`` (of receiver ``kind``, e.g. ``s-inhibition
-    candidates``) path-patched from the corrupted run into the targets' inputs of
-    :data:`UPSTREAM`, with the sender's attention of every upstream class."""
+    candidates``) that attends as one of the sender classes of :data:`UPSTREAM` must
+    (:func:`upstream_senders`), path-patched from the corrupted run into the targets'
+    inputs, with the sender's attention of every upstream class."""
     receiver_class = kind.removesuffix(" candidates")
     path = UPSTREAM[receiver_class][0]
-    senders = [(la, h) for la in range(max(la for la, _ in targets))
-               for h in range(model.info.n_heads)]
+    weights = {c: _weight(attention, key, query) for c, (query, key) in CLASS_ATTENTION.items()}
+    senders = upstream_senders(model, targets, receiver_class, weights, cfg)
+    if not senders:
+        return UPSTREAM_PATHS.empty()
     clean, patched = path_changes(model, groups, senders, targets, tuple(path), cfg)
     effect, low, high = _relative(clean, patched, cfg)
-    weights = {c: _weight(attention, key, query) for c, (query, key) in CLASS_ATTENTION.items()}
     text = " ".join(label(t) for t in targets)
     return pd.DataFrame([{
         "layer": la, "head": h, "receiver_kind": kind, "receivers": text, "path": path,

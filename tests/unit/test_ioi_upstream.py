@@ -17,6 +17,7 @@ from experiments.ioi.measure import (
     path_changes,
     upstream_class_rows,
     upstream_receivers,
+    upstream_senders,
 )
 from tests import tiny
 from workbench.inputs.ioi import ioi_prompts
@@ -138,3 +139,19 @@ def test_classes_need_the_effect_and_the_attention_and_real_receivers():
     assert (targets, kind) == ([(0, 1)], "induction candidates")
     targets, kind = upstream_receivers(rows, classes, "induction", "attention_s2_s1p1", CFG)
     assert (targets, kind) == ([(0, 1)], "induction")
+
+
+def test_only_heads_that_attend_as_a_sender_class_must_are_patched():
+    """Into the S-inhibition heads (deepest at layer 2) the senders are the heads of layers
+    0 and 1 attending S2 -> S1 or S2 -> S1+1 with at least min_attention; into the induction
+    heads, those attending S1+1 -> S1."""
+    model = SimpleNamespace(info=SimpleNamespace(n_heads=2))
+    heads = pd.MultiIndex.from_tuples([(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)],
+                                      names=["layer", "head"])
+    weights = {"duplicate-token": pd.Series([0.5, 0.0, 0.0, 0.09, 0.9], index=heads),
+               "induction": pd.Series([0.0, 0.0, 0.1, 0.05, 0.9], index=heads),
+               "previous-token": pd.Series([0.0, 0.3, 0.0, 0.0, 0.9], index=heads)}
+    targets = [(2, 1), (1, 0)]
+    assert upstream_senders(model, targets, "s-inhibition", weights, CFG) == [(0, 0), (1, 0)]
+    assert upstream_senders(model, targets, "induction", weights, CFG) == [(0, 1)]
+    assert upstream_senders(model, [(0, 1)], "induction", weights, CFG) == []
