@@ -6,6 +6,7 @@ The per-family equality with eager attention is in ``tests/architectures/test_bl
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -76,6 +77,33 @@ def test_a_hook_on_the_pattern_is_refused_in_a_blocked_pass(llama):
             llama.bridge(ids, return_type=None)
     assert kept[hooks.pattern(0)].shape == (1, llama.info.n_heads, 4, 4)
     assert llama.bridge.original_model.config._attn_implementation == "eager"
+
+
+def test_two_threads_blocking_one_model_take_turns_and_leave_it_as_it_was(llama):
+    config = llama.bridge.original_model.config
+    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with blocked_attention.blocked(llama):
+            first_in.set()
+            assert release.wait(30)
+
+    def second():
+        assert first_in.wait(30)
+        with blocked_attention.blocked(llama):
+            second_in.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    assert first_in.wait(30)
+    # the second waits while the first holds the model (else it would save the first's
+    # implementation as the original, and put it back when it ends, after the first)
+    assert not second_in.wait(0.3)
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert second_in.is_set() and config._attn_implementation == "eager"
 
 
 def test_a_bad_block_is_refused(llama):

@@ -42,10 +42,26 @@ def models(llama, bert):
     return {"tiny-llama": llama, "tiny-bert": bert, "tiny-llama-again": llama}
 
 
+OPEN: list[LiveQueue] = []
+"""The queues a test made, closed when it ends."""
+
+
+@pytest.fixture(autouse=True)
+def _queues_end_with_their_test():
+    """A job still running after its test would share the tiny models with the next test's
+    passes: every queue's jobs are cancelled and its workers ended before the next test."""
+    yield
+    queues = OPEN[:]
+    OPEN.clear()
+    assert all(queue.close(TIMEOUT) for queue in queues), "a live worker did not end"
+
+
 def queue_of(tmp_path, loader, **kwargs) -> LiveQueue:
-    return LiveQueue(tmp_path / "runs", loader=loader,
-                     models=lambda: ["tiny-llama", "tiny-bert", "tiny-llama-again",
-                                     "missing"], **kwargs)
+    queue = LiveQueue(tmp_path / "runs", loader=loader,
+                      models=lambda: ["tiny-llama", "tiny-bert", "tiny-llama-again",
+                                      "missing"], **kwargs)
+    OPEN.append(queue)
+    return queue
 
 
 @pytest.fixture
@@ -276,3 +292,16 @@ def test_an_encoder_stops_at_its_next_layer_once_cancelled(bert):
     assert len(bert.bridge.blocks) == bert.info.n_layers
     with live.cancellable(bert, cancel), pytest.raises(live.Cancelled):
         bert.bridge(torch.tensor([[2, 5, 6, 3]]), return_type=None)
+
+
+def test_closing_a_queue_cancels_its_jobs_and_ends_its_workers(tmp_path, models):
+    gate = threading.Event()
+    loader = Loader(models, gate)
+    queue = queue_of(tmp_path, loader)
+    running = queue.submit("tiny-llama", "a prompt whose model is loading")
+    waiting = queue.submit("tiny-llama", "a prompt behind it")
+    assert loader.started.wait(TIMEOUT)
+    assert not queue.close(0.2)  # both cancelled; the worker is still loading the model
+    gate.set()  # the load ends, and the running job meets its cancel before it records
+    assert queue.close(TIMEOUT)
+    assert {queue.status(j.id).state for j in (running, waiting)} == {"cancelled"}

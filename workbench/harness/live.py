@@ -342,6 +342,19 @@ class LiveQueue:
                           "recorded")
             return self._status(job)
 
+    def close(self, timeout: float) -> bool:
+        """Cancel every job that has not ended (a running one stops at its next layer) and
+        wait up to ``timeout`` seconds for the workers to end; whether they all did."""
+        with self._lock:
+            open_jobs = [j.id for j in self._jobs.values() if j.state in ("queued", "running")]
+            workers = list(self._workers.values())
+        for job_id in open_jobs:
+            self.cancel(job_id)
+        deadline = time.monotonic() + timeout
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        return not any(worker.is_alive() for worker in workers)
+
     def wait(self, job_id: str, timeout: float) -> JobStatus:
         """The job's status once it has ended, or after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout

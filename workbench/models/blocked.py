@@ -48,6 +48,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import threading
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -631,6 +633,20 @@ def _install(kind: str, attn: Any, module: Any, plan: _Layer) -> Callable[[], No
     return partial(vars(module).pop, name, None)
 
 
+_PASSES: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_PASSES_LOCK = threading.Lock()
+
+
+def _lock_of(module: Any) -> threading.RLock:
+    """The lock of one Hugging Face model: :func:`blocked` swaps its attention and its
+    config's attention implementation, so two threads may not do it at once (the second
+    would save the first's swap as the original, and leave it in place when both end)."""
+    with _PASSES_LOCK:
+        if module not in _PASSES:
+            _PASSES[module] = threading.RLock()
+        return _PASSES[module]
+
+
 @contextlib.contextmanager
 def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int | None = None,
             block_bytes: int = BLOCK_BYTES, layers: Collection[int] | None = None
@@ -646,6 +662,10 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
         layers: the layers whose blocks are handed over (default every layer); the others
             are blocked too, and hand nothing over.
 
+    The block holds the model's lock: another thread's :func:`blocked` on the same weights
+    waits until it ends (a plain pass of the model in another thread meanwhile would run
+    blocked: drive one model from one thread at a time).
+
     Raises:
         ModelCapabilityError: a layer whose attention cannot be blocked (the message says why).
         WorkbenchError: a hook on ``hook_pattern`` or ``hook_attn_scores`` during a pass.
@@ -657,16 +677,17 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
         raise WorkbenchError(f"block must be a positive number of query rows, got {block!r}")
     _register()
     config = model.bridge.original_model.config
-    saved, undo = config._attn_implementation, []
-    try:
-        for layer, stack in enumerate(model.bridge.blocks):
-            kind, _, module = _kind(stack.attn)
-            wanted = layers is None or layer in layers
-            plan = _Layer(layer, consume if wanted else None, block, block_bytes)
-            undo.append(_install(str(kind), stack.attn, module, plan))
-        config._attn_implementation = IMPLEMENTATION
-        yield
-    finally:
-        config._attn_implementation = saved
-        for step in undo:
-            step()
+    with _lock_of(model.bridge.original_model):
+        saved, undo = config._attn_implementation, []
+        try:
+            for layer, stack in enumerate(model.bridge.blocks):
+                kind, _, module = _kind(stack.attn)
+                wanted = layers is None or layer in layers
+                plan = _Layer(layer, consume if wanted else None, block, block_bytes)
+                undo.append(_install(str(kind), stack.attn, module, plan))
+            config._attn_implementation = IMPLEMENTATION
+            yield
+        finally:
+            config._attn_implementation = saved
+            for step in undo:
+                step()
