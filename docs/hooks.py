@@ -52,6 +52,9 @@ def _code(text: str) -> str:
 
 
 # -- the CLI reference ------------------------------------------------------------------
+# argparse has no public way to list a parser's actions or format one of them; these read
+# its `_actions` and its help formatter, as `--help` itself does, so the reference shows
+# exactly what `--help` shows.
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -135,16 +138,16 @@ def experiment_reference(name: str) -> str:
     import importlib
 
     # a value as --set takes it, and what `requires` asks, as `run EXPERIMENT --help` says
-    from workbench.cli.experiments import _NEEDS, _set_text
+    from workbench.cli.experiments import NEEDS, set_text
     from workbench.harness import config
     from workbench.harness.experiment import get
 
     exp = get(name)
-    demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items())
+    demo = " ".join(f"--set {k}={set_text(v)}" for k, v in exp.demo.items())
     needs = ["Trains its own models (no `--model`)."] if not exp.needs_model else \
-        [f"Takes {_NEEDS[exp.requires]}. Demo models: {', '.join(exp.demo_models)}.", "",
+        [f"Takes {NEEDS[exp.requires]}. Demo models: {', '.join(exp.demo_models)}.", "",
          *_families(exp)]
-    fields = [[_code(f.name), _code(f.type), _code(_set_text(f.default)), f.range, f.help]
+    fields = [[_code(f.name), _code(f.type), _code(set_text(f.default)), f.range, f.help]
               for f in config.fields(exp.config)]
     parts = [f"## Reference: `{exp.name}`", "", exp.description, "",
              f"Module: `{exp.module}`; run it with `workbench run {exp.name}` or "

@@ -22,6 +22,7 @@ SMOKE = {
     "sweep.py": ["--smoke", "{model}"],
     "models.py": ["--smoke"],
     "live.py": ["--smoke", "--model", "{model}"],
+    "compare_stores.py": ["--smoke", "{model}"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 
@@ -39,3 +40,26 @@ def test_benchmark_runs_at_its_smallest_size(script, llama_folder, tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()
+
+
+def test_compare_stores_names_each_difference_and_only_those():
+    import importlib.util
+
+    import numpy as np
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("compare_stores",
+                                                  ROOT / "benchmarks" / "compare_stores.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    before = pd.DataFrame({"layer": [1, 0], "metric": ["sink", "self"], "score": [0.5, np.nan],
+                           "holds": [None, True], "gone": [1, 2]})
+    after = pd.DataFrame({"layer": [0, 1], "metric": ["self_attention", "first_token"],
+                          "score": [np.nan, 0.75], "holds": [True, None], "new": [3, 4]})
+    lines = compare.compare_tables(compare._renamed(before), compare._renamed(after), atol=0.0)
+    # rows aligned by layer and metric (old metric names read as the registered ones),
+    # NaN equal to NaN and None to None: only the columns and the one score differ
+    assert lines == ["column 'gone' only before", "column 'new' only after",
+                     "column 'score': max abs difference 0.25"]
+    assert compare.compare_tables(before, before, atol=0.0) == []
+    assert compare.compare_tables(before, before.iloc[:1], atol=0.0)[-1] == "2 rows before, 1 after"

@@ -49,11 +49,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _out(str(paths.runs_dir(args.out)))
 
 
-def _set_text(value: Any) -> str:
+def set_text(value: Any) -> str:
     """A value as ``--set`` takes it: ``1,2,8``, ``true``, ``none``; ``(empty)`` for an
     empty tuple (``--set name=``)."""
     if isinstance(value, (tuple, list)):
-        return ",".join(_set_text(v) for v in value) or "(empty)"
+        return ",".join(set_text(v) for v in value) or "(empty)"
     if isinstance(value, bool):
         return str(value).lower()
     return "none" if value is None else str(value)
@@ -62,7 +62,7 @@ def _set_text(value: Any) -> str:
 def _fields_text(exp: Any) -> str:
     from workbench.harness import config
 
-    rows = [{"field": f.name, "type": f.type, "default": _set_text(f.default),
+    rows = [{"field": f.name, "type": f.type, "default": set_text(f.default),
              "range": f.range, "help": f.help} for f in config.fields(exp.config)]
     return _wrapped_table(rows, ["field", "type", "default", "range", "help"], _WIDTH - 4)
 
@@ -91,8 +91,10 @@ def _wall_time_lines(exp: Any, root: Path) -> list[str]:
     return lines
 
 
-_NEEDS = {"any": "any model its family supports", "causal": "a causal (left-to-right) model",
-          "causal_lm": "a causal language model with a trained LM head"}
+NEEDS = {"any": "any model its family supports", "causal": "a causal (left-to-right) model",
+         "causal_lm": "a causal language model with a trained LM head"}
+"""What an experiment's ``requires`` asks of its model, as ``run EXPERIMENT --help`` and the
+documentation site say it."""
 
 
 def _model_lines(exp: Any) -> list[str]:
@@ -104,7 +106,7 @@ def _model_lines(exp: Any) -> list[str]:
 
     cells = [matrix.cell(adapter, exp) for _, adapter in FAMILIES.items()]
     works = [c.family for c in cells if c.works]
-    lines = [f"model: {_NEEDS[exp.requires]}",
+    lines = [f"model: {NEEDS[exp.requires]}",
              "works on the families: " + (", ".join(works) or "none")]
     lines += [f"refuses {c.family}: {c.reason}" for c in cells if not c.works]
     return lines
@@ -131,7 +133,7 @@ def experiment_help(name: str, root: Path) -> str:
     from workbench.harness.experiment import get
 
     exp = get(name)
-    demo = " ".join(f"--set {k}={_set_text(v)}" for k, v in exp.demo.items()) or "(the default)"
+    demo = " ".join(f"--set {k}={set_text(v)}" for k, v in exp.demo.items()) or "(the default)"
     indent = "  "
     models = [_fill(line, hanging=indent) for line in _model_lines(exp)] if exp.needs_model \
         else ["model: no model (it trains its own)"]
