@@ -13,6 +13,7 @@ Usage:
     python benchmarks/defaults.py --config demo            # the demo configs
     python benchmarks/defaults.py --only attention-sinks --set stream_tokens=1024
     python benchmarks/defaults.py --all-models --json      # on each of its demo models
+    python benchmarks/defaults.py --config demo --models gemma3   # on another model
     python benchmarks/defaults.py --smoke MODEL_FOLDER     # the tests' tiny run
 """
 
@@ -59,8 +60,10 @@ def run_one(name: str, model: str | None, config: str, overrides: list[str]) -> 
             "cpu_s": cpu_seconds() - cpu_start, "peak_rss_mib": peak_rss_mib()}
 
 
-def plan(only: list[str], all_models: bool) -> list[tuple[str, str | None]]:
-    """``(experiment, model)`` pairs to run, in registry order."""
+def plan(only: list[str], all_models: bool, models: list[str] | None = None
+         ) -> list[tuple[str, str | None]]:
+    """``(experiment, model)`` pairs to run, in registry order: on ``models`` where given
+    (every experiment that takes a model), else on its first or every demo model."""
     from workbench.harness.experiment import all_experiments, get
 
     experiments = [get(name) for name in only] if only else all_experiments()
@@ -69,7 +72,8 @@ def plan(only: list[str], all_models: bool) -> list[tuple[str, str | None]]:
         if not exp.needs_model:
             pairs.append((exp.name, None))
             continue
-        for model in exp.demo_models if all_models else exp.demo_models[:1]:
+        chosen = models or (exp.demo_models if all_models else exp.demo_models[:1])
+        for model in chosen:
             pairs.append((exp.name, model))
     return pairs
 
@@ -101,8 +105,8 @@ def render(result: dict) -> str:
     verdict = "n/a" if wall != wall else ("yes" if wall < TARGET_S else "NO")
     cpu = result.get("cpu_s", float("nan"))
     return (f"{result['experiment']:26s} {result['model'] or '-':8s} {result['config']:8s} "
-            f"{wall:9.1f} {verdict:>6s} {cpu:9.1f}  load {result['load_before']:.1f}->"
-            f"{result['load_after']:.1f}  {result['status']}")
+            f"{wall:9.1f} {verdict:>6s} {cpu:9.1f} {result.get('peak_rss_mib', float('nan')):9.0f}"
+            f"  load {result['load_before']:.1f}->{result['load_after']:.1f}  {result['status']}")
 
 
 def main() -> None:
@@ -115,6 +119,10 @@ def main() -> None:
                         help="extra config override for every run (e.g. a reduced config)")
     parser.add_argument("--all-models", action="store_true",
                         help="run on each of the experiment's demo models, not only the first")
+    parser.add_argument("--models", default="", metavar="M1,M2",
+                        help="run on these models (comma-separated MODEL arguments, e.g. "
+                        "gemma3) instead of the demo models; one that an experiment refuses "
+                        "is reported as an error")
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop an experiment after this many seconds")
     parser.add_argument("--json", action="store_true", help="print JSON only")
@@ -130,8 +138,9 @@ def main() -> None:
     results = []
     if not args.json:
         print(f"{'experiment':26s} {'model':8s} {'config':8s} {'wall s':>9s} {'<10min':>6s} "
-              f"{'cpu s':>9s}")
-    for name, model in plan([n for n in args.only.split(",") if n], args.all_models):
+              f"{'cpu s':>9s} {'peak MiB':>9s}")
+    models = [m for m in args.models.split(",") if m] or None
+    for name, model in plan([n for n in args.only.split(",") if n], args.all_models, models):
         results.append(measure(name, model, args))
         if not args.json:
             print(render(results[-1]), flush=True)
