@@ -21,9 +21,8 @@ from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.interventions import replay
 from workbench.interventions.ablation import Head, ablated, random_same_layer
 from workbench.interventions.masks import head_means
-from workbench.interventions.paths import path_removed
+from workbench.interventions.paths import path_removed, read_points
 from workbench.models.base import Model
-from workbench.recording import hooks
 from workbench.recording.reductions import reduce_patterns
 from workbench.scores import classes, metrics
 from workbench.scores.heads import copying_scores, score_and_classify, summarize_tokens, top_heads
@@ -263,8 +262,7 @@ def path_patch_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.Da
     # pass, and are replayed after it, their sources' outputs (and the pass's start) too
     upto = min(layer for layer, _ in tracked)
     source_layers = sorted({layer for heads in (chosen, *draws) for layer, _ in heads})
-    kept = [hooks.resid(0, model.info.n_layers), *(hooks.z(la) for la in source_layers
-                                                   if la < upto)]
+    kept = read_points(model, [la for la in source_layers if la < upto])
     rows = []
     with replay.kept(model.bridge, kept) as prefix:
         rows.append({"condition": "clean", "path": "none", "draw": -1,

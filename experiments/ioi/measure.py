@@ -23,10 +23,14 @@ from workbench.inputs.prompts import Prompt
 from workbench.interventions import replay
 from workbench.interventions.ablation import Head
 from workbench.interventions.patching import EVERY, NOTHING, Pair, PatchGrid, patch_grid
-from workbench.interventions.paths import InputPath, path_patched, source_outputs
+from workbench.interventions.paths import (
+    InputPath,
+    path_patched,
+    read_points,
+    source_outputs,
+)
 from workbench.models.base import Model
 from workbench.models.blocked import PatternBlock
-from workbench.models.norms import output_norm
 from workbench.recording import hooks
 from workbench.scores.logit_attribution import Contrast, direct_effects, logit_difference
 from workbench.scores.stats import bootstrap_mean_ci, bootstrap_ratio_ci
@@ -351,10 +355,7 @@ def path_changes(model: Model, groups: dict[str, list[IOIPrompt]], senders: list
         raise ValueError(f"source must be corrupted or clean, got {source!r}")
     upto = min(la for la, _ in targets)
     names = [label(s) for s in senders]
-    n_layers = model.info.n_layers
-    kept_names = [hooks.resid(0, n_layers), *(hooks.z(la) for la in range(upto))]
-    kept_names += [hooks.output_norm_scale(la) for la in range(upto)
-                   if output_norm(model, la) is not None]
+    kept_names = read_points(model, range(upto))
     clean_parts, patched_parts = [], []
     for prompts in groups.values():
         pair = pair_of(prompts)

@@ -85,3 +85,24 @@ def test_path_patch_moves_the_score_by_exactly_the_part(gemma3, side):
         part = parts[names.index(source)]
         assert np.abs(part).max() > 1e-4, source  # the check can fail
         assert np.abs(drop - part).max() <= 1e-4 * np.abs(att.score).max(), source
+
+
+def test_a_path_patch_over_replayed_blocks_equals_it_run_in_full(gemma3):
+    """The blocks below the target replayed from one clean pass (as induction-heads and ioi
+    run their path patches) must hand the patch what it reads there: the sources' outputs
+    and the scale of their layer's post-attention norm (:func:`read_points`)."""
+    from workbench.interventions import replay
+    from workbench.interventions.paths import read_points
+
+    ids = torch.tensor([IDS])
+    with torch.no_grad():
+        with path_removed(gemma3, ["L0H1"], [TARGET], "k"):
+            full = scores_at(gemma3, TARGET[0])
+        with replay.kept(gemma3.bridge, read_points(gemma3, [0])) as prefix:
+            gemma3.bridge(ids, return_type=None)
+        with replay.replayed(gemma3.bridge, prefix, TARGET[0]), \
+                path_removed(gemma3, ["L0H1"], [TARGET], "k"):
+            replayed = scores_at(gemma3, TARGET[0])
+    assert prefix.depth() >= TARGET[0]
+    assert torch.equal(replayed, full)
+    assert (full - scores_at(gemma3, TARGET[0])).abs().max() > 1e-4  # the patch changed it

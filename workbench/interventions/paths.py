@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -129,6 +129,21 @@ def path_patched(model: Model, sources: Sequence[str], targets: Sequence[Head],
         raise WorkbenchError(f"no output on the other input for {', '.join(missing)}")
     with model.bridge.hooks(fwd_hooks=_path_hooks(model, parsed, list(targets), path, other)):
         yield
+
+
+def read_points(model: Model, layers: Iterable[int]) -> list[str]:
+    """The hook points a path patch reads in ``layers`` and before them: the embeddings,
+    each layer's head outputs and, where the layer has one, the scale of its attention
+    output norm. Blocks replayed under a path patch
+    (:func:`workbench.interventions.replay.kept`) must keep these, or the patch cannot
+    read its sources there."""
+    n_layers = model.info.n_layers
+    names = [hooks.resid(0, n_layers)]
+    for layer in sorted(set(layers)):
+        names.append(hooks.z(layer))
+        if output_norm(model, layer) is not None:
+            names.append(hooks.output_norm_scale(layer))
+    return names
 
 
 def source_outputs(model: Model, batch: Batch, sources: Sequence[str]) -> dict[str, Tensor]:
