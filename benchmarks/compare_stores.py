@@ -66,9 +66,9 @@ def compare_configs(before: Path, after: Path) -> list[str]:
 
 def _aligned(before: pd.DataFrame, after: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     shared = [c for c in before.columns if c in after.columns]
+    # sortable keys: the columns whose every value is a string, an integer or a bool
     keys = [c for c in shared
-            if not pd.api.types.is_float_dtype(before[c]) and before[c].map(type).ne(list).all()
-            and before[c].map(lambda v: isinstance(v, (str, int, bool, np.integer))).all()]
+            if before[c].map(lambda v: isinstance(v, (str, int, bool, np.integer))).all()]
     if keys:
         before = before.sort_values(keys, kind="stable")
         after = after.sort_values(keys, kind="stable")
@@ -80,9 +80,9 @@ def _column_difference(a: pd.Series, b: pd.Series, atol: float) -> str | None:
         x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
         both_nan = np.isnan(x) & np.isnan(y)
         diff = np.where(both_nan, 0.0, np.abs(x - y))
-        worst = float(np.nanmax(diff)) if diff.size else 0.0
         if np.isnan(diff).any():
             return "NaN in one store only"
+        worst = float(diff.max()) if diff.size else 0.0
         return None if worst <= atol else f"max abs difference {worst:.3g}"
     # missing values (None, NaN) are one value, equal to each other
     differ = int((a.astype(str).fillna("<missing>") != b.astype(str).fillna("<missing>")).sum())
