@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -60,6 +60,20 @@ class PatternContext:
     q0: int = 0
     q1: int | None = None
     k0: int = 0
+    _shared: dict[str, tuple[Tensor, Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def shared(self, name: str, pattern: Tensor, compute: Callable[[Tensor], Tensor]
+               ) -> Tensor:
+        """``compute(pattern)``, computed once for this context and this very pattern
+        tensor: several reductions of one block read the same per-row quantity (entropy
+        and normalized entropy, the row's entropy), and each block has its own context."""
+        hit = self._shared.get(name)
+        if hit is not None and hit[0] is pattern:
+            return hit[1]
+        value = compute(pattern)
+        self._shared[name] = (pattern, value)  # the pattern is held, so its id is not reused
+        return value
 
     @property
     def n_pos(self) -> int:
