@@ -63,6 +63,8 @@ def test_rows_per_block_fit_the_budget_as_a_power_of_two():
     assert blocked_attention.rows_per_block(1, 9, 8192, 64 << 20) == 128  # 227 rows fit
     assert blocked_attention.rows_per_block(2, 4, 100, 64 << 20) == 1 << 14  # 20,971 fit
     assert blocked_attention.rows_per_block(8, 32, 1 << 20, 1) == 1
+    # the default budget, 32 MiB: 113 rows fit (no block above glibc's mmap threshold)
+    assert blocked_attention.rows_per_block(1, 9, 8192) == 64
 
 
 def test_a_hook_on_the_pattern_is_refused_in_a_blocked_pass(llama):
