@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from workbench.core import checksums
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
-from workbench.models import adapters
+from workbench.models import adapters, quiet_norms
 from workbench.models.base import DTYPES, Model, ModelInfo
 from workbench.store.records import LayerType
 
@@ -296,6 +296,7 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
         dtype=dtype, layer_types=layer_types, sliding_window=sliding_window,
     )
     bridge.eval()
+    quiet_norms.quiet(bridge)
     return Model(bridge, tokenizer, info)
 
 
