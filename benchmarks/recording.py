@@ -8,7 +8,8 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   workbench's pattern-reduction scan (``reduce_patterns`` of head-overview's four
   statistics, blocked attention, nothing stored) against, in one process and interleaved
   round by round (medians of the rounds, so a load that changes affects every variant
-  alike): a hand-written plain Hugging Face scan (eager attention, ``output_attentions``,
+  alike; each ratio is the median over rounds of the ratio within a round): a hand-written
+  plain Hugging Face scan (eager attention, ``output_attentions``,
   the same four statistics from the returned patterns), the bridge's ``run_with_cache`` of
   every pattern, and the SDPA forward; each in float32 and in bfloat16. The Hugging Face
   variants run the model body (``model.model``), as the scan stops after the last block;
@@ -139,19 +140,29 @@ def part_throughput(args: argparse.Namespace) -> dict:
     times: dict[str, list[float]] = {name: [] for name in scans}
     for fn in scans.values():
         fn()  # warm-up
-    for _ in range(args.repeats):  # round by round: every variant sees the same load
-        for name, fn in scans.items():
+    names = list(scans)
+    for r in range(args.repeats):  # round by round: every variant sees the same load
+        # each round starts one variant later, so each takes every place in the order
+        # alike (what ran just before a variant, the allocator's state, moves its time)
+        for name in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
-            fn()
+            scans[name]()
             times[name].append(time.perf_counter() - t0)
     rate = {name: ids.numel() / statistics.median(t) for name, t in times.items()}
     out: dict = {"batch": list(ids.shape), "threads": torch.get_num_threads(),
                  "rounds": args.repeats, **{f"{k}_tok_s": v for k, v in rate.items()}}
+
+    def ratio(fast: str, slow: str) -> float:
+        """The speed of ``fast`` over ``slow``: the median over rounds of the ratio within
+        each round (two variants of one round ran seconds apart, so a machine whose speed
+        drifts between rounds moves both alike)."""
+        return statistics.median(b / a for a, b in zip(times[fast], times[slow], strict=True))
+
     for dtype in DTYPES:
         for other in ("hand_eager", "run_with_cache", "sdpa"):
-            out[f"{dtype}/reduce_vs_{other}"] = rate[f"{dtype}/reduce"] / rate[f"{dtype}/{other}"]
-    out["reduce_bf16_vs_float32"] = rate["bfloat16/reduce"] / rate["float32/reduce"]
-    out["sdpa_bf16_vs_float32"] = rate["bfloat16/sdpa"] / rate["float32/sdpa"]
+            out[f"{dtype}/reduce_vs_{other}"] = ratio(f"{dtype}/reduce", f"{dtype}/{other}")
+    out["reduce_bf16_vs_float32"] = ratio("bfloat16/reduce", "float32/reduce")
+    out["sdpa_bf16_vs_float32"] = ratio("bfloat16/sdpa", "float32/sdpa")
     return out
 
 
