@@ -6,14 +6,17 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   loading the GGUF directly (without the cached safetensors) would cost;
 - throughput: tokens/s on the same batch of natural text (8 x 128 tokens) for the
   workbench's pattern-reduction scan (``reduce_patterns`` of head-overview's four
-  statistics, blocked attention, nothing stored) against, in one process and interleaved
-  round by round (medians of the rounds, so a load that changes affects every variant
-  alike; each ratio is the median over rounds of the ratio within a round): a hand-written
-  plain Hugging Face scan (eager attention, ``output_attentions``,
-  the same four statistics from the returned patterns), the bridge's ``run_with_cache`` of
-  every pattern, and the SDPA forward; each in float32 and in bfloat16. The Hugging Face
-  variants run the model body (``model.model``), as the scan stops after the last block;
-  ``run_with_cache`` runs the whole bridge, as a user calls it;
+  statistics, blocked attention, nothing stored) against a hand-written plain Hugging Face
+  scan (eager attention, ``output_attentions``, the same four statistics from the returned
+  patterns), the bridge's ``run_with_cache`` of every pattern, and the SDPA forward; each
+  in float32 and in bfloat16. The Hugging Face variants run the model body
+  (``model.model``), as the scan stops after the last block; ``run_with_cache`` runs the
+  whole bridge, as a user calls it. In each of ``--processes`` fresh processes every
+  variant runs once per round, each round starting one variant later; the rounds of all
+  processes are pooled: tokens/s are medians, and each ratio is the median of the ratios
+  within a round (two variants of one round ran seconds apart, so a drifting machine moves
+  both alike). A process's allocator settles early into a state that favours some
+  variants, so each ratio's median per process is printed beside it;
 - record: ``workbench.recording.record`` of 100 prompts of 128 tokens on smollm2, with
   tokens/s, bytes written and peak RSS.
 
@@ -22,7 +25,7 @@ so that a benchmark that no longer runs fails the tests (``tests/unit/test_bench
 
 Usage:
     python benchmarks/recording.py [--repeats 5] [--prompts 100] [--tokens 128] [--json]
-    python benchmarks/recording.py --parts throughput --repeats 7
+    python benchmarks/recording.py --parts throughput --repeats 8 --processes 4
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ def _scans(args: argparse.Namespace, dtype: str, prompts, ids) -> dict:
 
 
 def part_throughput(args: argparse.Namespace) -> dict:
+    """One process's rounds: every variant's time in each round, in seconds."""
     import torch
 
     from workbench.models.load import load_model
@@ -148,21 +152,36 @@ def part_throughput(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             scans[name]()
             times[name].append(time.perf_counter() - t0)
-    rate = {name: ids.numel() / statistics.median(t) for name, t in times.items()}
-    out: dict = {"batch": list(ids.shape), "threads": torch.get_num_threads(),
-                 "rounds": args.repeats, **{f"{k}_tok_s": v for k, v in rate.items()}}
+    return {"batch": list(ids.shape), "threads": torch.get_num_threads(), "times": times,
+            "peak_rss_mib": peak_rss_mib()}
 
-    def ratio(fast: str, slow: str) -> float:
-        """The speed of ``fast`` over ``slow``: the median over rounds of the ratio within
-        each round (two variants of one round ran seconds apart, so a machine whose speed
-        drifts between rounds moves both alike)."""
+
+def summarize_throughput(runs: list[dict]) -> dict:
+    """Tokens/s and ratios over the rounds of every process.
+
+    A ratio is the median over rounds of the ratio within a round (two variants of one
+    round ran seconds apart, so a machine whose speed drifts moves both alike); the
+    processes differ more than the rounds of one (the allocator's state is set early in
+    a process), so each ratio's median per process is shown beside it.
+    """
+    n_tokens = runs[0]["batch"][0] * runs[0]["batch"][1]
+    pooled = {name: [t for run in runs for t in run["times"][name]] for name in runs[0]["times"]}
+    out: dict = {"batch": runs[0]["batch"], "threads": runs[0]["threads"],
+                 "processes": len(runs), "rounds": len(pooled["float32/reduce"]),
+                 "peak_rss_mib": max(run["peak_rss_mib"] for run in runs),
+                 **{f"{k}_tok_s": n_tokens / statistics.median(t) for k, t in pooled.items()}}
+
+    def ratio(times: dict, fast: str, slow: str) -> float:
         return statistics.median(b / a for a, b in zip(times[fast], times[slow], strict=True))
 
-    for dtype in DTYPES:
-        for other in ("hand_eager", "run_with_cache", "sdpa"):
-            out[f"{dtype}/reduce_vs_{other}"] = ratio(f"{dtype}/reduce", f"{dtype}/{other}")
-    out["reduce_bf16_vs_float32"] = ratio("bfloat16/reduce", "float32/reduce")
-    out["sdpa_bf16_vs_float32"] = ratio("bfloat16/sdpa", "float32/sdpa")
+    pairs = {f"{dtype}/reduce_vs_{other}": (f"{dtype}/reduce", f"{dtype}/{other}")
+             for dtype in DTYPES for other in ("hand_eager", "run_with_cache", "sdpa")}
+    pairs |= {"reduce_bf16_vs_float32": ("bfloat16/reduce", "float32/reduce"),
+              "sdpa_bf16_vs_float32": ("bfloat16/sdpa", "float32/sdpa")}
+    for key, (fast, slow) in pairs.items():
+        out[key] = ratio(pooled, fast, slow)
+        out[f"{key}_per_process"] = " ".join(f"{ratio(run['times'], fast, slow):.2f}"
+                                             for run in runs)
     return out
 
 
@@ -185,7 +204,7 @@ def part_record(args: argparse.Namespace) -> dict:
 
 
 PARTS = {"load": part_load, "throughput": part_throughput, "record": part_record}
-SMOKE = {"repeats": 1, "batch": 2, "prompts": 2, "tokens": 16}
+SMOKE = {"repeats": 1, "processes": 1, "batch": 2, "prompts": 2, "tokens": 16}
 """The tiny sizes of ``--smoke``."""
 
 
@@ -194,7 +213,9 @@ def main() -> None:
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
     parser.add_argument("--model", default="smollm2", help="the model (default smollm2)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="throughput: rounds per process")
+    parser.add_argument("--processes", type=int, default=3,
+                        help="throughput: fresh processes, each running every round")
     parser.add_argument("--batch", type=int, default=8, help="prompts per throughput batch")
     parser.add_argument("--prompts", type=int, default=100, help="prompts to record")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per prompt")
@@ -211,14 +232,17 @@ def main() -> None:
         return
     results = {}
     for part in args.parts.split(","):
-        if args.smoke:  # tiny sizes: every part in this process
-            results[part] = PARTS[part](args)
-            continue
-        cmd = [sys.executable, __file__, "--part", part, *sys.argv[1:]]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"part {part} failed:\n{proc.stderr}")
-        results[part] = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs = []
+        for _ in range(args.processes if part == "throughput" else 1):
+            if args.smoke:  # tiny sizes: every part in this process
+                runs.append(PARTS[part](args))
+                continue
+            cmd = [sys.executable, __file__, "--part", part, *sys.argv[1:]]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"part {part} failed:\n{proc.stderr}")
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        results[part] = summarize_throughput(runs) if part == "throughput" else runs[0]
     if args.json:
         print(json.dumps(results, indent=2))
         return
