@@ -78,8 +78,9 @@ def _entropy(pattern: Float[Tensor, "batch head_index query_pos key_pos"]
              ) -> Float[Tensor, "batch head_index query_pos"]:
     p = pattern.float()
     # -p log p one head at a time (entr: 0 at p = 0): a head's temporary stays in cache,
-    # where a whole block's would be the largest allocation of the pass (measured in a
-    # scan: about 3x the time). Shared by entropy and normalized_entropy (ctx.shared).
+    # where a whole block's is the largest allocation of the pass (a bfloat16 scan of 8 x
+    # 128 tokens on smollm2: 32 ms against 88 ms). Shared by entropy and normalized_entropy
+    # through ctx.shared.
     return torch.stack([torch.special.entr(p[:, h]).sum(-1) for h in range(p.shape[1])], 1)
 
 
