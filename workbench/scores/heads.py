@@ -200,6 +200,13 @@ def copying_scores(model: Model, tokens: Int[Tensor, " n"], *, chunk: int = 64
     over a token drawn uniformly from the vocabulary the z-score is exactly 0, which is
     the null baseline.
 
+    The logits are never formed: for a normed output ``y``, their mean over the vocabulary
+    is ``y . mean_v(W_U[:, v])`` and their variance the quadratic form ``y C y`` of the
+    unembedding's column covariance ``C`` (``d_model x d_model``, once per call), so a
+    head costs ``d_model^2`` per token instead of ``d_model x d_vocab`` (on a
+    262,144-token vocabulary, 58 s -> 2 s for 200 tokens on every head of Gemma 3 270M).
+    ``std`` is the sample standard deviation (``d_vocab - 1``), as ``Tensor.std``.
+
     Args:
         tokens: token ids to test (e.g. random ids from the middle of the vocabulary).
 
@@ -210,7 +217,9 @@ def copying_scores(model: Model, tokens: Int[Tensor, " n"], *, chunk: int = 64
     bridge, info = model.bridge, model.info
     out = torch.empty(len(tokens), info.n_layers, info.n_heads)
     with torch.inference_mode():
-        w_e, w_u = bridge.W_E, bridge.W_U
+        w_e = bridge.W_E
+        mean, covariance = _unembedding_moments(bridge.W_U)
+        own_columns = bridge.W_U.T[tokens].double()  # [n, d_model]
         w_v_all, w_o_all, b_v_all = bridge.W_V, bridge.W_O, _value_bias(bridge, info)
         final_bias = bridge.ln_final(torch.zeros(1, info.d_model))
         kv = torch.tensor([_kv_index(model, h) for h in range(info.n_heads)])
@@ -225,11 +234,33 @@ def copying_scores(model: Model, tokens: Int[Tensor, " n"], *, chunk: int = 64
                 v = einops.einsum(x, w_v, "n d_model, head d_model d_head -> n head d_head")
                 o = einops.einsum(v + b_v, w_o,
                                   "n head d_head, head d_head d_model -> n head d_model")
-                logits = (bridge.ln_final(o) - final_bias) @ w_u  # [n, head, d_vocab]
-                own = logits.gather(-1, t[:, None, None].expand(-1, info.n_heads, 1))[..., 0]
-                z = (own - logits.mean(-1)) / logits.std(-1)
-                out[start:start + chunk, layer] = z
+                y = (bridge.ln_final(o) - final_bias).double()  # [n, head, d_model]
+                own = einops.einsum(y, own_columns[start:start + chunk],
+                                    "n head d_model, n d_model -> n head")
+                spread = einops.einsum(y @ covariance, y, "n head d, n head d -> n head")
+                z = (own - y @ mean) / spread.sqrt()
+                out[start:start + chunk, layer] = z.float()
     return out
+
+
+def _unembedding_moments(w_u: Float[Tensor, "d_model d_vocab"], *, block: int = 16384
+                         ) -> tuple[Float[Tensor, " d_model"], Float[Tensor, "d_model d_model"]]:
+    """The mean of the unembedding's columns and their sample covariance (``d_vocab - 1``),
+    in float64: each block of columns in float32 (or ``w_u``'s wider dtype), the blocks
+    summed in float64."""
+    d_model, d_vocab = w_u.shape
+    work = torch.promote_types(w_u.dtype, torch.float32)
+    blocks = [slice(s, s + block) for s in range(0, d_vocab, block)]
+    mean = sum(w_u[:, b].double().sum(1) for b in blocks) / d_vocab
+    centre = mean.to(work)
+    covariance = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for b in blocks:
+        columns = w_u[:, b].to(work) - centre[:, None]  # [d_model, block]
+        covariance += (columns @ columns.T).double()
+    # centred on the rounded mean: take off the rank-one part of the rounding
+    shift = mean - centre.double()
+    covariance -= d_vocab * torch.outer(shift, shift)
+    return mean, covariance / (d_vocab - 1)
 
 
 def summarize_tokens(values: Float[Tensor, "n layer head_index"], metric: str, *,
