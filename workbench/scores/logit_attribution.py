@@ -85,7 +85,7 @@ class Contrast:
                         None if self.other is None else self.other.repeat(copies))
 
 
-def _output_transform(model: Model, logits: Tensor) -> Tensor:
+def output_transform(model: Model, logits: Tensor) -> Tensor:
     """The family's transform of the unembedding's output (elementwise: a soft cap, a
     scale), as the bridge applies it."""
     adapter = getattr(model.bridge, "adapter", None)
@@ -94,7 +94,8 @@ def _output_transform(model: Model, logits: Tensor) -> Tensor:
     return adapter.apply_output_logits_transform(logits)
 
 
-def _unembed_bias(model: Model) -> Tensor | None:
+def unembed_bias(model: Model) -> Tensor | None:
+    """The unembedding's bias ``[d_vocab]`` (``None`` for a family without one)."""
     bias = getattr(model.bridge, "b_U", None)
     return None if bias is None else bias.detach()
 
@@ -113,11 +114,11 @@ def readout(model: Model, normed: Float[Tensor, "n d_model"], contrast: Contrast
     Returns:
         ``[n]`` logit differences, in ``normed``'s dtype.
     """
-    w_u, b_u = model.bridge.W_U.detach(), _unembed_bias(model)
+    w_u, b_u = model.bridge.W_U.detach(), unembed_bias(model)
     if contrast.other is None:  # every column: a few hundred rows of logits at a time
         out = []
         for start in range(0, len(normed), 256):
-            logits = _output_transform(model, normed[start: start + 256] @ w_u
+            logits = output_transform(model, normed[start: start + 256] @ w_u
                                        + (0 if b_u is None else b_u))
             mine = contrast.answer[start: start + 256, None]
             out.append(logits.gather(1, mine)[:, 0] - logits.mean(1))
@@ -127,7 +128,7 @@ def readout(model: Model, normed: Float[Tensor, "n d_model"], contrast: Contrast
     logits = torch.einsum("nd,ntd->nt", normed, columns)
     if b_u is not None:
         logits = logits + b_u[tokens]
-    logits = _output_transform(model, logits)
+    logits = output_transform(model, logits)
     return logits[:, 0] - logits[:, 1]
 
 
@@ -175,9 +176,9 @@ def lens_logits(model: Model, resid: Float[Tensor, "n d_model"],
         if norm.bias is not None:
             normed = normed + norm.bias
         normed = normed.to(resid.dtype)
-    b_u = _unembed_bias(model)
+    b_u = unembed_bias(model)
     logits = normed @ model.bridge.W_U.detach() + (0 if b_u is None else b_u)
-    return _output_transform(model, logits)
+    return output_transform(model, logits)
 
 
 @dataclass
@@ -219,7 +220,7 @@ def logit_lens(model: Model, batch: Batch, rows: Int[Tensor, " n"],
     kept = hooks.capture(model, batch, [*names, hooks.FINAL_SCALE, hooks.FINAL_OUT])
     out: dict[str, list[list[Tensor]]] = {k: [[] for _ in names]
                                           for k in ("logit", "prob", "rank", "top", "top_p")}
-    w_u, b_u = model.bridge.W_U.detach(), _unembed_bias(model)
+    w_u, b_u = model.bridge.W_U.detach(), unembed_bias(model)
     miss, largest = 0.0, 0.0
     for start in range(0, len(rows), chunk):
         at = slice(start, start + chunk)
@@ -234,7 +235,7 @@ def logit_lens(model: Model, batch: Batch, rows: Int[Tensor, " n"],
                                ("rank", (logits > chosen[:, None]).sum(-1)), ("top", top),
                                ("top_p", top_p)):
                 out[key][b].append(value)
-        own = _output_transform(model, kept[hooks.FINAL_OUT][index] @ w_u
+        own = output_transform(model, kept[hooks.FINAL_OUT][index] @ w_u
                                 + (0 if b_u is None else b_u)).double()
         miss = max(miss, float((logits - own).abs().max()))
         largest = max(largest, float(own.abs().max()))
@@ -269,7 +270,7 @@ class DirectEffects:
 def _directions(model: Model, contrast: Contrast) -> tuple[Tensor, Tensor]:
     """``u = W_U[:, a] - W_U[:, b]`` (or minus the mean column), ``[n, d_model]`` float64,
     and the unembedding bias's difference ``[n]``."""
-    w_u, b_u = model.bridge.W_U.detach(), _unembed_bias(model)
+    w_u, b_u = model.bridge.W_U.detach(), unembed_bias(model)
     if b_u is None:
         b_u = torch.zeros(w_u.shape[1], dtype=w_u.dtype)
     answer = w_u.T[contrast.answer].double()
@@ -333,7 +334,7 @@ def require_direct(model: Model) -> None:
     model.require(causal=True, lm_head=True, what="direct logit attribution")
     info = model.info
     probe = torch.tensor([1.0, -50.0, 200.0])
-    if not torch.equal(_output_transform(model, probe.clone()), probe):
+    if not torch.equal(output_transform(model, probe.clone()), probe):
         raise ModelCapabilityError(
             f"{info.name} transforms its logits after the unembedding (a soft cap or a "
             "scale), so a logit difference is not the sum of the parts' direct effects")
