@@ -9,6 +9,8 @@ the first norm, so the split stays exact. References: the model's own pre-softma
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -106,3 +108,16 @@ def test_a_path_patch_over_replayed_blocks_equals_it_run_in_full(gemma3):
     assert prefix.depth() >= TARGET[0]
     assert torch.equal(replayed, full)
     assert (full - scores_at(gemma3, TARGET[0])).abs().max() > 1e-4  # the patch changed it
+
+
+def test_a_path_patch_freezes_the_qk_norms_without_the_bridges_warning(gemma3):
+    """Freezing a target's q/k norm scale edits its hook_scale, which the bridge warns of;
+    the patch's own edit stays quiet, and an edit of anyone else's still warns."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with path_removed(gemma3, ["L0H1"], [TARGET], "k"):
+            scores_at(gemma3, TARGET[0])
+    assert not [w for w in caught if "hook_scale" in str(w.message)]
+    edit = [(f"blocks.{TARGET[0]}.ln1.hook_scale", lambda t, hook: t * 2)]
+    with pytest.warns(UserWarning, match="hook_scale"), gemma3.bridge.hooks(fwd_hooks=edit):
+        scores_at(gemma3, TARGET[0])
