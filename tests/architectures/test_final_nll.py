@@ -87,3 +87,25 @@ def test_the_familys_logit_soft_cap_applies_to_every_block(families, tmp_path, m
         torch.testing.assert_close(mine, reference, atol=1e-5, rtol=1e-5)
     uncapped = _reference(families.model("gemma-2"), prompts[0])
     assert (uncapped - _reference(model, prompts[0])).abs().max() > 1e-2  # the cap matters
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma-3", "gpt2"])
+def test_row_losses_and_their_mask_gradients_are_the_whole_logits(families, family,
+                                                                  monkeypatch):
+    """Gradient importance's example loss, stopped at the final norm, against the pass run
+    whole: the same per-row losses and the same gradients with respect to a head mask."""
+    from workbench.interventions.importance import mask_gradients
+
+    model = families.model(family)
+    prompts = _prompts(families, family)
+    mask = torch.ones(model.info.n_layers, model.info.n_heads)
+
+    def example_loss(model, batch):
+        return losses.row_losses(model, batch)[:, None]
+
+    monkeypatch.setattr(losses, "VOCAB_BLOCK", 64)
+    blocked = mask_gradients(model, prompts, example_loss, mask)
+    monkeypatch.setattr(losses, "_unembeds_blocked", lambda model: False)
+    whole = mask_gradients(model, prompts, example_loss, mask)
+    assert whole.abs().max() > 1e-3  # the gradients are not all zero
+    torch.testing.assert_close(blocked, whole, atol=1e-5, rtol=1e-4)

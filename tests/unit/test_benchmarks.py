@@ -23,6 +23,7 @@ SMOKE = {
     "models.py": ["--smoke"],
     "live.py": ["--smoke", "--model", "{model}"],
     "compare_stores.py": ["--smoke", "{model}"],
+    "losses.py": ["--smoke", "{model}"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 

@@ -129,8 +129,14 @@ def row_losses(model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         ModelCapabilityError: the model is not a causal LM with a trained head.
     """
     model.require(causal=True, lm_head=True, what="next-token loss")
-    logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-    nll = next_token_nll(logits, batch.input_ids)
+    if _unembeds_blocked(model):  # as token_losses: stopped at the final norm
+        normed = hooks.capture(model, batch, [hooks.FINAL_OUT], detach=False)[hooks.FINAL_OUT]
+        rows, pos, d_model = normed.shape
+        nll = final_nll(model, normed[:, :-1].reshape(-1, d_model),
+                        batch.input_ids[:, 1:].reshape(-1)).view(rows, pos - 1)
+    else:
+        logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+        nll = next_token_nll(logits, batch.input_ids)
     real = batch.attention_mask[:, 1:].float()  # padded targets do not count
     return (nll * real).sum(1) / real.sum(1)
 
