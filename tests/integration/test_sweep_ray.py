@@ -142,7 +142,10 @@ def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_
 
 
 def test_ctrl_c_cancels_running_cells_and_marks_them_failed(ray_local, folders, runs_dir):
-    spec = _spec(folders, seeds=[0, 1, 2], set={**SMALL, "n_prompts": 64, "n_tokens": 256,
+    # cells of several seconds each on the tiny model, so that the running ones are still
+    # running when the interrupt lands, even on a loaded machine
+    spec = _spec(folders, seeds=[0, 1, 2], set={**SMALL, "n_prompts": 512, "n_tokens": 256,
+                                                 "n_repeated": 256, "seq_len": 100,
                                                  "n_boot": 3000})
     cells = expand(spec, runs_dir)
 

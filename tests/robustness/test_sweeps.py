@@ -331,8 +331,8 @@ def test_the_dry_run_shows_skipped_cells_with_the_runs_reason(capsys, tmp_path, 
 # ---- SIGTERM ---------------------------------------------------------------------------------
 
 def _sigterm_spec(folder: Path, path: Path) -> None:
-    """One quick cell, then three slow ones (each tens of seconds on the tiny model)."""
-    slow = "n_prompts = 64, n_tokens = 256, n_repeated = 64, seq_len = 200, n_boot = 10000"
+    """One quick cell, then three slow ones (about 5 s each on the tiny model, 2 cores)."""
+    slow = "n_prompts = 256, n_tokens = 256, n_repeated = 256, seq_len = 200, n_boot = 10000"
     cells = [f'[[cells]]\nexperiment = "previous-token-heads"\nmodel = "{folder}"\n'
              f"set = {{ n_prompts = 2, n_tokens = 8, n_repeated = 2, seq_len = 4, n_boot = 2, "
              "seed = 0 }\n"]
