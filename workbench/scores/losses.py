@@ -41,9 +41,9 @@ def token_losses(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: i
     """Cross-entropy (nats) of predicting each token from the tokens before it.
 
     Entry ``t`` of a prompt's vector is the loss on token ``t + 1``. Any hooks or head
-    masks active on the bridge apply. Each pass stops at the final norm and only the
-    prompts' real positions are unembedded, by :func:`final_nll` (a model whose final
-    norm has no ``ln_final.hook_out``, or with a hook on its unembedding, runs whole).
+    masks active on the bridge apply. Each pass stops at the final norm and is unembedded
+    by :func:`final_nll` (a model whose final norm has no ``ln_final.hook_out``, or with a
+    hook on its unembedding, runs whole).
 
     Raises:
         ModelCapabilityError: the model is not a causal LM with a trained head.
@@ -51,25 +51,25 @@ def token_losses(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: i
     model.require(causal=True, lm_head=True, what="next-token loss")
     batches = model.batches(prompts, max_tokens=max_batch_tokens)
     out: list[Tensor | None] = [None] * len(prompts)
-    blocked = _unembeds_blocked(model)
     with torch.inference_mode():
         for batch in progress.track(batches, desc=desc):
-            if not blocked:
-                logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-                nll = next_token_nll(logits, batch.input_ids)
-                for row, (index, n) in enumerate(zip(batch.indices, batch.lengths,
-                                                     strict=True)):
-                    out[index] = nll[row, : n - 1].clone()
-                continue
-            normed = hooks.capture(model, batch, [hooks.FINAL_OUT])[hooks.FINAL_OUT]
-            rows = [torch.arange(n - 1) for n in batch.lengths]  # real positions with a target
-            which = torch.cat([torch.full((len(r),), b) for b, r in enumerate(rows)])
-            where = torch.cat(rows)
-            nll = final_nll(model, normed[which, where], batch.input_ids[which, where + 1])
-            for part, index in zip(nll.split([len(r) for r in rows]), batch.indices,
-                                   strict=True):
-                out[index] = part
+            nll = _batch_nll(model, batch)
+            for row, (index, n) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
+                out[index] = nll[row, : n - 1].clone()
     return [t for t in out if t is not None]
+
+
+def _batch_nll(model: Model, batch: Batch, *, detach: bool = True
+               ) -> Float[Tensor, "batch pos_minus_1"]:
+    """:func:`next_token_nll` of a batch's pass, padded positions included: stopped at the
+    final norm and unembedded by :func:`final_nll` where it can be, else run whole."""
+    if not _unembeds_blocked(model):
+        logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+        return next_token_nll(logits, batch.input_ids)
+    normed = hooks.capture(model, batch, [hooks.FINAL_OUT], detach=detach)[hooks.FINAL_OUT]
+    rows, pos, d_model = normed.shape
+    return final_nll(model, normed[:, :-1].reshape(-1, d_model),
+                     batch.input_ids[:, 1:].reshape(-1)).view(rows, pos - 1)
 
 
 def _unembeds_blocked(model: Model) -> bool:
@@ -129,14 +129,7 @@ def row_losses(model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         ModelCapabilityError: the model is not a causal LM with a trained head.
     """
     model.require(causal=True, lm_head=True, what="next-token loss")
-    if _unembeds_blocked(model):  # as token_losses: stopped at the final norm
-        normed = hooks.capture(model, batch, [hooks.FINAL_OUT], detach=False)[hooks.FINAL_OUT]
-        rows, pos, d_model = normed.shape
-        nll = final_nll(model, normed[:, :-1].reshape(-1, d_model),
-                        batch.input_ids[:, 1:].reshape(-1)).view(rows, pos - 1)
-    else:
-        logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-        nll = next_token_nll(logits, batch.input_ids)
+    nll = _batch_nll(model, batch, detach=False)
     real = batch.attention_mask[:, 1:].float()  # padded targets do not count
     return (nll * real).sum(1) / real.sum(1)
 
