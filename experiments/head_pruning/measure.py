@@ -607,15 +607,23 @@ def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
     with applied(model, pruner.head_mask(values)):
         masked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
                   if causal else batch_embeddings(model, batch))
-    diff = masked.float() - _forward(removed, batch, causal).float()
-    real = batch.attention_mask.bool() if causal else slice(None)
     ratios = [f / r for f, r in zip(full_s, removed_s, strict=True)]
     return {"params_full": sum(p.numel() for p in plain.parameters()),
             "params_removed": sum(p.numel() for p in removed.parameters()),
             **spread(full_s, "seconds_full"), **spread(removed_s, "seconds_removed"),
             **spread(ratios, "speedup"), "repeats": repeats,
-            "max_abs_diff": float(diff[real].abs().max()),
+            "max_abs_diff": _max_abs_diff(masked, _forward(removed, batch, causal),
+                                          batch.attention_mask if causal else None),
             "batch_tokens": int(batch.attention_mask.sum()), "skipped": ""}
+
+
+def _max_abs_diff(a: Tensor, b: Tensor, mask: Tensor | None) -> float:
+    """Largest ``|a - b|`` over the rows (and, with ``mask``, the real positions), one row
+    at a time: a causal model's outputs are whole logits, each row of them as large as a
+    model's weights on a big vocabulary."""
+    rows = [(a[row, keep].float() - b[row, keep].float()).abs().max()  # NaN propagates
+            for row, keep in enumerate(mask.bool() if mask is not None else [slice(None)] * len(a))]
+    return float(torch.stack(rows).max())
 
 
 # ---- reading curves ----------------------------------------------------------------------------
