@@ -121,3 +121,33 @@ def test_encoders_see_every_real_key(families, family):
             model, lambda b: spans.add((b.k0, b.k1, b.n_keys)), block=4):
         model.bridge(ids, attention_mask=mask, return_type=None)
     assert spans == {(0, 12, 12)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scores_of_some_layers_stop_after_the_deepest_attention(families, family):
+    """Scoring only layer 0 gives the whole pass's layer-0 scores, on both attention paths,
+    and the pass stops once layer 0's pattern is read: its MLP never runs (on every family,
+    also those whose attention reports its pattern after its output)."""
+    from workbench.inputs.prompts import Prompt
+    from workbench.recording.reductions import reduce_patterns
+    from workbench.scores import metrics
+
+    model = families.model(family)
+    vocab = len(families.tokenizer(family))
+    gen = torch.Generator().manual_seed(2)
+    prompts = [Prompt(token_ids=tuple(torch.randint(6, vocab, (n,), generator=gen).tolist()))
+               for n in (13, 9)]
+    reductions = metrics.reductions("previous_token", "first_token")
+    mlp_ran: list[str] = []
+    watch = [(f"blocks.0.{name}", lambda t, hook: mlp_ran.append(hook.name))
+             for name in ("mlp.hook_out", "hook_resid_post")]
+    for attention in ("blocked", "dense"):
+        whole = reduce_patterns(model, prompts, reductions, attention=attention)
+        mlp_ran.clear()
+        with model.bridge.hooks(fwd_hooks=watch):
+            first = reduce_patterns(model, prompts, reductions, attention=attention, layers=[0])
+        expected = whole[whole.layer == 0].reset_index(drop=True)
+        assert len(first) == len(expected) > 0
+        torch.testing.assert_close(torch.tensor(first.score.to_numpy()),
+                                   torch.tensor(expected.score.to_numpy()), atol=1e-6, rtol=0)
+        assert not mlp_ran, attention

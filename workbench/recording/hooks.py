@@ -128,6 +128,12 @@ class _Stop(Exception):
     """Raised by the last hook a caller needs, to skip the rest of the forward pass."""
 
 
+def stop_pass() -> None:
+    """Skip the rest of a :func:`run_hooked` pass from inside it (a hook, or a pattern
+    consumer that has read all it needs)."""
+    raise _Stop
+
+
 def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
                stop_after: str | None = None) -> None:
     """Run the bridge on a batch with temporary forward hooks, discarding its output.

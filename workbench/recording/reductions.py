@@ -235,7 +235,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         prompts: the prompts (any lengths).
         reductions: ``{metric name: reduction}``.
         max_batch_tokens: batch size in tokens.
-        layers: only these layers (the pass stops after the deepest); default all.
+        layers: only these layers (the pass stops once the deepest one's pattern is
+            read: before that layer's MLP); default all.
         attention: how patterns are computed (:data:`~workbench.core.options.AttentionPath`;
             a plain function among ``reductions`` needs whole patterns: ``dense``).
         block: query rows per block (default: from the blocked path's memory budget).
@@ -262,6 +263,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
             part = _part(fn, block.weights, ctx)
             key = (block.layer, metric)
             parts[key] = part if key not in parts else parts[key] + part
+        if block.layer == layers[-1] and block.q0 + block.weights.shape[-2] == block.n_keys:
+            hooks.stop_pass()  # the deepest layer's last rows: nothing after them is read
 
     with torch.inference_mode(), hooks.patterns_fed(
             model, consume, attention="dense" if whole else attention, layers=layers,
