@@ -102,6 +102,7 @@ from experiments.induction_heads import checks  # noqa: F401 (registers the clai
 from experiments.induction_heads.measure import (
     Result,
     ablation_table,
+    first_repeats,
     head_score_table,
     icl_tables,
     path_patch_table,
@@ -166,9 +167,11 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         stage("head scores")
         head_scores, head_classes = head_score_table(model, repeated, natural, cfg)
         stage("loss on repeats")
-        losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats)
+        start, _ = first_repeats(repeated, cfg.seq_len, cfg.repeats, keep=cfg.repeats)
+        losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats,
+                               start=start)
         stage("K-composition ablation")
-        ablation = ablation_table(model, repeated, head_scores, cfg)
+        ablation = ablation_table(model, repeated, head_scores, losses, cfg)
         stage("K-composition path patch")
         path_patch = path_patch_table(model, repeated, head_scores, cfg)
         stage("in-context learning")

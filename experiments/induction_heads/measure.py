@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -164,11 +164,31 @@ def _tracked_score(model: Model, prompts: Sequence[Prompt], tracked: list[Head],
 
 def _tracked(model: Model, prompts: Sequence[Prompt], tracked: list[Head], cfg: Config
              ) -> tuple[float, np.ndarray]:
-    """Mean ``induction`` (Olsson) score of the tracked heads, and ``[prompt, repeat]``
-    losses."""
+    """Mean ``induction`` (Olsson) score of the tracked heads, and ``[prompt, 2]`` losses
+    on the first two repeats.
+
+    The losses are read from the prompts cut after their second repeat: a causal model's
+    loss on a token sees only the tokens before it, so the cut pass gives the same losses
+    there, and the later repeats (a third of the tokens with the default three) are not
+    run through the model and its unembedding at all.
+    """
     induction = _tracked_score(model, prompts, tracked, cfg)
-    losses = token_losses(model, prompts, max_batch_tokens=1024)
-    return induction, repeat_losses(losses, cfg.seq_len, cfg.repeats)
+    start, cut = first_repeats(prompts, cfg.seq_len, cfg.repeats, keep=2)
+    losses = token_losses(model, cut, max_batch_tokens=1024)
+    return induction, repeat_losses(losses, cfg.seq_len, 2, start=start)
+
+
+def first_repeats(prompts: Sequence[Prompt], seq_len: int, repeats: int, *, keep: int
+                  ) -> tuple[int, list[Prompt]]:
+    """Repeated-random prompts cut after their first ``keep`` repeats, and the position of
+    the first repeat's first token (1 after a BOS token, 0 without one)."""
+    lengths = sorted({len(p.token_ids or ()) for p in prompts})
+    start = lengths[0] - seq_len * repeats if len(lengths) == 1 else -1
+    if start not in (0, 1):
+        raise ValueError(f"not {repeats} repeats of {seq_len} tokens after at most a BOS "
+                         f"token: prompt lengths {lengths}")
+    end = start + keep * seq_len
+    return start, [replace(p, token_ids=p.token_ids[:end]) for p in prompts]
 
 
 def choose_ablation(head_scores: pd.DataFrame, tracked: list[Head], k: int) -> list[Head]:
@@ -195,20 +215,26 @@ def within_context(model: Model, prompts: Sequence[Prompt]) -> list[Prompt]:
 
 
 def ablation_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.DataFrame,
-                   cfg: Config) -> pd.DataFrame:
+                   losses: np.ndarray, cfg: Config) -> pd.DataFrame:
     """Clean, previous-token-ablated and random-ablated measurements; the tracked heads
-    are the top ``induction`` (Olsson) heads, scored by ``induction`` again."""
+    are the top ``induction`` (Olsson) heads, scored by ``induction`` again.
+
+    The clean row is not measured again: its score and losses are those of
+    ``head_scores`` and of the ``[prompt, repeat]`` ``losses``, measured on the same
+    ``prompts`` (the same numbers within float round-off)."""
     tracked = top_heads(head_scores, "induction", cfg.n_track)
     chosen = choose_ablation(head_scores, tracked, cfg.n_ablate)
     means = head_means(model, within_context(model, load_prompt_set("natural", model)))
     rng = random.Random(cfg.seed)
     draws = [random_same_layer(chosen, tracked, model.info.n_heads, rng)
              for _ in range(cfg.n_random)]
-    conditions: list[tuple[str, str, int, list[Head]]] = [("clean", "none", -1, [])]
+    scored = head_scores[head_scores.metric == "induction"].set_index(["layer", "head"])
+    rows = [{"condition": "clean", "kind": "none", "draw": -1,
+             **_row([], tracked, float(scored.score.loc[tracked].mean()), losses)}]
+    conditions: list[tuple[str, str, int, list[Head]]] = []
     for kind in ("zero", "mean"):
         conditions.append(("previous-token", kind, -1, chosen))
         conditions += [("random", kind, i, heads) for i, heads in enumerate(draws)]
-    rows = []
     for condition, kind, draw, heads in progress.track(conditions, desc="conditions"):
         with ablated(model, heads, kind="mean" if kind == "mean" else "zero", means=means):
             rows.append({"condition": condition, "kind": kind, "draw": draw,
@@ -222,10 +248,16 @@ def _measured(model: Model, prompts: Sequence[Prompt], heads: list[Head], tracke
     the loss on the first two repeats (NaN without ``losses``: the full forward pass with
     the unembedding costs several times the score, which stops at the tracked layers)."""
     if losses:
-        induction, by_repeat = _tracked(model, prompts, tracked, cfg)
-        first, second = float(by_repeat[:, 0].mean()), float(by_repeat[:, 1].mean())
-    else:
-        induction, first, second = _tracked_score(model, prompts, tracked, cfg), np.nan, np.nan
+        return _row(heads, tracked, *_tracked(model, prompts, tracked, cfg))
+    return _row(heads, tracked, _tracked_score(model, prompts, tracked, cfg), None)
+
+
+def _row(heads: list[Head], tracked: list[Head], induction: float,
+         by_repeat: np.ndarray | None) -> dict:
+    """A condition's row from the tracked heads' mean induction score and the ``[prompt,
+    repeat]`` losses (``None``: not measured)."""
+    first, second = ((np.nan, np.nan) if by_repeat is None else
+                     (float(by_repeat[:, 0].mean()), float(by_repeat[:, 1].mean())))
     return {"heads": _labels(heads) or "-", "tracked": _labels(tracked),
             "induction_tracked": induction, "first_repeat_loss": first,
             "second_repeat_loss": second}
