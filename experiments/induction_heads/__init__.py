@@ -52,7 +52,11 @@ Causal evidence (tables ``repeat_loss``, ``ablation``, ``icl``, ``loss_by_positi
   ``natural`` prompt set), and the tracked heads' mean ``induction`` score and the
   second-repeat loss are measured again. The control ablates the same number of random
   heads from the same layers (``n_random`` draws; never a chosen or tracked head;
-  :func:`workbench.interventions.ablation.random_same_layer`).
+  :func:`workbench.interventions.ablation.random_same_layer`). A condition's losses on
+  the first two repeats are read from the prompts cut after the second repeat (a causal
+  model's loss on a token does not see the tokens after it: the same losses, with a third
+  fewer tokens through the model at the default three repeats); the clean row is the
+  ``head_scores`` and ``repeat_loss`` measurements of the same prompts.
 - K-composition, path-specific (table ``path_patch``): ablating a head's output removes it
   from every downstream query, key and value at once, so it shows the previous-token heads
   are *necessary*, not that they act through the key. The path patch removes the same
