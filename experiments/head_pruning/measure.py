@@ -619,10 +619,11 @@ def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
 
 def _max_abs_diff(a: Tensor, b: Tensor, mask: Tensor | None) -> float:
     """Largest ``|a - b|`` over the rows (and, with ``mask``, the real positions), one row
-    at a time: a causal model's outputs are whole logits, each row of them as large as a
-    model's weights on a big vocabulary."""
+    at a time: a causal model's outputs are whole logits (1 GiB for a batch on gemma3), so
+    no temporary of their size is made."""
+    keeps = mask.bool() if mask is not None else [slice(None)] * len(a)
     rows = [(a[row, keep].float() - b[row, keep].float()).abs().max()  # NaN propagates
-            for row, keep in enumerate(mask.bool() if mask is not None else [slice(None)] * len(a))]
+            for row, keep in enumerate(keeps)]
     return float(torch.stack(rows).max())
 
 

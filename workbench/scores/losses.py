@@ -61,15 +61,17 @@ def token_losses(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: i
 
 def _batch_nll(model: Model, batch: Batch, *, detach: bool = True
                ) -> Float[Tensor, "batch pos_minus_1"]:
-    """:func:`next_token_nll` of a batch's pass, padded positions included: stopped at the
-    final norm and unembedded by :func:`final_nll` where it can be, else run whole."""
+    """:func:`next_token_nll` of a batch's pass (entries whose target is padding are not
+    losses: 0, or whatever the whole pass gives): stopped at the final norm, with only the
+    real targets unembedded by :func:`final_nll`, where it can be; else run whole."""
     if not _unembeds_blocked(model):
         logits = model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
         return next_token_nll(logits, batch.input_ids)
     normed = hooks.capture(model, batch, [hooks.FINAL_OUT], detach=detach)[hooks.FINAL_OUT]
-    rows, pos, d_model = normed.shape
-    return final_nll(model, normed[:, :-1].reshape(-1, d_model),
-                     batch.input_ids[:, 1:].reshape(-1)).view(rows, pos - 1)
+    real = batch.attention_mask[:, 1:].bool()  # right-padded: a real target, real context
+    nll = normed.new_zeros(real.shape)
+    nll[real] = final_nll(model, normed[:, :-1][real], batch.input_ids[:, 1:][real])
+    return nll
 
 
 def _unembeds_blocked(model: Model) -> bool:
