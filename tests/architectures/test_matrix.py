@@ -8,6 +8,8 @@ permutation-equivariance condition must give (no verdict may be ``fail``).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -194,6 +196,27 @@ def test_falcon_variants_with_another_fused_layout_are_not_sliced():
     model = transformers.FalconForCausalLM(cfg).eval()
     with pytest.raises(ModelCapabilityError, match="per kv group"):
         remove_heads(model, torch.ones(1, 4))
+
+
+def test_falcon_without_multi_query_is_sliced_per_head():
+    """Falcon without ``multi_query`` lays its fused projection out per head,
+    ``(head, 3, d_head)``, not ``[q | k | v]``: removing heads from it computes the model whose
+    removed heads' outputs are zeroed (their columns of ``dense``), exactly."""
+    torch.manual_seed(0)
+    cfg = transformers.FalconConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, multi_query=False, alibi=False)
+    model = transformers.FalconForCausalLM(cfg).eval()
+    values = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        for block, keep in zip(zeroed.transformer.h, values, strict=True):
+            dense = block.self_attention.dense.weight.view(32, 4, 8)
+            dense[:, keep == 0] = 0.0
+    removed = remove_heads(copy.deepcopy(model), values)
+    ids = torch.randint(0, 300, (2, 11))
+    with torch.inference_mode():
+        torch.testing.assert_close(removed(ids).logits, zeroed(ids).logits, atol=1e-6, rtol=0)
+    assert removed.transformer.h[0].self_attention.query_key_value.weight.shape[0] == 3 * 3 * 8
 
 
 def test_the_bundled_models_are_the_rows_on_real_weights_apart(capsys):

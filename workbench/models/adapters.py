@@ -82,6 +82,9 @@ class Adapter:
         no_removal: why heads cannot be removed from the weights (``None``: they can).
         no_removal_if: ``{config flag: why}`` for variants of the family whose fused layout
             differs (Falcon's ``new_decoder_architecture`` groups q/k/v per kv head).
+        per_head_unless: an attribute of the attention module without which the fused
+            projection is laid out per head, ``(head, 3, d_head)`` (Falcon without
+            ``multi_query``); ``None``: :attr:`layout` holds for every variant.
         unsupported: why the workbench cannot read this family's attention at all.
         score_hooks: why TransformerBridge does not expose this family's pre-softmax
             scores or rotated queries and keys through its hooks (``None``: it does), which
@@ -114,6 +117,7 @@ class Adapter:
     head_attrs: dict[str, Quantity] = field(default_factory=dict)
     no_removal: str | None = None
     no_removal_if: dict[str, str] = field(default_factory=dict)
+    per_head_unless: str | None = None
     unsupported: str | None = None
     score_hooks: str | None = None
     gguf: str | None = None
@@ -131,6 +135,13 @@ class Adapter:
         if self.unsupported:
             raise ModelCapabilityError(f"{self.family} ({', '.join(self.architectures)}) is "
                                        f"not supported: {self.unsupported}")
+
+    def layout_of(self, attn: Any) -> Layout:
+        """The q/k/v layout of one attention module of this family (see
+        :attr:`per_head_unless`)."""
+        if self.per_head_unless and not getattr(attn, self.per_head_unless, False):
+            return "fused_per_head"
+        return self.layout
 
     def layers(self, hf_model: Any) -> list[Any]:
         """The blocks of a plain Hugging Face model of this family."""
@@ -237,12 +248,13 @@ for _adapter in (
             score_hooks=_NO_SCORE_HOOK),
     Adapter("falcon", ("FalconForCausalLM",), blocks="transformer.h",
             attention="self_attention", layout="fused", qkv="query_key_value", o="dense",
-            head_attrs={"num_heads": "heads", "hidden_size": "width", "split_size": "width"},
+            head_attrs={"num_heads": "heads", "hidden_size": "width", "split_size": "width",
+                        "num_kv_heads": "kv_heads", "num_key_value_groups": "groups"},
             no_removal_if={
                 "new_decoder_architecture": "this Falcon variant fuses q/k/v per kv group, a "
                                             "layout head removal does not slice",
                 "alibi": "this Falcon variant builds ALiBi biases for every head at once"},
-            score_hooks=_NO_ROTARY_HOOKS, gguf="falcon"),
+            per_head_unless="multi_query", score_hooks=_NO_ROTARY_HOOKS, gguf="falcon"),
     Adapter("gpt-bigcode", ("GPTBigCodeForCausalLM",), blocks="transformer.h",
             attention="attn", layout="fused", qkv="c_attn", o="c_proj", positions="learned",
             rotary="none", head_attrs={"num_heads": "heads", "embed_dim": "width",

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from workbench.core.errors import ModelCapabilityError
 from workbench.inputs.batching import Batch
-from workbench.models.adapters import FAMILIES_BY_ARCHITECTURE, Adapter, adapter_for
+from workbench.models.adapters import FAMILIES_BY_ARCHITECTURE, Adapter, Layout, adapter_for
 from workbench.models.base import Model
 
 
@@ -187,11 +187,12 @@ def _remove(adapter: Adapter, block: torch.nn.Module, attn: torch.nn.Module, hea
         attn.self = _NoHeads(0, None)
         return
     q_rows, kv_rows = _rows(heads.keep, d_head), _rows(heads.kv, d_head)
-    if adapter.layout == "separate":
+    layout = adapter.layout_of(attn)
+    if layout == "separate":
         for name, rows in ((adapter.q, q_rows), (adapter.k, kv_rows), (adapter.v, kv_rows)):
             _set(attn, name, _prune(_get(attn, name), rows, "out", adapter.conv1d))
     else:
-        fused = _fused_rows(adapter, heads, q_rows, kv_rows, d_head)
+        fused = _fused_rows(layout, heads, q_rows, kv_rows, d_head)
         _set(attn, adapter.qkv, _prune(_get(attn, adapter.qkv), fused, "out", adapter.conv1d))
     _set(attn, adapter.o, _prune(out, q_rows, "in", adapter.conv1d))
     counts = {"heads": len(heads.keep), "kv_heads": len(heads.kv), "groups": heads.groups,
@@ -203,10 +204,10 @@ def _remove(adapter: Adapter, block: torch.nn.Module, attn: torch.nn.Module, hea
         setattr(_get(attn, owner), attr, counts[quantity])
 
 
-def _fused_rows(adapter: Adapter, heads: _Heads, q_rows: Tensor, kv_rows: Tensor,
+def _fused_rows(layout: Layout, heads: _Heads, q_rows: Tensor, kv_rows: Tensor,
                 d_head: int) -> Tensor:
     """Output rows of a fused q/k/v projection that the kept heads use."""
-    if adapter.layout == "fused_per_head":  # (head, 3, d_head): q, k, v of each head together
+    if layout == "fused_per_head":  # (head, 3, d_head): q, k, v of each head together
         return _rows(heads.keep, 3 * d_head)
     q_width, kv_width = heads.n_heads * d_head, heads.n_kv * d_head  # [q | k | v]
     return torch.cat([q_rows, q_width + kv_rows, q_width + kv_width + kv_rows])
