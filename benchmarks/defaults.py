@@ -48,7 +48,7 @@ def run_one(name: str, model: str | None, config: str, overrides: list[str]) -> 
     from workbench.harness.experiment import get, run_experiment
     from workbench.models.load import load_model
 
-    settings = {**get(name).named_config(config), **split_overrides(overrides)}
+    settings = {**get(name).named_config(config, model), **split_overrides(overrides)}
     start, cpu_start = time.perf_counter(), cpu_seconds()
     loaded = load_model(model) if model is not None else None
     load_s = time.perf_counter() - start

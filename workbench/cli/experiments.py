@@ -123,6 +123,17 @@ def _demo_models_text(exp: Any) -> str:
     return text + "".join(f"; not {name}: {why}" for name, why in refused.items() if why)
 
 
+def _own_defaults_lines(exp: Any, indent: str) -> list[str]:
+    """The bundled models' own defaults (under every config, ``--set`` included)."""
+    lines = []
+    for model, overrides in exp.model_defaults.items():
+        sets = " ".join(f"--set {k}={set_text(v)}" for k, v in overrides.items())
+        lines += ["\n" + _fill(f"own defaults on {model} (under the demo config and --set; "
+                               "see the experiment's page):", hanging=indent),
+                  _fill(sets, indent=indent)]
+    return lines
+
+
 def experiment_help(name: str, root: Path) -> str:
     """``workbench run EXPERIMENT --help``: what the experiment asks, the models it takes,
     its config fields, its demo config, its tables and how long it took here.
@@ -146,6 +157,7 @@ def experiment_help(name: str, root: Path) -> str:
         textwrap.indent(_fields_text(exp), indent),
         "\n" + _fill(f"demo config (workbench demo{on}):", hanging=indent),
         _fill(demo, indent=indent),
+        *_own_defaults_lines(exp, indent),
         "\n" + _fill("tables: " + ", ".join(exp.tables or {}), hanging=indent),
         "\nwall time:",
         *(_fill(line, indent=indent, hanging=indent * 2) for line in _wall_time_lines(exp, root)),

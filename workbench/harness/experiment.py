@@ -38,6 +38,7 @@ from workbench.harness.config import (
     check_layers,
 )
 from workbench.interventions.masks import HeadMask, applied
+from workbench.models import zoo
 from workbench.models.base import Capabilities, Model, require
 from workbench.models.load import load_model
 from workbench.scores import metrics
@@ -87,6 +88,10 @@ class Experiment:
     demo: Mapping[str, Any] = field(default_factory=dict)
     """Config overrides used by ``workbench demo`` (a quick but meaningful setting)."""
     demo_models: tuple[str, ...] = ("smollm2", "minilm")
+    model_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """``{bundled model: config overrides}``: that model's own defaults, where the
+    experiment's would take far longer on it. They sit under every other config (a named
+    one, a sweep's, the user's ``--set``), and the run records the config it ran."""
     requires: Requirement = "any"
     """``causal``: refuse bidirectional models; ``causal_lm``: also need a trained LM head.
     Checked before a run is created, so a refusal leaves no failed run behind."""
@@ -94,17 +99,25 @@ class Experiment:
     """A further fitness check of the loaded model (raises ``ModelCapabilityError`` with
     the reason), run with ``requires`` before a run is created."""
 
-    def named_config(self, spec: str | Mapping[str, Any]) -> dict[str, Any]:
+    def defaults_for(self, model: str | None) -> dict[str, Any]:
+        """The config overrides of ``model``'s own defaults (:attr:`model_defaults`; none
+        for a model that is not bundled or has none)."""
+        return dict(self.model_defaults.get(model or "", {}))
+
+    def named_config(self, spec: str | Mapping[str, Any], model: str | None = None
+                     ) -> dict[str, Any]:
         """The overrides a claim's ``"config"`` names: ``"default"`` or ``"demo"``, or a
         mapping whose ``"base"`` (default ``"default"``) names one of them and whose other
-        keys pin fields, e.g. ``{"base": "demo", "eps": 0.3}``.
+        keys pin fields, e.g. ``{"base": "demo", "eps": 0.3}``. With ``model``, that
+        model's own defaults (:meth:`defaults_for`) sit under them.
 
         Raises:
             UnknownNameError: an unknown base (the message lists the known ones).
         """
         base, pins = (spec, {}) if isinstance(spec, str) else (
             spec.get("base", "default"), {k: v for k, v in spec.items() if k != "base"})
-        named = {"default": {}, "demo": dict(self.demo)}
+        own = self.defaults_for(model)
+        named = {"default": own, "demo": {**own, **self.demo}}
         if base not in named:
             raise UnknownNameError(f"experiment '{self.name}' has no config '{base}'; "
                                    f"known configs: {', '.join(named)}")
@@ -132,6 +145,7 @@ EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                needs_model: bool = True, demo: Mapping[str, Any] | None = None,
                demo_models: tuple[str, ...] = ("smollm2", "minilm"),
+               model_defaults: Mapping[str, Mapping[str, Any]] | None = None,
                requires: Requirement = "any",
                check_model: Callable[[Model], None] | None = None,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
@@ -146,6 +160,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
         demo: config overrides of a quick but meaningful run (``workbench demo``, and the
             config claims name as ``"demo"``); checked when the experiment registers.
         demo_models: bundled models the demo runs on.
+        model_defaults: ``{bundled model: config overrides}``, that model's own defaults
+            (see :attr:`Experiment.model_defaults`); checked when the experiment registers.
         requires: ``causal`` or ``causal_lm`` to refuse other models before a run exists.
         check_model: refuses a model the experiment cannot honestly run on (e.g. a
             post-norm model), before a run exists.
@@ -159,10 +175,16 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
         doc = [" ".join((module.__doc__ or "").strip().split("\n\n")[0].split())]
         check_declared(config)  # a number field without an upper bound fails at import
         apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
+        for model, overrides in (model_defaults or {}).items():
+            zoo.MODELS.get(model)  # an unknown model fails at import, naming the bundled ones
+            apply_overrides(config, {**overrides, **dict(demo or {})})
+            apply_overrides(config, dict(overrides))
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
             module=fn.__module__, tables=dict(tables), needs_model=needs_model,
-            demo=dict(demo or {}), demo_models=demo_models, requires=requires,
+            demo=dict(demo or {}), demo_models=demo_models,
+            model_defaults={m: dict(o) for m, o in (model_defaults or {}).items()},
+            requires=requires,
             check_model=check_model,
         ))
         return fn
@@ -225,7 +247,9 @@ def run_experiment(name: str, model: str | Model | None,
         name: registered experiment name.
         model: a model name for :func:`workbench.models.load_model`, a loaded
             :class:`Model`, or ``None`` for experiments that build their own models.
-        overrides: ``["key=value", ...]`` or a dict, applied to the experiment's Config.
+        overrides: ``["key=value", ...]`` or a dict, applied to the experiment's Config
+            (over the bundled model's own defaults, when it has some:
+            :attr:`Experiment.model_defaults`).
         runs_dir: the run store (``--out``); default :func:`workbench.core.paths.runs_dir`.
         dtype: dtype to load the model in.
         reuse: return an existing complete run with the same experiment, model, config,
@@ -239,8 +263,13 @@ def run_experiment(name: str, model: str | Model | None,
         error) and the exception propagates.
     """
     exp = get(name)
-    cfg = check_config(apply_overrides(exp.config, dict(overrides)
-                                       if isinstance(overrides, Mapping) else list(overrides)))
+    model_name = model if isinstance(model, str) else model.info.name if model else None
+    own = exp.defaults_for(model_name)
+    cfg = check_config(apply_overrides(exp.config, dict(overrides) if isinstance(
+        overrides, Mapping) else list(overrides), base=apply_overrides(exp.config, own)))
+    if own:
+        log.info("%s's own defaults for %s: %s", model_name, name,
+                 ", ".join(f"{k}={v}" for k, v in own.items()))
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
     store = RunStore(paths.runs_dir(runs_dir))

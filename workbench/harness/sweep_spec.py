@@ -486,7 +486,8 @@ def _cell(index: int, draft: _Draft, base: str) -> Cell:
     if seed is not None and "seed" not in field_names:
         raise SpecError(f"experiment '{exp.name}' has no seed field, so the sweep cannot set "
                         "seeds for it; drop seeds or give it its own [[cells]]")
-    overrides = {**exp.named_config(base), **draft.fixed, **draft.values}
+    own = ref.name if ref is not None else None  # a bundled model's own defaults, if any
+    overrides = {**exp.named_config(base, own), **draft.fixed, **draft.values}
     if seed is not None:
         overrides["seed"] = seed
     skip = _refusal(exp, ref)

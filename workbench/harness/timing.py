@@ -56,18 +56,13 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
     Returns:
         One :class:`WallTime` per (config, model) that has such a run, default first.
     """
-    default = stored_form(exp.config())
-    demo = stored_form(apply_overrides(exp.config, dict(exp.demo)))
-    named: dict[ConfigName, dict[str, Any]] = {"default": default}
-    if demo != default:  # a demo that is the default is timed once, as the default
-        named["demo"] = demo
     newest: dict[tuple[ConfigName, str], WallTime] = {}
     for run in store.runs(experiment=exp.name, status="complete"):
         dtype = run.meta.model.dtype if run.meta.model else "float32"
         if run.meta.interventions or dtype != "float32" or (
                 seconds := run.seconds) is None:
             continue
-        for name, cfg in named.items():
+        for name, cfg in _named(exp, run.model_name).items():
             if run.config != cfg:
                 continue
             model = run.model_name or "-"
@@ -78,3 +73,11 @@ def wall_times(exp: Experiment, store: RunStore) -> list[WallTime]:
                 newest[(name, model)] = WallTime(name, model, seconds, run.id, ended, cpus,
                                                  run.meta.busy, run.meta.load_note)
     return sorted(newest.values(), key=lambda t: (t.config != "default", t.model))
+
+
+def _named(exp: Experiment, model: str | None) -> dict[ConfigName, dict[str, Any]]:
+    """The default and demo configs on ``model`` (its own defaults under both), as a run
+    stores them; a demo that is the default is timed once, as the default."""
+    default, demo = (stored_form(apply_overrides(exp.config, exp.named_config(name, model)))
+                     for name in ("default", "demo"))
+    return {"default": default} | ({"demo": demo} if demo != default else {})
