@@ -145,7 +145,7 @@ def _estimated(step: DemoStep, store: RunStore, fresh: bool) -> DemoStep:
             newest.meta.workbench_version == provenance.workbench_version()))
     exp = get_experiment(step.name)
     # wall_times names the demo config "default" when it is the default
-    named = "demo" if _demo_differs(exp) else "default"
+    named = "demo" if _demo_differs(exp, step.model) else "default"
     time = next((t for t in wall_times(exp, store)
                  if t.config == named and t.model == (step.model or "-")), None)
     if time is None:
@@ -155,8 +155,12 @@ def _estimated(step: DemoStep, store: RunStore, fresh: bool) -> DemoStep:
                   reused=not fresh and version == provenance.workbench_version())
 
 
-def _demo_differs(exp: Experiment) -> bool:
-    return bool(apply_overrides(exp.config, dict(exp.demo)) != exp.config())
+def _demo_differs(exp: Experiment, model: str | None) -> bool:
+    """Whether the demo config differs from the default on ``model`` (whose own defaults
+    sit under both)."""
+    default, demo = (apply_overrides(exp.config, exp.named_config(name, model))
+                     for name in ("default", "demo"))
+    return bool(demo != default)
 
 
 def _timed(step: DemoStep, seconds: float, run_id: str, *, reused: bool) -> DemoStep:
