@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from workbench.core.errors import ConfigError, UnknownNameError
-from workbench.harness.config import param
+from workbench.harness.config import param, shared
 from workbench.harness.experiment import experiment, get, run_experiment
 from workbench.harness.sweep_spec import expand, parse_spec
 from workbench.models.base import Model
@@ -19,7 +19,7 @@ from workbench.store.schema import head_scores, tables
 class _Cfg:
     n: int = param(1, "a number", min=1, max=10)
     m: int = param(2, "another", min=1, max=10)
-    seed: int = param(0, "a seed", min=0, max=10)
+    seed: int = shared("seed")
 
 
 @experiment("test-model-defaults", config=_Cfg, tables=tables(head_scores("x")),

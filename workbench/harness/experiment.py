@@ -177,8 +177,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
         apply_overrides(config, dict(demo or {}))  # a broken demo config fails at import
         for model, overrides in (model_defaults or {}).items():
             zoo.MODELS.get(model)  # an unknown model fails at import, naming the bundled ones
-            apply_overrides(config, {**overrides, **dict(demo or {})})
-            apply_overrides(config, dict(overrides))
+            apply_overrides(config, dict(overrides))  # and so do its default
+            apply_overrides(config, {**overrides, **dict(demo or {})})  # and its demo
         EXPERIMENTS.register(name, Experiment(
             name=name, run=fn, config=config, description=doc[0] if doc else "",
             module=fn.__module__, tables=dict(tables), needs_model=needs_model,
