@@ -86,9 +86,6 @@ def _run_elsewhere(model, cfg, ctx=None):
     raise AssertionError
 
 
-_run_elsewhere.__module__ = __name__
-
-
 def test_head_pruning_states_gemma3s_own_defaults_in_its_help(tmp_path):
     from workbench.cli.experiments import experiment_help, set_text
 
