@@ -141,3 +141,19 @@ def test_listing_while_two_processes_finish_runs_sees_none_damaged(tmp_path):
     final = store.runs()
     assert len(final) == 2 * per_writer and {r.status for r in final} == {"complete"}
     assert seen > 0
+
+
+def test_a_new_run_never_takes_an_id_staged_or_finished_elsewhere(tmp_path, monkeypatch):
+    """Two processes starting runs in the same second can draw the same suffix: the id
+    another run is staging and the id of a finished run are both drawn again."""
+    from workbench.store import runs
+
+    store = RunStore(tmp_path / "runs")
+    (tmp_path / "runs" / runs.INCOMPLETE / "p-aaaa").mkdir(parents=True)  # being staged
+    (tmp_path / "runs" / "p-bbbb").mkdir()                                # finished
+    drawn = iter(["aaaa", "bbbb", "cccc"])
+    monkeypatch.setattr(runs.secrets, "token_hex", lambda n: next(drawn))
+    run_id, staging = store._claim_id("p")
+    assert (run_id, staging) == ("p-cccc", tmp_path / "runs" / runs.INCOMPLETE / "p-cccc")
+    assert staging.is_dir() and (tmp_path / "runs" / runs.INCOMPLETE / "p-aaaa").is_dir()
+    assert not (tmp_path / "runs" / runs.INCOMPLETE / "p-bbbb").exists()  # given back

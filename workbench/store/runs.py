@@ -79,6 +79,8 @@ INCOMPLETE = ".incomplete"
 RESERVE = ".run.json.reserve"
 """Room for the ``failed`` record, taken when a run starts, for when the disk fills up."""
 RESERVE_BYTES = 64 * 1024
+_ID_DRAWS = 64
+"""Suffixes drawn for a new run id before giving up (each taken one is drawn again)."""
 START_SLACK = 2.0
 """How far (seconds) a live process's start time may differ from the one recorded and it
 still be the run's writer (the kernel's clock tick and the float round trip)."""
@@ -450,6 +452,31 @@ class RunStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
+    def _claim_id(self, prefix: str) -> tuple[str, Path]:
+        """A new run id ``prefix-xxxx`` and its staging folder, which this call creates.
+
+        Processes that start runs in the same second can draw the same 16-bit suffix. The
+        staging ``mkdir`` is exclusive, so an id being staged elsewhere is refused there;
+        an id already moved into place is seen after it (the move is one atomic rename, so
+        one of the two checks always sees the other run).
+
+        Raises:
+            WorkbenchError: no free id after many draws.
+        """
+        (self.root / INCOMPLETE).mkdir(parents=True, exist_ok=True)
+        for _ in range(_ID_DRAWS):
+            run_id = f"{prefix}-{secrets.token_hex(2)}"
+            staging = self.root / INCOMPLETE / run_id
+            try:
+                staging.mkdir()
+            except FileExistsError:
+                continue
+            if not (self.root / run_id).exists():
+                return run_id, staging
+            staging.rmdir()
+        raise WorkbenchError(f"no free run id {prefix}-xxxx in {self.root} after "
+                             f"{_ID_DRAWS} draws")
+
     @contextmanager
     def start(self, experiment: str, model: ModelInfo | Mapping[str, Any] | None, config: Any,
               *, tables: Mapping[str, Table] | None = None,
@@ -478,19 +505,21 @@ class RunStore:
             ModelInfo.from_data(dict(model), what="the run's model")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         model_part = _slug(name) if name else (_slug(info.name) if info else "none")
-        run_id = f"{stamp}-{_slug(experiment)}-{model_part}-{secrets.token_hex(2)}"
+        run_id, staging = self._claim_id(f"{stamp}-{_slug(experiment)}-{model_part}")
         seed = cfg.get("seed")
-        meta = RunMeta.from_data({
-            "run_id": run_id, "experiment": experiment,
-            "model": info.to_data() if info else None, "config": cfg,
-            "seed": seed if isinstance(seed, int) else None,
-            "workbench_version": provenance.workbench_version(), **provenance.collect(),
-            "started_at": _now(), "load_at_start": provenance.load_average(),
-            "status": "running", "pid": os.getpid(),
-            "pid_started": process_started(), **(extra or {}),
-        }, what=RUN_JSON)
-        staging = self.root / INCOMPLETE / run_id
-        staging.mkdir(parents=True)
+        try:
+            meta = RunMeta.from_data({
+                "run_id": run_id, "experiment": experiment,
+                "model": info.to_data() if info else None, "config": cfg,
+                "seed": seed if isinstance(seed, int) else None,
+                "workbench_version": provenance.workbench_version(), **provenance.collect(),
+                "started_at": _now(), "load_at_start": provenance.load_average(),
+                "status": "running", "pid": os.getpid(),
+                "pid_started": process_started(), **(extra or {}),
+            }, what=RUN_JSON)
+        except BaseException:
+            staging.rmdir()
+            raise
         active = ActiveRun(staging, self.root / run_id, meta, tables or {})
         try:
             durable.reserve(staging / RESERVE, RESERVE_BYTES)
