@@ -2,11 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 
 import pytest
 
 from tests import tiny
+
+
+@contextlib.contextmanager
+def _signals_kept():
+    """Put SIGINT and SIGTERM back as they were before the block."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers():
+    """Each test leaves SIGINT and SIGTERM as it found them: a test in this process that
+    changes one (a command under test installs its own) must not decide how a later test
+    is interrupted."""
+    with _signals_kept():
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _signal_handlers_of_the_module():
+    """The same around a module's fixtures (a module-wide ``ray.init`` takes SIGTERM over
+    before its first test starts and after its last ends)."""
+    with _signals_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,11 @@ CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
                  "--disable-quic"]
+WAIT = 300.0
+"""The longest a test waits for a state of a page (a figure drawn, a table filled): a bound
+on a hang, not a speed, so that a loaded machine is slow, not failing."""
+START_WAIT = 300.0
+"""The longest a test waits for a served dashboard to answer."""
 
 
 def free_port() -> int:
@@ -32,7 +37,7 @@ def serve(runs_dir) -> tuple[subprocess.Popen, str]:
         [sys.executable, "-m", "workbench", "--quiet", "dashboard", "--runs", str(runs_dir),
          "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
+    deadline = time.time() + START_WAIT
     while time.time() < deadline:
         try:
             urllib.request.urlopen(url, timeout=1)
@@ -42,7 +47,7 @@ def serve(runs_dir) -> tuple[subprocess.Popen, str]:
                 raise RuntimeError(f"dashboard exited: {proc.stdout.read()}") from None
             time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("dashboard did not start within 60 s")
+    raise RuntimeError(f"dashboard did not start within {START_WAIT:g} s")
 
 
 def stop(proc: subprocess.Popen, grace: float = 60) -> None:
@@ -71,6 +76,7 @@ def browser():
 @pytest.fixture
 def page(browser):
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    context.set_default_timeout(WAIT * 1000)  # every wait of the page is bounded, not timed
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -88,7 +94,7 @@ def choose(page, dropdown_id: str, option: str) -> None:
         has=page.get_by_text(option, exact=True)).first.click()
 
 
-def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = 45) -> dict:
+def figure(page, graph_id: str, *, title_contains: str = "", timeout: float = WAIT) -> dict:
     """The Plotly figure (data and layout) rendered in ``graph_id``, once its title matches."""
     script = """([id, want]) => {
         const el = document.querySelector(`#${id} .js-plotly-plot`);
@@ -144,7 +150,7 @@ def offers_exports(page, graph_id: str, run_id: str) -> None:
     assert page.locator(".wb-download button:text-is('CSV')").count() == 1
 
 
-def class_marks(page, graph_id: str, *, name: str, timeout: float = 45) -> set[tuple[int, int]]:
+def class_marks(page, graph_id: str, *, name: str, timeout: float = WAIT) -> set[tuple[int, int]]:
     """The ``(layer, head)`` cells marked on a heatmap by its trace ``name`` (a head class at
     a rate, :mod:`dashboards.components.head_classes`), once that trace is drawn."""
     script = """([id, name]) => {

@@ -8,7 +8,7 @@ import pytest
 
 from tests import tiny
 from tests.architectures.families import build
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
+from tests.browser.conftest import WAIT, as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 
 SMALL = {"n_prompts": 2, "seq_len": 4, "distances": (4, 8, 12, 24), "n_boot": 20}
@@ -60,7 +60,7 @@ def test_another_head_and_the_layer_and_loss_figures(page, served):
     choose(page, "distance-heads", name)
     page.wait_for_function(
         "name => document.querySelector('#distance-curves .js-plotly-plot')?.data"
-        "?.some(t => t.name && t.name.startsWith(name))", arg=name, timeout=45_000)
+        "?.some(t => t.name && t.name.startsWith(name))", arg=name, timeout=WAIT * 1000)
     fig = figure(page, "distance-curves", title_contains="against the distance")
     assert [t["name"] for t in fig["data"] if t.get("name")][-1] == (
         f"{name} ({extra.layer_type})")

@@ -1,6 +1,6 @@
-"""The Live page: a typed prompt is recorded by the server and its heads drawn, timed from
-the click on Record to the pattern figure (on the tiny Llama, a local model folder the
-store knows from an earlier run)."""
+"""The Live page: a typed prompt is recorded by the server and its heads drawn (on the tiny
+Llama, a local model folder the store knows from an earlier run). The time from the click
+on Record to the figure is kept in the JUnit report; ``benchmarks/live.py`` measures it."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from workbench.recording.record import Recording, record
 from workbench.store.runs import RunStore
 
 PROMPT = "The cat sat on the mat. The cat sat on the mat again."
-BUDGET = 60.0
-"""Seconds from the click to the figure that the tiny model must stay under."""
+WAIT = 600.0
+"""The longest the test waits for a figure: a bound on a hang, not a speed."""
 
 
 @pytest.fixture
@@ -50,10 +50,8 @@ def test_a_typed_prompt_is_recorded_and_its_best_head_drawn(live_url, page, live
     page.fill("#live-text", PROMPT)
     start = time.perf_counter()
     page.click("#live-submit")
-    fig = figure(page, "live-pattern", title_contains="layer", timeout=BUDGET)
-    elapsed = time.perf_counter() - start
-    record_property("submit_to_figure_s", round(elapsed, 2))  # in --junitxml
-    assert elapsed < BUDGET
+    fig = figure(page, "live-pattern", title_contains="layer", timeout=WAIT)
+    record_property("submit_to_figure_s", round(time.perf_counter() - start, 2))  # --junitxml
 
     run_id = page.inner_text("#live-run-link")
     run = RunStore(runs).get(run_id)
@@ -80,7 +78,7 @@ def test_a_typed_prompt_is_recorded_and_its_best_head_drawn(live_url, page, live
     page.fill("#live-text", second)
     start = time.perf_counter()
     page.click("#live-submit")
-    figure(page, "live-row", title_contains=f"query {n2 - 1} ", timeout=BUDGET)
+    figure(page, "live-row", title_contains=f"query {n2 - 1} ", timeout=WAIT)
     record_property("warm_submit_to_figure_s", round(time.perf_counter() - start, 2))
     again = RunStore(runs).get(page.inner_text("#live-run-link"))
     assert again.status == "complete" and again.id != run_id

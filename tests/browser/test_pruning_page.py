@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
+from tests.browser.conftest import WAIT, as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.store import schema
 from workbench.store.runs import RunStore
@@ -49,7 +49,7 @@ def grid(df, value="score"):
 def test_importance_and_curves(page, served):
     url, run = served
     page.goto(f"{url}/pruning?run={run.id}")
-    fig = figure(page, "pruning-importance", title_contains="importance_gradient", timeout=60)
+    fig = figure(page, "pruning-importance", title_contains="importance_gradient")
     scores = run.table("head_scores")
     np.testing.assert_allclose(as_array(fig["data"][0]["z"]),
                                grid(scores[scores.metric == "importance_gradient"]), rtol=1e-5)
@@ -71,7 +71,7 @@ def test_importance_and_curves(page, served):
 def test_mask_at_a_budget_and_survival_steps(page, served):
     url, run = served
     page.goto(f"{url}/pruning?run={run.id}")
-    figure(page, "pruning-mask", title_contains="budget 25%", timeout=60)
+    figure(page, "pruning-mask", title_contains="budget 25%")
     choose(page, "pruning-budget", "50%")
     fig = figure(page, "pruning-mask", title_contains="budget 50%")
     masks = run.table("masks")
@@ -103,7 +103,7 @@ def test_mask_at_a_budget_and_survival_steps(page, served):
 def test_kinds_of_heads_show_the_stored_join(page, served):
     url, run = served
     page.goto(f"{url}/pruning?run={run.id}")
-    page.wait_for_selector("#pruning-kinds-table td", timeout=60_000)
+    page.wait_for_selector("#pruning-kinds-table td", timeout=WAIT * 1000)
     text = page.inner_text("#pruning-kinds-table")
     assert "induction" in text and "L1H3, L1H2" in text
     # the join, recomputed here from the stored order
@@ -117,7 +117,7 @@ def test_kinds_of_heads_show_the_stored_join(page, served):
 def test_figures_come_before_the_summary_which_is_collapsed(page, served):
     url, run = served
     page.goto(f"{url}/pruning?run={run.id}")
-    figure(page, "pruning-importance", title_contains="importance_gradient", timeout=60)
+    figure(page, "pruning-importance", title_contains="importance_gradient")
     lines = run.meta.summary
     page.wait_for_function("() => document.querySelector('#pruning-summary-title')"
                            f".innerText.includes('({len(lines)} lines)')")
@@ -136,7 +136,7 @@ def test_the_speed_up_shows_its_median_range_and_load(page, served):
     url, run = served
     speed = run.table("speedup")
     page.goto(f"{url}/pruning?run={run.id}")
-    page.wait_for_selector("#pruning-speed-table td", timeout=60_000)
+    page.wait_for_selector("#pruning-speed-table td", timeout=WAIT * 1000)
     headers = [h.strip() for h in page.locator("#pruning-speed-table th").all_inner_texts()]
     assert {"speedup", "speedup range", "full range", "removed range", "load",
             "busy"} <= set(headers)

@@ -110,7 +110,7 @@ def test_clicking_a_cell_links_to_its_run(page, served):
     page.mouse.move(x, y)  # plotly reports the point under the pointer on click
     page.mouse.click(x, y)
     link = page.locator("#sweeps-open-link")
-    link.wait_for(timeout=20_000)
+    link.wait_for()
     cells = run.table("cells").sort_values(["series", "step"])
     first = cells.run_id.iloc[0]
     assert link.get_attribute("href").endswith(f"?run={first}")

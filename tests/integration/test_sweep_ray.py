@@ -17,13 +17,13 @@ import duckdb
 import pandas as pd
 import pytest
 
-from tests import tiny
+from tests import gated, tiny
 from workbench.core.errors import WorkbenchError
 from workbench.harness import sweep, sweep_ray
 from workbench.harness.experiment import run_experiment
 from workbench.harness.sweep_spec import expand, parse_spec
 from workbench.models.load import load_model
-from workbench.store.runs import INCOMPLETE, RunStore
+from workbench.store.runs import RunStore
 
 SMALL = {"n_prompts": 3, "n_repeated": 3, "n_tokens": 24, "seq_len": 6, "n_boot": 30}
 
@@ -98,31 +98,28 @@ def test_a_failing_cell_leaves_the_others_complete(ray_local, folders, runs_dir)
     assert set(result.table("scores").cell) == set(good.cell)
 
 
-def _kill_slow_cell(root: Path, stop: threading.Event, killed: list[int]) -> None:
-    """Kill (SIGKILL) the worker running the slow cell (``n_boot = 3000``) once its run
-    is in the store."""
-    while not stop.is_set() and not killed:
-        for folder in (root / INCOMPLETE).glob("*"):
-            try:
-                meta = RunStore(root).get(folder).meta
-            except WorkbenchError:
-                continue
-            pid = meta.pid
-            if meta.config.get("n_boot") == 3000 and isinstance(pid, int):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                return
+def _kill_held_cell(gate: Path, stop: threading.Event, killed: list[int]) -> None:
+    """Kill (SIGKILL) the worker running the held cell once it holds at its gate."""
+    while not stop.is_set():
+        for marker in gated.held(gate):
+            pid = int(marker.read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
         time.sleep(0.02)
 
 
-def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_dir):
-    # one slow cell, so that it is still running when it is killed
+def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_dir, tmp_path,
+                                                       monkeypatch):
+    # one cell held at a shut gate, so that it is certainly running when it is killed
+    for name, value in gated.ENV.items():
+        monkeypatch.setenv(name, value)
+    gate = tmp_path / "gate"
     spec = _spec(folders, seeds=[0, 1], cells=[{
-        "experiment": "previous-token-heads", "model": str(folders[0]),
-        "set": {**SMALL, "n_prompts": 64, "n_tokens": 256, "n_boot": 3000}}])
+        "experiment": gated.NAME, "model": str(folders[0]), "set": {"gate": str(gate)}}])
     cells = expand(spec, runs_dir)
     stop, killed = threading.Event(), []
-    watcher = threading.Thread(target=_kill_slow_cell, args=(runs_dir, stop, killed))
+    watcher = threading.Thread(target=_kill_held_cell, args=(gate, stop, killed))
     watcher.start()
     try:
         first = sweep.run_sweep(spec, cells, runs_dir=runs_dir)
@@ -132,8 +129,9 @@ def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_
     assert killed
     table = first.table("cells")
     dead = table[table.status == "failed"]
-    assert len(dead) == 1 and "died" in dead.error.iloc[0]
+    assert dead.experiment.tolist() == [gated.NAME] and "died" in dead.error.iloc[0]
     assert (table.status == "complete").sum() == len(cells) - 1
+    (gate / gated.OPEN).touch()  # the rerun's cell passes its gate
     again = sweep.run_sweep(spec, cells, runs_dir=runs_dir).table("cells")
     assert again.status.value_counts().to_dict() == {"reused": len(cells) - 1, "complete": 1}
     assert again.loc[dead.index[0], "status"] == "complete"
@@ -141,30 +139,36 @@ def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_
     assert again.run_id[kept.index].tolist() == kept.tolist()  # reused, not redone
 
 
-def test_ctrl_c_cancels_running_cells_and_marks_them_failed(ray_local, folders, runs_dir):
-    # cells of several seconds each on the tiny model, so that the running ones are still
-    # running when the interrupt lands, even on a loaded machine
-    spec = _spec(folders, seeds=[0, 1, 2], set={**SMALL, "n_prompts": 512, "n_tokens": 256,
-                                                 "n_repeated": 256, "seq_len": 100,
-                                                 "n_boot": 3000})
+def test_ctrl_c_cancels_running_cells_and_marks_them_failed(ray_local, folders, runs_dir,
+                                                            tmp_path, monkeypatch, caplog):
+    # three cells held at a gate the test never opens: two run (2 slots), one waits, and
+    # Ctrl-C lands once both running cells hold, whatever the machine's speed
+    for name, value in gated.ENV.items():
+        monkeypatch.setenv(name, value)
+    gate = tmp_path / "gate"
+    spec = parse_spec({"experiments": [gated.NAME], "models": [str(folders[0])],
+                       "seeds": [0, 1, 2], "set": {"gate": str(gate)}})
     cells = expand(spec, runs_dir)
 
     def interrupt(progress: sweep.Progress) -> None:
-        if progress.running and list((runs_dir / INCOMPLETE).glob("*-previous-token-*")):
+        if progress.running == 2 and len(gated.held(gate)) == 2:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with caplog.at_level("WARNING", logger=sweep.__name__), pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(spec, cells, runs_dir=runs_dir, on_progress=interrupt)
     store = RunStore(runs_dir)
     (swept,) = store.runs(experiment="sweep")
     assert swept.status == "failed"
-    table = swept.table("cells")
-    assert set(table.status) <= {"cancelled", "not run", "complete"}
-    assert "not run" in set(table.status)
-    cancelled = table[table.status == "cancelled"]
-    assert len(cancelled) >= 1
-    for run_id in cancelled.run_id[cancelled.run_id != ""]:
-        assert store.get(run_id).status == "failed"  # never left looking complete
+    table = swept.table("cells").set_index("seed")
+    held = sorted(int(p.name.split("-")[1]) for p in gated.held(gate))
+    assert table.status.to_dict() == {s: "cancelled" if s in held else "not run"
+                                      for s in (0, 1, 2)}
+    for seed in held:  # each cancelled cell's run is stored as failed, never complete
+        run = store.get(table.run_id[seed])
+        assert run.status == "failed" and run.config["seed"] == seed
+    assert table.run_id[({0, 1, 2} - set(held)).pop()] == ""
+    # the log says what happened to the running cells, as the table does
+    assert "2 cells cancelled, 0 ended on their own first" in caplog.text
 
 
 def test_a_store_the_workers_cannot_write_fails_at_once(ray_local, tmp_path):

@@ -441,6 +441,9 @@ def test_sigint_to_a_serving_dashboard_exits_130(capsys, monkeypatch, runs_dir):
         raise AssertionError("SIGINT was not handled")
 
     before = signal.getsignal(signal.SIGINT)
+    # Python's own handler, as a fresh process has it: whatever ran before in this process
+    # left it so (tests/conftest.py puts it back after each test)
+    assert before is signal.default_int_handler
     monkeypatch.setattr(dashboards.app, "serve", serve)
     status, _, err = cli(capsys, "dashboard", "--runs", str(runs_dir))
     assert status == 130 and err.strip().splitlines()[-1] == "error: interrupted"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import gated
 from tests.robustness.test_cli_inputs import check_refused, stored
 from tests.tiny import cli
 from workbench.core.paths import REPO_ROOT
@@ -330,47 +331,40 @@ def test_the_dry_run_shows_skipped_cells_with_the_runs_reason(capsys, tmp_path, 
 
 # ---- SIGTERM ---------------------------------------------------------------------------------
 
-def _sigterm_spec(folder: Path, path: Path) -> None:
-    """One quick cell, then three slow ones (about 5 s each on the tiny model, 2 cores)."""
-    slow = "n_prompts = 256, n_tokens = 256, n_repeated = 256, seq_len = 200, n_boot = 10000"
-    cells = [f'[[cells]]\nexperiment = "previous-token-heads"\nmodel = "{folder}"\n'
-             f"set = {{ n_prompts = 2, n_tokens = 8, n_repeated = 2, seq_len = 4, n_boot = 2, "
-             "seed = 0 }\n"]
-    cells += [f'[[cells]]\nexperiment = "previous-token-heads"\nmodel = "{folder}"\n'
-              f"set = {{ {slow}, seed = {s} }}\n" for s in (1, 2, 3)]
+def _sigterm_spec(folder: Path, path: Path, opened: Path, shut: Path) -> None:
+    """Cell 0 passes its open gate at once; cells 1-3 hold at a gate never opened."""
+    cells = [f'[[cells]]\nexperiment = "{gated.NAME}"\nmodel = "{folder}"\n'
+             f'set = {{ gate = "{gate}", seed = {seed} }}\n'
+             for seed, gate in enumerate([opened, shut, shut, shut])]
     path.write_text("\n".join(cells))
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_sigterm_ends_a_sweep_as_ctrl_c_does(tmp_path, llama_folder):
     """A local Ray started by the CLI itself (whose ``ray.init`` installs its own SIGTERM
-    handler); SIGTERM once a cell is complete and another running."""
+    handler); SIGTERM once a cell is complete and another holds, running."""
     pytest.importorskip("ray")
     runs = tmp_path / "runs"
     spec = tmp_path / "spec.toml"
-    _sigterm_spec(llama_folder, spec)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WORKBENCH_RUNS_DIR": str(runs)}
+    opened, shut = tmp_path / "opened", tmp_path / "shut"
+    opened.mkdir()
+    (opened / gated.OPEN).touch()
+    _sigterm_spec(llama_folder, spec, opened, shut)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WORKBENCH_RUNS_DIR": str(runs),
+           **gated.ENV}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "--quiet", "sweep", str(spec),
                              "--out", str(runs)], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        def one_done_one_running() -> bool:
-            done = [p for p in runs.glob("*-previous-token-heads-*") if p.is_dir()]
-            running = list((runs / INCOMPLETE).glob("*-previous-token-heads-*"))
-            return bool(done) and bool(running)
+        def one_done_one_held() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the sweep ended first: {proc.communicate()[1]}")
+            done = [p for p in runs.glob(f"*-{gated.NAME}-*") if p.is_dir()]
+            return bool(done) and bool(gated.held(shut))
 
-        assert _wait_for(one_done_one_running, 240), proc.stderr and proc.poll()
+        gated.wait_until(one_done_one_held)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=600)  # a bound on a hang, not a speed
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -386,7 +380,8 @@ def test_sigterm_ends_a_sweep_as_ctrl_c_does(tmp_path, llama_folder):
     table = swept.table("cells").set_index("cell")
     assert set(table.status) <= {"complete", "cancelled", "not run"}, table.status
     assert table.status[0] == "complete"
-    assert "cancelled" in set(table.status)
+    held = {int(p.name.split("-")[1]) for p in gated.held(shut)}
+    assert held and all(table.status[seed] == "cancelled" for seed in held), table.status
     for row in table.itertuples():
         run = store.get(row.run_id) if row.run_id else None
         if row.status == "complete":  # a cell that completed says so, and its run is whole

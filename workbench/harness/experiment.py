@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
@@ -194,18 +195,34 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
 
 _discovered = False
 
+EXTRA_EXPERIMENTS = "WORKBENCH_EXPERIMENTS"
+"""The environment variable naming more modules to import for their experiments
+(comma-separated, importable module names): experiments kept outside ``experiments/``.
+A sweep passes it to its Ray workers, so their cells see the same experiments."""
+
 
 def discover() -> None:
-    """Import every experiment package in ``experiments/`` so that each registers itself."""
-    global _discovered
-    if _discovered:
-        return
-    import experiments
+    """Import every experiment package in ``experiments/``, then every module named in
+    ``WORKBENCH_EXPERIMENTS``, so that each registers itself.
 
-    for info in pkgutil.iter_modules(experiments.__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"experiments.{info.name}")
-    _discovered = True
+    Raises:
+        WorkbenchError: a module named in ``WORKBENCH_EXPERIMENTS`` cannot be imported.
+    """
+    global _discovered
+    if not _discovered:
+        import experiments
+
+        for info in pkgutil.iter_modules(experiments.__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"experiments.{info.name}")
+        _discovered = True
+    for module in filter(None, (m.strip() for m in os.environ.get(EXTRA_EXPERIMENTS, "")
+                                .split(","))):
+        try:
+            importlib.import_module(module)  # imported once: later calls find it loaded
+        except ImportError as exc:
+            raise WorkbenchError(f"{EXTRA_EXPERIMENTS}: cannot import {module!r}: "
+                                 f"{exc}") from None
 
 
 OTHER_RUN_KINDS = ("record", "reproduce", "sweep")

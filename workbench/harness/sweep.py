@@ -292,8 +292,11 @@ def _schedule(todo: Sequence[Cell], outcomes: dict[int, Outcome], total: int, sl
         # Inside ray.wait Ray turns any KeyboardInterrupt into a plain one, so the cause
         # is named only when the exception still says it
         why = f"the sweep was interrupted{f' ({exc})' if str(exc) else ''}"
-        log.warning("%s: cancelling %d running cells", why, len(running))
-        _cancel(ray, running, outcomes, why)
+        log.warning("%s: stopping %d running cells", why, len(running))
+        cancelled = _cancel(ray, running, outcomes, why)
+        # said after the fact: a cell may end on its own between the signal and the cancel
+        log.warning("%d cells cancelled, %d ended on their own first", cancelled,
+                    len(running) - cancelled)
         for cell in queue:
             outcomes[cell.index] = Outcome(cell.index, "not run",
                                            error=f"{why} before it started")
@@ -314,10 +317,14 @@ def _collect(ray: Any, ref: Any, cell: Cell) -> Outcome:
 
 
 def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome],
-            why: str) -> None:
+            why: str) -> int:
     """Interrupt the running cells (their runs are stored as failed), wait for them to end,
     then kill any that would not. A task that has already ended is not cancelled (Ray
-    aborts the driver when a cancel races a task's completion)."""
+    aborts the driver when a cancel races a task's completion).
+
+    Returns:
+        How many cells ended cancelled (the others ended on their own, with their outcome).
+    """
     ended, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
     for ref in running:
         if ref not in ended:
@@ -332,6 +339,7 @@ def _cancel(ray: Any, running: dict[Any, Cell], outcomes: dict[int, Outcome],
             outcome = ray.get(ref, timeout=0) if ref in ready else None   # keeps its outcome
         outcomes[cell.index] = outcome or Outcome(
             cell.index, "cancelled", error=f"cancelled: {why}")
+    return sum(outcomes[cell.index].status == "cancelled" for cell in running.values())
 
 
 # ---- the sweep's tables -------------------------------------------------------------------

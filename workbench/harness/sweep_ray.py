@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 
 CACHED_MODELS = 2
 """Models a worker keeps loaded (the least recently used beyond this are dropped)."""
-ENV_PASSED = ("WORKBENCH_RUNS_DIR", "WORKBENCH_CACHE", "WORKBENCH_DATA_DIR", "HF_HOME",
-              "HF_HUB_OFFLINE")
+ENV_PASSED = ("WORKBENCH_RUNS_DIR", "WORKBENCH_CACHE", "WORKBENCH_DATA_DIR",
+              "WORKBENCH_EXPERIMENTS", "HF_HOME", "HF_HUB_OFFLINE")
 """Environment a cell needs to see as the driver does (set in each task)."""
 MAX_CELL_CPUS = 1024
 MAX_CELL_GPUS = 64
