@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dash
 import flask
@@ -30,19 +32,35 @@ ROUTER = ".._pages_content.children..._pages_store.data.."
 """The callback of Dash's pages that answers an address with its page's layout."""
 ADDRESS = Text(max_chars=10 * MAX_CHARS)
 """The router's address and query: text, as a browser's location always is."""
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+"""The names a request may give the server by, whatever ``--host`` and ``--allowed-hosts``."""
+CLOSE_WAIT = 30.0
+"""Seconds a shutting-down server gives the Live page's running job to stop and be stored
+as failed."""
 
 
 def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0.1",
-               device: str = "cpu") -> Dash:
+               device: str = "cpu", allowed_hosts: Sequence[str] = (),
+               live_models: Sequence[str] = ()) -> Dash:
     """The dashboard over the run store in ``runs_dir``.
+
+    Every request must name the server by an allowed host (:func:`allowed_names`), and a
+    request from a page (it has an ``Origin``) must come from the dashboard's own origin:
+    a page elsewhere, or one that rebinds its own name to this machine's address, is
+    answered 403 before anything runs.
 
     Args:
         runs_dir: the run store.
         live: serve the Live page's recordings (:func:`live_allowed` says when the command
             does); off, the page says why.
-        host: where the app is served, for the Live page's word on why it is off.
+        host: where the app is served, for the Live page's word on why it is off, and
+            an allowed name of the server.
         device: the torch device the Live page's models load on (checked by the caller:
             :func:`workbench.core.devices.check_device`).
+        allowed_hosts: more names the server may be reached by (``--allowed-hosts``: a
+            name a proxy or the network gives it).
+        live_models: models the Live page offers beside the bundled ones
+            (``--live-model``; checked by the caller: :func:`workbench.harness.live.known_models`).
 
     Example:
         >>> serve(create_app("data/runs", live=True), "127.0.0.1", 8050)   # doctest: +SKIP
@@ -52,10 +70,14 @@ def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0
     app.server.config["WORKBENCH_RUNS_DIR"] = str(runs_dir)
     app.server.config["WORKBENCH_LIVE_OFF"] = None if live else live_off(host)
     app.server.config["WORKBENCH_LIVE_DEVICE"] = device
+    app.server.config["WORKBENCH_ALLOWED_HOSTS"] = allowed_names(host, allowed_hosts)
+    app.server.config["WORKBENCH_PROXY_HOSTS"] = frozenset(map(_name, allowed_hosts))
     if live:
         from workbench.harness.live import LiveQueue
 
-        app.server.extensions["workbench_live"] = LiveQueue(runs_dir)
+        offered = [*live_models]
+        app.server.extensions["workbench_live"] = LiveQueue(
+            runs_dir, models=lambda: known_models(offered))
     app.layout = html.Div(className="wb", children=[
         html.Header(className="wb-nav", children=[
             html.Span("workbench", className="wb-brand"),
@@ -66,8 +88,93 @@ def create_app(runs_dir: str | Path, *, live: bool = False, host: str = "127.0.0
         ]),
         html.Main(dash.page_container),
     ])
+    app.server.before_request(_refuse_foreign_requests)  # first: before anything reads one
     app.server.before_request(lambda: _refuse_bad_address(app))
     return app
+
+
+def known_models(extra: Sequence[str]) -> list[str]:
+    from workbench.harness.live import known_models as known
+
+    return known(extra)
+
+
+def _name(host: str) -> str:
+    """A host name as compared: lower case, without a trailing dot or IPv6 brackets."""
+    return host.strip().lower().rstrip(".").strip("[]")
+
+
+def allowed_names(host: str, extra: Sequence[str] = ()) -> frozenset[str]:
+    """The names a request's ``Host`` may give the server: the loopback names, ``host``
+    itself when it is one address (not ``0.0.0.0`` or ``::``, every interface), and
+    ``extra`` (``--allowed-hosts``)."""
+    names = {*LOOPBACK_NAMES, *map(_name, extra)}
+    if _name(host) not in ("", "0.0.0.0", "::"):
+        names.add(_name(host))
+    return frozenset(names)
+
+
+def _host_of(netloc: str) -> str | None:
+    """The host name of ``host[:port]`` (``None``: not one)."""
+    try:
+        return urlsplit(f"//{netloc}").hostname
+    except ValueError:
+        return None
+
+
+def _allowed(name: str | None, allowed: frozenset[str]) -> bool:
+    if name is None:
+        return False
+    if _name(name) in allowed:
+        return True
+    try:  # any 127.x.x.x: only this machine reaches it, and no page can rebind it
+        return ipaddress.ip_address(_name(name)).is_loopback
+    except ValueError:
+        return False
+
+
+def foreign_request_problem(host: str, origin: str | None, allowed: frozenset[str],
+                            proxies: frozenset[str] = frozenset(),
+                            scheme: str = "http") -> str | None:
+    """Why a request is refused (``None``: it is not).
+
+    Args:
+        host: its ``Host`` header (``name[:port]``).
+        origin: its ``Origin`` header, which a browser sends with a page's requests.
+        allowed: the names the server may be reached by (:func:`allowed_names`).
+        proxies: the names given by ``--allowed-hosts``, whose pages may send requests
+            whose ``Host`` a proxy rewrote.
+        scheme: the request's scheme (an origin differs by scheme, host or port).
+    """
+    name = _host_of(host)
+    if not _allowed(name, allowed):
+        return (f"the server is not reached as {shown(name or host)}; it answers to "
+                f"{', '.join(sorted(allowed))} (--allowed-hosts adds a name)")
+    if origin is None:
+        return None
+    source = urlsplit(origin) if origin != "null" else None
+    from_name = source.hostname if source is not None else None
+    if (source is not None and from_name and source.scheme == scheme
+            and source.netloc.lower() == host.lower()):
+        return None  # the dashboard's own pages
+    if from_name is not None and _name(from_name) in proxies:
+        return None
+    return f"a request from the page {shown(origin)}, not from this dashboard, is refused"
+
+
+def _refuse_foreign_requests() -> flask.Response | None:
+    """Answer 403 to a request that names the server by a name it does not answer to (a
+    page that rebound its own name to this machine), or that a page of another origin
+    sent, before Dash or a page reads it."""
+    config = flask.current_app.config
+    request = flask.request
+    problem = foreign_request_problem(request.host, request.headers.get("Origin"),
+                                      config["WORKBENCH_ALLOWED_HOSTS"],
+                                      config["WORKBENCH_PROXY_HOSTS"], request.scheme)
+    if problem is None:
+        return None
+    log.warning("refused %s %s: %s", request.method, request.path, problem)
+    return flask.Response(f"refused: {problem}\n", status=403, mimetype="text/plain")
 
 
 def _address_problem(app: Dash, body: object) -> str | None:
@@ -176,12 +283,24 @@ def serve(app: Dash, host: str, port: int, debug: bool = False,
         raise WorkbenchError(f"--port {port} is not a port; expected 1..65535")
     if warning:
         log.warning("%s", warning)
-    if debug:
-        app.run(host=host, port=port, debug=True)
-        return
-    without_debugger(app)
-    app.run(host=host, port=port, debug=False, **DEV_TOOLS_OFF,
-            use_reloader=False, use_debugger=False, use_evalex=False)
+    try:
+        if debug:
+            app.run(host=host, port=port, debug=True)
+            return
+        without_debugger(app)
+        app.run(host=host, port=port, debug=False, **DEV_TOOLS_OFF,
+                use_reloader=False, use_debugger=False, use_evalex=False)
+    finally:  # Ctrl-C, SIGTERM or an error: the Live page's jobs end, their runs say why
+        close_live(app)
+
+
+def close_live(app: Dash, timeout: float = CLOSE_WAIT) -> None:
+    """Close the Live page's queue, if the app serves one: waiting jobs are dropped, a
+    running one stops at its next layer and its run is stored as failed, saying the
+    dashboard was shut down."""
+    queue = app.server.extensions.get("workbench_live")
+    if queue is not None and not queue.close(timeout, "the dashboard was shut down"):
+        log.warning("a Live job did not stop within %g s; its run is left running", timeout)
 
 
 def without_debugger(app: Dash) -> None:

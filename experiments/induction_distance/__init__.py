@@ -299,14 +299,38 @@ on 2 cores, so four prompts took 19 min 6 s and two 9 min 47 s. Over two prompts
 interval is their range, no more (``--set n_prompts=4`` for four)."""
 
 
-@experiment("induction-distance", config=Config, tables=TABLES, requires="causal_lm",
-            demo={"n_prompts": 2, "max_tokens": 1024, "n_boot": 200},
-            demo_models=("smollm2", "gemma3"), model_defaults=MODEL_DEFAULTS)
-def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
-    """Every head's induction score, and the loss drop, as the earlier copy moves away."""
+@dataclass(frozen=True)
+class Plan:
+    """The distances a run measures and the sequences it builds its prompts from."""
+
+    frame: int
+    distances: list[int]
+    seqs: Sequences
+
+
+def plan(model: Model, cfg: Config) -> Plan:
+    """The model-dependent checks, before a run exists, and the inputs they build.
+
+    Raises:
+        WorkbenchError: ``max_tokens`` beyond the model's context, or a grid that cannot
+            be measured on it (:func:`grid`).
+    """
+    if cfg.max_tokens > model.info.n_ctx:
+        raise WorkbenchError(f"max_tokens {cfg.max_tokens} is beyond {model.info.name}'s "
+                             f"context of {model.info.n_ctx} tokens (0 means the whole "
+                             "context)")
     frame = len(model.frame([]))
     distances = grid(cfg, frame, model.info.n_ctx)
-    seqs = sequences(model, cfg, max(distances))
+    return Plan(frame, distances, sequences(model, cfg, max(distances)))
+
+
+@experiment("induction-distance", config=Config, tables=TABLES, requires="causal_lm",
+            demo={"n_prompts": 2, "max_tokens": 1024, "n_boot": 200},
+            demo_models=("smollm2", "gemma3"), model_defaults=MODEL_DEFAULTS, plan=plan)
+def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
+    """Every head's induction score, and the loss drop, as the earlier copy moves away."""
+    planned = ctx.planned if ctx is not None and ctx.planned is not None else plan(model, cfg)
+    frame, distances, seqs = planned.frame, planned.distances, planned.seqs
     frames, losses = [], []
     # a step's time grows with its prompts' length: on smollm2 (2 prompts, loaded cores)
     # 4,129 tokens took 6 min 15 s and 8,192 about 10 min, so length is the weight

@@ -103,7 +103,7 @@ from workbench.core import progress
 from workbench.core.values import MAX_HEADS, MAX_PROMPTS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
-from workbench.inputs.ioi import TEMPLATES
+from workbench.inputs.ioi import TEMPLATES, IOIPrompt
 from workbench.models.base import Model
 from workbench.scores.logit_attribution import require_direct
 
@@ -188,23 +188,38 @@ class Result:
         return lines
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The prompts of the behaviour and of the patching, drawn before a run exists."""
+
+    prompts: list[IOIPrompt]
+    patch_prompts: list[IOIPrompt]
+
+
+def plan(model: Model, cfg: Config) -> Plan:
+    """The prompts, drawn before a run exists: too few names, places or objects that are
+    one token of the model (``WorkbenchError``) leave no failed run."""
+    return Plan(make_prompts(model, cfg, cfg.n_prompts, range(cfg.templates), cfg.seed),
+                make_prompts(model, cfg, 2 * cfg.patch_templates * cfg.patch_prompts,
+                             range(cfg.patch_templates), cfg.seed + 1))
+
+
 @experiment("ioi", config=Config, tables=TABLES, requires="causal_lm",
             check_model=require_direct, demo_models=("smollm2",),
-            demo={"n_prompts": 40, "patch_prompts": 6, "n_boot": 500})
+            demo={"n_prompts": 40, "patch_prompts": 6, "n_boot": 500}, plan=plan)
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """The IOI behaviour, the direct effects and the head classes of Wang et al. 2022."""
+    planned = ctx.planned if ctx is not None and ctx.planned is not None else plan(model, cfg)
     with progress.stages("ioi", 4) as stage:
         stage("behaviour and direct effects")
-        prompts = make_prompts(model, cfg, cfg.n_prompts, range(cfg.templates), cfg.seed)
+        prompts = planned.prompts
         measured = measure_prompts(model, prompts, cfg)
         behaviour = behaviour_table(prompts, measured, cfg)
         direct = direct_table(measured, cfg)
         attention = attention_table(measured, cfg)
         classes = mover_rows(direct, attention, behaviour, cfg)
         stage("activation patching")
-        patch_prompts = make_prompts(model, cfg, 2 * cfg.patch_templates * cfg.patch_prompts,
-                                     range(cfg.patch_templates), cfg.seed + 1)
-        groups = groups_of(patch_prompts)
+        groups = groups_of(planned.patch_prompts)
         positions, heads, invariants = patch_all(model, groups, cfg)
         stage("path patching")
         paths, receivers_from = TABLES["path_patching"].empty(), "not run (path_patch=false)"

@@ -38,6 +38,7 @@ from typing import Literal
 import pandas as pd
 
 from experiments.logit_lens.measure import (
+    batches_of,
     check_table,
     direct_tables,
     lens_layers_table,
@@ -51,6 +52,7 @@ from workbench.core.options import AttentionPath
 from workbench.core.values import MAX_PROMPTS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
+from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.scores.logit_attribution import LensScale, require_direct
@@ -104,15 +106,21 @@ class Result:
                 f"within {checks_['lens_output']:.1e}"]
 
 
+def plan(model: Model, cfg: Config) -> list[Batch]:
+    """The prompt set encoded into batches before a run exists: a prompt longer than the
+    model's context, or none of two tokens, is refused (``WorkbenchError``) with no run."""
+    return batches_of(model, load_prompt_set(cfg.prompt_set, model, limit=cfg.n_prompts), cfg)
+
+
 @experiment("logit-lens", config=Config, tables=TABLES, requires="causal_lm",
             check_model=require_direct, demo_models=("smollm2",),
-            demo={"n_prompts": 16, "n_boot": 500})
+            demo={"n_prompts": 16, "n_boot": 500}, plan=plan)
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """The logit lens of the answer at every layer and each component's direct effect."""
+    batches = ctx.planned if ctx is not None and ctx.planned is not None else plan(model, cfg)
     with progress.stages("logit-lens", 2) as stage:
         stage("lens and direct effects")
-        prompts = load_prompt_set(cfg.prompt_set, model, limit=cfg.n_prompts)
-        read = read_all(model, prompts, cfg)
+        read = read_all(model, batches, cfg)
         stage("tables")
         direct, per_prompt = direct_tables(read, cfg)
         tables = {"lens": lens_table(model, read), "lens_layers": lens_layers_table(read, cfg),

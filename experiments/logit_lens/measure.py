@@ -54,11 +54,24 @@ class Read:
     ids: dict[int, list[int]] = field(default_factory=dict)
 
 
-def read_all(model: Model, prompts: Sequence[Prompt], cfg: Config) -> Read:
+def batches_of(model: Model, prompts: Sequence[Prompt], cfg: Config) -> list[Batch]:
+    """The prompts encoded into batches, before a run exists.
+
+    Raises:
+        WorkbenchError: a prompt empty or longer than the model's context, or none of two
+            tokens (the last token of a prompt is the answer of the position before it).
+    """
+    batches = model.batches(prompts, max_tokens=cfg.max_batch_tokens)
+    if not any(length >= 2 for batch in batches for length in batch.lengths):
+        raise WorkbenchError("no prompt has two tokens: nothing to read (the last token of a "
+                             "prompt is the answer of the position before it)")
+    return batches
+
+
+def read_all(model: Model, batches: Sequence[Batch], cfg: Config) -> Read:
     """Two passes per batch (the lens, the direct effects), on the attention path
     ``cfg.attention``."""
     out = Read()
-    batches = model.batches(prompts, max_tokens=cfg.max_batch_tokens)
     with torch.inference_mode(), hooks.patterns_fed(model, lambda block: None,
                                                     attention=cfg.attention):
         for batch in progress.track(batches, desc="logit lens"):

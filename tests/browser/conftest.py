@@ -30,12 +30,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(runs_dir) -> tuple[subprocess.Popen, str]:
-    """Start ``workbench dashboard`` on a free port; return the process and its URL."""
+def serve(runs_dir, *options: str) -> tuple[subprocess.Popen, str]:
+    """Start ``workbench dashboard`` (with more ``options``) on a free port; return the
+    process and its URL."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "workbench", "--quiet", "dashboard", "--runs", str(runs_dir),
-         "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--port", str(port), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + START_WAIT
     while time.time() < deadline:

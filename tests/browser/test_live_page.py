@@ -1,6 +1,7 @@
 """The Live page: a typed prompt is recorded by the server and its heads drawn (on the tiny
-Llama, a local model folder the store knows from an earlier run). The time from the click
-on Record to the figure is kept in the JUnit report; ``benchmarks/live.py`` measures it."""
+Llama, a local model folder the dashboard offers with ``--live-model``). The time from the
+click on Record to the figure is kept in the JUnit report; ``benchmarks/live.py`` measures
+it."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ WAIT = 600.0
 
 @pytest.fixture
 def live_store(tmp_path, llama_folder):
-    """A store with one recording of the tiny Llama folder, so the folder is a model the
-    Live page offers."""
+    """A store with one recording of the tiny Llama folder."""
     runs = tmp_path / "runs"
     model = load_model(str(llama_folder))
     with RunStore(runs).start("record", model.info, {"source": "text"}) as run:
@@ -31,10 +31,11 @@ def live_store(tmp_path, llama_folder):
 
 
 @pytest.fixture
-def live_url(live_store):
-    """The dashboard over that store (requested before ``page``, so it stops after the
-    page has closed and no request of the page is left without an answer)."""
-    proc, url = serve(live_store[0])
+def live_url(live_store, llama_folder):
+    """The dashboard over that store, offering the tiny Llama folder on the Live page
+    (requested before ``page``, so it stops after the page has closed and no request of
+    the page is left without an answer)."""
+    proc, url = serve(live_store[0], "--live-model", str(llama_folder))
     yield url
     proc.kill()
     proc.wait()

@@ -104,19 +104,43 @@ def test_jobs_of_one_model_run_in_order_one_at_a_time(tmp_path, models, observed
     assert all(s.position is None for s in ended)
 
 
-def test_another_model_does_not_wait_for_a_running_one(tmp_path, models):
-    gate = threading.Event()
-    loader = Loader(models, gate)
-    queue = queue_of(tmp_path, loader)
-    slow = queue.submit("tiny-llama", "a prompt that waits for its model")
-    assert loader.started.wait(TIMEOUT)
-    loader.gate = None  # the next load is not held
+def test_another_model_does_not_wait_for_a_running_one(tmp_path, models, monkeypatch):
+    gate, recording = threading.Event(), threading.Event()
+    original = live.record
+
+    def held(model, prompts, out, **kwargs):
+        if prompts[0].text.startswith("a prompt that waits"):
+            recording.set()
+            assert gate.wait(TIMEOUT)
+        return original(model, prompts, out, **kwargs)
+
+    monkeypatch.setattr(live, "record", held)
+    queue = queue_of(tmp_path, Loader(models))
+    slow = queue.submit("tiny-llama", "a prompt that waits while it records")
+    assert recording.wait(TIMEOUT)
     other = queue.submit("tiny-bert", "a prompt for another model")
     assert other.position == 1  # first in its own line
     assert queue.wait(other.id, TIMEOUT).state == "complete"
     assert queue.status(slow.id).state == "running"
     gate.set()
     assert queue.wait(slow.id, TIMEOUT).state == "complete"
+
+
+def test_a_load_waits_for_another_models_load(tmp_path, models):
+    """One model loads at a time, whichever line asks: first loads at once raced on
+    transformers' lazy imports."""
+    gate = threading.Event()
+    loader = Loader(models, gate)
+    queue = queue_of(tmp_path, loader)
+    slow = queue.submit("tiny-llama", "a prompt whose model loads slowly")
+    assert loader.started.wait(TIMEOUT)
+    other = queue.submit("tiny-bert", "a prompt for another model")
+    assert queue.wait(other.id, 0.3).state == "running"  # its load waits its turn
+    assert loader.calls == [("tiny-llama", "cpu")]
+    gate.set()
+    assert queue.wait(other.id, TIMEOUT).state == "complete"
+    assert queue.wait(slow.id, TIMEOUT).state == "complete"
+    assert loader.calls == [("tiny-llama", "cpu"), ("tiny-bert", "cpu")]
 
 
 def test_a_live_run_is_an_ordinary_record_run(tmp_path, models, llama):
@@ -242,16 +266,16 @@ def test_unknown_models_empty_prompts_and_a_full_queue_are_refused(tmp_path, mod
     gate.set()
 
 
-def test_known_models_are_the_bundled_ones_and_those_of_the_store(tmp_path, llama_folder):
+def test_known_models_are_the_bundled_ones_and_those_given(tmp_path, llama_folder):
     store = RunStore(tmp_path / "runs")
-    with store.start("record", {**_info(str(llama_folder))}, {}):
+    with store.start("record", {**_info(str(tmp_path / "stored"))}, {}):
         pass
-    with store.start("record", {**_info(str(tmp_path / "gone"))}, {}):
-        pass
-    known = live.known_models(store)
     bundled = live.zoo.MODELS.names()
-    assert {"smollm2", "minilm", "gemma3"} <= set(bundled) and known[:len(bundled)] == bundled
-    assert str(llama_folder) in known and str(tmp_path / "gone") not in known
+    assert {"smollm2", "minilm", "gemma3"} <= set(bundled)
+    assert live.known_models() == bundled  # never a model named by a stored run
+    assert live.known_models([str(llama_folder), "minilm"]) == [*bundled, str(llama_folder)]
+    with pytest.raises(WorkbenchError, match="gone"):
+        live.known_models([str(tmp_path / "gone")])
 
 
 def _info(name: str) -> dict:

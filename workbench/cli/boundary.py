@@ -81,18 +81,7 @@ def _check_store(args: argparse.Namespace) -> None:
     if getattr(args, "list", False):
         mode = "read"  # reproduce --list only reads
     root, origin = _store_root(args)
-    existing = next(p for p in (root, *root.parents) if p.exists())
-    if not existing.is_dir():
-        where = "" if existing == root else f": {existing} is a file"
-        raise WorkbenchError(f"the run store {root} ({origin}) is not a folder{where}")
-    if mode != "write":
-        return
-    if os.statvfs(existing).f_flag & os.ST_RDONLY:
-        raise WorkbenchError(f"cannot write the run store {root} ({origin}): {existing} is on "
-                             f"a read-only file system")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise WorkbenchError(f"cannot write the run store {root} ({origin}): no permission "
-                             f"to write in {existing}")
+    paths.check_store(root, write=mode == "write", origin=origin)
 
 
 def _inside(path: str, folder: Path) -> bool:

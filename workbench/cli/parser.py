@@ -10,6 +10,7 @@ before anything heavy is imported.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, get_args
@@ -124,6 +125,19 @@ def _shared_value(name: str) -> Number:
     :data:`workbench.harness.config.SHARED`), checked as ``--set`` checks it."""
     decl = SHARED[name]
     return Number(decl.type, decl.range or Range())
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\.?|\[?[0-9A-Fa-f:.]+\]?")
+
+
+def _host_names(text: str) -> list[str]:
+    """An argparse type: comma-separated host names or addresses (``--allowed-hosts``)."""
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        if not _HOST_NAME.fullmatch(name) or name in ("0.0.0.0", "::", "[::]"):
+            raise argparse.ArgumentTypeError(f"expected host names or addresses separated by "
+                                             f"commas, got {shown(name)}")
+    return names
 
 
 def _ray_address(text: str) -> str:
@@ -313,6 +327,13 @@ def _add_store_commands(sub: Subparsers) -> None:
     p.add_argument("--allow-live", action="store_true", help="serve the Live page on a host "
                    "that is not loopback too (it lets anyone who reaches the port run models "
                    "on this machine)")
+    p.add_argument("--allowed-hosts", type=_host_names, metavar="NAME[,NAME...]",
+                   help="more names the server answers to, beside the loopback names and "
+                   "--host (the name a proxy or the network reaches it by); a request naming "
+                   "any other host, or sent by a page of another origin, is refused (403)")
+    p.add_argument("--live-model", action="append", metavar="MODEL", help="a model the Live "
+                   "page offers beside the bundled ones: a model folder, .gguf file, "
+                   "checkpoint or hub id (repeat for more)")
     _device_option(p)
 
 

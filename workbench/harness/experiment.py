@@ -72,6 +72,9 @@ class Context:
 
     workdir: Path | None = None
     store: RunStore | None = None
+    planned: Any = None
+    """What the experiment's ``plan`` built before the run was created (``None``: it has
+    no plan, or ``run`` was called directly and plans for itself)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,12 @@ class Experiment:
     check_model: Callable[[Model], None] | None = None
     """A further fitness check of the loaded model (raises ``ModelCapabilityError`` with
     the reason), run with ``requires`` before a run is created."""
+    plan: Callable[[Any, Any], Any] | None = None
+    """``plan(model, cfg)``: every check that needs the model (a distance beyond its
+    context, too few one-token names, a prompt longer than it takes), raising
+    ``WorkbenchError``, and the inputs it builds; called before a run is created, so a
+    refused input leaves no failed run. ``run`` finds what it returned in
+    :attr:`Context.planned`."""
 
     def defaults_for(self, model: str | None) -> dict[str, Any]:
         """The config overrides of ``model``'s own defaults (:attr:`model_defaults`; none
@@ -149,6 +158,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                model_defaults: Mapping[str, Mapping[str, Any]] | None = None,
                requires: Requirement = "any",
                check_model: Callable[[Model], None] | None = None,
+               plan: Callable[[Any, Any], Any] | None = None,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -166,6 +176,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
         requires: ``causal`` or ``causal_lm`` to refuse other models before a run exists.
         check_model: refuses a model the experiment cannot honestly run on (e.g. a
             post-norm model), before a run exists.
+        plan: ``plan(model, cfg)``, the model-dependent checks and the inputs they build,
+            before a run exists (:attr:`Experiment.plan`).
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -187,6 +199,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             model_defaults={m: dict(o) for m, o in (model_defaults or {}).items()},
             requires=requires,
             check_model=check_model,
+            plan=plan,
         ))
         return fn
 
@@ -289,7 +302,9 @@ def run_experiment(name: str, model: str | Model | None,
                  ", ".join(f"{k}={v}" for k, v in own.items()))
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
-    store = RunStore(paths.runs_dir(runs_dir))
+    root = paths.runs_dir(runs_dir)
+    paths.check_store(root, write=True)  # a store that cannot take the run: before the load
+    store = RunStore(root)
     loaded = (load_model(model, dtype=dtype, device=device, runs_dir=runs_dir)
               if isinstance(model, str) else model)
     if loaded is not None:
@@ -308,10 +323,12 @@ def run_experiment(name: str, model: str | Model | None,
                                                check=verify_stored_files)) is not None:
         log.info("reusing run %s", found.id)
         return found
+    planned = exp.plan(loaded, cfg) if exp.plan is not None else None  # refusals: no run
     with store.start(name, info, cfg, tables=exp.tables,
                      extra={"interventions": interventions}) as active:
         with applied(loaded, heads_mask) if loaded is not None else nullcontext():
-            result = exp.run(loaded, cfg, Context(workdir=active.dir, store=store))
+            result = exp.run(loaded, cfg, Context(workdir=active.dir, store=store,
+                                                  planned=planned))
         for table_name, df in result.tables().items():
             metrics.check_table(df)
             active.save_table(table_name, df)

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from workbench.core.devices import check_device
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.values import shown
 from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt
@@ -127,6 +128,8 @@ class _Job:
     error: str | None = None
     ended: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    why: str = CANCELLED
+    """Why it was cancelled (the reader, or the queue closing)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -140,8 +143,13 @@ def _load_model(name: str, *, device: str, runs_dir: str | Path | None) -> Model
 
 
 class ModelCache:
-    """Loaded models by ``(reference, device)``, at most ``size`` of them: each is loaded
-    once while it is kept, and the least recently used one is dropped for a new one.
+    """Loaded models by ``(reference, device)``, at most ``size`` of them loading, loaded or
+    in use at any moment.
+
+    One model loads at a time, whichever worker asks (two first loads at once race on
+    transformers' lazy imports, and each load's peak memory is a model's), and a model in
+    use is never dropped: a worker that needs another model while ``size`` are in use
+    waits until one is free.
 
     Attributes:
         loads: every ``(reference, device)`` loaded, in order (a model loaded twice was
@@ -156,47 +164,98 @@ class ModelCache:
         self.loads: list[tuple[str, str]] = []
         self._models: collections.OrderedDict[tuple[str, str], Model] = \
             collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._users: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._loading: tuple[str, str] | None = None
+        self._changed = threading.Condition()
 
     def peek(self, name: str, device: str) -> Model | None:
         """The model if it is loaded, without loading it or changing the order."""
-        with self._lock:
+        with self._changed:
             return self._models.get((name, device))
 
     def get(self, name: str, device: str) -> Model:
-        """The model, loaded now if it is not kept (only its own worker asks for it, so
-        one model is never loaded twice at once)."""
+        """The model, loaded now if it is not kept (not held in use: see :meth:`using`)."""
+        with self.using(name, device) as model:
+            return model
+
+    @contextlib.contextmanager
+    def using(self, name: str, device: str,
+              cancel: threading.Event | None = None) -> Iterator[Model]:
+        """The model, loaded now if it is not kept, and not dropped within the block.
+
+        Raises:
+            Cancelled: ``cancel`` was set while this waited for its turn to load.
+        """
         key = (name, device)
-        with self._lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-        model = self.loader(name, device=device, runs_dir=self.runs_dir)
-        with self._lock:
+        model = self._take(key, cancel)
+        try:
+            yield model
+        finally:
+            with self._changed:
+                self._users[key] -= 1
+                self._changed.notify_all()
+
+    def _take(self, key: tuple[str, str], cancel: threading.Event | None) -> Model:
+        with self._changed:
+            while True:
+                if key in self._models:
+                    self._models.move_to_end(key)
+                    self._users[key] += 1
+                    return self._models[key]
+                if self._loading is None and self._make_room():
+                    self._loading = key
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(CANCELLED)
+                self._changed.wait(0.1)  # another load, or every kept model in use
+        try:
+            model = self.loader(key[0], device=key[1], runs_dir=self.runs_dir)
+        except BaseException:
+            with self._changed:
+                self._loading = None
+                self._changed.notify_all()
+            raise
+        with self._changed:
+            self._loading = None
             self.loads.append(key)
             self._models[key] = model
-            while len(self._models) > self.size:
-                dropped, _ = self._models.popitem(last=False)
-                log.info("live: dropped %s on %s from memory", *dropped)
+            self._users[key] += 1
+            self._changed.notify_all()
         return model
 
+    def _make_room(self) -> bool:
+        """Drop idle models, least recently used first, until one more fits; whether it
+        does (called with the lock held)."""
+        while len(self._models) >= self.size:
+            idle = next((k for k in self._models if self._users[k] <= 0), None)
+            if idle is None:
+                return False
+            del self._models[idle]
+            log.info("live: dropped %s on %s from memory", *idle)
+        return True
 
-def known_models(store: RunStore) -> list[str]:
-    """The models a live job may record with: the bundled ones, then every other model a
-    complete run of ``store`` was made with and that loads without a download (a local
-    folder or ``.gguf`` file that still exists, a checkpoint, a cached hub id)."""
+
+def known_models(extra: Sequence[str] = ()) -> list[str]:
+    """The models a live job may record with: the bundled ones, then ``extra``, the
+    references the server was started with (``workbench dashboard --live-model``).
+
+    Never the model names of stored runs: a ``run.json`` is data anyone with write access
+    to the store may have written, and a name there is a path the server would load.
+
+    Raises:
+        WorkbenchError: an extra reference that is not a model (a checkpoint glob, a
+            folder or file that does not exist, a hub id neither cached nor reachable).
+    """
     names = list(zoo.MODELS.names())
-    for run in store.runs(status="complete"):
-        name = run.model_name
-        if name is None or name in names:
+    for name in extra:
+        if name in names:
             continue
-        try:
-            ref = reference.parse_model(name)
-        except WorkbenchError:
-            continue
-        if isinstance(ref, reference.CheckpointGlob) or (
-                isinstance(ref, reference.Hub) and not ref.cached):
-            continue
+        ref = reference.parse_model(name)  # refuses a path that is not a model
+        if isinstance(ref, reference.CheckpointGlob):
+            raise WorkbenchError(f"--live-model {shown(name)}: a glob names many checkpoints; "
+                                 "name one")
+        if isinstance(ref, reference.Hub):
+            reference.require_hub(ref)
         names.append(name)
     return names
 
@@ -235,12 +294,14 @@ def check_tokens(model: Model, prompt: Prompt, max_tokens: int = MAX_TOKENS) -> 
 
 
 @contextlib.contextmanager
-def cancellable(model: Model, cancel: threading.Event) -> Iterator[None]:
+def cancellable(model: Model, cancel: threading.Event,
+                job: _Job | None = None) -> Iterator[None]:
     """Within the block, a forward pass of ``model`` raises :class:`Cancelled` when it
-    enters a layer after ``cancel`` is set (the pass is stopped, not finished)."""
+    enters a layer after ``cancel`` is set (the pass is stopped, not finished), saying why
+    ``job`` was cancelled."""
     def check(module: Any, args: Any) -> None:
         if cancel.is_set():
-            raise Cancelled(CANCELLED)
+            raise Cancelled(job.why if job is not None else CANCELLED)
 
     blocks = getattr(model.bridge, "blocks", None) or []
     handles = [block.register_forward_pre_hook(check) for block in blocks]
@@ -259,8 +320,8 @@ class LiveQueue:
             lists).
         loader: loads a model (:func:`workbench.models.load.load_model` by default; tests
             pass their own).
-        models: the model references a job may name (default :func:`known_models` of the
-            store, read at each submission).
+        models: the model references a job may name (default :func:`known_models`: the
+            bundled models).
         max_tokens: the longest prompt recorded, in tokens.
         kept: models kept loaded (:class:`ModelCache`).
         max_waiting: jobs that may wait at once.
@@ -272,12 +333,13 @@ class LiveQueue:
                  max_waiting: int = MAX_WAITING) -> None:
         self.store = RunStore(runs_dir)
         self.cache = ModelCache(loader, kept, runs_dir)
-        self.models = models or (lambda: known_models(self.store))
+        self.models = models or known_models
         self.max_tokens, self.max_waiting = max_tokens, max_waiting
         self._jobs: collections.OrderedDict[str, _Job] = collections.OrderedDict()
         self._lines: dict[tuple[str, str], collections.deque[_Job]] = {}
         self._workers: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
+        self._closed: str | None = None
 
     def submit(self, model: str, text: str, *, device: str = "cpu") -> JobStatus:
         """Put a prompt in the line of its model.
@@ -285,13 +347,16 @@ class LiveQueue:
         Args:
             model: a model reference among :attr:`models`.
             text: the prompt (whitespace collapsed).
-            device: the torch device the model is loaded on (``cpu`` by default).
+            device: the torch device the model is loaded on (``cpu`` by default), checked
+                as ``--device`` is (:func:`workbench.core.devices.check_device`).
 
         Raises:
-            UnknownNameError: a model the store does not know (the message lists the known
+            UnknownNameError: a model the queue does not offer (the message lists the known
                 ones).
-            WorkbenchError: an empty or too long prompt, or a full queue.
+            WorkbenchError: an empty or too long prompt, a device this machine does not
+                have, a full queue, or a closed one.
         """
+        device = check_device(device)
         prompt = live_prompt(text, self.max_tokens)
         known = list(self.models())
         if model not in known:
@@ -305,6 +370,8 @@ class LiveQueue:
                 check_tokens(loaded, prompt, self.max_tokens)
         job = _Job(secrets.token_hex(8), model, device, prompt, time.perf_counter())
         with self._lock:
+            if self._closed is not None:
+                raise WorkbenchError(f"the live queue is closed ({self._closed})")
             waiting = sum(len(line) for line in self._lines.values())
             if waiting >= self.max_waiting:
                 raise WorkbenchError(f"the live queue is full ({waiting} jobs waiting); "
@@ -329,27 +396,31 @@ class LiveQueue:
         with self._lock:
             return self._status(self._job(job_id))
 
-    def cancel(self, job_id: object) -> JobStatus:
+    def cancel(self, job_id: object, why: str = CANCELLED) -> JobStatus:
         """Cancel a job: a waiting one leaves the line at once, a running one stops at its
-        next layer (its run is marked failed, cancelled); an ended one stays as it is."""
+        next layer (its run is marked failed, saying ``why``); an ended one stays as it
+        is."""
         with self._lock:
             job = self._job(job_id)
+            if not job.cancel.is_set():  # the first reason stays
+                job.why = why
             job.cancel.set()
             line = self._lines.get(job.key)
             if job.state == "queued" and line is not None and job in line:
                 line.remove(job)
-                self._end(job, "cancelled", f"{CANCELLED} before it started; nothing was "
-                          "recorded")
+                self._end(job, "cancelled", f"{why} before it started; nothing was recorded")
             return self._status(job)
 
-    def close(self, timeout: float) -> bool:
-        """Cancel every job that has not ended (a running one stops at its next layer) and
-        wait up to ``timeout`` seconds for the workers to end; whether they all did."""
+    def close(self, timeout: float, why: str = "the queue was closed") -> bool:
+        """Refuse new jobs, cancel every job that has not ended (a running one stops at its
+        next layer, and its run is stored as failed, saying ``why``), and wait up to
+        ``timeout`` seconds for the workers to end; whether they all did."""
         with self._lock:
+            self._closed = why = self._closed or why
             open_jobs = [j.id for j in self._jobs.values() if j.state in ("queued", "running")]
             workers = list(self._workers.values())
         for job_id in open_jobs:
-            self.cancel(job_id)
+            self.cancel(job_id, why)
         deadline = time.monotonic() + timeout
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
@@ -403,7 +474,7 @@ class LiveQueue:
         try:
             run_id = self._record(job)
         except Cancelled:
-            self._end(job, "cancelled", CANCELLED)
+            self._end(job, "cancelled", job.why)
         except _Refused as exc:
             self._end(job, "refused", str(exc))
         except Exception as exc:  # any failure is the job's, said in its run
@@ -420,23 +491,28 @@ class LiveQueue:
 
     def _record(self, job: _Job) -> str:
         """Load the model, check the prompt, record it into a new run; the run's id."""
-        try:
-            model = self.cache.get(job.model, job.device)
-        except Exception as exc:
-            self._failed_run(job, exc)
-            raise
-        try:
-            check_tokens(model, job.prompt, self.max_tokens)
-        except WorkbenchError as exc:
-            raise _Refused(str(exc)) from None
-        with self.store.start("record", model.info, self._config(job)) as run, \
-                cancellable(model, job.cancel):
-            job.run_id, job.stage = run.id, "recording"
-            if job.cancel.is_set():  # cancelled while the model loaded
-                raise Cancelled(CANCELLED)
-            rec = record(model, [job.prompt], run.dir / "recording", patterns="dense")
-            run.update(summary=[f"recorded 1 live prompt, {rec.length(0)} tokens, "
-                                f"{rec.n_layers} layers x {rec.n_heads} heads, dense patterns"])
+        with contextlib.ExitStack() as held:
+            try:  # the model is not dropped while this job records with it
+                model = held.enter_context(self.cache.using(job.model, job.device,
+                                                            job.cancel))
+            except Cancelled:
+                raise Cancelled(job.why) from None  # before its turn to load: no run
+            except Exception as exc:
+                self._failed_run(job, exc)
+                raise
+            try:
+                check_tokens(model, job.prompt, self.max_tokens)
+            except WorkbenchError as exc:
+                raise _Refused(str(exc)) from None
+            with self.store.start("record", model.info, self._config(job)) as run, \
+                    cancellable(model, job.cancel, job):
+                job.run_id, job.stage = run.id, "recording"
+                if job.cancel.is_set():  # cancelled while the model loaded
+                    raise Cancelled(job.why)
+                rec = record(model, [job.prompt], run.dir / "recording", patterns="dense")
+                run.update(summary=[f"recorded 1 live prompt, {rec.length(0)} tokens, "
+                                    f"{rec.n_layers} layers x {rec.n_heads} heads, dense "
+                                    "patterns"])
         return run.id
 
     def _failed_run(self, job: _Job, error: Exception) -> None:

@@ -179,8 +179,10 @@ def ioi_prompts(model: Model, n: int, *, templates: Sequence[int] | None = None,
         WorkbenchError: fewer than five names (IO, S and three for the corrupted run), or
             no place or object, are single tokens.
     """
-    pools = {kind: single_tokens(model, words) for kind, words in (
-        ("names", names or NAMES), ("places", places or PLACES), ("objects", objects or OBJECTS))}
+    # an empty list given is an empty list, never the defaults in its place
+    pools = {kind: single_tokens(model, default if words is None else words)
+             for kind, words, default in (("names", names, NAMES), ("places", places, PLACES),
+                                          ("objects", objects, OBJECTS))}
     for kind, least in (("names", 5), ("places", 1), ("objects", 1)):
         if len(pools[kind]) < least:
             raise WorkbenchError(f"IOI needs at least {least} {kind} that are one token in "
