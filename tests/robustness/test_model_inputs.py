@@ -97,7 +97,7 @@ FOLDERS = [
     pytest.param(_write("model.safetensors", b""), "SafetensorError", id="weights-empty"),
     pytest.param(_only_bin(b"not a pickle"), "UnpicklingError", id="bin-weights-garbage"),
     pytest.param(_unlink("tokenizer.json", "tokenizer_config.json"),
-                 "could not be loaded as a Hugging Face model", id="no-tokenizer"),
+                 "has no tokenizer; expected tokenizer.json", id="no-tokenizer"),
     pytest.param(_write("tokenizer.json", b"{garbage"),
                  "could not be loaded as a Hugging Face model", id="tokenizer-garbage"),
 ]

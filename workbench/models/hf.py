@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,21 @@ from workbench.models import adapters, quiet_norms
 from workbench.models.base import DTYPES, Model, ModelInfo
 from workbench.store.records import LayerType
 
+log = logging.getLogger(__name__)
+
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
+"""A local folder has at least one of these beside its config (a folder without one gave
+a tokenizer of unknown tokens only)."""
+SIZE_KEYS = ("num_attention_heads", "num_key_value_heads", "num_hidden_layers", "hidden_size",
+             "intermediate_size", "vocab_size", "head_dim", "max_position_embeddings",
+             "n_head", "n_layer", "n_embd", "n_positions", "num_heads", "num_layers",
+             "d_model")
+"""The config fields that are sizes, in the spellings of the families the bridge knows."""
+HARMLESS_EXTRA = (".inv_freq", ".attn.bias", ".attn.masked_bias", "position_ids")
+"""Stored buffers some checkpoints carry that a model rebuilds itself: not a mismatch."""
 _MAX_CONFIG_BYTES = 16 << 20
 # What transformers raises on a damaged local folder: unreadable or truncated files, JSON
 # that is not a config, a config that fails its own checks (huggingface_hub's strict
@@ -67,6 +81,30 @@ def check_folder(path: Path) -> None:
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise WorkbenchError(f"{path} has no weights; expected {' or '.join(WEIGHT_FILES[::2])} "
                              "next to config.json")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise WorkbenchError(f"{path} has no tokenizer; expected {' or '.join(TOKENIZER_FILES)} "
+                             "next to config.json (save the tokenizer with the model)")
+    check_sizes(data, str(config))
+
+
+def check_sizes(config: dict[str, Any], where: str) -> None:
+    """Refuse a config whose sizes (heads, layers, widths, ...) are not positive whole
+    numbers, in one line, before a model is built from it (a head count of 0 divides by
+    zero deep inside transformers).
+
+    Raises:
+        WorkbenchError: the first size that is not a positive whole number.
+    """
+    for part, values in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(values, dict):
+            continue
+        for key in SIZE_KEYS:
+            value = values.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkbenchError(f"{where}: {part}{key} is {value!r}; a model's sizes must "
+                                     "be positive whole numbers")
 
 
 _MAX_HEADER_BYTES = 100 << 20
@@ -206,6 +244,7 @@ def boot_folder(src: str | Path, *, name: str, source: str, checksum: str,
     hub = {"local_files_only": local_files_only}
     try:
         config = AutoConfig.from_pretrained(str(src), **hub)
+        check_sizes(config.to_dict(), str(src))
         tokenizer = AutoTokenizer.from_pretrained(str(src), **hub)
         hf_model, head_missing = _load_hf(src, config, DTYPES[dtype], device, hub)
     except WorkbenchError:
@@ -254,7 +293,27 @@ def _load_hf(src: str | Path, config: Any, dtype: torch.dtype, device: str,
     body_missing = [k for k in missing if not k.startswith(head_prefixes)]
     if body_missing:
         raise WorkbenchError(f"{src}: weights missing from the checkpoint: {body_missing[:5]}")
+    # a head or pooler the loaded class does not use (an encoder's pooler) is not a mismatch
+    extra = [k for k in loading.get("unexpected_keys", []) if not k.endswith(HARMLESS_EXTRA)
+             and not any(part.startswith(("cls", "lm_head", "mlm", "pooler"))
+                         for part in k.split("."))]
+    if extra:  # e.g. num_hidden_layers=2 over the weights of 6 layers: 4 would be dropped
+        raise WorkbenchError(f"{src}: the checkpoint holds {len(extra)} weights the config has "
+                             f"no place for ({', '.join(sorted(extra)[:3])}, ...); the config "
+                             "does not describe these weights (its layer or head counts?)")
+    warn_non_finite(hf_model, str(src))
     return hf_model.to(device).eval(), bool(missing)
+
+
+def warn_non_finite(hf_model: Any, where: str) -> list[str]:
+    """Log a warning naming the weights that hold NaN or infinite values (every pattern
+    and score of such a model is suspect); return their names."""
+    bad = [name for name, tensor in hf_model.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        log.warning("%s: %d weight tensors hold NaN or infinite values (%s); its patterns "
+                    "and scores will not be finite", where, len(bad), ", ".join(bad[:3]))
+    return bad
 
 
 def quiet_transformers() -> None:
