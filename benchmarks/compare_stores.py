@@ -2,20 +2,27 @@
 a change of the workbench changed in its results.
 
 Runs are paired by kind and model (the newest complete run of each pair in each store, so
-two ``workbench demo`` stores made before and after a change pair up). For each pair the
-script reads every Parquet table with pandas and every recording array with Zarr directly,
-not through the workbench's readers, so the comparison does not trust the code it
-compares; metric names stored before the metric registry (``sink``, ``self``) are read as
-the registered ones, as every reader does. It prints one line per difference:
+two ``workbench demo`` stores made before and after a change pair up). Both stores are read
+through the store's own guarded readers (:class:`~workbench.store.runs.RunStore`,
+:meth:`Run.table <workbench.store.runs.Run.table>`,
+:class:`~workbench.recording.record.Recording`), which check what they serve and change no
+value: a table is its Parquet file re-hashed against ``run.json``, an array its stored
+chunks. So a FIFO, a symlink out of the store or a run folder linked in from outside is
+never read, and a damaged ``run.json``, table or recording is named, not compared. Metric
+names stored before the metric registry (``sink``, ``self``) are read as the registered
+ones, as every reader does. It prints one line per difference:
 
 - a config field that differs, is new or is gone;
-- a table or a column in one store only;
+- a table, a recording, a column or an array in one store only;
 - a different row count;
 - for a shared column, the largest absolute difference of a numeric column (rows aligned
   by the shared non-float columns, sorted) or the number of rows that differ in another.
 
 Values within ``--atol`` (default 0: exactly equal) are the same; NaN equals NaN. The exit
-status is 0 either way: the output is the list to explain.
+status is 0 when everything was compared, differences or not (the output is the list to
+explain); 1 when something could not be read (a damaged run, table or recording: its line
+says what); 2 for bad input (a store that is missing, not a folder or holds no complete
+run; a tolerance that is negative or not a finite number), refused in one ``error:`` line.
 
 Usage:
     python benchmarks/compare_stores.py BEFORE_STORE AFTER_STORE [--atol 1e-6]
@@ -25,38 +32,77 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pandas as pd
 
-LEGACY_METRIC_NAMES = {"sink": "first_token", "self": "self_attention"}
-"""As ``workbench.store.schema.LEGACY_METRIC_NAMES`` (written out: this script reads the
-stores without the workbench)."""
+from workbench.core.errors import WorkbenchError
+from workbench.harness.verify import stored_files
+from workbench.recording.record import Recording
+from workbench.store.runs import INCOMPLETE, Run, RunStore
+
+Pair = tuple[str, str]
+"""A run's experiment and model name."""
 
 
-def complete_runs(store: Path) -> dict[tuple[str, str], Path]:
-    """The newest complete run folder of each (kind, model) in ``store``."""
-    found: dict[tuple[str, str], Path] = {}
-    for meta_path in sorted(store.glob("*/run.json")):
-        meta = json.loads(meta_path.read_text())
-        if meta.get("status") != "complete":
-            continue
-        model = meta.get("model") or {}
-        name = model.get("name", "") if isinstance(model, dict) else str(model)
-        found[(meta.get("experiment") or meta.get("kind", ""), name)] = meta_path.parent
-    return found
+def open_store(text: str) -> RunStore:
+    """The run store at ``text``: a folder holding at least one complete run.
+
+    Raises:
+        WorkbenchError: no such folder, a file or something else that is not a folder, or
+            no complete run in it.
+    """
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise WorkbenchError(f"no run store at {text}: it does not exist")
+    if not path.is_dir():
+        raise WorkbenchError(f"{text} is not a folder; a run store is a folder of runs")
+    store = RunStore(path.resolve())  # the path given may be a link; nothing inside it is
+    runs = store.runs()
+    if not any(r.status == "complete" for r in runs):
+        held = f" (its {len(runs)} runs: none complete)" if runs else ""
+        raise WorkbenchError(f"no complete run in {text}{held}: nothing to compare")
+    return store
 
 
-def compare_configs(before: Path, after: Path) -> list[str]:
+def tolerance(text: str) -> float:
+    """``--atol`` as a number.
+
+    Raises:
+        WorkbenchError: not a finite number, or negative.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise WorkbenchError(f"--atol must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def complete_runs(store: RunStore) -> tuple[dict[Pair, Run], list[Run]]:
+    """The newest complete run of each (kind, model) in ``store``, and its damaged runs
+    (those of ``.incomplete/`` left out: one may be a run another version is writing)."""
+    found: dict[Pair, Run] = {}
+    damaged = []
+    for run in store.runs():  # oldest first, so the newest of a pair stays
+        if run.status == "complete":
+            found[(run.experiment, run.model_name or "")] = run
+        elif run.status == "damaged" and run.path.parent.name != INCOMPLETE:
+            damaged.append(run)
+    return found, damaged
+
+
+def compare_configs(before: Run, after: Run) -> list[str]:
     """The config fields of two runs that differ, are new or are gone."""
-    old = json.loads((before / "run.json").read_text()).get("config") or {}
-    new = json.loads((after / "run.json").read_text()).get("config") or {}
+    old, new = before.config, after.config
     lines = [f"config {k}: {old[k]!r} before, {new[k]!r} after"
              for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
     lines += [f"config {k}: only before ({old[k]!r})" for k in sorted(old.keys() - new.keys())]
@@ -103,59 +149,82 @@ def compare_tables(before: pd.DataFrame, after: pd.DataFrame, atol: float) -> li
     return lines
 
 
-def _renamed(frame: pd.DataFrame) -> pd.DataFrame:
-    if "metric" in frame.columns:
-        return frame.assign(metric=frame.metric.replace(LEGACY_METRIC_NAMES))
-    return frame
+def recordings(run: Run) -> dict[str, Path]:
+    """The recordings of a run (every folder holding an ``index.json``, symlinks not
+    followed), by their path inside the run folder."""
+    return {held.path.relative_to(run.path).as_posix(): held.path
+            for held in stored_files(run.path) if held.kind == "recording"}
 
 
-def _arrays(folder: Path) -> dict[str, np.ndarray]:
-    import zarr
-
-    arrays: dict[str, np.ndarray] = {}
-    for meta in sorted(folder.rglob("zarr.json")):
-        if json.loads(meta.read_text()).get("node_type") != "array":
-            continue  # a group
-        node = meta.parent
-        stored = zarr.open_array(str(node), mode="r")
-        arrays[str(node.relative_to(folder))] = np.asarray(stored[...])
-    return arrays
-
-
-def compare_runs(before: Path, after: Path, atol: float) -> list[str]:
-    """Every difference between two runs of the same kind and model."""
-    lines = compare_configs(before, after)
-    old = {p.relative_to(before).as_posix(): p for p in before.rglob("*.parquet")}
-    new = {p.relative_to(after).as_posix(): p for p in after.rglob("*.parquet")}
-    lines += [f"{name}: only before" for name in sorted(old.keys() - new.keys())]
-    lines += [f"{name}: only after" for name in sorted(new.keys() - old.keys())]
-    for name in sorted(old.keys() & new.keys()):
-        said = compare_tables(_renamed(pd.read_parquet(old[name])),
-                              _renamed(pd.read_parquet(new[name])), atol)
-        lines += [f"{name}: {line}" for line in said]
-    a, b = _arrays(before), _arrays(after)
-    lines += [f"array {name}: only before" for name in sorted(a.keys() - b.keys())]
-    lines += [f"array {name}: only after" for name in sorted(b.keys() - a.keys())]
-    for name in sorted(a.keys() & b.keys()):
-        if a[name].shape != b[name].shape:
-            lines.append(f"array {name}: shape {a[name].shape} before, {b[name].shape} after")
+def compare_recordings(before: Path, after: Path, atol: float) -> list[str]:
+    """The differences of two recordings, array by array, each line led by the array's
+    name in its recording (``attn/L000``, ``resid/B000``, ...)."""
+    a, b = Recording.open(before), Recording.open(after)
+    old, new = set(a.array_names()), set(b.array_names())
+    lines = [f"{name}: only before" for name in sorted(old - new)]
+    lines += [f"{name}: only after" for name in sorted(new - old)]
+    for name in sorted(old & new):
+        x, y = a.array(name), b.array(name)  # one pair at a time: a recording can be large
+        if x.shape != y.shape:
+            lines.append(f"{name}: shape {x.shape} before, {y.shape} after")
             continue
-        said = _column_difference(pd.Series(a[name].ravel()), pd.Series(b[name].ravel()), atol)
+        said = _column_difference(pd.Series(x.ravel()), pd.Series(y.ravel()), atol)
         if said:
-            lines.append(f"array {name}: {said}")
+            lines.append(f"{name}: {said}")
     return lines
 
 
-def compare_stores(before: Path, after: Path, atol: float) -> list[str]:
-    """Every difference between the paired runs of two stores, each line led by its run."""
-    old, new = complete_runs(before), complete_runs(after)
-    lines = [f"{kind} on {model}: only before" for kind, model in sorted(old.keys() - new.keys())]
+def compare_runs(before: Run, after: Run, atol: float) -> list[str]:
+    """Every difference between two runs of the same kind and model.
+
+    Raises:
+        WorkbenchError: a table or recording of either that the store's readers refuse
+            (the message names the file).
+    """
+    lines = compare_configs(before, after)
+    old, new = set(before.table_names()), set(after.table_names())
+    lines += [f"{name}: only before" for name in sorted(old - new)]
+    lines += [f"{name}: only after" for name in sorted(new - old)]
+    for name in sorted(old & new):
+        said = compare_tables(before.table(name), after.table(name), atol)
+        lines += [f"{name}: {line}" for line in said]
+    a, b = recordings(before), recordings(after)
+    lines += [f"recording {name}: only before" for name in sorted(a.keys() - b.keys())]
+    lines += [f"recording {name}: only after" for name in sorted(b.keys() - a.keys())]
+    for name in sorted(a.keys() & b.keys()):
+        said = compare_recordings(a[name], b[name], atol)
+        lines += [f"array {name}/{line}" for line in said]
+    return lines
+
+
+def compare_stores(before: RunStore, after: RunStore, atol: float) -> tuple[list[str], int]:
+    """Every difference between the paired runs of two stores, each line led by its run.
+
+    Returns:
+        The lines, and how many of them say that something could not be read (a damaged
+        run, or a pair whose table or recording the store's readers refuse).
+    """
+    (old, old_damaged), (new, new_damaged) = complete_runs(before), complete_runs(after)
+    lines = [f"{side}: run {run.id} is damaged ({_first_line(run.meta.error)}); not compared"
+             for side, damaged in (("before", old_damaged), ("after", new_damaged))
+             for run in damaged]
+    unreadable = len(lines)
+    lines += [f"{kind} on {model}: only before" for kind, model in sorted(old.keys() - new.keys())]
     lines += [f"{kind} on {model}: only after" for kind, model in sorted(new.keys() - old.keys())]
     for key in sorted(old.keys() & new.keys()):
-        said = compare_runs(old[key], new[key], atol)
-        lines += [f"{key[0]} on {key[1]}: {line}" for line in said] or \
-            [f"{key[0]} on {key[1]}: the same"]
-    return lines
+        lead = f"{key[0]} on {key[1]}"
+        try:
+            said = compare_runs(old[key], new[key], atol)
+        except (WorkbenchError, OSError) as exc:  # ChecksumError included
+            lines.append(f"{lead}: not compared: {_first_line(str(exc))}")
+            unreadable += 1
+            continue
+        lines += [f"{lead}: {line}" for line in said] or [f"{lead}: the same"]
+    return lines, unreadable
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "no reason recorded").strip().splitlines()[0]
 
 
 def _smoke(model: str) -> list[str]:
@@ -167,26 +236,38 @@ def _smoke(model: str) -> list[str]:
             subprocess.run([sys.executable, "-m", "workbench", "run", "head-overview",
                             "--model", model, "--set", "n_boot=10"],
                            env=env, check=True, stdout=subprocess.DEVNULL)
-        lines = compare_stores(*stores, atol=0.0)
+        lines, _ = compare_stores(*map(RunStore, stores), atol=0.0)
     if any(not line.endswith(": the same") for line in lines) or not lines:
         raise SystemExit("two identical runs differ:\n" + "\n".join(lines))
     return lines
 
 
+def _refuse(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stores", nargs="*", metavar="STORE", help="BEFORE_STORE AFTER_STORE")
-    parser.add_argument("--atol", type=float, default=0.0,
-                        help="the largest absolute difference counted as the same")
+    parser.add_argument("--atol", default="0", help="the largest absolute difference counted "
+                        "as the same (a finite number >= 0; default 0)")
     parser.add_argument("--smoke", metavar="MODEL", help="compare two runs of MODEL")
     args = parser.parse_args()
     if args.smoke:
-        lines = _smoke(args.smoke)
-    elif len(args.stores) == 2:
-        lines = compare_stores(Path(args.stores[0]), Path(args.stores[1]), args.atol)
-    else:
-        parser.error("give BEFORE_STORE and AFTER_STORE, or --smoke MODEL")
+        print("\n".join(_smoke(args.smoke)))
+        return
+    if len(args.stores) != 2:
+        _refuse("give BEFORE_STORE and AFTER_STORE, or --smoke MODEL")
+    try:
+        atol = tolerance(args.atol)
+        before, after = (open_store(text) for text in args.stores)
+    except WorkbenchError as exc:
+        _refuse(str(exc))
+    lines, unreadable = compare_stores(before, after, atol)
     print("\n".join(lines))
+    if unreadable:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

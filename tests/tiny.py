@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 
 import torch
@@ -107,3 +108,17 @@ def cli(capsys, *args: str) -> tuple[int, list[str], str]:
         status = exc.code
     out, err = capsys.readouterr()
     return status, out.strip().splitlines(), err
+
+
+def ended_writer() -> dict[str, float]:
+    """``pid`` and ``pid_started`` of a process that has ended (started, then killed and
+    reaped), as a ``run.json`` records its writer. Its start time is kept, so the pid
+    being reused meanwhile does not bring the writer back."""
+    from workbench.store.runs import process_started
+
+    child = subprocess.Popen(["sleep", "60"])
+    started = process_started(child.pid)
+    child.kill()
+    child.wait()
+    assert started is not None
+    return {"pid": child.pid, "pid_started": started}

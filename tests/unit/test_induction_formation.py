@@ -435,7 +435,7 @@ def test_checkpoints_of_an_unfinished_run_are_not_results(tokenizer, tmp_path, m
     if end == "interrupted":  # its process died before it finished
         staged.parent.mkdir(exist_ok=True)
         run.path.rename(staged)
-        meta.update(status="running", pid=None)
+        meta.update(status="running", **tiny.ended_writer())
     else:
         meta.update(status="failed", error="RuntimeError: out of memory")
     (staged if end == "interrupted" else run.path).joinpath("run.json").write_text(

@@ -181,8 +181,14 @@ def cmd_clean(args: argparse.Namespace) -> None:
 
     store = RunStore(paths.runs_dir(args.out))
     found = store.remove_leftovers() if args.yes else store.leftovers()
+    # listed so that a run clean will not remove is not a mystery; removed only by hand
+    for run in store.held_back():
+        writer = (f"its writer, process {run.meta.pid}, still runs" if run.meta.pid
+                  else "its run.json names no writer process, so it may still be written")
+        _out(f"kept {_cell(run.id)} ({run.status}): {writer}; remove it by hand once "
+             "nothing writes it")
     if not found:
-        _out(f"nothing left behind in {store.root / '.incomplete'}")
+        _out(f"nothing left behind in {store.root / '.incomplete'} by processes that died")
         return
     rows = [{"run": r.id, "experiment": r.experiment, "status": r.status,
              "started": r.meta.started_at[:19], "why": (r.meta.error or "")[:60]}

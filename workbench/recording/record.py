@@ -442,6 +442,29 @@ class Recording:
             out.append(("resid", self.n_layers + 1, (p, t, self.d_model), stored))
         return out
 
+    def array_names(self) -> list[str]:
+        """The arrays of the recording's Zarr group, as its index implies them
+        (``attn/L000``, ``resid/B000``, ...); none for a format-1 recording."""
+        if self._group is None:
+            return []
+        return [zarr_store.array_name(kind, layer)
+                for kind, count, _, _ in self._arrays() for layer in range(count)]
+
+    def array(self, name: str) -> np.ndarray:
+        """The whole of array ``name`` (one of :meth:`array_names`), as stored, every chunk
+        read through the checks of :class:`~workbench.recording.zarr_store.ConfinedStore`.
+
+        Raises:
+            WorkbenchError: no such array (the message lists them), or a file of it that is
+                not a regular file inside the recording.
+            ChecksumError: a chunk missing, unlisted or damaged.
+        """
+        known = self.array_names()
+        if name not in known:
+            raise WorkbenchError(f"{self.root} has no array {name!r}; its arrays: "
+                                 f"{', '.join(known) or 'none'}")
+        return self._read(name, (...,))
+
     def verify(self) -> None:
         """Check every file's SHA-256 against the index (each chunk file, for format 2).
 

@@ -26,6 +26,10 @@ What the store promises, and where it is enforced:
   and its ``run_id`` must be its folder's name; a run that fails is listed with
   ``status == "damaged"`` and ``meta.error`` naming the field, and is never returned by
   :meth:`RunStore.latest` or :meth:`RunStore.find_matching`.
+- **Clean removes only what is provably abandoned.** A staged run is removed
+  (:meth:`RunStore.remove_leftovers`) only when the writer its ``run.json`` names (pid and
+  start time, read even from a record this version cannot validate) no longer runs; a run
+  whose writer lives, or whose ``run.json`` names none, is kept (:meth:`RunStore.held_back`).
 
 Tables are Parquet files whose SHA-256 is kept in ``run.json`` and checked on every read.
 A run is started with the declarations of the tables it may write
@@ -45,6 +49,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -67,7 +72,7 @@ from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.figures import catalog
 from workbench.store import display, provenance, validate
-from workbench.store.records import Interventions, ModelInfo, RunMeta, TableEntry
+from workbench.store.records import PID_MAX, Interventions, ModelInfo, RunMeta, TableEntry
 from workbench.store.schema import SchemaError, Table, current_metric_names
 
 log = logging.getLogger(__name__)
@@ -120,15 +125,40 @@ def _read_meta(path: Path) -> tuple[RunMeta | None, bytes | None, str | None]:
     return meta, data, None
 
 
-def _salvaged(data: bytes | None, key: str) -> str | None:
-    """A string field of a ``run.json`` that failed its check, for listing the damaged run
-    (``None`` when it cannot be read)."""
+def _raw(data: bytes | None) -> dict[str, Any]:
+    """The JSON object of a ``run.json`` that failed its check, unvalidated (empty when it
+    is not one)."""
     try:
         raw = json.loads(data) if data is not None else None
     except (ValueError, RecursionError):
-        return None
-    value = raw.get(key) if isinstance(raw, dict) else None
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _salvaged(raw: Mapping[str, Any], key: str) -> str | None:
+    """A string field of a ``run.json`` that failed its check, for listing the damaged run
+    (``None`` when it cannot be read)."""
+    value = raw.get(key)
     return value if isinstance(value, str) and len(value) <= 200 else None
+
+
+def _salvaged_writer(raw: Mapping[str, Any]) -> tuple[int | None, float | None]:
+    """``pid`` and ``pid_started`` of a ``run.json`` that failed its check (another
+    version's record, one bad field), each read alone, so that ``workbench clean`` can
+    still tell whether the run's writer lives: ``None`` for one that is missing or not
+    of its type and range."""
+    pid, started = raw.get("pid"), raw.get("pid_started")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 <= pid <= PID_MAX:
+        pid = None
+    seconds = None
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        try:
+            seconds = float(started)
+        except OverflowError:  # an integer beyond any float
+            seconds = None
+    if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+        seconds = None
+    return pid, seconds
 
 
 class Run:
@@ -166,10 +196,13 @@ class Run:
     @classmethod
     def _damaged(cls, path: Path, data: bytes | None, problem: str) -> Run:
         # Built without validation: the folder's own name may not be a valid run id.
+        raw = _raw(data)
+        pid, started = _salvaged_writer(raw)
         return cls(path, RunMeta.model_construct(
-            run_id=path.name, experiment=_salvaged(data, "experiment") or "unknown",
+            run_id=path.name, experiment=_salvaged(raw, "experiment") or "unknown",
             status="damaged", error=problem, model=None, config={},
-            started_at=_salvaged(data, "started_at") or "", tables={}, summary=()))
+            started_at=_salvaged(raw, "started_at") or "", tables={}, summary=(),
+            pid=pid, pid_started=started))
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, {self.status})"
@@ -295,6 +328,13 @@ def _alive(pid: int | None, started: float | None = None) -> bool:
         return False
     except (psutil.AccessDenied, OSError):  # it exists, but this user cannot look at it
         return True
+
+
+def _writer_ended(run: Run) -> bool:
+    """Whether the process that wrote ``run`` has provably ended: its ``run.json`` names a
+    pid (read even from a damaged record) and that process no longer runs, or another
+    process took the pid. A run that names no writer may still have one: not ended."""
+    return run.meta.pid is not None and not _alive(run.meta.pid, run.meta.pid_started)
 
 
 def process_started(pid: int | None = None) -> float | None:
@@ -690,20 +730,37 @@ class RunStore:
             return run
         return None
 
-    def leftovers(self) -> list[Run]:
-        """The runs left in ``.incomplete/`` by processes that died: interrupted ones, and
-        damaged ones (a staged ``run.json`` is written whole before anything else, so a
-        damaged one was left by something that is not a workbench run)."""
+    def _unfinished(self) -> list[Run]:
+        """The runs in ``.incomplete/`` that are not running as this version reads them:
+        interrupted, or damaged (a record it cannot validate)."""
         return [r for r in self.runs() if r.path.parent.name == INCOMPLETE
                 and r.status in ("interrupted", "damaged")]
 
+    def leftovers(self) -> list[Run]:
+        """The runs left in ``.incomplete/`` by processes that provably died, which
+        ``workbench clean --yes`` removes: interrupted or damaged runs whose ``run.json``
+        names their writer (``pid``, with ``pid_started`` when recorded) and that process
+        no longer runs. The writer is read from a damaged ``run.json`` too (one written by
+        another version of the workbench sharing the store fails this version's check),
+        so a run still being written is never a leftover, whatever its record says."""
+        return [r for r in self._unfinished() if _writer_ended(r)]
+
+    def held_back(self) -> list[Run]:
+        """The runs in ``.incomplete/`` that look abandoned (interrupted or damaged) but
+        are not :meth:`leftovers`: their writer still runs, or their ``run.json`` names no
+        writer, so nothing proves that no process is writing them. They are never removed
+        by :meth:`remove_leftovers`; once nothing writes one, delete its folder by hand."""
+        return [r for r in self._unfinished() if not _writer_ended(r)]
+
     def remove_leftovers(self) -> list[Run]:
-        """Delete :meth:`leftovers` (each checked again just before, so a run whose process
-        is alive is never removed); return what was removed."""
+        """Delete :meth:`leftovers` (each read again just before, so a run that finished
+        meanwhile, or whose writer turns out to run, is not removed); return what was
+        removed."""
         removed = []
         for run in self.leftovers():
             again = Run.load(run.path)
-            if again.status in ("interrupted", "damaged") and not run.path.is_symlink():
+            if again.status in ("interrupted", "damaged") and _writer_ended(again) \
+                    and not run.path.is_symlink():
                 shutil.rmtree(run.path)
                 removed.append(run)
         return removed
