@@ -18,9 +18,11 @@ from functools import lru_cache
 from pathlib import Path
 
 import flask
+import pandas as pd
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Status
+from workbench.harness import tables
 from workbench.harness.live import LiveQueue
 from workbench.recording.record import Recording
 from workbench.store.runs import INCOMPLETE, Run, RunStore
@@ -179,3 +181,10 @@ def recording(run_id: object) -> Recording:
 @lru_cache(maxsize=8)
 def _open_recording(path: str, mtime_ns: int) -> Recording:
     return Recording.open(Path(path))
+
+
+def table(run: Run, name: str) -> pd.DataFrame:
+    """Table ``name`` of ``run`` read through its declaration (its columns, kinds,
+    ranges and keys: :func:`workbench.harness.tables.read`): a table that does not hold
+    what it declares is a one-line error the page shows, never an HTTP 500."""
+    return tables.read(run, name)

@@ -173,7 +173,7 @@ def send_table(choice: tuple[str, str] | None, fmt: TableFormat) -> tuple[Any, N
         return no_update, None
     run_id, name = choice  # from the client: both are checked by the store
     run = data.get_run(run_id)
-    table = run.table(name)
+    table = data.table(run, name)
     stem = filename(run.id, name)
     if fmt == "csv":
         return dcc.send_data_frame(table.to_csv, f"{stem}.csv", index=False), None

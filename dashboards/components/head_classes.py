@@ -51,7 +51,7 @@ def controls(page: str) -> list:
 
 def table_of(run: Run) -> pd.DataFrame | None:
     """The run's ``head_classes`` table, or ``None`` (a run written before classes)."""
-    return run.table(TABLE) if TABLE in run.table_names() else None
+    return data.table(run, TABLE) if TABLE in run.table_names() else None
 
 
 def class_names(table: pd.DataFrame | None) -> list[str]:

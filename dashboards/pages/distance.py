@@ -79,7 +79,7 @@ def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 4
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(DISTANCE_SCORES.name)
+    scores = data.table(run, DISTANCE_SCORES.name)
     heads = scores.drop_duplicates(["layer", "head"]).sort_values(["layer", "head"])
     options = [_name(int(r.layer), int(r.head)) for r in heads.itertuples()]
     window = _window(run)
@@ -97,7 +97,7 @@ def draw_curves(run_id: RunId, heads: Heads):
     if not run_id or not heads:
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
-    return curves_figure(run.table(DISTANCE_SCORES.name), heads, _window(run))
+    return curves_figure(data.table(run, DISTANCE_SCORES.name), heads, _window(run))
 
 
 def curves_figure(scores: pd.DataFrame, heads: list[tuple[int, int]], window: int | None
@@ -133,8 +133,8 @@ def draw_overview(run_id: RunId):
     if not run_id:
         return no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    return (layers_figure(run.table(DISTANCE_SCORES.name)),
-            loss_figure(run.table(DISTANCE_LOSSES.name)))
+    return (layers_figure(data.table(run, DISTANCE_SCORES.name)),
+            loss_figure(data.table(run, DISTANCE_LOSSES.name)))
 
 
 def layers_figure(scores: pd.DataFrame) -> go.Figure:

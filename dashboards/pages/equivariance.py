@@ -89,7 +89,7 @@ def table(run_id: str, name: str) -> pd.DataFrame:
     run = data.get_run(run_id, shows=SHOWS)
     entry = run.meta.tables.get(name)
     if entry is None:
-        return run.table(name)  # raises: no such table (the message lists the run's)
+        return data.table(run, name)  # raises: no such table (the message lists the run's)
     return _read(str(run.path), name, entry.sha256)
 
 

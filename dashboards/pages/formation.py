@@ -59,7 +59,7 @@ exports.follow("formation-run", page="formation",
 def _table(run_id: str, table: Table) -> pd.DataFrame:
     """A stored table with exactly its declared columns (one a run did not write, such as
     the phase-change window of an older run that found none, is all missing)."""
-    return data.get_run(run_id, shows=SHOWS).table(table.name).reindex(columns=table.names)
+    return data.table(data.get_run(run_id, shows=SHOWS), table.name).reindex(columns=table.names)
 
 
 def _steps(run_id: str, model: str) -> list[int]:

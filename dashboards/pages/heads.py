@@ -83,7 +83,7 @@ GRAPHS = ["heads-heatmap", "heads-compare-heatmap", "heads-difference", "heads-e
 def _scores(run: Run) -> pd.DataFrame:
     """The run's head scores, found by its experiment's declaration (with each head's
     layer type, from its model for a run written before the column)."""
-    scores = run.table(EXPERIMENTS[run.experiment].name)
+    scores = data.table(run, EXPERIMENTS[run.experiment].name)
     model = run.meta.model
     return scores if model is None else with_layer_types(scores, model.layer_types)
 
@@ -465,9 +465,9 @@ def draw_induction(run_id: RunId):
     wanted = (REPEAT_LOSS, LOSS_BY_POSITION, ICL, ABLATION)
     if run.experiment != "induction-heads" or not {t.name for t in wanted} <= names:
         return HIDDEN, no_update, no_update, no_update, no_update, HIDDEN
-    repeat, by_position, icl, ablation = (run.table(t.name) for t in wanted)
+    repeat, by_position, icl, ablation = (data.table(run, t.name) for t in wanted)
     patch, patch_style = {}, HIDDEN  # runs written before the path patch have no table
-    if PATH_PATCH.name in names and len(table := run.table(PATH_PATCH.name)):
+    if PATH_PATCH.name in names and len(table := data.table(run, PATH_PATCH.name)):
         patch, patch_style = path_patch_figure(table), {}
     return ({}, repeat_loss_figure(repeat), icl_figure(by_position, icl),
             ablation_figure(ablation), patch, patch_style)

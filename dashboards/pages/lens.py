@@ -60,8 +60,8 @@ def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 4
     run = data.get_run(run_id, shows=SHOWS)
-    prompts = sorted(run.table(LENS.name).prompt.unique().tolist())
-    scale = run.table(LENS_LAYERS.name).scale.iloc[0]
+    prompts = sorted(data.table(run, LENS.name).prompt.unique().tolist())
+    scale = data.table(run, LENS_LAYERS.name).scale.iloc[0]
     note = (f"The final norm's scale in the lens: {scale} ("
             + ("the final stream's, so the lens is linear" if scale == "frozen" else
                "each boundary's own") + "). Layer n is the model's own output.")
@@ -75,7 +75,7 @@ def _prompt_rows(run: Run, prompt: int) -> pd.DataFrame:
     Raises:
         Refused: the run read no such prompt.
     """
-    lens = run.table(LENS.name)
+    lens = data.table(run, LENS.name)
     among("prompt", prompt, sorted(lens.prompt.unique().tolist()), "the run's prompts")
     return lens[lens.prompt == prompt]
 
@@ -88,7 +88,7 @@ def draw_grid(run_id: RunId, prompt: Index):
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
     rows = _prompt_rows(run, prompt)
-    tokens = run.table(TOKENS.name)
+    tokens = data.table(run, TOKENS.name)
     tokens = tokens[tokens.prompt == prompt].set_index("position").token
     return grid_figure(rows, tokens, f"prompt {prompt}")
 
@@ -120,8 +120,8 @@ def draw_means(run_id: RunId):
     if not run_id:
         return no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    return (layers_figure(run.table(LENS_LAYERS.name)),
-            direct_figure(run.table(DIRECT_EFFECTS.name)))
+    return (layers_figure(data.table(run, LENS_LAYERS.name)),
+            direct_figure(data.table(run, DIRECT_EFFECTS.name)))
 
 
 def layers_figure(layers: pd.DataFrame) -> go.Figure:

@@ -287,7 +287,7 @@ def _links(rec: Recording, run_id: str, layer: int, head: int) -> list:
     for run in data.runs("qk-attribution"):
         if run.model_name != rec.model.name:
             continue
-        explained = run.table(WHY_SCORES.name)
+        explained = data.table(run, WHY_SCORES.name)
         if ((explained.layer == layer) & (explained["head"] == head)).any():
             return [*parts, f"Why does {name} attend here? ",
                     html.A(f"qk-attribution run {run.id}", id="live-why-link",

@@ -62,7 +62,7 @@ head_classes.follow("overview", shows=SHOWS)
 @safe
 def choose_run(run_id: RunId):
     run = data.get_run(run_id, shows=SHOWS)
-    names = list(dict.fromkeys(run.table(HEAD_SCORES.name).metric))
+    names = list(dict.fromkeys(data.table(run, HEAD_SCORES.name).metric))
     if not names:
         return [], None, None, message(f"run {run_id} has no head scores")
     summary = [html.Li(line) for line in run.meta.summary]
@@ -101,7 +101,7 @@ def draw(run_id: RunId, metric: Name, head_class: head_classes.ClassName,
     if metric is None:
         return no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(HEAD_SCORES.name)
+    scores = data.table(run, HEAD_SCORES.name)
     among("metric", metric, list(dict.fromkeys(scores.metric)), "the run's metrics")
     declared = metrics.get(metric)
     bounded = declared.bounded  # on [0, 1], the fixed scale

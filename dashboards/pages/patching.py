@@ -73,7 +73,7 @@ exports.follow("patching-run", page="patching", graphs=GRAPHS)
 
 
 def behaviour_note(run: Run) -> str:
-    row = run.table(BEHAVIOUR.name).set_index("scope").loc["all"]
+    row = data.table(run, BEHAVIOUR.name).set_index("scope").loc["all"]
     verdict = ("above chance" if row.above_chance else
                "not above chance: no head class is claimed")
     return (f"logit difference IO - S at END {row.logit_diff:+.3f} [{row.ci_low:+.3f}, "
@@ -90,7 +90,7 @@ def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
-    table = run.table(PATCH_POSITIONS.name)
+    table = data.table(run, PATCH_POSITIONS.name)
     groups = sorted(table.group.unique().tolist())
     sites = list(dict.fromkeys(table.site.tolist()))
     return (groups, groups[0] if groups else None, sites, sites[0] if sites else None,
@@ -103,7 +103,7 @@ def _rows(run: Run, group: str, site: str) -> pd.DataFrame:
     Raises:
         Refused: the run has no such group or site.
     """
-    table = run.table(PATCH_POSITIONS.name)
+    table = data.table(run, PATCH_POSITIONS.name)
     among("group", group, sorted(table.group.unique().tolist()), "the run's groups")
     among("site", site, list(dict.fromkeys(table.site.tolist())), "the run's sites")
     return table[(table.group == group) & (table.site == site)]
@@ -156,7 +156,7 @@ def positions_figure(rows: pd.DataFrame, title: str) -> go.Figure:
 def draw_heads(run_id: RunId):
     if not run_id:
         return no_update
-    heads = data.get_run(run_id, shows=SHOWS).table(PATCH_HEADS.name)
+    heads = data.table(data.get_run(run_id, shows=SHOWS), PATCH_HEADS.name)
     return heads_figure(heads)
 
 
@@ -185,7 +185,7 @@ def show_cell(run_id: RunId, group: Name, site: Name, cell: ClickedCell, head: C
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
     if triggered() == "patching-heads" and head is not None:
-        heads = run.table(PATCH_HEADS.name)
+        heads = data.table(run, PATCH_HEADS.name)
         layer, h = head
         below("layer", layer, int(heads.layer.max()) + 1, "layers patched")
         below("head", h, int(heads["head"].max()) + 1, "heads in each layer")
@@ -211,7 +211,7 @@ def draw_circuit(run_id: RunId):
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
     # a run written before the upstream path patches has no upstream_paths table
-    upstream = (run.table(UPSTREAM_PATHS.name) if UPSTREAM_PATHS.name in run.table_names()
+    upstream = (data.table(run, UPSTREAM_PATHS.name) if UPSTREAM_PATHS.name in run.table_names()
                 else None)
-    return circuit.circuit_figure(run.table(CLASSES.name), run.table(PATH_PATCHING.name),
-                                  upstream)
+    return circuit.circuit_figure(data.table(run, CLASSES.name),
+                                  data.table(run, PATH_PATCHING.name), upstream)

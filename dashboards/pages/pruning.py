@@ -75,11 +75,11 @@ exports.follow("pruning-run", page="pruning", graphs=[
 @safe
 def choose_run(run_id: RunId):
     run = data.get_run(run_id, shows=SHOWS)
-    kinds = sorted(run.table(HEAD_SCORES.name).metric.unique())
-    curve = run.table(PRUNING_CURVE.name)
+    kinds = sorted(data.table(run, HEAD_SCORES.name).metric.unique())
+    curve = data.table(run, PRUNING_CURVE.name)
     metrics = list(dict.fromkeys(curve.metric))
     budgets = [{"label": f"{b:.0%}", "value": float(b)}
-               for b in sorted(run.table(MASKS.name).budget.unique())]
+               for b in sorted(data.table(run, MASKS.name).budget.unique())]
     orders = _orders(curve)
     summary = [html.Li(line) for line in run.meta.summary]
     return (kinds, "importance_gradient" if "importance_gradient" in kinds else kinds[0],
@@ -94,7 +94,7 @@ def draw_importance(run_id: RunId, kind: Name):
     if kind is None:
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(HEAD_SCORES.name)
+    scores = data.table(run, HEAD_SCORES.name)
     among("importance", kind, sorted(scores.metric.unique()), "the run's importances")
     return figures.head_heatmap(scores, kind,
                                 title=f"{kind} · {run.model_name} (unpruned model)")
@@ -107,7 +107,7 @@ def draw_curves(run_id: RunId, metric: Name):
     if metric is None:
         return no_update
     run = data.get_run(run_id, shows=SHOWS)
-    curve = run.table(PRUNING_CURVE.name)
+    curve = data.table(run, PRUNING_CURVE.name)
     among("metric", metric, list(dict.fromkeys(curve.metric)), "the run's metrics")
     return curves.pruning_curves(curve, metric, run.model_name or "")
 
@@ -118,7 +118,7 @@ def draw_curves(run_id: RunId, metric: Name):
 def draw_mask(run_id: RunId, budget: Budget):
     if budget is None:
         return no_update
-    masks = data.get_run(run_id, shows=SHOWS).table(MASKS.name)
+    masks = data.table(data.get_run(run_id, shows=SHOWS), MASKS.name)
     at = masks[np.isclose(masks.budget, budget)]
     if at.empty:
         among("budget", budget, sorted(masks.budget.unique().tolist()), "the run's budgets")
@@ -146,7 +146,7 @@ def _orders(table: pd.DataFrame) -> list[str]:
 def draw_survival(run_id: RunId, order: Name):
     if order is None:
         return no_update
-    table = data.get_run(run_id, shows=SHOWS).table(PRUNING_ORDER.name)
+    table = data.table(data.get_run(run_id, shows=SHOWS), PRUNING_ORDER.name)
     among("order", order, _orders(table), "the run's orders")
     mine = table[table.order == order]
     scores = _survival_scores(mine)
@@ -167,10 +167,10 @@ def describe_head(importance_click: ClickedHead, survival_click: ClickedHead, ru
         return "Click a head in the importance or survival map to see its history."
     layer, head = click
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(HEAD_SCORES.name)
+    scores = data.table(run, HEAD_SCORES.name)
     below("layer", layer, int(scores.layer.max()) + 1, "layers in the run's model")
     below("head", head, int(scores["head"].max()) + 1, "heads in each layer")
-    return head_history(run.table(PRUNING_ORDER.name), scores, layer, head)
+    return head_history(data.table(run, PRUNING_ORDER.name), scores, layer, head)
 
 
 def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: int) -> str:
@@ -190,7 +190,7 @@ def head_history(order: pd.DataFrame, scores: pd.DataFrame, layer: int, head: in
 @safe
 def draw_kinds(run_id: RunId):
     """The run's join with the head-finding and sink runs it found on the same weights."""
-    survival = data.get_run(run_id, shows=SHOWS).table(SURVIVAL.name)
+    survival = data.table(data.get_run(run_id, shows=SHOWS), SURVIVAL.name)
     if survival.empty:
         return html.P(f"No complete run of {', '.join(KIND_EXPERIMENTS)} on these weights "
                       "when this run was made.", className="wb-note")
@@ -235,7 +235,7 @@ def speed_rows(speed: pd.DataFrame) -> pd.DataFrame:
 @callback(Output("pruning-speed", "children"), Input("pruning-run", "value"))
 @safe
 def draw_speed(run_id: RunId):
-    speed = data.get_run(run_id, shows=SHOWS).table(SPEEDUP.name)
+    speed = data.table(data.get_run(run_id, shows=SHOWS), SPEEDUP.name)
     if speed.empty:
         return html.P("Not measured in this run.", className="wb-note")
     shown = speed_rows(speed)

@@ -31,6 +31,7 @@ from experiments.attention_sinks.tables import (
     STREAMING_PERPLEXITY,
     TOP_RECEIVERS,
 )
+from workbench.core.errors import WorkbenchError
 from workbench.figures import pages
 from workbench.scores import metrics
 from workbench.store.runs import Run
@@ -94,8 +95,8 @@ def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
-    inputs = list(dict.fromkeys(run.table(SINK_RATES.name).input))
-    names = sorted(set(run.table(HEAD_SCORES.name).metric), key=lambda m: (m != ALPHA_1, m))
+    inputs = list(dict.fromkeys(data.table(run, SINK_RATES.name).input))
+    names = sorted(set(data.table(run, HEAD_SCORES.name).metric), key=lambda m: (m != ALPHA_1, m))
     return (inputs, inputs[0], names, ALPHA_1,
             [html.Li(line) for line in run.meta.summary], None)
 
@@ -106,7 +107,7 @@ def _input_scores(run: Run, input_name: str) -> pd.DataFrame:
     Raises:
         Refused: the run scored no such input.
     """
-    scores = run.table(INPUT_SCORES.name)
+    scores = data.table(run, INPUT_SCORES.name)
     among("input name", input_name, list(dict.fromkeys(scores.input)), "the run's inputs")
     return scores[scores.input == input_name]
 
@@ -135,10 +136,10 @@ def draw_input(run_id: RunId, input_name: Name):
         return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
     scores = _input_scores(run, input_name)
-    eps = float(run.table(SINK_RATES.name).eps.iloc[0])
+    eps = float(data.table(run, SINK_RATES.name).eps.iloc[0])
     return (mass_figure(scores, input_name),
-            receivers_figure(run.table(TOP_RECEIVERS.name), input_name),
-            massive_figure(run.table(MASSIVE_ACTIVATIONS.name), input_name, eps))
+            receivers_figure(data.table(run, TOP_RECEIVERS.name), input_name),
+            massive_figure(data.table(run, MASSIVE_ACTIVATIONS.name), input_name, eps))
 
 
 @callback(Output("sinks-rates", "figure"), Output("sinks-streaming-table", "data"),
@@ -149,11 +150,11 @@ def draw_run(run_id: RunId):
     if not run_id:
         return no_update, no_update, no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    rates = rates_figure(run.table(SINK_RATES.name))
+    rates = rates_figure(data.table(run, SINK_RATES.name))
     if STREAMING_PERPLEXITY.name not in run.table_names():
         why = skip_reason(run, "streaming") or "the run records no reason"
         return rates, [], [], f"streaming perplexity: skipped ({why})", HIDDEN
-    table = run.table(STREAMING_PERPLEXITY.name)
+    table = data.table(run, STREAMING_PERPLEXITY.name)
     shown = table[STREAMING_SHOWN].round(3).astype(object).where(
         table[STREAMING_SHOWN].notna(), "")
     note = (f"{int(table.n_tokens.iloc[0])}-token text; masks at absolute positions; "
@@ -167,7 +168,7 @@ def skip_reason(run: Run, part: str) -> str | None:
     """Why the run skipped ``part`` (a ``part`` of its ``skipped`` table), if it says."""
     if SKIPPED.name not in run.table_names():
         return None
-    skipped = run.table(SKIPPED.name)
+    skipped = data.table(run, SKIPPED.name)
     reasons = skipped[skipped.part == part].reason
     return str(reasons.iloc[0]) if len(reasons) else None
 
@@ -181,8 +182,11 @@ def draw_streaming(run_id: RunId, curve: Annotated[str | None, OneOf(CURVES)]):
     run = data.get_run(run_id, shows=SHOWS)
     if STREAMING_PERPLEXITY.name not in run.table_names():
         return no_update  # the section is hidden and the note says why
-    table = run.table(STREAMING_PERPLEXITY.name)
-    losses = run.table(STREAMING_LOSSES.name)
+    table = data.table(run, STREAMING_PERPLEXITY.name)
+    losses = data.table(run, STREAMING_LOSSES.name)
+    if table.window.dropna().empty:  # rows, but none with a window
+        raise WorkbenchError(f"run {run.id}: table {STREAMING_PERPLEXITY.name} holds no "
+                             "row with a cache window: nothing to draw")
     if curve == "binned":
         return streaming_figure(losses, table)
     return running_figure(losses, table)

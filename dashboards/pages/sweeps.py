@@ -63,7 +63,7 @@ exports.follow("sweeps-run", page="sweeps", graphs=["sweeps-mosaic", "sweeps-lin
 
 def _table(run_id: str, name: str) -> pd.DataFrame:
     declared = {"scores": SCORES, "cells": CELLS}[name]
-    return data.get_run(run_id, shows=SHOWS).table(name).reindex(columns=declared.names)
+    return data.table(data.get_run(run_id, shows=SHOWS), name).reindex(columns=declared.names)
 
 
 def _split(value: str) -> tuple[str, str]:

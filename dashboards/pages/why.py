@@ -97,7 +97,7 @@ def choose_run(run_id: RunId):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
-    scores = run.table(SCORES.name)
+    scores = data.table(run, SCORES.name)
     options = _heads(scores)
     prompts = sorted(scores.prompt.unique().tolist())
     return (options, options[0], [{"label": f"prompt {p}", "value": p} for p in prompts],
@@ -106,7 +106,7 @@ def choose_run(run_id: RunId):
 
 def source_note(run: Run) -> list:
     """Where the heads came from, with a link back to the Heads page of that run."""
-    sources = run.table(SOURCES.name).set_index("part")
+    sources = data.table(run, SOURCES.name).set_index("part")
     heads = sources.loc["heads"]
     parts: list = [f"heads {heads.heads} ("]
     if heads.experiment:
@@ -133,7 +133,7 @@ def choose_query(run_id: RunId, head: NamedHead, prompt: Index):
     if not run_id or head is None or prompt is None:
         return no_update, no_update, no_update
     run = data.get_run(run_id, shows=SHOWS)
-    mine = _mine(run.table(SCORES.name), head, prompt)
+    mine = _mine(data.table(run, SCORES.name), head, prompt)
     tokens = _tokens(run, prompt)
     options = [{"label": f"{r.query_pos} '{tokens[r.query_pos]}' -> {r.key_pos} "
                          f"'{tokens[r.key_pos]}' (w {r.weight:.2f})", "value": int(r.query_pos)}
@@ -142,7 +142,7 @@ def choose_query(run_id: RunId, head: NamedHead, prompt: Index):
 
 
 def _tokens(run: Run, prompt: int) -> list[str]:
-    tokens = run.table(TOKENS.name)
+    tokens = data.table(run, TOKENS.name)
     return tokens[tokens.prompt == prompt].sort_values("position").token.tolist()
 
 
@@ -157,7 +157,7 @@ def draw_pair(run_id: RunId, head: NamedHead, prompt: Index, query: Index):
     layer, h = head
     name = head_label(layer, h)
     run = data.get_run(run_id, shows=SHOWS)
-    queries = _mine(run.table(SCORES.name), head, prompt)
+    queries = _mine(data.table(run, SCORES.name), head, prompt)
     among("query", query, sorted(queries.query_pos.unique().tolist()),
           f"the queries of {name} on prompt {prompt}")
     tokens = _tokens(run, prompt)
@@ -166,14 +166,14 @@ def draw_pair(run_id: RunId, head: NamedHead, prompt: Index, query: Index):
         return table[(table.layer == layer) & (table["head"] == h) & (table.prompt == prompt)
                      & (table.query_pos == query)]
 
-    pair = mine(run.table(SCORES.name))
+    pair = mine(data.table(run, SCORES.name))
     keys = pair.key_pos.tolist()
-    contrib = mine(run.table(PAIR_CONTRIBUTIONS.name))
+    contrib = mine(data.table(run, PAIR_CONTRIBUTIONS.name))
     title = pair_title(name, query, keys[0], tokens)
-    return (strip_figure(mine(run.table(PATTERNS.name)), tokens, query, keys, name),
+    return (strip_figure(mine(data.table(run, PATTERNS.name)), tokens, query, keys, name),
             bars_figure(contrib[contrib.side == "key"], f"key side: {title}"),
             bars_figure(contrib[contrib.side == "query"], f"query side: {title}"),
-            matrix_figure(mine(run.table(PAIR_MATRIX.name)), f"pairs: {title}",
+            matrix_figure(mine(data.table(run, PAIR_MATRIX.name)), f"pairs: {title}",
                           float(pair.score.mean())))
 
 
@@ -220,7 +220,7 @@ def draw_aggregate(run_id: RunId, head: NamedHead):
         return no_update
     layer, h = head
     run = data.get_run(run_id, shows=SHOWS)
-    among("head", head_label(layer, h), _heads(run.table(SCORES.name)), "the run's heads")
-    att = run.table(ATTRIBUTION.name)
+    among("head", head_label(layer, h), _heads(data.table(run, SCORES.name)), "the run's heads")
+    att = data.table(run, ATTRIBUTION.name)
     return aggregate_figure(att[(att.layer == layer) & (att["head"] == h)],
                             head_label(layer, h))

@@ -134,7 +134,7 @@ STREAMING_PERPLEXITY = Table(
         ("n_matched", "int", "positions in ppl_matched"),
         ("n_targets", "int", "targets evaluated"),
         ("n_tokens", "int", "tokens of the streamed text, BOS included"),
-    ))
+    ), keys=("variant", "label"), min_rows=1)
 
 STREAMING_LOSSES = Table("streaming_losses", "the loss of every evaluated target", columns(
     ("variant", "str", "as in streaming_perplexity"),

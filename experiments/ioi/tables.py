@@ -41,13 +41,13 @@ DIRECT_EFFECTS = Table("direct_effects", "each component's direct effect on the 
     ),
     *columns(
         ("layer", "int", "layer the component comes from; -1 for embed, n_layers for the "
-         "final norm's and the unembedding's biases"),
-        ("head", "int", "query head index for a head; -1 otherwise"),
+         "final norm's and the unembedding's biases", (-1, "n_layers+1")),
+        ("head", "int", "query head index for a head; -1 otherwise", (-1, "n_heads")),
         ("effect", "float", "mean over prompts of the direct effect, in logits"),
         _LOW, _HIGH,
         ("share", "float", "effect / the mean logit difference"),
         _N,
-    )))
+    )), keys=("component",))
 ATTENTION = Table("attention", "each head's attention between the named positions", (
     *HEAD_KEYS,
     *columns(
@@ -56,7 +56,7 @@ ATTENTION = Table("attention", "each head's attention between the named position
         ("role", "str", "the position attended to: IO, S1, S1+1 or S2"),
         ("weight", "float", "mean attention weight from the query's position to the role's"),
         _LOW, _HIGH, _N,
-    )))
+    )), keys=('layer', 'head', 'query', 'role'))
 CLASSES = Table("classes", "heads sorted into Wang et al.'s classes by the stated criteria", (
     *columns(("head_class", "str", "name mover, negative name mover, s-inhibition, "
               "duplicate-token, induction or previous-token")),
@@ -74,13 +74,13 @@ CLASSES = Table("classes", "heads sorted into Wang et al.'s classes by the state
          "above 0), so the class is claimed"),
         ("criterion", "str", "the rule the head met"),
         _N,
-    )))
+    )), keys=('head_class', 'layer', 'head'))
 PATCH_POSITIONS = Table("patch_positions", "activation patching of the clean run into the "
                         "corrupted one, layers x positions, normalised (0 corrupted, 1 clean)", (
     *columns(
         ("site", "str", "resid_pre, attn_out or mlp_out"),
         _GROUP,
-        ("layer", "int", "layer index, from 0"),
+        ("layer", "int", "layer index, from 0", (0, "n_layers")),
         ("position", "int", "position patched; -1 every position, -2 none (the checks)"),
         ("role", "str", "IO, S1, S1+1, S2, END, or '' for another position"),
         ("token", "str", "the token there, of the group's first clean prompt ('' for -1, -2)"),
@@ -91,11 +91,11 @@ PATCH_POSITIONS = Table("patch_positions", "activation patching of the clean run
 PATCH_HEADS = Table("patch_heads", "each head's output (every position) patched from the clean "
                     "run into the corrupted one, normalised (0 corrupted, 1 clean)", (
     *columns(
-        ("layer", "int", "layer index, from 0"),
-        ("head", "int", "query head index; -1 every head of the layer"),
+        ("layer", "int", "layer index, from 0", (0, "n_layers")),
+        ("head", "int", "query head index; -1 every head of the layer", (-1, "n_heads")),
         ("value", "float", "normalised metric, over every patched prompt"),
         _LOW, _HIGH, _N,
-    ),))
+    ),), keys=('layer', 'head'))
 PATH_PATCHING = Table("path_patching", "each sender head's output replaced by its corrupted "
                       "(ABC) one in only the receivers' queries", (
     *HEAD_KEYS,

@@ -13,7 +13,8 @@ LENS = Table("lens", "each read position's answer token through the logit lens, 
     ("prompt", "int", "index of the prompt, from 0"),
     ("position", "int", "the position read (its answer is the token after it)"),
     ("layer", "int", "layer boundary 0 .. n_layers: the residual stream entering block "
-     "layer; n_layers is the last block's output (the model's own logits)"),
+     "layer; n_layers is the last block's output (the model's own logits)",
+     (0, "n_layers+1")),
     ("answer_id", "int", "the answer token's id"),
     ("answer", "str", "the answer token, readable"),
     ("answer_logit", "float", "its logit through the final norm and the unembedding"),
@@ -25,7 +26,7 @@ LENS = Table("lens", "each read position's answer token through the logit lens, 
 ))
 LENS_LAYERS = Table("lens_layers", "the logit lens per layer boundary, mean over prompts "
                     "(each prompt's read positions averaged first)", columns(
-    ("layer", "int", "layer boundary 0 .. n_layers"),
+    ("layer", "int", "layer boundary 0 .. n_layers", (0, "n_layers+1")),
     ("answer_prob", "float", "mean probability of the answer token"),
     _LOW, _HIGH,
     ("answer_top", "float", "share of read positions whose top token is the answer"),
@@ -41,14 +42,14 @@ DIRECT_EFFECTS = Table("direct_effects", "each component's direct effect on the 
      "ln_final_bias or unembed_bias"),
     ("kind", "str", "embed, head, mlp or bias"),
     ("layer", "int", "layer the component comes from; -1 for embed, n_layers for the final "
-     "norm's and the unembedding's biases"),
-    ("head", "int", "query head index for a head; -1 otherwise"),
+     "norm's and the unembedding's biases", (-1, "n_layers+1")),
+    ("head", "int", "query head index for a head; -1 otherwise", (-1, "n_heads")),
     ("effect", "float", "mean over prompts (each prompt's read positions averaged first), "
      "in logits"),
     _LOW, _HIGH,
     ("share", "float", "effect / the mean of the answer's centred logit"),
     _N,
-))
+), keys=("component",))
 DIRECT_PER_PROMPT = Table("direct_per_prompt", "each component's direct effect on each "
                           "prompt (mean over its read positions)", columns(
     ("prompt", "int", "index of the prompt"),

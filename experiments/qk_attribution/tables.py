@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, Table, columns, tables
+from workbench.store.schema import HEAD_KEYS, Column, Table, columns, tables
 
 _SIDE = ("side", "str", "key (the key written by each component, the query whole) or query "
          "(the reverse); with grouped-query attention the key is the head's kv group's")
@@ -73,7 +73,9 @@ TOKENS = Table("tokens", "the prompts' tokens", columns(
 ))
 GROUPS = Table("groups", "summed shares of groups of components: the previous-token heads "
                "of the K-composition ablation, random same-layer heads, the embedding", (
-    *HEAD_KEYS,
+    Column("layer", "int", "the attributed head's layer; -1 with head -1: the mean over "
+                           "the attributed heads", bounds=(-1, "n_layers")),
+    Column("head", "int", "the attributed head; -1 with layer -1", bounds=(-1, "n_heads")),
     *columns(
         _SIDE,
         ("group", "str", "previous-token, random, excess (previous-token minus the mean "

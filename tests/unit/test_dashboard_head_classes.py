@@ -28,7 +28,10 @@ def table(fdr: float = 0.05) -> pd.DataFrame:
 
 def run_with(frame: pd.DataFrame | None) -> SimpleNamespace:
     names = [] if frame is None else ["head_scores", "head_classes"]
-    return SimpleNamespace(id="r1", table_names=lambda: names, table=lambda name: frame)
+    # a kind that declares no tables: the frame holds only the columns the heatmap reads
+    return SimpleNamespace(id="r1", experiment="a-stand-in", table_names=lambda: names,
+                           table=lambda name: frame, meta=SimpleNamespace(
+                               tables={n: SimpleNamespace(rows=len(frame)) for n in names}))
 
 
 def marked(fig: go.Figure) -> set[tuple[int, int]]:

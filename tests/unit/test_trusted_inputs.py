@@ -85,9 +85,9 @@ def _options(parser: argparse.ArgumentParser):
             yield parser.prog, action
 
 
-TEXT_OPTIONS = {"--address", "--device"}
+TEXT_OPTIONS = {"--address", "--device", "--allowed-hosts"}
 """Options whose ``type=`` parses text that is not a number (a cluster address, a torch
-device)."""
+device, host names)."""
 
 
 def test_every_numeric_command_line_option_has_declared_bounds():

@@ -83,14 +83,16 @@ def _classes(run: Any, fdr: float | None) -> str:
     """The heads in each class of the run's head_classes table, best score first: at the
     run's declared rate, or at ``fdr`` (a BH q-value is the least rate that rejects)."""
     from workbench.core.errors import WorkbenchError
+    from workbench.harness import tables
     from workbench.scores import classes
+    from workbench.store.runs import model_sizes
     from workbench.store.schema import head_classes
 
     if "head_classes" not in run.table_names():
         return "class      none: the run has no head_classes table"
-    table = run.table("head_classes")
-    try:
-        head_classes().check(table)
+    table = tables.read(run, "head_classes")
+    try:  # also for a kind that does not declare it: every head_classes table is one shape
+        head_classes().check(table, model_sizes(run.meta.model))
     except WorkbenchError as exc:
         raise WorkbenchError(f"run {_cell(run.id)}: {exc}") from None
     blocks = []
@@ -206,8 +208,9 @@ def _table_head(run: Any, table: str, rows: int) -> str:
     import pandas as pd
 
     from workbench.core.errors import printable
+    from workbench.harness import tables
 
-    head = run.table(table).head(rows)
+    head = tables.read(run, table).head(rows)
     head = head.map(lambda v: printable(v) if isinstance(v, str) else v)
     with pd.option_context("display.width", 120, "display.max_columns", 20):
         return head.to_string(index=False)

@@ -343,7 +343,7 @@ def verify_stored_files(run: Run) -> None:
     Raises:
         WorkbenchError / ChecksumError: the first file that fails its check.
     """
-    from workbench.harness.verify import stored_files
+    from workbench.harness.stored import stored_files
 
     for held in stored_files(run.path):
         held.verify()

@@ -34,7 +34,8 @@ from typing import Literal
 from workbench.core import paths, progress
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.registry import did_you_mean
-from workbench.models import cache, checkpoints, zoo
+from workbench.harness.stored import StoredFiles, stored_files
+from workbench.models import cache, zoo
 from workbench.recording.record import INDEX, Recording
 from workbench.store.runs import RUN_JSON, Run, RunStore
 
@@ -68,44 +69,6 @@ class Check:
     kind: Kind
     status: CheckStatus
     detail: str
-
-
-@dataclass(frozen=True)
-class StoredFiles:
-    """A recording or checkpoint folder inside a run, verified against its own manifest."""
-
-    kind: Literal["recording", "checkpoint"]
-    path: Path
-
-    def verify(self) -> None:
-        """Re-hash every file of the folder.
-
-        Raises:
-            WorkbenchError / ChecksumError: the first file that fails its check.
-        """
-        if self.kind == "recording":
-            Recording.open(self.path).verify()
-        else:
-            checkpoints.verify(self.path)
-
-
-def stored_files(run_dir: Path) -> list[StoredFiles]:
-    """The recordings (every folder holding ``index.json``, e.g. ``recording/``,
-    ``example/``) and checkpoints in a run folder, in a stable order.
-
-    Args:
-        run_dir: the run's folder.
-
-    Returns:
-        One entry per recording, then one per checkpoint (by layers, then step).
-    """
-    found = []
-    for folder, dirs, files in os.walk(run_dir, followlinks=False):
-        dirs.sort()
-        if INDEX in files:
-            found.append(StoredFiles("recording", Path(folder)))
-    found += [StoredFiles("checkpoint", ref.path) for ref in checkpoints.list_checkpoints(run_dir)]
-    return found
 
 
 @dataclass(frozen=True)
@@ -230,6 +193,7 @@ def _check_run(run: Run) -> Check:
         return Check(run.id, "run", "damaged", run.meta.error or "no reason recorded")
     held = stored_files(run.path)
     problems = [p for p in (_problem(run), *map(_problem, held)) if p]
+    problems = problems or _table_problems(run)  # what the files hold, once they are whole
     if problems:
         return Check(run.id, "run", "damaged", "; ".join(problems))
     n_rec = sum(h.kind == "recording" for h in held)
@@ -241,6 +205,20 @@ def _check_run(run: Run) -> Check:
         return Check(run.id, "run", "failed", f"the run failed ({error}); what it wrote before "
                                               f"failing is intact: {hashed}")
     return Check(run.id, "run", "ok", hashed)
+
+
+def _table_problems(run: Run) -> list[str]:
+    """What each table of ``run`` holds against what its ``run.json`` states (its rows) and
+    its declaration (columns, kinds, ranges, keys: :func:`workbench.harness.tables.read`)."""
+    from workbench.harness import tables
+
+    problems = []
+    for name in run.table_names():
+        try:
+            tables.read(run, name)
+        except WorkbenchError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def _problem(thing: Run | StoredFiles) -> str | None:

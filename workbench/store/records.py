@@ -271,6 +271,24 @@ class RunMeta(Record):
     load_at_end: LoadAverage | None = None
     """The machine's load average as the run ended (complete or failed)."""
 
+    @model_validator(mode="after")
+    def _facts_agree(self) -> RunMeta:
+        """The facts a run states agree with each other: it ends after it starts, and
+        its seed is its config's (the store writes both from one value)."""
+        from datetime import UTC, datetime
+
+        def utc(stamp: str) -> datetime:  # a stamp without a zone is the store's UTC
+            moment = datetime.fromisoformat(stamp)
+            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+        if self.ended_at is not None and utc(self.ended_at) < utc(self.started_at):
+            raise ValueError(f"'ended_at' {self.ended_at} is before 'started_at' "
+                             f"{self.started_at}")
+        stated = self.config.get("seed")
+        if isinstance(stated, int) and not isinstance(stated, bool) and self.seed != stated:
+            raise ValueError(f"'seed' {self.seed} is not the config's seed {stated}")
+        return self
+
     @property
     def busy(self) -> bool | None:
         """Whether the machine was busy during the run: a 1-minute load above its cores at

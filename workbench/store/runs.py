@@ -313,6 +313,12 @@ class Run:
                                     "or damaged")
 
 
+def model_sizes(model: ModelInfo | None) -> dict[str, int] | None:
+    """The bounds of a table's layer and head indices: the run's model's counts
+    (``None`` for a run that names no model)."""
+    return None if model is None else {"n_layers": model.n_layers, "n_heads": model.n_heads}
+
+
 def _alive(pid: int | None, started: float | None = None) -> bool:
     """Whether the process that wrote a run still runs: ``pid`` lives, is not a zombie, and
     (when its start time was recorded) started when the run's process did, so that a pid
@@ -395,7 +401,7 @@ class ActiveRun:
         if name not in self.declared:
             known = ", ".join(self.declared) or "none"
             raise SchemaError(f"run {self.id} declares no table '{name}'; declared: {known}")
-        self.declared[name].check(df)
+        self.declared[name].check(df, model_sizes(self.meta.model))
         path = self.dir / f"{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
         try:

@@ -9,6 +9,11 @@ the contract between an experiment and the pages that show it is written in one 
 Kinds: ``int`` (integer dtype), ``float`` (float or integer dtype; NaN allowed), ``str``
 (strings, missing values allowed), ``bool`` (missing values allowed).
 
+Values are checked too, on save and on every read through
+:func:`workbench.harness.tables.read`: each column's range (a probability in [0, 1], a
+count at least 0, a layer or head index of the run's model: :data:`BOUNDS`, or the
+column's own ``bounds``), and the table's key columns, whose combination is unique.
+
 Examples:
     >>> SINK_RATES = Table("sink_rates", "share of heads that are sinks, per input", (
     ...     Column("input", "str", "input kind, with or without BOS"),
@@ -36,13 +41,37 @@ class SchemaError(WorkbenchError):
     """A table that does not match its declaration."""
 
 
+Bound = tuple[float | None, float | str | None]
+"""A column's inclusive range ``(low, high)``; a ``high`` of ``"n_layers"`` or ``"n_heads"``
+is the run's model's count, which the index stays below, and ``"n_layers+1"`` lets it
+reach the count (a layer boundary); ``None``: no bound."""
+
+BOUNDS: dict[str, Bound] = {"p": (0, 1), "q": (0, 1), "fdr": (0, 1)}
+"""The ranges of the columns every table names alike, declared once: the p-values,
+q-values and rates of the head classes. An ``int`` column whose name starts ``n_`` is a
+count, at least 0; the head keys (:data:`HEAD_KEYS`) index the run's model's heads."""
+
+
 @dataclass(frozen=True)
 class Column:
-    """One column: its name, kind and a one-line meaning (units, range, definition)."""
+    """One column: its name, kind and a one-line meaning (units, range, definition), and
+    its range where it is not the one :data:`BOUNDS` gives its name."""
 
     name: str
     kind: Kind
     meaning: str
+    bounds: Bound | None = None
+
+    @property
+    def range(self) -> Bound | None:
+        """The inclusive range values of this column must fall in (``None``: any)."""
+        if self.bounds is not None:
+            return self.bounds
+        if self.name in BOUNDS:
+            return BOUNDS[self.name]
+        if self.kind == "int" and self.name.startswith("n_"):
+            return (0, None)
+        return None
 
 
 @dataclass(frozen=True)
@@ -52,11 +81,17 @@ class Table:
     name: str
     meaning: str
     columns: tuple[Column, ...]
+    keys: tuple[str, ...] = ()
+    """Columns whose values together name one row: no two rows share them."""
+    min_rows: int = 0
+    """The fewest rows the table holds when it is written at all (1: never empty)."""
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
         if len(set(names)) != len(names):
             raise ValueError(f"table {self.name} declares a column twice: {names}")
+        if not set(self.keys) <= set(names):
+            raise ValueError(f"table {self.name}'s keys {self.keys} are not all its columns")
 
     @property
     def names(self) -> list[str]:
@@ -82,9 +117,16 @@ class Table:
         dtypes = {"int": "int64", "float": "float64", "str": "object", "bool": "bool"}
         return pd.DataFrame({c.name: pd.Series(dtype=dtypes[c.kind]) for c in self.columns})
 
-    def check(self, df: pd.DataFrame) -> None:
+    def check(self, df: pd.DataFrame, sizes: Mapping[str, int] | None = None) -> None:
         """Raise :class:`SchemaError` unless ``df`` has exactly the declared columns, each of
-        its declared kind."""
+        its declared kind, every value in its column's range and no two rows with the
+        same keys.
+
+        Args:
+            df: the table.
+            sizes: ``{"n_layers": ..., "n_heads": ...}`` of the run's model, the upper
+                bounds of layer and head indices (``None``: unknown, not checked).
+        """
         missing = [n for n in self.names if n not in df.columns]
         extra = [str(n) for n in df.columns if n not in self.names]
         if missing or extra:
@@ -95,6 +137,34 @@ class Table:
             if not _has_kind(df[c.name], c.kind):
                 raise SchemaError(f"table {self.name}: column {c.name} is declared {c.kind} "
                                   f"but holds {df[c.name].dtype}")
+            if c.range is not None and c.kind in ("int", "float"):
+                _check_range(self.name, c, df[c.name], sizes or {})
+        if len(df) < self.min_rows:
+            raise SchemaError(f"table {self.name} holds {len(df)} rows; it is written with at "
+                              f"least {self.min_rows}")
+        if self.keys and len(df) and df.duplicated(list(self.keys)).any():
+            row = df[df.duplicated(list(self.keys))].iloc[0]
+            key = ", ".join(f"{k}={row[k]!r}" for k in self.keys)
+            raise SchemaError(f"table {self.name}: two rows have the same {key}")
+
+
+def _check_range(table: str, column: Column, values: pd.Series,
+                 sizes: Mapping[str, int]) -> None:
+    """Raise :class:`SchemaError` for the first value of ``column`` outside its range
+    (a missing value, NaN, is allowed: it says a score is undefined)."""
+    assert column.range is not None
+    low, high = column.range
+    if isinstance(high, str):  # "n_layers": an index below it; "n_layers+1": up to it
+        name, _, more = high.partition("+")
+        high = sizes[name] - 1 + int(more or 0) if name in sizes else None
+    present = values.dropna()
+    outside = (present < low if low is not None else present != present) | (
+        present > high if high is not None else present != present)
+    if outside.any():
+        shown = (f"{'-inf' if low is None else format(low, 'g')} .. "
+                 f"{'inf' if high is None else format(high, 'g')}")
+        raise SchemaError(f"table {table}: column {column.name} holds "
+                          f"{present[outside].iloc[0]!r}, outside {shown}")
 
 
 def _has_kind(series: pd.Series, kind: Kind) -> bool:
@@ -122,14 +192,15 @@ def tables(*declared: Table) -> dict[str, Table]:
     return out
 
 
-def columns(*specs: tuple[str, Kind, str]) -> tuple[Column, ...]:
-    """Columns from ``(name, kind, meaning)`` triples, for tables written compactly."""
+def columns(*specs: tuple[str, Kind, str] | tuple[str, Kind, str, Bound]) -> tuple[Column, ...]:
+    """Columns from ``(name, kind, meaning)`` triples (or with their ``bounds`` fourth),
+    for tables written compactly."""
     return tuple(Column(*spec) for spec in specs)
 
 
-HEAD_KEYS = columns(
-    ("layer", "int", "layer index, from 0"),
-    ("head", "int", "query head index within the layer, from 0"),
+HEAD_KEYS = (
+    Column("layer", "int", "layer index, from 0", bounds=(0, "n_layers")),
+    Column("head", "int", "query head index within the layer, from 0", bounds=(0, "n_heads")),
 )
 SCORE_COLUMNS = columns(
     ("metric", "str", "which score: a head metric of workbench.scores.metrics"),
@@ -156,7 +227,12 @@ def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True
     inputs``) + ``extra``. A run written before ``layer_type`` lacks that column; readers
     get it back with :func:`with_layer_types` and the run's model."""
     cols = (*HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS, *(NULL_COLUMNS if null else ()), *extra)
-    return Table("head_scores", meaning, cols)
+    return Table("head_scores", meaning, cols, keys=HEAD_SCORE_KEYS if null else
+                 HEAD_SCORE_KEYS[:-1])
+
+
+HEAD_SCORE_KEYS = ("layer", "head", "metric", "inputs")
+"""What names one row of ``head_scores``: a head's score of a metric on some inputs."""
 
 
 HEAD_CLASS_COLUMNS = columns(
@@ -187,7 +263,8 @@ def head_classes(meaning: str = "every head tested for each class whose metric t
                  "false-discovery rate") -> Table:
     """The ``head_classes`` table of an experiment that scores heads (see
     :mod:`workbench.scores.classes`): one row per (head, class)."""
-    return Table("head_classes", meaning, (*HEAD_KEYS, *HEAD_CLASS_COLUMNS))
+    return Table("head_classes", meaning, (*HEAD_KEYS, *HEAD_CLASS_COLUMNS),
+                 keys=("layer", "head", "head_class", "metric"))
 def with_layer_types(frame: pd.DataFrame, layer_types: Sequence[str]) -> pd.DataFrame:
     """``frame`` with its :data:`LAYER_TYPE` column: each row's layer type, read off its
     ``layer`` column, placed after ``head`` (or ``layer``).
