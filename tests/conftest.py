@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 
@@ -10,34 +9,28 @@ import pytest
 
 from tests import tiny
 
+_BASELINE = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+"""SIGINT and SIGTERM as a fresh Python process has them (Ctrl-C raises KeyboardInterrupt,
+SIGTERM ends the process), whatever the suite was started with: a suite started as a
+background job of a non-interactive shell inherits SIGINT ignored."""
 
-@contextlib.contextmanager
-def _signals_kept():
-    """Put SIGINT and SIGTERM back as they were before the block."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            if handler is not None and signal.getsignal(signum) is not handler:
-                signal.signal(signum, handler)
+
+def _restore_baseline() -> None:
+    for signum, handler in _BASELINE.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)
 def _signal_handlers():
-    """Each test leaves SIGINT and SIGTERM as it found them: a test in this process that
-    changes one (a command under test installs its own) must not decide how a later test
-    is interrupted."""
-    with _signals_kept():
-        yield
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _signal_handlers_of_the_module():
-    """The same around a module's fixtures (a module-wide ``ray.init`` takes SIGTERM over
-    before its first test starts and after its last ends)."""
-    with _signals_kept():
-        yield
+    """Each test starts and ends with SIGINT and SIGTERM as a fresh process has them: a
+    test or fixture that changes one (Ray's ``init`` takes SIGTERM over, a command under
+    test installs its own, something ignores SIGINT) must not decide how a later test, or
+    a process it starts, is interrupted. An ignored SIGINT is inherited by every
+    child process, Ray's workers too, whose cells then cannot be cancelled."""
+    _restore_baseline()
+    yield
+    _restore_baseline()
 
 
 @pytest.fixture(scope="session")

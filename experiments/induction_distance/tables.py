@@ -15,7 +15,7 @@ DISTANCE_SCORES = Table(
         ("n_prompts", "int", "prompts (random sequences, each with its own filler)"),
         ("null", "float", "the score of attention uniform over the keys each query sees "
                           "(on a sliding layer, over its window: 0 once D exceeds it)"),
-    )), keys=("layer", "head", "distance"))
+    )), keys=("layer", "head", "distance"), min_rows=1)
 DISTANCE_LOSSES = Table(
     "distance_losses", "the in-context loss drop at each distance D", columns(
         ("distance", "int", "D: tokens from a token's first occurrence to its second"),
@@ -26,6 +26,6 @@ DISTANCE_LOSSES = Table(
         ("ci_low", "float", "95% bootstrap interval of drop over prompts, low end"),
         ("ci_high", "float", "95% bootstrap interval of drop over prompts, high end"),
         ("n_prompts", "int", "prompts"),
-    ), keys=("distance",))
+    ), keys=("distance",), min_rows=1)
 
 TABLES = tables(DISTANCE_SCORES, DISTANCE_LOSSES)

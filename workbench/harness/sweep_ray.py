@@ -348,6 +348,7 @@ def run_cell(cell: Cell, runs_dir: str, dtype: str, threads: int,
     from workbench.harness.experiment import run_experiment
 
     os.environ.update(env)
+    _interruptible()
     torch.set_num_threads(threads)  # two workers on two cores must not fight over them
     start, wall_start, pid, loaded = time.perf_counter(), time.time(), os.getpid(), False
     try:
@@ -368,6 +369,16 @@ def run_cell(cell: Cell, runs_dir: str, dtype: str, threads: int,
         log.warning("cell %d failed: %s", cell.index, exc)
         return Outcome(cell.index, "failed", "", f"{type(exc).__name__}: {exc}",
                        time.perf_counter() - start, pid, loaded, _peak_rss_mb())
+
+
+def _interruptible() -> None:
+    """Let Ray's cancel interrupt this worker: it raises ``KeyboardInterrupt`` through
+    SIGINT, which a worker inherits ignored when the sweep was started with SIGINT ignored
+    (a background job of a non-interactive shell, ``nohup``); the cell could then only be
+    killed, leaving its run ``interrupted`` instead of ``failed``."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _started(started_at: str) -> float:
