@@ -218,8 +218,8 @@ def test_a_device_this_machine_lacks_is_refused_before_a_run_exists(tmp_path, de
 # ---- several models and readers at once ------------------------------------------------------
 
 class _Watched:
-    """A loader that holds each load until the test lets it end, and counts the loads and
-    the models alive at once."""
+    """A loader whose loads take a while (so that two at once would overlap), counting the
+    most that ever ran at once."""
 
     def __init__(self, models: dict) -> None:
         self.models = models
@@ -237,7 +237,8 @@ class _Watched:
         return self.models[name]
 
 
-def test_four_models_at_once_load_one_at_a_time_and_keep_at_most_two(tmp_path, llama, bert):
+def test_four_models_at_once_load_one_at_a_time_and_keep_at_most_two(tmp_path, llama, bert,
+                                                                     monkeypatch):
     models = {"a": llama, "b": bert, "c": llama, "d": bert}
     loader = _Watched(models)
     queue = LiveQueue(tmp_path / "runs", loader=loader, models=lambda: list(models), kept=2)
@@ -249,14 +250,11 @@ def test_four_models_at_once_load_one_at_a_time_and_keep_at_most_two(tmp_path, l
             alive.append(len(queue.cache._models) + (queue.cache._loading is not None))
         return record(model, prompts, out, **kwargs)
 
-    live.record = watched
-    try:
-        jobs = [queue.submit(name, f"the prompt of reader {i}")
-                for i, name in enumerate([*models, *models])]
-        ended = [queue.wait(job.id, TIMEOUT) for job in jobs]
-    finally:
-        live.record = record
-        assert queue.close(TIMEOUT)
+    monkeypatch.setattr(live, "record", watched)
+    jobs = [queue.submit(name, f"the prompt of reader {i}")
+            for i, name in enumerate([*models, *models])]
+    ended = [queue.wait(job.id, TIMEOUT) for job in jobs]
+    assert queue.close(TIMEOUT)
     assert [status.state for status in ended] == ["complete"] * 8
     assert loader.most_loading == 1
     assert max(alive) <= 2

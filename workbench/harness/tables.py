@@ -22,7 +22,7 @@ from workbench.core.errors import UnknownNameError
 from workbench.harness.experiment import get
 from workbench.harness.sweep_tables import TABLES as SWEEP_TABLES
 from workbench.store.runs import Run, model_sizes
-from workbench.store.schema import SchemaError, Table
+from workbench.store.schema import LAYER_TYPE, SchemaError, Table, with_layer_types
 
 
 def declared(kind: str) -> Mapping[str, Table]:
@@ -64,8 +64,6 @@ def _with_legacy_columns(frame: pd.DataFrame, run: Run, table: Table) -> pd.Data
     """``frame`` as the declaration reads it: a run written before a column was declared
     lacks it, and its readers add it back (``layer_type`` from the run's model, ``null``
     as not measured), so only those absences pass."""
-    from workbench.store.schema import LAYER_TYPE, with_layer_types
-
     out = frame
     if "null" in table.names and "null" not in out.columns:
         out = out.assign(null=float("nan"))

@@ -152,14 +152,19 @@ def _check_range(table: str, column: Column, values: pd.Series,
                  sizes: Mapping[str, int]) -> None:
     """Raise :class:`SchemaError` for the first value of ``column`` outside its range
     (a missing value, NaN, is allowed: it says a score is undefined)."""
+    import pandas as pd
+
     assert column.range is not None
     low, high = column.range
     if isinstance(high, str):  # "n_layers": an index below it; "n_layers+1": up to it
         name, _, more = high.partition("+")
         high = sizes[name] - 1 + int(more or 0) if name in sizes else None
     present = values.dropna()
-    outside = (present < low if low is not None else present != present) | (
-        present > high if high is not None else present != present)
+    outside = pd.Series(False, index=present.index)
+    if low is not None:
+        outside |= present < low
+    if high is not None:
+        outside |= present > high
     if outside.any():
         shown = (f"{'-inf' if low is None else format(low, 'g')} .. "
                  f"{'inf' if high is None else format(high, 'g')}")
