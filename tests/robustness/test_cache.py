@@ -31,6 +31,7 @@ from workbench.models.load import load_model
 WEIGHTS = "hf/model.safetensors"
 KILLED = 17  # exit status of a child killed by the step hook
 STEPS = ["staged", "manifest", "aside", "swapped", "cleaned"]
+HANG = 300  # seconds: a bound on a hang, never on a speed
 
 
 # ---- the fake bundled model ------------------------------------------------------------------
@@ -487,12 +488,12 @@ def test_a_load_waits_for_a_fetch_force_between_its_renames(fake_zoo, monkeypatc
     def hook(at: str) -> None:
         if at == "aside":
             at_aside.set()
-            release.wait(10)
+            release.wait(HANG)
 
     monkeypatch.setattr(cache, "_step", hook)
     fetcher = threading.Thread(target=cache.fetch, args=("fake",), kwargs={"force": True})
     fetcher.start()
-    assert at_aside.wait(10)
+    assert at_aside.wait(HANG)
     assert not cache.model_dir("fake").exists()  # the moment with no copy in place
     loaded: list[str] = []
     loader = threading.Thread(target=lambda: loaded.append(cache.verify_cached("fake").name))
@@ -500,8 +501,8 @@ def test_a_load_waits_for_a_fetch_force_between_its_renames(fake_zoo, monkeypatc
     time.sleep(0.3)
     assert loaded == []  # waiting for the lock, not failing on the missing folder
     release.set()
-    fetcher.join(10)
-    loader.join(10)
+    fetcher.join(HANG)
+    loader.join(HANG)
     assert loaded == ["fake"] and not fake_zoo.is_old()
 
 
@@ -512,11 +513,11 @@ def test_loads_share_the_lock_and_a_fetch_waits_for_them(fake_zoo):
     def read() -> None:
         with cache.open_cached("fake"):
             reading.set()
-            done.wait(10)
+            done.wait(HANG)
 
     reader = threading.Thread(target=read)
     reader.start()
-    assert reading.wait(10)
+    assert reading.wait(HANG)
     assert cache.verify_cached("fake").name == "fake"  # a second reader does not wait
     fetched: list[Path] = []
     fetcher = threading.Thread(target=lambda: fetched.append(cache.fetch("fake", force=True)))
@@ -524,8 +525,8 @@ def test_loads_share_the_lock_and_a_fetch_waits_for_them(fake_zoo):
     time.sleep(0.3)
     assert fetched == []  # the swap waits until no load reads the copy
     done.set()
-    reader.join(10)
-    fetcher.join(10)
+    reader.join(HANG)
+    fetcher.join(HANG)
     assert fetched == [cache.hf_dir("fake")] and cache.verify_all()[0][1] == "ok"
 
 

@@ -72,7 +72,7 @@ def compare(*args: str | Path) -> tuple[int, list[str], str]:
     the test at the timeout instead of hanging it."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=600)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     return proc.returncode, proc.stdout.strip().splitlines(), proc.stderr
 

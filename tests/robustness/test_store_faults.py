@@ -119,7 +119,7 @@ def kill_at(root: Path, step: str, outcome: str) -> None:
     """Run a store in a subprocess that ``os._exit``s at ``step`` of finishing its run
     (``outcome``: the run succeeds, or its experiment raises)."""
     done = subprocess.run([sys.executable, "-c", KILLER, str(root), step, outcome],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 9, done.stderr  # it was killed where it was meant to be
 
 
@@ -348,7 +348,7 @@ def run_on_tmpfs(tmp_path: Path, mode: str) -> dict:
     shell = (f"mount -t tmpfs -o size=1m tmpfs {mount} && "
              f"exec {sys.executable} {script} {mount} {mode}")
     done = subprocess.run(["unshare", "-rm", "sh", "-c", shell], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

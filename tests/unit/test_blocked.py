@@ -17,6 +17,8 @@ from workbench.core.errors import WorkbenchError
 from workbench.models import blocked as blocked_attention
 from workbench.recording import hooks
 
+HANG = 300  # seconds: a bound on a hang, never on a speed
+
 
 class LargestAllocation(TorchDispatchMode):
     """Records the largest storage (in elements) any operation's result lives in."""
@@ -88,23 +90,23 @@ def test_two_threads_blocking_one_model_take_turns_and_leave_it_as_it_was(llama)
     def first():
         with blocked_attention.blocked(llama):
             first_in.set()
-            assert release.wait(30)
+            assert release.wait(HANG)
 
     def second():
-        assert first_in.wait(30)
+        assert first_in.wait(HANG)
         with blocked_attention.blocked(llama):
             second_in.set()
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for thread in threads:
         thread.start()
-    assert first_in.wait(30)
+    assert first_in.wait(HANG)
     # the second waits while the first holds the model (else it would save the first's
     # implementation as the original, and put it back when it ends, after the first)
     assert not second_in.wait(0.3)
     release.set()
     for thread in threads:
-        thread.join(30)
+        thread.join(HANG)
     assert second_in.is_set() and config._attn_implementation == "eager"
 
 
