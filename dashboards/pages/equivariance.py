@@ -23,6 +23,7 @@ from dashboards.components.skeleton import run_page
 from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
 from workbench.figures import pages
+from workbench.harness import tables
 from workbench.scores.attention import worked_example
 from workbench.store.runs import Run
 
@@ -81,7 +82,7 @@ def _view_controls() -> html.Div:
 
 @lru_cache(maxsize=16)
 def _read(path: str, name: str, sha: str) -> pd.DataFrame:
-    return Run.load(Path(path)).table(name)
+    return tables.read(Run.load(Path(path)), name)
 
 
 def table(run_id: str, name: str) -> pd.DataFrame:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from workbench.core.errors import WorkbenchError
 from workbench.harness.claims import Measurement, Side, claim_check, judge
+from workbench.harness.tables import read as read_table
 from workbench.inputs.token_types import is_delimiter
 from workbench.recording.residuals import is_massive
 from workbench.scores.stats import bootstrap_mean_ci
@@ -25,7 +26,7 @@ LayerGroup = Literal["all", "sliding", "global"]
 
 
 def _rate_row(run: Run, input_name: str, layers: LayerGroup = "all") -> pd.Series:
-    rates = run.table("sink_rates")
+    rates = read_table(run, "sink_rates")
     if "layers" not in rates.columns:  # a run written before layer groups: every layer
         rates = rates.assign(layers="all")
     row = rates[(rates.input == input_name) & (rates.layers == layers)]
@@ -97,7 +98,7 @@ def repeated_states_identical(run: Run, *, tolerance: float) -> Measurement:
     if "repeated_token_check" not in run.table_names():
         raise WorkbenchError(f"run {run.id} has no repeated-token check "
                              f"({_skip_reason(run, 'repeated')})")
-    table = run.table("repeated_token_check")
+    table = read_table(run, "repeated_token_check")
     worst = table.loc[table.relative_deviation.idxmax()]
     dev = float(worst.relative_deviation)
     # a maximum over every position and boundary, not an estimate: no sampling interval
@@ -111,7 +112,7 @@ def _skip_reason(run: Run, part: str) -> str:
     """Why ``part`` was skipped, from the run's ``skipped`` table."""
     if "skipped" not in run.table_names():
         return "see its summary"
-    skipped = run.table("skipped")
+    skipped = read_table(run, "skipped")
     reasons = skipped[skipped.part == part].reason
     return reasons.iloc[0] if len(reasons) else "see its summary"
 
@@ -121,7 +122,7 @@ def _stream_row(run: Run, spec: str) -> pd.Series:
     if "streaming_perplexity" not in run.table_names():
         raise WorkbenchError(f"run {run.id} has no streaming perplexity "
                              f"({_skip_reason(run, 'streaming')})")
-    table = run.table("streaming_perplexity")
+    table = read_table(run, "streaming_perplexity")
     variant, _, k = spec.partition(":")
     picked = table[table.variant == ("sinks+window" if variant == "sinks" else variant)]
     if k:
@@ -134,7 +135,7 @@ def _stream_row(run: Run, spec: str) -> pd.Series:
 def _matched_nll(run: Run, row: pd.Series) -> pd.Series:
     """The per-position loss of one variant on the positions where recompute is evaluated,
     indexed by position."""
-    losses = run.table("streaming_losses")
+    losses = read_table(run, "streaming_losses")
     matched = losses[losses.variant == "recompute"].position
     mine = losses[(losses.label == row.label) & losses.position.isin(matched)]
     return mine.set_index("position").nll.sort_index()
@@ -192,7 +193,7 @@ def massive_at_start_or_delimiter(run: Run, *, min_magnitude: float, min_ratio: 
     ``min_magnitude`` and ``min_ratio`` x the median, medians over sequences; see
     :func:`workbench.recording.residuals.is_massive`), and in ``min_fraction`` of the
     sequences it sits at the first token or on a delimiter (newline or punctuation)."""
-    detail = run.table("massive_activations_detail")
+    detail = read_table(run, "massive_activations_detail")
     top1 = detail[(detail.input == "natural") & (detail["rank"] == 1)].copy()
     top1["ratio"] = top1.magnitude / top1.median_abs
     top1["placed"] = _at_start_or_delimiter(top1)
@@ -227,7 +228,7 @@ def massive_at_start_or_delimiter(run: Run, *, min_magnitude: float, min_ratio: 
 def layer_share_at_least(run: Run, *, token_type: str, threshold: float) -> Measurement:
     """In some layer, heads give ``token_type`` tokens at least ``threshold`` of their
     attention on average (natural input)."""
-    scores = run.table("head_scores")
+    scores = read_table(run, "head_scores")
     share = scores[scores.metric == f"share_{token_type}"]
     if share.empty:
         raise WorkbenchError(f"run {run.id} has no '{token_type}' shares")
@@ -254,7 +255,7 @@ def sliding_zero_beyond_window(run: Run) -> Measurement:
     if "window_edge" not in run.table_names():
         raise WorkbenchError(f"run {run.id} has no window_edge table "
                              f"({_skip_reason(run, 'window_edge')})")
-    table = run.table("window_edge")
+    table = read_table(run, "window_edge")
     beyond = table[table.measure == "beyond_out"]
     if beyond.empty:
         raise WorkbenchError(f"run {run.id} measured no beyond_out (an older run)")

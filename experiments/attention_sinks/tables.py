@@ -19,16 +19,17 @@ INPUT = Column("input", "str", "input set: natural, random or repeated, each opt
 HEAD_SCORES = Table(
     "head_scores",
     "per-head metrics on natural text: first_token (alpha_1), share_<token type>, "
-    "top<r>_share, entropy, normalized_entropy", (*HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS))
+    "top<r>_share, entropy, normalized_entropy", (*HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS),
+    min_rows=1)
 
 INPUT_SCORES = Table(
     "input_scores", "the metrics of head_scores on every input set",
     (INPUT, *HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS))
 
 SINK_RATES = Table("sink_rates", "Sink_1^eps per input set and layer group (Gu et al. 2024)", (
-    INPUT, *columns(
-    ("layers", "str", "the heads rated: all (every layer), or, in a model with both, only "
-                      "the sliding or only the global layers"),
+    INPUT, Column("layers", "str", "the heads rated: all (every layer), or, in a model with "
+                                   "both, only the sliding or only the global layers",
+                  absent="all"), *columns(
     ("eps", "float", "the threshold on alpha_1"),
     ("sink_rate", "float", "percent of the group's (layer, head) with alpha_1 > eps, per "
                            "sequence, averaged over sequences (0..100)"),
@@ -41,7 +42,7 @@ SINK_RATES = Table("sink_rates", "Sink_1^eps per input set and layer group (Gu e
     ("mean_alpha", "float", "alpha_1 averaged over heads and sequences"),
     ("n_prompts", "int", "sequences"),
     ("n_heads", "int", "(layer, head) pairs"),
-)))
+)), min_rows=1)
 
 TOP_RECEIVERS = Table(
     "top_receivers", "which token types the most-attended keys are, per input, layer and rank",

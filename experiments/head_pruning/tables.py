@@ -30,7 +30,7 @@ PRUNING_CURVE = Table("pruning_curve", "evaluation metrics after every step of e
         ("ci_high", "float", "95% bootstrap interval over texts, high end"),
         ("n_prompts", "int", "held-out texts the metric is averaged over"),
     ),
-))
+), min_rows=1)
 
 PRUNING_ORDER = Table("pruning_order", "when each head was removed in each order", (
     *ORDER_KEYS,

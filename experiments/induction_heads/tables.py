@@ -16,7 +16,7 @@ _BASE = head_scores("")
 HEAD_SCORES = Table(
     "head_scores", "induction, induction_pooled, copying and previous_token of every head",
     tuple(Column("metric", "str", METRIC_MEANING) if c.name == "metric" else c
-          for c in _BASE.columns))
+          for c in _BASE.columns), keys=_BASE.keys, min_rows=_BASE.min_rows)
 REPEAT_LOSS = Table("repeat_loss", "next-token loss on each repeat of the random sequences",
                     columns(
     ("repeat", "int", "which repeat, from 1 (the first occurrence)"),
@@ -24,7 +24,7 @@ REPEAT_LOSS = Table("repeat_loss", "next-token loss on each repeat of the random
     ("ci_low", "float", "95% bootstrap interval over prompts, low end"),
     ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
     ("n_prompts", "int", "repeated random sequences"),
-))
+), keys=("repeat",), min_rows=1)
 LOSS_BY_POSITION = Table("loss_by_position", "mean next-token loss at every position of "
                          "the natural-text ICL windows", columns(
     ("position", "int", "position of the predicted token (0 is BOS, never predicted)"),

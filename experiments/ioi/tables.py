@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, Table, columns, tables
+from workbench.store.schema import HEAD_KEYS, Column, Table, columns, tables
 
 _LOW = ("ci_low", "float", "95% bootstrap interval over prompts, low end")
 _HIGH = ("ci_high", "float", "95% bootstrap interval over prompts, high end")
@@ -31,7 +31,7 @@ BEHAVIOUR = Table("behaviour", "the logit difference IO - S at END, mean over pr
     ("above_chance", "bool", "the interval of logit_diff is above 0 (head classes are "
      "claimed only then)"),
     _N,
-))
+), keys=("scope",), min_rows=1)
 DIRECT_EFFECTS = Table("direct_effects", "each component's direct effect on the logit "
                        "difference at END, the final norm's scale frozen (they sum to it)", (
     *columns(
@@ -50,9 +50,10 @@ DIRECT_EFFECTS = Table("direct_effects", "each component's direct effect on the 
     )), keys=("component",))
 ATTENTION = Table("attention", "each head's attention between the named positions", (
     *HEAD_KEYS,
+    Column("query", "str", "the position attending: END (to IO, S1, S1+1, S2), S2 (to S1, "
+           "S1+1) or S1+1 (to S1); a run written before this column held END only",
+           absent="END"),
     *columns(
-        ("query", "str", "the position attending: END (to IO, S1, S1+1, S2), S2 (to S1, "
-         "S1+1) or S1+1 (to S1); a run written before this column held END only"),
         ("role", "str", "the position attended to: IO, S1, S1+1 or S2"),
         ("weight", "float", "mean attention weight from the query's position to the role's"),
         _LOW, _HIGH, _N,

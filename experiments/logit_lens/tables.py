@@ -34,7 +34,7 @@ LENS_LAYERS = Table("lens_layers", "the logit lens per layer boundary, mean over
     ("scale", "str", "the final norm's scale: frozen (the final stream's, linear) or "
      "recomputed (each boundary's own)"),
     _N,
-))
+), min_rows=1)
 DIRECT_EFFECTS = Table("direct_effects", "each component's direct effect on the answer's "
                        "logit minus the mean logit, the final norm's scale frozen (they sum "
                        "to it)", columns(

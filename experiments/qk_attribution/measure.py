@@ -18,6 +18,7 @@ from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.values import shown
 from workbench.harness.experiment import Context
+from workbench.harness.tables import read as read_table
 from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.interventions.ablation import Head, random_same_layer
 from workbench.interventions.paths import path_removed
@@ -89,7 +90,7 @@ def _stored_scores(ctx: Context, model: Model, experiment: str) -> tuple[pd.Data
     if run is None:
         return pd.DataFrame(), ""
     try:
-        return run.table("head_scores"), run.id
+        return read_table(run, "head_scores"), run.id
     except WorkbenchError as exc:
         log.warning("cannot read the head scores of %s: %s", run.id, exc)
         return pd.DataFrame(), ""
@@ -125,7 +126,7 @@ def previous_token_heads(model: Model, cfg: Config, ctx: Context, heads: list[He
     if ctx.store is not None:
         run = ctx.store.latest_on_weights("induction-heads", model.info)
         try:
-            table = run.table("ablation") if run is not None else None
+            table = read_table(run, "ablation") if run is not None else None
         except WorkbenchError:
             table = None
         if table is not None:

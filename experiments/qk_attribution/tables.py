@@ -58,7 +58,7 @@ SCORES = Table("scores", "every pair's real score, the sums of its parts, and it
         ("key_sum", "float", "sum of the key-side parts"),
         ("query_sum", "float", "sum of the query-side parts"),
         ("weight", "float", "the attention weight on the key (hook_pattern)"),
-    )))
+    )), min_rows=1)
 PATTERNS = Table("patterns", "each attributed query's whole attention row", (
     *HEAD_KEYS,
     *columns(("prompt", "int", "index of the prompt"), ("query_pos", "int", "query position"),
@@ -109,7 +109,7 @@ SOURCES = Table("sources", "where the explained heads and the previous-token hea
     ("heads", "str", "the heads, e.g. 'L5H1 L6H9'"),
     ("source", "str", "a run id, 'computed' (scored in this run) or 'given' (the config)"),
     ("experiment", "str", "the experiment of the source run; '' otherwise"),
-))
+), keys=("part",), min_rows=2)
 
 TABLES = tables(ATTRIBUTION, PAIR_CONTRIBUTIONS, PAIR_MATRIX, SCORES, PATTERNS, TOKENS,
                 GROUPS, PATH_CHECK, SOURCES)

@@ -424,6 +424,7 @@ def test_show_classes_of_a_run_without_them_is_one_line(capsys, runs_dir, llama_
 
 class _Run:
     id = "run-1"
+    experiment = "a stand-in"  # no experiment's: its table is read as it is given
 
     def __init__(self, table: pd.DataFrame) -> None:
         self._table = table

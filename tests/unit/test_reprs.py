@@ -13,7 +13,7 @@ import pytest
 
 import workbench
 from experiments.previous_token_heads import Config
-from experiments.previous_token_heads.tables import HEAD_SCORES
+from experiments.previous_token_heads.tables import HEAD_CLASSES, HEAD_SCORES
 from workbench.figures import html as fhtml
 from workbench.figures import pages
 from workbench.harness import claims
@@ -68,10 +68,10 @@ def test_a_failed_run_says_why_and_escapes_what_it_stored(runs_dir):
 def test_a_damaged_run_names_its_problem(runs_dir):
     store = RunStore(runs_dir)
     with store.start("previous-token-heads", None, Config(), tables={
-            HEAD_SCORES.name: HEAD_SCORES}) as active:
-        active.save_table(HEAD_SCORES.name, HEAD_SCORES.empty())
+            HEAD_CLASSES.name: HEAD_CLASSES}) as active:
+        active.save_table(HEAD_CLASSES.name, HEAD_CLASSES.empty())
     run = store.get(active.id)
-    table = run.path / run.meta.tables[HEAD_SCORES.name].file
+    table = run.path / run.meta.tables[HEAD_CLASSES.name].file
     table.write_bytes(table.read_bytes() + b"changed")
     card = store.get(active.id)._repr_html_()
     assert "damaged: checksum mismatch" in card and table.name in card

@@ -61,6 +61,7 @@ from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.records import STRICT, Json, Record, RecordList, matching
 from workbench.core.registry import Registry, did_you_mean
+from workbench.harness.tables import read as read_table
 from workbench.scores import metrics
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table, columns, tables
@@ -433,7 +434,7 @@ def summary(table: pd.DataFrame) -> str:
 
 def _head_scores(run: Run, metric: str) -> pd.DataFrame:
     metrics.require([metric])
-    scores = run.table("head_scores")
+    scores = read_table(run, "head_scores")
     picked = scores[scores.metric == metric]
     if picked.empty:
         raise WorkbenchError(f"run {run.id} has no '{metric}' head scores")
@@ -494,7 +495,7 @@ def _class_rows(run: Run, head_class: str, fdr: float | None) -> tuple[pd.DataFr
     from workbench.scores import classes
 
     classes.get(head_class)  # an unknown class lists the known ones
-    table = run.table("head_classes")
+    table = read_table(run, "head_classes")
     rows = table[table.head_class == head_class]
     if rows.empty:
         raise WorkbenchError(f"run {run.id} tested no head for the {head_class} class")
@@ -582,7 +583,7 @@ def invariant_at_most(run: Run, *, invariant: str, threshold: float) -> Measurem
     """The largest deviation a run measured for ``invariant`` is at most ``threshold``: read
     from the run's ``checks`` table (``invariant, value, meaning``: ``ioi``, ``logit-lens``).
     A bound, not an estimate: no interval."""
-    checks = run.table("checks").set_index("invariant")
+    checks = read_table(run, "checks").set_index("invariant")
     if invariant not in checks.index:
         return Measurement(f"the run measured no {invariant!r}; it has "
                            f"{', '.join(checks.index)}", verdict="undecided")

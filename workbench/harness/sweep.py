@@ -28,7 +28,7 @@ its experiment refuses (an encoder for a causal experiment) is known to be skipp
 Examples:
     >>> spec, cells = plan("data/sweeps/seeds.toml")                  # doctest: +SKIP
     >>> run = run_sweep(spec, cells, cpus=1)                          # doctest: +SKIP
-    >>> run.table("scores").groupby(["model", "metric"]).score.max()  # doctest: +SKIP
+    >>> read_table(run, "scores").groupby(["model", "metric"]).score.max()  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from workbench.harness.experiment import verify_stored_files
 from workbench.harness.sweep_ray import Outcome
 from workbench.harness.sweep_spec import Cell, Spec, expand, load_spec
 from workbench.harness.sweep_tables import CELLS, SCORES, TABLES
+from workbench.harness.tables import read as read_table
 from workbench.models import cache
 from workbench.models.zoo import MODELS
 from workbench.store.runs import Run, RunStore
@@ -413,7 +414,7 @@ def scores_table(store: RunStore, cells: Sequence[Cell], table: pd.DataFrame) ->
         run = store.get(row.run_id)
         if "head_scores" not in run.table_names():
             continue
-        scores = run.table("head_scores")
+        scores = read_table(run, "head_scores")
         if "null" not in scores.columns:
             scores = scores.assign(null=float("nan"))
         if run.meta.model is not None:  # a run written before the column: from its model
@@ -449,5 +450,5 @@ def record_cells(active: Any, store: RunStore, cells: Sequence[Cell],
 
 def failed_cells(run: Run) -> pd.DataFrame:
     """The cells of a sweep run that did not end well (failed, cancelled or not run)."""
-    table = run.table("cells")
+    table = read_table(run, "cells")
     return table[~table.status.isin(DONE)]

@@ -255,17 +255,20 @@ class Run:
                                       what=f"run {self.id} table '{name}'")
 
     def table(self, name: str) -> pd.DataFrame:
-        """Read a table, checking its SHA-256.
+        """Read a table, checking its SHA-256 and its rows against ``run.json``.
 
         The file is read once, and the bytes that were hashed are the bytes parsed. A
         ``metric`` column holding the old name of a metric holds its registered name
-        instead (:func:`~workbench.store.schema.current_metric_names`).
+        instead (:func:`~workbench.store.schema.current_metric_names`). What the table
+        holds is checked against its experiment's declaration above the store
+        (:func:`workbench.harness.tables.read`, which every reader of the workbench uses).
 
         Raises:
             WorkbenchError: no such table (the message lists the run's tables), a damaged
                 run, a path that leads outside the run folder or to something that is not a
                 regular file, or a file that is not Parquet.
             ChecksumError: the file is missing, or changed since the run wrote it.
+            SchemaError: the table does not hold the rows ``run.json`` states.
         """
         path = self._file(name)
         try:
@@ -279,6 +282,10 @@ class Run:
         except (OSError, ValueError, pyarrow.ArrowException) as exc:
             raise WorkbenchError(f"table '{name}' of run {self.id} is not readable Parquet "
                                  f"({_one_line(exc)})") from None
+        stated = self._entry(name).rows
+        if len(frame) != stated:
+            raise SchemaError(f"run {self.id}: table {name} holds {len(frame)} rows; its "
+                              f"run.json says {stated}")
         return current_metric_names(frame)
 
     def figure(self, name: str, **options: Any) -> go.Figure:

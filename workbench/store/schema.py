@@ -54,13 +54,17 @@ count, at least 0; the head keys (:data:`HEAD_KEYS`) index the run's model's hea
 
 @dataclass(frozen=True)
 class Column:
-    """One column: its name, kind and a one-line meaning (units, range, definition), and
-    its range where it is not the one :data:`BOUNDS` gives its name."""
+    """One column: its name, kind and a one-line meaning (units, range, definition), its
+    range where it is not the one :data:`BOUNDS` gives its name, and, for a column added
+    after runs were stored without it, the value such a run's rows hold."""
 
     name: str
     kind: Kind
     meaning: str
     bounds: Bound | None = None
+    absent: str | float | None = None
+    """What a run written before the column was declared holds in it (``None``: every
+    stored table has the column)."""
 
     @property
     def range(self) -> Bound | None:
@@ -219,10 +223,11 @@ LAYER_TYPE = Column("layer_type", "str", "the layer's attention span: sliding (i
 """The column that tells a per-head row of a sliding-window layer from one of a global
 layer (:data:`workbench.store.records.LayerType`), where the distinction changes what a
 score means."""
-NULL_COLUMNS = columns(
-    ("null", "float", "the same score of a pattern uniform over the keys the head's "
-                     "layer sees (a sliding layer: its window)"),
-    ("inputs", "str", "the inputs the score was measured on"),
+NULL_COLUMNS = (
+    Column("null", "float", "the same score of a pattern uniform over the keys the head's "
+                            "layer sees (a sliding layer: its window); NaN: not measured",
+           absent=float("nan")),
+    Column("inputs", "str", "the inputs the score was measured on"),
 )
 
 
@@ -230,10 +235,11 @@ def head_scores(meaning: str, extra: Iterable[Column] = (), *, null: bool = True
     """The long-format ``head_scores`` table every head-level experiment writes:
     ``layer, head, layer_type, metric, score, ci_low, ci_high, n_prompts`` (+ ``null,
     inputs``) + ``extra``. A run written before ``layer_type`` lacks that column; readers
-    get it back with :func:`with_layer_types` and the run's model."""
+    get it back with :func:`with_layer_types` and the run's model. Every head is scored, so
+    the table is never empty."""
     cols = (*HEAD_KEYS, LAYER_TYPE, *SCORE_COLUMNS, *(NULL_COLUMNS if null else ()), *extra)
     return Table("head_scores", meaning, cols, keys=HEAD_SCORE_KEYS if null else
-                 HEAD_SCORE_KEYS[:-1])
+                 HEAD_SCORE_KEYS[:-1], min_rows=1)
 
 
 HEAD_SCORE_KEYS = ("layer", "head", "metric", "inputs")
@@ -288,6 +294,31 @@ def with_layer_types(frame: pd.DataFrame, layer_types: Sequence[str]) -> pd.Data
     where = list(frame.columns).index("head" if "head" in frame.columns else "layer") + 1
     out = frame.copy()
     out.insert(where, LAYER_TYPE.name, [layer_types[int(layer)] for layer in frame.layer])
+    return out
+
+
+def with_legacy_columns(frame: pd.DataFrame, table: Table,
+                        layer_types: Sequence[str] | None) -> pd.DataFrame:
+    """``frame`` as ``table`` declares it: a run written before a column was declared lacks
+    it, and its readers add it back (``layer_type`` from its model's ``layer_types``, any
+    other column as its :attr:`Column.absent` value), so only those absences pass
+    :meth:`Table.check`.
+
+    Args:
+        frame: a stored table.
+        table: its declaration.
+        layer_types: the run's model's layer types (``None``: the run names no model).
+    """
+    out = frame
+    for column in table.columns:
+        if column.absent is not None and column.name not in out.columns:
+            out = out.assign(**{column.name: column.absent})
+    if LAYER_TYPE.name in table.names and LAYER_TYPE.name not in out.columns \
+            and layer_types is not None and "layer" in out.columns:
+        try:
+            out = with_layer_types(out, layer_types)
+        except (ValueError, IndexError, TypeError):  # a layer that is not one: check says so
+            out = out.assign(**{LAYER_TYPE.name: "global"})
     return out
 
 
