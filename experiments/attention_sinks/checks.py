@@ -26,9 +26,7 @@ LayerGroup = Literal["all", "sliding", "global"]
 
 
 def _rate_row(run: Run, input_name: str, layers: LayerGroup = "all") -> pd.Series:
-    rates = read_table(run, "sink_rates")
-    if "layers" not in rates.columns:  # a run written before layer groups: every layer
-        rates = rates.assign(layers="all")
+    rates = read_table(run, "sink_rates")  # a run written before layer groups: all "all"
     row = rates[(rates.input == input_name) & (rates.layers == layers)]
     if row.empty:
         known = sorted(set(rates.layers[rates.input == input_name]))

@@ -147,6 +147,25 @@ def test_an_empty_table_still_matches_its_declaration():
         assert list(empty.columns) == table.names and len(empty) == 0
 
 
+def test_a_column_declared_after_a_run_was_stored_reads_as_its_absent_value():
+    """A stored table lacking a column its declaration names ``absent`` for gets it back
+    with that value; one lacking any other column is refused."""
+    from workbench.store.schema import Column, with_legacy_columns
+
+    later = Table("t", "a column added later", (
+        *columns(("a", "int", "a number")),
+        Column("group", "str", "which group; before groups, every row was 'all'", absent="all"),
+        Column("null", "float", "a baseline; NaN: not measured", absent=float("nan"))))
+    old = pd.DataFrame({"a": [1, 2]})
+    got = with_legacy_columns(old, later, None)
+    later.check(got)
+    assert list(got.group) == ["all", "all"] and got["null"].isna().all()
+    assert list(old.columns) == ["a"]  # the frame read is not changed
+    strict = Table("s", "no column added later", columns(("a", "int", "a"), ("b", "str", "b")))
+    with pytest.raises(SchemaError, match="missing b"):
+        strict.check(with_legacy_columns(old, strict, None))
+
+
 def test_a_reused_pid_does_not_keep_a_dead_run_running(tmp_path):
     """A staged run whose pid now belongs to another process (this one, started at another
     time) is interrupted; with the start time of this process it is running."""
