@@ -47,7 +47,7 @@ SINK_RATES = Table("sink_rates", "Sink_1^eps per input set and layer group (Gu e
 TOP_RECEIVERS = Table(
     "top_receivers", "which token types the most-attended keys are, per input, layer and rank",
     (INPUT, *columns(
-        ("layer", "int", "layer index, from 0"),
+        ("layer", "int", "layer index, from 0", (0, "n_layers")),
         ("rank", "int", "1, 2 or 3: the key receiving the most, second and third most weight"),
         ("token_type", "str", "bos, cls, sep, first_content, newline, punctuation or other"),
         ("fraction", "float", "share of (sequence, head) pairs whose key of this rank has "
@@ -58,8 +58,8 @@ TOP_RECEIVERS = Table(
 
 SINK_PER_PROMPT = Table("sink_per_prompt", "alpha_1 of every head on every sequence", (
     *columns(("prompt", "int", "sequence index within its input set"),
-             ("layer", "int", "layer index, from 0"),
-             ("head", "int", "query head index within the layer, from 0"),
+             ("layer", "int", "layer index, from 0", (0, "n_layers")),
+             ("head", "int", "query head index within the layer, from 0", (0, "n_heads")),
              ("metric", "str", "always first_token"),
              ("score", "float", "alpha_1: mean weight on position 0 over the real queries")),
     INPUT, LAYER_TYPE))
@@ -69,7 +69,7 @@ MASSIVE_ACTIVATIONS = Table(
     "the largest residual-stream activations per input and layer boundary, medians over "
     "sequences (Sun et al. 2024)", (INPUT, *columns(
         ("layer", "int", "layer boundary: 0 = embeddings, l = input of layer l, n_layers = "
-                         "output of the last layer"),
+                         "output of the last layer", (0, "n_layers+1")),
         ("top1", "float", "median over sequences of the largest |h|"),
         ("top2", "float", "median over sequences of the second largest |h|"),
         ("top3", "float", "median over sequences of the third largest |h|"),
@@ -91,7 +91,7 @@ MASSIVE_ACTIVATIONS_DETAIL = Table(
     "massive_activations_detail", "the three largest |h| of every scanned sequence and "
                                   "boundary", (*columns(
         ("prompt", "int", "sequence index within its input set"),
-        ("layer", "int", "layer boundary (see massive_activations)"),
+        ("layer", "int", "layer boundary (see massive_activations)", (0, "n_layers+1")),
         ("rank", "int", "1, 2 or 3, by |h|"),
         ("value", "float", "the activation h[t, d], signed"),
         ("magnitude", "float", "|h[t, d]|"),
@@ -107,7 +107,7 @@ MASSIVE_ACTIVATIONS_DETAIL = Table(
 REPEATED_TOKEN_CHECK = Table(
     "repeated_token_check", "is every position of a repeated-token sequence the same hidden "
                             "state? (Gu et al. 2024, appendix C)", columns(
-        ("layer", "int", "layer boundary (see massive_activations)"),
+        ("layer", "int", "layer boundary (see massive_activations)", (0, "n_layers+1")),
         ("max_abs_deviation", "float", "max over sequences, t and d of |h[t, d] - h[0, d]|"),
         ("max_abs_activation", "float", "max over sequences of the largest |h|"),
         ("n_prompts", "int", "sequences (repeated_no_bos, or repeated for models without "

@@ -22,7 +22,7 @@ EQUIVARIANCE = Table("equivariance", "one row per case: a condition on one promp
     *columns(
         ("seed", "int", "permutation seed; -1 when no permutation is drawn (shifts, n/a)"),
         ("prompt", "int", "prompt index, from 0; -1 when the condition does not apply"),
-        ("layer", "int", "layer index, from 0; -1 for whole-model cases"),
+        ("layer", "int", "layer index, from 0; -1 for whole-model cases", (-1, "n_layers")),
         ("shift", "int", "constant c added to every position id; 0 when none"),
         ("prefix", "int", "prefix permutations: i, the first position not moved; else 0"),
         ("n_tokens", "int", "tokens of the prompt; 0 when the condition does not apply"),
@@ -61,12 +61,12 @@ PATTERNS = Table("patterns", "attention patterns of X and P X at a few prompts a
                  "as computed on P X, rows and columns in the permuted order", columns(
     ("prompt", "int", "prompt index, from 0"),
     ("condition", "str", "the attention-sublayer condition"),
-    ("layer", "int", "layer index, from 0"),
+    ("layer", "int", "layer index, from 0", (0, "n_layers")),
     ("seed", "int", "permutation seed; -1 for the original input"),
     ("input", "str", "original (X) or permuted (P X)"),
-    ("head", "int", "query head index within the layer, from 0"),
-    ("query", "int", "query position, from 0"),
-    ("key", "int", "key position, from 0"),
+    ("head", "int", "query head index within the layer, from 0", (0, "n_heads")),
+    ("query", "int", "query position, from 0", (0, None)),
+    ("key", "int", "key position, from 0", (0, None)),
     ("weight", "float", "attention weight, 0 .. 1"),
 ))
 TOKENS = Table("tokens", "the tokens of every prompt, in their original order", columns(
