@@ -90,13 +90,19 @@ def _shown(run_id: object) -> str:
 
 
 def listed_run(run_id: object) -> Run:
-    """The listed run whose id is exactly ``run_id``, whatever its status.
+    """The listed run whose id is exactly ``run_id``, whatever its status: a whole run id
+    opens its own folder (:meth:`RunStore.by_id`), so a callback does not list the store;
+    anything else (a damaged run's folder name) is looked up in the listing.
 
     Raises:
         WorkbenchError: the store lists no run with that id (a path, a prefix and a
             symlink leading out of the store are never one).
     """
     if isinstance(run_id, str) and run_id:
+        st = store()
+        run = st.by_id(run_id)
+        if run is not None and _inside(st.root, run):
+            return run
         for run in listed():
             if run.id == run_id:
                 return run
@@ -186,5 +192,6 @@ def _open_recording(path: str, mtime_ns: int) -> Recording:
 def table(run: Run, name: str) -> pd.DataFrame:
     """Table ``name`` of ``run`` read through its declaration (its columns, kinds,
     ranges and keys: :func:`workbench.harness.tables.read`): a table that does not hold
-    what it declares is a one-line error the page shows, never an HTTP 500."""
+    what it declares is a one-line error the page shows, never an HTTP 500. Its bytes are
+    hashed on every read, so a table changed since it was last drawn is caught."""
     return tables.read(run, name)

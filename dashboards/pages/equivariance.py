@@ -7,9 +7,6 @@ computed by :mod:`workbench.scores.attention` (a few 4 x 4 products)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
-
 import dash
 import numpy as np
 import pandas as pd
@@ -23,9 +20,7 @@ from dashboards.components.skeleton import run_page
 from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
 from workbench.figures import pages
-from workbench.harness import tables
 from workbench.scores.attention import worked_example
-from workbench.store.runs import Run
 
 EXPERIMENT = "permutation-equivariance"
 SHOWS = pages.shows("/equivariance")
@@ -80,18 +75,9 @@ def _view_controls() -> html.Div:
         dropdown("permutation seed", "10em"), dropdown("layer"), dropdown("head")])
 
 
-@lru_cache(maxsize=16)
-def _read(path: str, name: str, sha: str) -> pd.DataFrame:
-    return tables.read(Run.load(Path(path)), name)
-
-
 def table(run_id: str, name: str) -> pd.DataFrame:
-    """A run's table, read (and checksummed) once per process and file version."""
-    run = data.get_run(run_id, shows=SHOWS)
-    entry = run.meta.tables.get(name)
-    if entry is None:
-        return data.table(run, name)  # raises: no such table (the message lists the run's)
-    return _read(str(run.path), name, entry.sha256)
+    """A run's table (read and checked once per process and file version: data.table)."""
+    return data.table(data.get_run(run_id, shows=SHOWS), name)
 
 
 @callback(Output("equivariance-verdicts", "data"),

@@ -24,6 +24,7 @@ SMOKE = {
     "live.py": ["--smoke", "--model", "{model}"],
     "compare_stores.py": ["--smoke", "{model}"],
     "losses.py": ["--smoke", "{model}"],
+    "store_scale.py": ["--smoke", "{model}"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 

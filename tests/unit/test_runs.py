@@ -191,3 +191,37 @@ def test_a_run_that_finishes_while_the_store_is_listed_is_never_damaged(tmp_path
         monkeypatch.setattr(RunStore, "_run_folders", lambda self, seen=seen: list(seen))
         listed = [(r.id, r.status, r.path) for r in store.runs()]
         assert listed == [(run.id, "complete", done)], seen
+
+
+def test_a_whole_id_opens_its_folder_without_listing_the_store(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    with store.start("exp", MODEL, Cfg(), tables=TABLES) as run:
+        run.save_table("t", pd.DataFrame({"a": [1]}))
+    (tmp_path / "outside").mkdir()
+    linked = f"{run.id[:-4]}beef"
+    (tmp_path / linked).symlink_to(tmp_path / run.id)  # a folder that links elsewhere
+    monkeypatch.setattr(RunStore, "runs", lambda *a, **k: pytest.fail("listed the store"))
+    assert store.by_id(run.id).path == tmp_path / run.id
+    assert store.get(run.id).status == "complete"
+    for not_whole in (run.id[:12], str(tmp_path / run.id), f"../{run.id}", "", linked):
+        assert store.by_id(not_whole) is None
+    monkeypatch.undo()
+    with pytest.raises(WorkbenchError, match="no run"):
+        store.get(linked)  # the listing does not follow the symlink either
+
+
+def test_a_record_changed_in_place_is_read_again(tmp_path):
+    """A ``run.json`` rewritten in place (same inode, same size) is seen at once: records
+    are kept by their content, never by the file's name or times."""
+    store = RunStore(tmp_path)
+    with store.start("exp", MODEL, Cfg(), tables=TABLES) as run:
+        run.save_table("t", pd.DataFrame({"a": [1]}))
+    path = tmp_path / run.id / "run.json"
+    assert store.get(run.id).meta.seed == 7
+    text = path.read_text()
+    stat = path.stat()
+    with open(path, "r+") as f:  # same length, same inode, the old times put back
+        f.write(text.replace('\n  "seed": 7,', '\n  "seed": 8,'))  # the record's, not the config's
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = store.get(run.id)
+    assert again.status == "damaged" and "is not the config's seed" in again.meta.error

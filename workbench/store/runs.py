@@ -51,6 +51,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import shutil
 import traceback
@@ -72,7 +73,14 @@ from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.figures import catalog
 from workbench.store import display, provenance, validate
-from workbench.store.records import PID_MAX, Interventions, ModelInfo, RunMeta, TableEntry
+from workbench.store.records import (
+    PID_MAX,
+    RUN_ID_PATTERN,
+    Interventions,
+    ModelInfo,
+    RunMeta,
+    TableEntry,
+)
 from workbench.store.schema import SchemaError, Table, current_metric_names
 
 log = logging.getLogger(__name__)
@@ -91,6 +99,8 @@ START_SLACK = 2.0
 still be the run's writer (the kernel's clock tick and the float round trip)."""
 MAX_RUN_JSON = 32 << 20
 """A ``run.json`` larger than this is damaged (a real one is a few kilobytes)."""
+MAX_CACHED_RECORDS = 1 << 15
+"""Sound ``run.json`` records kept parsed in a process (a few kilobytes each)."""
 
 
 def _now() -> str:
@@ -116,13 +126,35 @@ def _read_meta(path: Path) -> tuple[RunMeta | None, bytes | None, str | None]:
     except WorkbenchError as exc:
         return None, None, str(exc)
     try:
-        meta = RunMeta.from_json(data, what=RUN_JSON)
+        meta = _record(data)
     except RecordError as exc:
         return None, data, str(exc)
     if meta.run_id != path.name:
         return None, data, (f"run.json run_id {meta.run_id!r} does not match its folder "
                             f"{path.name!r}")
     return meta, data, None
+
+
+_RECORDS: dict[bytes, RunMeta] = {}
+"""Sound ``run.json`` records already checked in this process, by a digest of their bytes."""
+
+
+def _record(data: bytes) -> RunMeta:
+    """``data`` checked as a :class:`RunMeta`, once per content per process: the file is
+    read each time, so a changed record is always seen, but a listing of a large store
+    validates only the records it has not met (the checks are most of a read's cost).
+
+    Raises:
+        RecordError: it is not a sound record (not kept: it is checked again next time).
+    """
+    key = hashlib.blake2b(data, digest_size=20).digest()
+    meta = _RECORDS.get(key)
+    if meta is None:
+        meta = RunMeta.from_json(data, what=RUN_JSON)
+        if len(_RECORDS) >= MAX_CACHED_RECORDS:
+            _RECORDS.clear()
+        _RECORDS[key] = meta
+    return meta
 
 
 def _raw(data: bytes | None) -> dict[str, Any]:
@@ -652,7 +684,8 @@ class RunStore:
 
     def get(self, ref: str | Path) -> Run:
         """A run by id, id prefix, or the path of its folder, which must be directly inside
-        the store (``data/runs/<id>``, ``<store>/.incomplete/<id>``), symlinks resolved.
+        the store (``data/runs/<id>``, ``<store>/.incomplete/<id>``), symlinks resolved. A
+        whole id opens its folder without listing the store (:meth:`by_id`).
 
         Raises:
             WorkbenchError: a path outside the store, or no such run (the message lists the
@@ -664,6 +697,9 @@ class RunStore:
                                  "give a run id, an id prefix or a run folder in the store")
         if isinstance(ref, Path) or _is_path(text):
             return Run.load(self._folder(ref))
+        found = self.by_id(text)
+        if found is not None:
+            return found
         runs = self.runs()
         matches = [r for r in runs if r.id == text] or [r for r in runs if r.id.startswith(text)]
         if len(matches) == 1:
@@ -672,6 +708,24 @@ class RunStore:
         if matches:
             raise WorkbenchError(f"run '{ref}' is ambiguous: {', '.join(r.id for r in matches)}")
         raise WorkbenchError(f"no run '{ref}' in {self.root}; most recent: {recent}")
+
+    def by_id(self, run_id: str) -> Run | None:
+        """The run ``run_id`` opened from its own folder, without listing the store: the
+        finished run first, then a staged one, as :meth:`runs` lists it. ``None`` when
+        ``run_id`` is not a whole run id, or no folder of that name (not a symlink, nor
+        under a symlinked ``.incomplete/``) holds a run of that id; the listing then
+        decides (:meth:`get`)."""
+        if not re.fullmatch(RUN_ID_PATTERN, run_id):
+            return None
+        for parent in (self.root, self.root / INCOMPLETE):
+            folder = parent / run_id
+            if parent.is_symlink() or folder.is_symlink() or not folder.is_dir() \
+                    or not os.path.lexists(folder / RUN_JSON):
+                continue
+            run = self._load(folder)
+            if run.id == run_id:
+                return run
+        return None
 
     def _folder(self, ref: str | Path) -> Path:
         """The run folder a path reference names, in the store's own spelling."""
