@@ -14,8 +14,8 @@ from workbench.scores import patterns
 from workbench.store.runs import RunStore
 
 SMALL_PREV = {"n_prompts": 8, "n_repeated": 8, "n_boot": 200}
-SMALL_INDUCTION = {"n_prompts": 8, "n_natural": 4, "n_random": 2, "n_path_random": 2,
-                   "icl_prompts": 8, "copying_tokens": 20, "n_boot": 200}
+SMALL_INDUCTION = {"n_prompts": 8, "n_natural": 4, "n_random": 1, "n_path_random": 2,
+                   "icl_prompts": 4, "copying_tokens": 20, "n_boot": 200}
 
 
 @pytest.mark.parametrize("name", ["smollm2", "minilm"])

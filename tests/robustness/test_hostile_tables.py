@@ -242,7 +242,7 @@ def _hostile(draw, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 @given(data=st.data())
-@settings(max_examples=90, deadline=None,
+@settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_any_hostile_table_is_one_line_on_every_reader(store_copy, tmp_path_factory, capsys,
                                                       data):
