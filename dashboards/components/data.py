@@ -66,9 +66,9 @@ def _inside(root: Path, run: Run) -> bool:
             and path.parent in (base, base / INCOMPLETE) and path.name == run.path.name)
 
 
-def _listed(experiment: str | None = None, status: Status | None = None) -> list[Run]:
+def _listed() -> list[Run]:
     st = store()
-    return [r for r in st.runs(experiment=experiment, status=status) if _inside(st.root, r)]
+    return [r for r in st.runs() if _inside(st.root, r)]
 
 
 def listed() -> list[Run]:
@@ -80,8 +80,10 @@ def listed() -> list[Run]:
 
 def runs(experiment: str | None = None, status: Status | None = "complete") -> list[Run]:
     """Runs, newest first: complete ones unless ``status`` says otherwise (``None``: all,
-    damaged ones included)."""
-    return list(reversed(_listed(experiment, status)))
+    damaged ones included). Within a request the store is listed once (:func:`listed`),
+    however many times a page asks."""
+    return [r for r in reversed(listed()) if (experiment is None or r.experiment == experiment)
+            and (status is None or r.status == status)]
 
 
 def _shown(run_id: object) -> str:

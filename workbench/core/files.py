@@ -58,7 +58,7 @@ def read_bounded(path: str | os.PathLike[str], limit: int | None, *, what: str,
             ``limit`` (one line naming it).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
-    shown = printable(str(path))
+    shown = _Shown(path)
     try:
         fd = os.open(path, flags)
     except ValueError:  # a NUL byte in the name
@@ -82,6 +82,16 @@ def read_bounded(path: str | os.PathLike[str], limit: int | None, *, what: str,
     if limit is not None and len(data) > limit:
         raise WorkbenchError(f"{what} {shown} is larger than {size_text(limit)}")
     return data
+
+
+class _Shown:
+    """A path as a message prints it (:func:`printable`), worked out only if printed."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return printable(str(self.path))
 
 
 def size_text(n_bytes: int) -> str:

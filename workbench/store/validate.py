@@ -39,7 +39,8 @@ def inside(root: Path, rel: Any) -> str | None:
 
 
 def confined_file(root: str | os.PathLike[str], rel: Any, *, what: str) -> Path:
-    """The regular file that ``rel`` names inside folder ``root``, with symlinks resolved.
+    """The regular file that ``rel`` names inside folder ``root``, with symlinks resolved
+    (a plain file name that is a regular file in ``root`` is returned as ``root / rel``).
 
     Args:
         root: the folder the path must stay in (a run folder, a recording folder).
@@ -54,6 +55,15 @@ def confined_file(root: str | os.PathLike[str], rel: Any, *, what: str) -> Path:
     root = Path(root)
     if (problem := inside(root, rel)) is not None:
         raise WorkbenchError(f"{what}: {problem}")
+    if os.sep not in rel and (os.altsep is None or os.altsep not in rel):
+        # a plain name that is a regular file, not a symlink, lies directly in the folder,
+        # wherever the folder itself resolves to: nothing to resolve (a store lists
+        # thousands of run.json files this way)
+        try:
+            if stat.S_ISREG(os.lstat(root / rel).st_mode):
+                return root / rel
+        except OSError:
+            pass  # said below, with the full check's message
     base = real(root)
     path = real(base / rel)
     if path == base or not path.is_relative_to(base):
