@@ -154,17 +154,17 @@ def main() -> None:
     from workbench.figures.pages import page_for
 
     path = page_for(args.experiment)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # removing a large store takes a while
         store = Path(tmp) / "runs"
         run_id = make_run(store, args.experiment, args.model)
         one = measure(store, run_id, path, args.repeats)
         grow(store, run_id, args.runs)
         many = measure(store, run_id, path, args.repeats)
-    print(f"{args.experiment} on {args.model}, page {path}, load average "
-          f"{os.getloadavg()[0]:.2f}")
-    for name in one:
-        print(f"{name:>11}: 1 run {one[name]:9.2f}   {args.runs} runs {many[name]:9.2f}   "
-              f"ratio {many[name] / one[name]:6.2f}")
+        print(f"{args.experiment} on {args.model}, page {path}, load average "
+              f"{os.getloadavg()[0]:.2f}")
+        for name in one:
+            print(f"{name:>11}: 1 run {one[name]:9.2f}   {args.runs} runs {many[name]:9.2f}"
+                  f"   ratio {many[name] / one[name]:6.2f}", flush=True)
 
 
 if __name__ == "__main__":
