@@ -76,7 +76,7 @@ def _view_controls() -> html.Div:
 
 
 def table(run_id: str, name: str) -> pd.DataFrame:
-    """A run's table (read and checked once per process and file version: data.table)."""
+    """A run's table, checked against its declaration on every read (data.table)."""
     return data.table(data.get_run(run_id, shows=SHOWS), name)
 
 

@@ -28,7 +28,7 @@ its experiment refuses (an encoder for a causal experiment) is known to be skipp
 Examples:
     >>> spec, cells = plan("data/sweeps/seeds.toml")                  # doctest: +SKIP
     >>> run = run_sweep(spec, cells, cpus=1)                          # doctest: +SKIP
-    >>> read_table(run, "scores").groupby(["model", "metric"]).score.max()  # doctest: +SKIP
+    >>> run.table("scores").groupby(["model", "metric"]).score.max()  # doctest: +SKIP
 """
 
 from __future__ import annotations
