@@ -44,21 +44,38 @@ def strongest_sink(rec: Recording, prompt: int) -> tuple[int, int]:
 def run_label(run: Run) -> str:
     """A run as a dropdown lists it: experiment, model (a sweep's spec name), the config
     values it changed from the defaults, when it started and its id's last four."""
-    started = run.meta.started_at[:16].replace("T", " ")
+    started = run.started_at[:16].replace("T", " ")
     name = run_facts.sweep_name(run) or run.model_name or "-"
     changed = run_facts.varies_text(run)
     changed = "" if changed == "-" else f" · {changed}"
     return f"{run.experiment} · {name}{changed} · {started} · {run.id[-4:]}"
 
 
-def run_options(runs: list[Run]) -> list[dict[str, str]]:
-    return [{"label": run_label(r), "value": r.id} for r in runs]
+MAX_RUN_CHOICES = 100
+"""A run dropdown offers at most this many runs: the newest, and the one shown. The Runs
+page lists (and opens) every run, so a store of 10,000 runs does not send 10,000 options
+with every page."""
+
+
+def run_options(runs: list[Run], shown: str | None = None) -> list[dict[str, Any]]:
+    """The options of a run dropdown: the newest :data:`MAX_RUN_CHOICES` of ``runs``
+    (newest first) and run ``shown`` if it is older, then a note of how many are left
+    out."""
+    offered = runs[:MAX_RUN_CHOICES]
+    older = [r for r in runs[MAX_RUN_CHOICES:] if r.id == shown]
+    options: list[dict[str, Any]] = [{"label": run_label(r), "value": r.id}
+                                     for r in [*offered, *older]]
+    if len(runs) > len(offered) + len(older):
+        left = len(runs) - len(offered) - len(older)
+        options.append({"label": f"{left} older runs: open them from the Runs page",
+                        "value": "", "disabled": True})
+    return options
 
 
 def run_dropdown(component_id: str, runs: list[Run], value: str | None) -> dcc.Dropdown:
     if value is None and runs:
         value = runs[0].id
-    return dcc.Dropdown(id=component_id, options=run_options(runs), value=value,
+    return dcc.Dropdown(id=component_id, options=run_options(runs, value), value=value,
                         clearable=False, placeholder="no runs yet")
 
 

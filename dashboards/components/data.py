@@ -66,23 +66,28 @@ def _inside(root: Path, run: Run) -> bool:
             and path.parent in (base, base / INCOMPLETE) and path.name == run.path.name)
 
 
-def _listed() -> list[Run]:
-    st = store()
-    return [r for r in st.runs() if _inside(st.root, r)]
+def listed(*, checked: bool = False) -> list[Run]:
+    """Every run the store lists, damaged ones too, oldest first, listed once per request.
+
+    A page's run dropdown lists finished runs from the store's index without reading
+    their ``run.json`` (``checked=False``: :meth:`RunStore.runs`); a page reads its run in
+    full when it opens it (:func:`listed_run`), so a run damaged since it was indexed is
+    refused there. The Runs page, which shows every run's status, asks for ``checked``.
+    Every run listed is inside the store: the listing takes only folders directly in it
+    or in its ``.incomplete/``, and follows no symlink."""
+    key = f"workbench_listed_{checked}"
+    if key not in flask.g:
+        setattr(flask.g, key, store().runs(checked=checked))
+    return getattr(flask.g, key)
 
 
-def listed() -> list[Run]:
-    """Every run the store lists, damaged ones too, oldest first (read once per request)."""
-    if "workbench_listed" not in flask.g:
-        flask.g.workbench_listed = _listed()
-    return flask.g.workbench_listed
-
-
-def runs(experiment: str | None = None, status: Status | None = "complete") -> list[Run]:
+def runs(experiment: str | None = None, status: Status | None = "complete", *,
+         checked: bool = False) -> list[Run]:
     """Runs, newest first: complete ones unless ``status`` says otherwise (``None``: all,
     damaged ones included). Within a request the store is listed once (:func:`listed`),
     however many times a page asks."""
-    return [r for r in reversed(listed()) if (experiment is None or r.experiment == experiment)
+    return [r for r in reversed(listed(checked=checked))
+            if (experiment is None or r.experiment == experiment)
             and (status is None or r.status == status)]
 
 
@@ -101,13 +106,16 @@ def listed_run(run_id: object) -> Run:
             symlink leading out of the store are never one).
     """
     if isinstance(run_id, str) and run_id:
+        opened = flask.g.setdefault("workbench_opened", {})
+        if run_id in opened:  # one request's callbacks share the run they open
+            return opened[run_id]
         st = store()
         run = st.by_id(run_id)
-        if run is not None and _inside(st.root, run):
+        if run is None or not _inside(st.root, run):
+            run = next((r for r in listed() if r.id == run_id), None)
+        if run is not None:
+            opened[run_id] = run
             return run
-        for run in listed():
-            if run.id == run_id:
-                return run
     raise WorkbenchError(f"no such run '{_shown(run_id)}' in {store().root}; "
                          "choose one of the runs the store lists")
 
@@ -195,5 +203,7 @@ def table(run: Run, name: str) -> pd.DataFrame:
     """Table ``name`` of ``run`` read through its declaration (its columns, kinds,
     ranges and keys: :func:`workbench.harness.tables.read`): a table that does not hold
     what it declares is a one-line error the page shows, never an HTTP 500. Its bytes are
-    hashed on every read, so a table changed since it was last drawn is caught."""
+    checked against the SHA-256 in ``run.json`` when first read, and read and hashed again
+    whenever the file changes (:meth:`workbench.store.runs.Run.table`), so a table changed
+    since it was last drawn is caught."""
     return tables.read(run, name)

@@ -108,7 +108,8 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
                     empty="No head-finding runs yet: `workbench run induction-heads --model "
                           "smollm2`.", controls=[
         labelled("metric", dcc.Dropdown(id="heads-metric", clearable=False)),
-        labelled("compare with", dcc.Dropdown(run_options(runs), compare, id="heads-compare",
+        labelled("compare with", dcc.Dropdown(run_options(runs, compare), compare,
+                                              id="heads-compare",
                                               placeholder="another run (optional)"), "34em"),
         labelled("top k", dcc.Input(id="heads-k", type="number", value=10, min=1, max=MAX_K,
                                     step=1)),

@@ -59,23 +59,23 @@ def row(run: Run, sweeps: dict[str, Run]) -> dict[str, str]:
     ``problem`` is why a run is damaged, failed or interrupted."""
     return {"open": open_cell(run), "run": run.id, "experiment": run.experiment,
             "model": run_facts.sweep_name(run) or run.model_name or "-", "status": run.status,
-            "started": run.meta.started_at[:19],
+            "started": run.started_at[:19],
             "duration": run_facts.duration_text(run.seconds), "load": run_facts.load_text(run),
             "varies": run_facts.varies_text(run), "sweep": run_facts.parent_text(run, sweeps),
             "tables": ", ".join(run.table_names()),
-            "problem": "" if run.status == "complete" else run.meta.error or ""}
+            "problem": "" if run.status == "complete" else run.error or ""}
 
 
 def rows_of(runs: list[Run]) -> list[dict[str, str]]:
     """The table's rows, each cell's sweep found among every stored run."""
-    sweeps = run_facts.parents(data.runs(status=None))
+    sweeps = run_facts.parents(data.runs(status=None, checked=True))
     return [row(r, sweeps) for r in runs]
 
 
 @safe_layout("Runs")
 def layout(experiment: str | None = None, model: str | None = None, run: str | None = None,
            **_: str) -> html.Div:
-    runs = data.runs(status=None)
+    runs = data.runs(status=None, checked=True)
     rows = rows_of(runs)
     experiments = sorted({r["experiment"] for r in rows} - {"-"})
     models = sorted({r["model"] for r in rows} - {"-"})
@@ -124,7 +124,7 @@ def layout(experiment: str | None = None, model: str | None = None, run: str | N
           Input("runs-status", "value"), State("runs-requested", "data"))
 @safe
 def filter_runs(experiment: Name, model: Name, status: StatusChoice, requested: RunId):
-    rows = rows_of(data.runs(experiment=experiment, status=status))
+    rows = rows_of(data.runs(experiment=experiment, status=status, checked=True))
     rows = [r for r in rows if not model or r["model"] == model]
     if not requested:
         return rows, [], 0, None

@@ -188,7 +188,8 @@ def test_a_run_that_finishes_while_the_store_is_listed_is_never_damaged(tmp_path
         pass
     staged, done = tmp_path / INCOMPLETE / run.id, tmp_path / run.id
     for seen in ([staged], [staged, done]):
-        monkeypatch.setattr(RunStore, "_run_folders", lambda self, seen=seen: list(seen))
+        found = [(path == staged, str(path), os.lstat(done / "run.json")) for path in seen]
+        monkeypatch.setattr(RunStore, "_run_folders", lambda self, *_, found=found: found)
         listed = [(r.id, r.status, r.path) for r in store.runs()]
         assert listed == [(run.id, "complete", done)], seen
 

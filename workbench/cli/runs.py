@@ -26,18 +26,20 @@ def _status(run: Any) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
-    from workbench.harness.experiment import check_run_kind
+    from workbench.harness.run_facts import check_run_kind
     from workbench.store.runs import RunStore
 
     if args.experiment is not None:
         check_run_kind(args.experiment)
     store = RunStore(paths.runs_dir(args.out))
-    runs = [r for r in store.runs(experiment=args.experiment, model=args.model)
-            if args.status is None or _status(r) == args.status]
+    every = store.runs()
+    runs = [r for r in every if (args.experiment is None or r.experiment == args.experiment)
+            and (args.model is None or r.model_name == args.model)
+            and (args.status is None or _status(r) == args.status)]
     if not runs:
         _out(f"no runs in {_cell(store.root)}")
         return
-    rows = _rows(runs, store.runs())
+    rows = _rows(runs, every)
     _out(_table(rows, RUN_COLUMNS))
     _out(f"\n{len(runs)} runs in {_cell(store.root)}")
     if any(row["load"] == "busy" for row in rows):
@@ -58,7 +60,7 @@ def _rows(runs: list[Any], every: list[Any]) -> list[dict[str, str]]:
     sweeps = run_facts.parents(every)
     return [{"run": r.id, "experiment": r.experiment,
              "model": run_facts.sweep_name(r) or r.model_name or "-", "status": _status(r),
-             "started": r.meta.started_at[:19],
+             "started": r.started_at[:19],
              "duration": run_facts.duration_text(r.seconds), "load": run_facts.load_text(r),
              "varies": run_facts.varies_text(r), "sweep": run_facts.parent_text(r, sweeps)}
             for r in runs]
@@ -193,7 +195,7 @@ def cmd_clean(args: argparse.Namespace) -> None:
         _out(f"nothing left behind in {store.root / '.incomplete'} by processes that died")
         return
     rows = [{"run": r.id, "experiment": r.experiment, "status": r.status,
-             "started": r.meta.started_at[:19], "why": (r.meta.error or "")[:60]}
+             "started": r.started_at[:19], "why": (r.meta.error or "")[:60]}
             for r in found]
     _out(_table(rows, ["run", "experiment", "status", "started", "why"]))
     if args.yes:

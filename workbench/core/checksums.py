@@ -151,3 +151,18 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 def write_record_atomic(path: Path, record: Record) -> None:
     """Write a record as its file, the same way as :func:`write_json_atomic`."""
     durable.write_atomic(path, record.to_json())
+
+
+def sources_key(*folders: Path) -> str:
+    """A digest of every ``.py`` file under ``folders`` (its path, size and modification
+    time), as Python's own bytecode cache tells a changed source: a cache derived from the
+    code (the store's index, the experiments' defaults) is rebuilt when it changes."""
+    digest = hashlib.blake2b(digest_size=16)
+    for top in folders:
+        for folder, dirs, files in os.walk(top):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    st = os.stat(os.path.join(folder, name))
+                    digest.update(f"{folder}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()

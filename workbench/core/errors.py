@@ -51,5 +51,7 @@ def printable(text: str) -> str:
         >>> printable("run\\nfake-row")
         'run\\\\nfake-row'
     """
+    if text.isprintable():  # nearly always: one pass in C
+        return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
                    for c in text)

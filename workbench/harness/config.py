@@ -51,6 +51,11 @@ from workbench.core.values import (
     shown,
 )
 
+EXTRA_EXPERIMENTS = "WORKBENCH_EXPERIMENTS"
+"""The environment variable naming more modules to import for their experiments
+(comma-separated, importable module names): experiments kept outside ``experiments/``.
+A sweep passes it to its Ray workers, so their cells see the same experiments."""
+
 __all__ = ["SHARED", "FieldInfo", "Shared", "apply_overrides", "check_config",
            "check_declared", "check_layers", "check_value", "describe_range", "describe_type",
            "fields", "literal_choices", "param", "parse_value", "shared", "split_overrides"]

@@ -31,8 +31,9 @@ import pandas as pd
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.options import Dtype
-from workbench.core.registry import Registry, did_you_mean
+from workbench.core.registry import Registry
 from workbench.harness.config import (
+    EXTRA_EXPERIMENTS,
     apply_overrides,
     check_config,
     check_declared,
@@ -208,10 +209,6 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
 
 _discovered = False
 
-EXTRA_EXPERIMENTS = "WORKBENCH_EXPERIMENTS"
-"""The environment variable naming more modules to import for their experiments
-(comma-separated, importable module names): experiments kept outside ``experiments/``.
-A sweep passes it to its Ray workers, so their cells see the same experiments."""
 
 
 def discover() -> None:
@@ -241,16 +238,6 @@ def discover() -> None:
 OTHER_RUN_KINDS = ("record", "reproduce", "sweep")
 """Runs that are not experiments: written by ``workbench record``, ``workbench reproduce``
 and ``workbench sweep``."""
-
-
-def check_run_kind(name: str) -> None:
-    """Raise :class:`UnknownNameError` unless ``name`` is an experiment or another run kind
-    (the message lists them and suggests the closest)."""
-    discover()
-    known = sorted([*EXPERIMENTS.names(), *OTHER_RUN_KINDS])
-    if name not in known:
-        raise UnknownNameError(f"unknown experiment '{name}'{did_you_mean(name, known)}; "
-                               f"runs are of: {', '.join(known)}")
 
 
 def get(name: str) -> Experiment:

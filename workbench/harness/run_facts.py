@@ -14,13 +14,27 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import logging
+import os
 from collections.abc import Sequence
 from functools import cache
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from workbench.core.errors import WorkbenchError
+from pydantic import Field
+
+from workbench.core import durable, paths
+from workbench.core.checksums import sources_key
+from workbench.core.errors import UnknownNameError, WorkbenchError
+from workbench.core.files import read_bounded
+from workbench.core.records import Json, Record, RecordError
+from workbench.core.registry import did_you_mean
+from workbench.harness.config import EXTRA_EXPERIMENTS
 from workbench.store.runs import Run
+
+log = logging.getLogger(__name__)
 
 VALUE_CHARS = 32
 """A value longer than this is shortened (with ``…``) in a ``varies`` cell."""
@@ -31,18 +45,79 @@ def stored_form(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
+KINDS_CACHE = "run-kinds.json"
+"""The file of the cache folder (:func:`workbench.core.paths.cache_dir`) that keeps
+:func:`run_kinds` for the code that wrote it."""
+
+
+class _Kinds(Record):
+    code: Annotated[str, Field(max_length=64)]
+    kinds: dict[Annotated[str, Field(max_length=200)], dict[str, Json] | None]
+
+
+def _code_key() -> str | None:
+    """The sources key of the workbench and experiments packages (``None``: run kinds are
+    also imported from ``WORKBENCH_EXPERIMENTS``, whose sources are not followed)."""
+    spec = importlib.util.find_spec("experiments")  # found, not imported
+    if os.environ.get(EXTRA_EXPERIMENTS, "").strip() or spec is None \
+            or not spec.submodule_search_locations:
+        return None
+    return sources_key(Path(__file__).resolve().parents[1],
+                       *map(Path, spec.submodule_search_locations))
+
+
+def _imported_kinds() -> dict[str, dict[str, Any] | None]:
+    from workbench.harness.experiment import OTHER_RUN_KINDS, all_experiments
+
+    return {**{exp.name: stored_form(exp.config()) for exp in all_experiments()},
+            **dict.fromkeys(OTHER_RUN_KINDS)}
+
+
 @cache
+def run_kinds() -> dict[str, dict[str, Any] | None]:
+    """Every run kind by name: an experiment's default config as ``run.json`` holds it
+    (tuples as lists), ``None`` for the other kinds (``record``, ``reproduce``, ``sweep``).
+
+    Read from the cache when the same code wrote it (the sources of the workbench and
+    experiments packages unchanged: :func:`workbench.core.checksums.sources_key`), else
+    from the experiments, imported (with torch), and cached: a process that only lists
+    runs (``workbench runs``) imports no experiment. Modules named in
+    ``WORKBENCH_EXPERIMENTS`` are always imported."""
+    key = _code_key()
+    path = paths.cache_dir() / KINDS_CACHE
+    if key is not None and path.is_file():
+        try:
+            cached = _Kinds.from_json(read_bounded(path, 16 << 20, what=KINDS_CACHE),
+                                      what=str(path))
+        except (WorkbenchError, RecordError) as exc:
+            log.info("not using %s: %s", path, str(exc).splitlines()[0])
+        else:
+            if cached.code == key:
+                return cached.kinds
+    kinds = _imported_kinds()
+    if key is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            durable.write_atomic(path, _Kinds(code=key, kinds=kinds).to_json())
+        except (OSError, RecordError) as exc:  # a read-only home: imported next time too
+            log.info("cannot cache the run kinds in %s: %s", path, exc)
+    return kinds
+
+
 def defaults(experiment: str) -> dict[str, Any] | None:
     """The default config of a registered experiment as ``run.json`` holds it (tuples as
     lists); ``None`` for another run kind (``record``, ``sweep``, ``reproduce``) or a name
     no experiment has any more."""
-    from workbench.harness.experiment import get
+    return run_kinds().get(experiment)
 
-    try:
-        cfg = get(experiment).config()
-    except WorkbenchError:
-        return None
-    return stored_form(cfg)
+
+def check_run_kind(name: str) -> None:
+    """Raise :class:`UnknownNameError` unless ``name`` is an experiment or another run kind
+    (the message lists them and suggests the closest)."""
+    known = sorted(run_kinds())
+    if name not in known:
+        raise UnknownNameError(f"unknown experiment '{name}'{did_you_mean(name, known)}; "
+                               f"runs are of: {', '.join(known)}")
 
 
 def varies(run: Run) -> dict[str, Any]:
@@ -78,7 +153,7 @@ def parents(runs: Sequence[Run]) -> dict[str, Run]:
     found: dict[str, Run] = {}
     for run in runs:
         if run.experiment == "sweep" and run.status != "damaged":
-            for cell in run.meta.cells or ():
+            for cell in run.cells or ():
                 if cell:
                     found[cell] = run
     return found
@@ -110,5 +185,5 @@ def load_text(run: Run) -> str:
     cores at the run's start or end (:attr:`workbench.store.records.RunMeta.busy`)."""
     if run.status == "damaged":
         return "-"
-    busy = run.meta.busy
+    busy = run.busy
     return "-" if busy is None else ("busy" if busy else "idle")

@@ -54,25 +54,29 @@ import os
 import re
 import secrets
 import shutil
+import stat as stat_mode
+import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Container, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import plotly.graph_objects as go
 import psutil
-import pyarrow
 
 from workbench.core import checksums, durable
+from workbench.core.checksums import RACY_NS
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import Status
 from workbench.core.records import RecordError
 from workbench.figures import catalog
 from workbench.store import display, provenance, validate
+from workbench.store import index as store_index
+from workbench.store.index import Listing
 from workbench.store.records import (
     PID_MAX,
     RUN_ID_PATTERN,
@@ -82,6 +86,9 @@ from workbench.store.records import (
     TableEntry,
 )
 from workbench.store.schema import SchemaError, Table, current_metric_names
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +141,14 @@ def _read_meta(path: Path) -> tuple[RunMeta | None, bytes | None, str | None]:
                             f"{path.name!r}")
     return meta, data, None
 
+
+MAX_CACHED_TABLES = 256
+"""Tables kept read in a process (:meth:`Run.table`)."""
+MAX_CACHED_TABLE_BYTES = 64 << 20
+"""A table file larger than this is read again each time rather than kept."""
+_TABLES: OrderedDict[tuple[Any, ...], pd.DataFrame] = OrderedDict()
+"""Tables already read and checked in this process, by path, checksum and file status,
+least recently used first."""
 
 _RECORDS: dict[bytes, RunMeta] = {}
 """Sound ``run.json`` records already checked in this process, by a digest of their bytes."""
@@ -200,9 +215,37 @@ class Run:
     has ``status == "damaged"``, ``meta.error`` saying why, and no tables.
     """
 
-    def __init__(self, path: Path, meta: RunMeta) -> None:
-        self.path = path
-        self.meta = meta
+    def __init__(self, path: Path | str, meta: RunMeta | None = None, *,
+                 listing: Listing | None = None) -> None:
+        if meta is None and listing is None:
+            raise TypeError("a Run needs its record or its listing")
+        self._path = path
+        self._meta = meta
+        self._listing = listing
+
+    @property
+    def path(self) -> Path:
+        """The run's folder."""
+        if not isinstance(self._path, Path):
+            self._path = Path(self._path)
+        return self._path
+
+    @property
+    def meta(self) -> RunMeta:
+        """The run's ``run.json`` as a :class:`RunMeta`; a run listed from the store's
+        index (:mod:`workbench.store.index`) reads it when first asked."""
+        if self._meta is None:
+            self._meta = Run.load(self.path).meta
+        return self._meta
+
+    @meta.setter
+    def meta(self, meta: RunMeta) -> None:
+        self._meta = meta
+
+    @property
+    def listing(self) -> Listing | None:
+        """The run's row of the store's index, while its ``run.json`` is not read."""
+        return self._listing if self._meta is None else None
 
     @classmethod
     def load(cls, path: str | Path) -> Run:
@@ -243,34 +286,68 @@ class Run:
         """The run's card in a notebook (:mod:`workbench.store.display`)."""
         return display.run_html(self)
 
+    # What a listing shows is read from the index row while run.json is not read.
+
     @property
     def id(self) -> str:
-        return self.meta.run_id
+        row = self.listing
+        return row.run_id if row else self.meta.run_id
 
     @property
     def experiment(self) -> str:
-        return self.meta.experiment
+        row = self.listing
+        return row.experiment if row else self.meta.experiment
 
     @property
     def status(self) -> Status:
-        return self.meta.status
+        row = self.listing
+        return row.status if row else self.meta.status
+
+    @property
+    def started_at(self) -> str:
+        row = self.listing
+        return row.started_at if row else self.meta.started_at
 
     @property
     def seconds(self) -> float | None:
         """How long the run took (from its start and end times), or ``None`` if it has not
         ended."""
-        return self.meta.seconds
+        row = self.listing
+        return row.seconds if row else self.meta.seconds
 
     @property
     def model_name(self) -> str | None:
+        row = self.listing
+        if row:
+            return row.model
         return self.meta.model.name if self.meta.model else None
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.meta.config
+        row = self.listing
+        return row.config if row else self.meta.config
+
+    @property
+    def error(self) -> str | None:
+        """Why the run failed, was interrupted or is damaged (``None``: it did not)."""
+        row = self.listing
+        return row.error if row else self.meta.error
+
+    @property
+    def busy(self) -> bool | None:
+        """Whether the machine was busy during the run (:attr:`RunMeta.busy`)."""
+        row = self.listing
+        return row.busy if row else self.meta.busy
+
+    @property
+    def cells(self) -> tuple[str, ...] | None:
+        """A sweep's cells' run ids (:attr:`RunMeta.cells`)."""
+        row = self.listing
+        return row.cells if row else self.meta.cells
 
     def table_names(self) -> list[str]:
-        return sorted(self.meta.tables)
+        row = self.listing
+        return list(row.tables) if row else sorted(self.meta.tables)
 
     def _entry(self, name: str) -> TableEntry:
         if self.status == "damaged":
@@ -295,6 +372,14 @@ class Run:
         holds is checked against its experiment's declaration above the store
         (:func:`workbench.harness.tables.read`, which every reader of the workbench uses).
 
+        A table read once is kept for the life of the process (at most
+        :data:`MAX_CACHED_TABLES`, each under :data:`MAX_CACHED_TABLE_BYTES`) by its
+        path, the SHA-256 ``run.json`` states and the file's status (size, modification
+        and status-change times, inode) as it was when its bytes were hashed; a file
+        whose status differs in any of them is read and hashed again (one changed in the
+        clock tick it was read in is never kept: :data:`~workbench.core.checksums.RACY_NS`).
+        Each call returns its own copy.
+
         Raises:
             WorkbenchError: no such table (the message lists the run's tables), a damaged
                 run, a path that leads outside the run folder or to something that is not a
@@ -302,11 +387,30 @@ class Run:
             ChecksumError: the file is missing, or changed since the run wrote it.
             SchemaError: the table does not hold the rows ``run.json`` states.
         """
-        path = self._file(name)
+        path, entry = self._file(name), self._entry(name)
         try:
+            st = os.stat(path)
+            read_ns = time.time_ns()
+            key = (str(path), entry.sha256, entry.rows, st.st_size, st.st_mtime_ns,
+                   st.st_ctime_ns, st.st_ino)
+            if (kept := _TABLES.get(key)) is not None:
+                _TABLES.move_to_end(key)
+                return kept.copy()
             data = path.read_bytes()
         except OSError as exc:
             raise ChecksumError(f"cannot read {path} ({exc.strerror})") from None
+        frame = self._parsed(name, path, data)
+        if read_ns - st.st_ctime_ns >= RACY_NS and len(data) <= MAX_CACHED_TABLE_BYTES:
+            _TABLES[key] = frame.copy()
+            while len(_TABLES) > MAX_CACHED_TABLES:
+                _TABLES.popitem(last=False)
+        return frame
+
+    def _parsed(self, name: str, path: Path, data: bytes) -> pd.DataFrame:
+        """Table ``name``'s file bytes ``data``, checked against ``run.json``, as a frame."""
+        import pandas as pd
+        import pyarrow
+
         if hashlib.sha256(data).hexdigest() != self._entry(name).sha256:
             raise ChecksumError(f"checksum mismatch for {path}: the table was changed or damaged")
         try:
@@ -625,51 +729,84 @@ class RunStore:
             log.error("run %s could not be completed: %s", active.id, active.meta.error)
             raise
 
-    def _run_folders(self) -> list[Path]:
+    def _run_folders(self, unchecked: Container[str] = ()
+                     ) -> list[tuple[bool, str, os.stat_result | None]]:
         """Folders directly inside the store's ``.incomplete/`` and the store itself that
-        hold a ``run.json``; symlinks are not followed, so nothing outside is listed.
+        hold a ``run.json``: whether each is staged (in ``.incomplete/``), its path, and
+        its ``run.json``'s ``lstat`` (``None`` for a folder of the store named in
+        ``unchecked``, whose file is not looked at). Symlinks are not followed, so nothing
+        outside is listed.
 
         ``.incomplete/`` is listed first: a run that finishes meanwhile moves from there
         into the store, so it is found in one of the two listings (or both), never in
         neither."""
         found = []
-        for parent in (self.root / INCOMPLETE, self.root):
+        for staged, parent in ((True, self.root / INCOMPLETE), (False, self.root)):
             if parent.is_symlink() or not parent.is_dir():
                 continue
             try:
-                entries = sorted(parent.iterdir())
+                with os.scandir(parent) as listing:
+                    entries = sorted(e.path for e in listing if e.is_dir(follow_symlinks=False)
+                                      and (staged or not e.name.startswith(".")))
             except OSError as exc:
                 log.warning("cannot list %s: %s", parent, exc.strerror)
                 continue
-            for path in entries:
-                if parent == self.root and path.name.startswith("."):
+            for folder in entries:
+                if not staged and os.path.basename(folder) in unchecked:
+                    found.append((staged, folder, None))
                     continue
-                if path.is_symlink() or not path.is_dir():
+                try:
+                    found.append((staged, folder, os.lstat(f"{folder}/{RUN_JSON}")))
+                except OSError:  # no run.json: not a run folder
                     continue
-                if os.path.lexists(path / RUN_JSON):
-                    found.append(path)
         return found
 
     def runs(self, *, experiment: str | None = None, model: str | None = None,
-             status: Status | None = None) -> list[Run]:
+             status: Status | None = None, checked: bool = True) -> list[Run]:
         """Stored runs, oldest first, optionally filtered. Damaged runs are listed too,
-        with ``status == "damaged"`` and the reason in ``meta.error``."""
+        with ``status == "damaged"`` and the reason in ``meta.error``.
+
+        A finished run is listed from the store's index while its ``run.json`` is the one
+        its row was read from (:mod:`workbench.store.index`); the index is rewritten when
+        a listing finds it out of date. ``checked=False`` lists a finished run from its
+        row without looking at its ``run.json`` at all (a page's run dropdown: a run is
+        read in full when it is opened, so one changed since its row was written is
+        still caught then); the store is still listed, so new and removed runs show."""
+        indexed = store_index.read(self.root)
+        rows: dict[str, Listing] = {}
         found: dict[str, Run] = {}
-        for path in self._run_folders():
-            run = self._load(path)
+        for staged, folder, st in self._run_folders(() if checked else indexed):
+            run = self._load(Path(folder)) if staged else self._listed(folder, st, indexed, rows)
             if run.id in found and found[run.id].path.parent.name != INCOMPLETE:
                 continue  # listed in both places while it finished: the finished one
             found[run.id] = run
-        chosen = []
-        for run in found.values():
-            if experiment and run.experiment != experiment:
-                continue
-            if model and run.model_name != model:
-                continue
-            if status and run.status != status:
-                continue
-            chosen.append(run)
-        return sorted(chosen, key=lambda r: (r.meta.started_at, r.id))
+        if rows.keys() != indexed.keys() or any(rows[k] is not indexed[k] for k in rows):
+            store_index.write(self.root, rows)
+        chosen = [run for run in found.values()
+                  if (not experiment or run.experiment == experiment)
+                  and (not model or run.model_name == model)
+                  and (not status or run.status == status)]
+        return sorted(chosen, key=lambda r: (r.started_at, r.id))
+
+    @staticmethod
+    def _listed(folder: str, st: os.stat_result | None, indexed: dict[str, Listing],
+                rows: dict[str, Listing]) -> Run:
+        """The finished or damaged run in ``folder`` of the store (its ``run.json`` of
+        ``lstat`` ``st``; ``None``: not checked): from its index row when the row was
+        read from this very file (or it is not checked), else read (and its row added to
+        ``rows`` when it is a finished run)."""
+        name = os.path.basename(folder)
+        row = indexed.get(name)
+        if row is not None and (st is None or (stat_mode.S_ISREG(st.st_mode)
+                                and row.current(st))):
+            rows[name] = row
+            return Run(folder, listing=row)
+        read_ns = time.time_ns()
+        run = Run.load(folder)
+        if run.status in store_index.INDEXED and run.id == name \
+                and st is not None and stat_mode.S_ISREG(st.st_mode):
+            rows[name] = Listing.of(run.meta, st, read_ns)
+        return run
 
     def _load(self, path: Path) -> Run:
         """:meth:`Run.load`, and for a staged run whose folder moved into the store while it
