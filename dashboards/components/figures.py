@@ -1,5 +1,5 @@
 """Plotly figures of a recording's attention patterns and residual-stream norms, and the
-figures every page shares, which live in the library (:mod:`workbench.figures.style`) so
+figures every page shares, which live in the library (:mod:`workbench.views.style`) so
 that a page and a notebook draw the same figure from the same call."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from jaxtyping import Float
 
 from dashboards.components.values import OneOf
-from workbench.figures.style import (
+from workbench.recording.record import Recording
+from workbench.views.style import (
     COLOUR_SCALES,
     LOG_FLOOR,
     MAX_DISCRETE,
@@ -31,7 +32,6 @@ from workbench.figures.style import (
     unique_labels,
     wrapped,
 )
-from workbench.recording.record import Recording
 
 __all__ = ["COLOUR_SCALES", "LOG_FLOOR", "MAX_DISCRETE", "POWER", "STOPS", "TITLE_CHARS",
            "ColourScale", "Scale", "colour_stops", "discrete_colours", "discrete_levels",

@@ -25,7 +25,7 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import HeadName, ListOf, RunId
 from experiments.induction_distance.tables import DISTANCE_LOSSES, DISTANCE_SCORES
-from workbench.figures import pages
+from workbench.views import pages
 
 SHOWS = pages.shows("/distance")
 dash.register_page(__name__, path="/distance", name="Induction distance",

@@ -19,8 +19,8 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
-from workbench.figures import pages
 from workbench.scores.attention import worked_example
+from workbench.views import pages
 
 EXPERIMENT = "permutation-equivariance"
 SHOWS = pages.shows("/equivariance")

@@ -23,8 +23,8 @@ from experiments.induction_formation.tables import (
     PHASE_CHANGE,
     TRAINING_CURVE,
 )
-from workbench.figures import curves, pages
 from workbench.store.schema import Table
+from workbench.views import curves, pages
 
 SHOWS = pages.shows("/formation")
 dash.register_page(__name__, path="/formation", name="Formation",

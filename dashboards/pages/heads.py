@@ -50,12 +50,12 @@ from experiments.induction_heads.tables import (
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
-from workbench.figures import pages
-from workbench.figures.heads import head_scores_figure, shared_range
 from workbench.recording.record import Recording
 from workbench.scores import metrics
 from workbench.store.runs import Run
 from workbench.store.schema import Table, with_layer_types
+from workbench.views import pages
+from workbench.views.heads import head_scores_figure, shared_range
 
 # The experiments this page shows, each with the declaration of the head_scores it writes.
 EXPERIMENTS: dict[str, Table] = {

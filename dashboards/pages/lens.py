@@ -22,8 +22,8 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, among
 from experiments.logit_lens.tables import DIRECT_EFFECTS, LENS, LENS_LAYERS, TOKENS
-from workbench.figures import pages
 from workbench.store.runs import Run
+from workbench.views import pages
 
 SHOWS = pages.shows("/lens")
 dash.register_page(__name__, path="/lens", name="Logit lens",

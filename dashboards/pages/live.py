@@ -41,11 +41,11 @@ from dashboards.components.values import (
 )
 from experiments.qk_attribution.tables import SCORES as WHY_SCORES
 from workbench.core.errors import WorkbenchError
-from workbench.figures import pages
 from workbench.harness import live
 from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt, file_sets, load_prompt_set
 from workbench.recording.record import Recording
 from workbench.scores import metrics
+from workbench.views import pages
 
 SHOWS = pages.shows("/live")
 dash.register_page(__name__, path="/live", name="Live",

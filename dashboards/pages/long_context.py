@@ -46,8 +46,8 @@ from dashboards.components.values import (
     below,
     coordinate,
 )
-from workbench.figures import pages, patterns
 from workbench.recording.record import Recording
+from workbench.views import pages, patterns
 
 SHOWS = pages.shows("/long-context")
 dash.register_page(__name__, path="/long-context", name="Long context",

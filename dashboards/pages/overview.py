@@ -21,8 +21,8 @@ from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Name, RunId, among
 from experiments.head_overview.tables import HEAD_SCORES
-from workbench.figures import pages
 from workbench.scores import metrics
+from workbench.views import pages
 
 SHOWS = pages.shows("/overview")
 dash.register_page(__name__, path="/overview", name="Overview",

@@ -36,8 +36,8 @@ from experiments.ioi.tables import (
     PATH_PATCHING,
     UPSTREAM_PATHS,
 )
-from workbench.figures import pages
 from workbench.store.runs import Run
+from workbench.views import pages
 
 SHOWS = pages.shows("/patching")
 dash.register_page(__name__, path="/patching", name="Patching",

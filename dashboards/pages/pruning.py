@@ -25,7 +25,7 @@ from experiments.head_pruning.tables import (
     SPEEDUP,
     SURVIVAL,
 )
-from workbench.figures import curves, pages
+from workbench.views import curves, pages
 
 SHOWS = pages.shows("/pruning")
 dash.register_page(__name__, path="/pruning", name="Pruning",

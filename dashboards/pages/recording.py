@@ -29,7 +29,7 @@ from dashboards.components.values import (
     RunId,
     triggered,
 )
-from workbench.figures import pages, patterns
+from workbench.views import pages, patterns
 
 SHOWS = pages.shows("/recording")
 dash.register_page(__name__, path="/recording", name="Recording",

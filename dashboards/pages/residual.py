@@ -11,7 +11,7 @@ from dashboards.components.controls import labelled, prompt_options
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, below
-from workbench.figures import pages
+from workbench.views import pages
 
 SHOWS = pages.shows("/residual")
 dash.register_page(__name__, path="/residual", name="Residual stream",

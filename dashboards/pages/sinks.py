@@ -32,9 +32,9 @@ from experiments.attention_sinks.tables import (
     TOP_RECEIVERS,
 )
 from workbench.core.errors import WorkbenchError
-from workbench.figures import pages
 from workbench.scores import metrics
 from workbench.store.runs import Run
+from workbench.views import pages
 
 SHOWS = pages.shows("/sinks")
 dash.register_page(__name__, path="/sinks", name="Sinks",

@@ -23,8 +23,8 @@ from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import MAX_INDEX, Click, Name, OneOf, RunId, Whole, among
-from workbench.figures import pages
 from workbench.harness.sweep_tables import CELLS, SCORES
+from workbench.views import pages
 
 SHOWS = pages.shows("/sweeps")
 dash.register_page(__name__, path="/sweeps", name="Sweeps",

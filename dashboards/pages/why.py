@@ -30,15 +30,15 @@ from experiments.qk_attribution.tables import (
     SOURCES,
     TOKENS,
 )
-from workbench.figures import pages
-from workbench.figures.qk import (
+from workbench.store.runs import Run
+from workbench.views import pages
+from workbench.views.qk import (
     aggregate_figure,
     bars_figure,
     component_order,
     head_label,
     pair_title,
 )
-from workbench.store.runs import Run
 
 SHOWS = pages.shows("/why")
 dash.register_page(__name__, path="/why", name="Why",

@@ -55,24 +55,24 @@ import re
 import secrets
 import shutil
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import psutil
 import pyarrow
+import pyarrow.parquet as pq
 
 from workbench.core import checksums, durable
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import Status
 from workbench.core.records import RecordError
-from workbench.figures import catalog
-from workbench.store import display, provenance, validate
+from workbench.store import provenance, validate
 from workbench.store.records import (
     PID_MAX,
     RUN_ID_PATTERN,
@@ -82,6 +82,9 @@ from workbench.store.records import (
     TableEntry,
 )
 from workbench.store.schema import SchemaError, Table, current_metric_names
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +242,6 @@ class Run:
     def __repr__(self) -> str:
         return f"Run({self.id!r}, {self.status})"
 
-    def _repr_html_(self) -> str:
-        """The run's card in a notebook (:mod:`workbench.store.display`)."""
-        return display.run_html(self)
-
     @property
     def id(self) -> str:
         return self.meta.run_id
@@ -286,6 +285,16 @@ class Run:
         return validate.confined_file(self.path, self._entry(name).file,
                                       what=f"run {self.id} table '{name}'")
 
+    def table_columns(self, name: str) -> list[str]:
+        """A stored table's column names, read from its Parquet footer (no rows are read
+        and no checksum is checked).
+
+        Raises:
+            WorkbenchError: no such table, or a damaged run.
+            OSError, pyarrow.ArrowException: an unreadable file.
+        """
+        return list(pq.read_schema(self._file(name)).names)
+
     def table(self, name: str) -> pd.DataFrame:
         """Read a table, checking its SHA-256 and its rows against ``run.json``.
 
@@ -321,19 +330,16 @@ class Run:
         return current_metric_names(frame)
 
     def figure(self, name: str, **options: Any) -> go.Figure:
-        """The figure ``name`` of this run, as its dashboard page draws it
-        (:mod:`workbench.figures.catalog`).
+        """Deprecated: ``workbench.figure(run, name, **options)`` draws the figure.
 
-        Examples:
-            >>> run.figure("head_scores", metric="induction")     # doctest: +SKIP
-            >>> run.figure("pruning_curve", metric="loss")          # doctest: +SKIP
-
-        Raises:
-            UnknownNameError: no figure of that name (the message lists the known ones).
-            WorkbenchError: an option the figure does not take, a value the run does not
-                hold, or a run without the figure's tables.
+        .. deprecated:: 0.1.0
+            Goes in the next release; a run no longer knows how it is drawn.
         """
-        return catalog.draw(self, name, options)
+        warnings.warn("Run.figure is deprecated; use workbench.figure(run, name, **options)",
+                      DeprecationWarning, stacklevel=2)
+        from workbench.views.catalog import figure  # the view sits above the store
+
+        return figure(self, name, **options)
 
     def verify(self) -> None:
         """Re-hash every table of the run against ``run.json``.

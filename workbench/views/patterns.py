@@ -1,5 +1,7 @@
 """A recording's attention patterns as the Recording and Long context pages draw them: one
 head's pattern with token labels, and one head's whole pattern pooled to screen resolution.
+A notebook draws the same figures with ``workbench.show_pattern(rec, ...)`` and
+``workbench.show_long(rec, ...)`` (:func:`show_pattern`, :func:`show_long`).
 
 Both read only what they show from the recording: the first ``max_tokens`` query rows of a
 pattern, or the pooled grid :meth:`~workbench.recording.record.Recording.pooled` builds
@@ -8,7 +10,7 @@ before any figure is made.
 
 Examples:
     >>> rec = Recording.open("data/runs/<record run>")                  # doctest: +SKIP
-    >>> recording_pattern(rec, 0, 1, 2)                                 # doctest: +SKIP
+    >>> show_pattern(rec, 0, layer=1, head=2, scale="log")              # doctest: +SKIP
     >>> long_overview(rec, 0, 1, 2, pooling="max").data[0].z.shape      # doctest: +SKIP
     (512, 512)
 """
@@ -16,21 +18,21 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.figures.style import (
+from workbench.core.errors import WorkbenchError
+from workbench.recording.record import Pooled, Recording
+from workbench.views.style import (
+    COLOUR_SCALES,
     ColourScale,
     colour_stops,
     pattern_heatmap,
     scale_colorbar,
     set_title,
 )
-
-if TYPE_CHECKING:
-    from workbench.recording.record import Pooled, Recording
 
 Pooling = Literal["max", "sum"]
 MAX_TOKENS = 512
@@ -136,3 +138,48 @@ def long_overview(rec: Recording, prompt: int, layer: int, head: int,
              "<br>drag a box to open it as a window")
     fig = pooled_heatmap(pooled, rec.tokens(prompt), title, scale)
     return set_title(fig, title + mark_edge(fig, rec.model.window(layer), pooled), size=13)
+
+
+def _check_scale(scale: object) -> None:
+    if scale not in COLOUR_SCALES:
+        raise WorkbenchError(f"colour scale must be one of {', '.join(COLOUR_SCALES)}, "
+                             f"got {scale!r}")
+
+
+def show_pattern(rec: Recording, prompt: int, layer: int, head: int, *,
+                 scale: ColourScale = "linear", max_tokens: int = MAX_TOKENS) -> go.Figure:
+    """One head's attention on one prompt as the Recording page draws it: queries down,
+    keys across, each axis labelled with the tokens (the first ``max_tokens``).
+
+    Examples:
+        >>> workbench.show_pattern(rec, 0, layer=1, head=2, scale="log")  # doctest: +SKIP
+
+    Raises:
+        WorkbenchError: a prompt, layer or head the recording does not have, a recording
+            without patterns, or an unknown colour scale.
+    """
+    _check_scale(scale)
+    rec.check_head(prompt, layer, head)
+    return recording_pattern(rec, prompt, layer, head, scale, max_tokens)
+
+
+def show_long(rec: Recording, prompt: int, layer: int, head: int, pooling: Pooling = "max",
+              *, scale: ColourScale = "log", cells: int = OVERVIEW_CELLS) -> go.Figure:
+    """One head's whole pattern as the Long context page's overview draws it: pooled
+    (:meth:`~workbench.recording.record.Recording.pooled`, ``max`` or ``sum`` of each block
+    of tokens) to at most ``cells`` a side before the figure is made, so an 8,192-token
+    prompt gives a 512 x 512 figure; a sliding layer's window edge is marked.
+
+    Examples:
+        >>> workbench.show_long(rec, 0, layer=1, head=2, pooling="max")   # doctest: +SKIP
+
+    Raises:
+        WorkbenchError: as :func:`show_pattern`, or a pooling other than max or sum.
+    """
+    _check_scale(scale)
+    if pooling not in ("max", "sum"):
+        raise WorkbenchError(f"pooling must be max or sum, got {pooling!r}")
+    if not 1 <= cells <= 4096:
+        raise WorkbenchError(f"cells must be between 1 and 4096, got {cells!r}")
+    rec.check_head(prompt, layer, head)
+    return long_overview(rec, prompt, layer, head, pooling, scale, cells)

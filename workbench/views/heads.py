@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.figures.style import head_heatmap
+from workbench.views.style import head_heatmap
 
 
 def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
