@@ -1,5 +1,6 @@
-"""A recording's attention patterns as the Recording and Long context pages draw them: one
-head's pattern with token labels, and one head's whole pattern pooled to screen resolution.
+"""A recording's attention patterns as the Recording, Long context and Live pages draw them:
+one head's pattern with token labels, every head's as small multiples, one query's row,
+and one head's whole pattern pooled to screen resolution.
 A notebook draws the same figures with ``workbench.show_pattern(rec, ...)`` and
 ``workbench.show_long(rec, ...)`` (:func:`show_pattern`, :func:`show_long`).
 
@@ -183,3 +184,54 @@ def show_long(rec: Recording, prompt: int, layer: int, head: int, pooling: Pooli
         raise WorkbenchError(f"cells must be between 1 and 4096, got {cells!r}")
     rec.check_head(prompt, layer, head)
     return long_overview(rec, prompt, layer, head, pooling, scale, cells)
+
+
+def query_bars(weights: np.ndarray, tokens: list[str], query: int, name: str) -> go.Figure:
+    """The chosen query's attention over the keys."""
+    fig = go.Figure(go.Bar(x=[f"{k}: {t!r}"[:24] for k, t in enumerate(tokens)], y=weights,
+                           hovertemplate="key %{x}<br>weight %{y:.3f}<extra></extra>"))
+    fig.update_layout(title=f"{name}: where query {query} {tokens[query]!r} attends",
+                      height=360, yaxis={"title": "weight", "range": [0, 1]},
+                      xaxis={"title": "key", "tickangle": -60},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
+                 scale: ColourScale = "linear") -> go.Figure:
+    """Every head's pattern as one small multiple: layers down, heads across.
+
+    The grid is drawn as a single image (one matrix with a gap between heads), which stays
+    fast for 30 layers x 9 heads; patterns longer than ``max_tokens`` show their first
+    ``max_tokens`` positions. Click a cell to open that head.
+    """
+    n = min(len(rec.tokens(prompt)), max_tokens)
+    gap = 1
+    cell = n + gap
+    grid = np.full((rec.n_layers * cell, rec.n_heads * cell), np.nan)
+    for layer in range(rec.n_layers):
+        block = rec.pattern(prompt, layer, queries=(0, n))[:, :, :n]  # reads n rows only
+        for head in range(rec.n_heads):
+            grid[layer * cell: layer * cell + n, head * cell: head * cell + n] = block[head]
+    # Coordinates in units of heads/layers; customdata carries the exact (layer, head).
+    xs, ys = np.arange(grid.shape[1]) / cell, np.arange(grid.shape[0]) / cell
+    layer_of, head_of = np.meshgrid(np.arange(grid.shape[0]) // cell,
+                                    np.arange(grid.shape[1]) // cell, indexing="ij")
+    fig = go.Figure(go.Heatmap(
+        z=grid, x=xs, y=ys, customdata=np.stack([layer_of, head_of], axis=-1),
+        colorscale=colour_stops(scale), zmin=0, zmax=1, showscale=False,
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<extra></extra>",
+    ))
+    centre = n / (2 * cell)
+    fig.update_layout(
+        height=min(1400, 120 + rec.n_layers * 40), margin={"l": 40, "r": 10, "b": 10},
+        xaxis={"side": "top", "tickvals": [h + centre for h in range(rec.n_heads)],
+               "ticktext": [str(h) for h in range(rec.n_heads)]},
+        yaxis={"title": "layer", "autorange": "reversed",
+               "tickvals": [layer + centre for layer in range(rec.n_layers)],
+               "ticktext": [str(layer) for layer in range(rec.n_layers)]},
+    )
+    # the heads' numbers sit on top, so the title needs room above them
+    set_title(fig, f"all heads: layers down, heads across (first {n} tokens); click one "
+                   "to open it")
+    return fig.update_layout(margin={"t": fig.layout.margin.t + 20})
