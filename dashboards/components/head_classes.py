@@ -25,8 +25,11 @@ from dashboards.components.messages import safe
 from dashboards.components.values import Name, OneOf, Real, RunId
 from workbench.scores import classes
 from workbench.store.runs import Run
+from workbench.store.schema import head_classes
 
-TABLE = "head_classes"
+TABLE = head_classes().name
+"""The table's name, as every experiment that scores heads declares it
+(:func:`workbench.store.schema.head_classes`)."""
 LOWEST_RATE = 1e-6
 """The smallest rate the input takes: below the smallest p-value any run can report (one
 in 1 + n_draws), so a smaller rate could only ever mark nothing."""
