@@ -6,7 +6,7 @@ corrupted run, 1 the clean one) of each layer's site patched at one position, th
 labelled with the group's tokens and the named positions (IO, S1, S1+1, S2, END); the second
 is each head's output patched at every position, over every patched prompt. Clicking a cell
 shows its value with its 95% bootstrap interval over prompts. Under them, the class
-diagram (:mod:`dashboards.components.circuit`): the heads of each of Wang et al.'s classes
+diagram (:mod:`workbench.views.circuit`): the heads of each of Wang et al.'s classes
 in groups, previous-token -> induction and duplicate-token -> S-inhibition -> name movers
 and negative name movers -> logits, each arrow a stored direct effect or path patch, its
 width the effect, its label's hover the interval; a class with no head is an empty group.
