@@ -20,6 +20,10 @@ from plotly.subplots import make_subplots
 
 from workbench.views.style import head_heatmap, set_title
 
+MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
+MARK_COLOUR = "#e11d48"
+"""The outline of a head in a class (:func:`outline_heads`)."""
+
 
 def shared_range(frames: list[pd.DataFrame], metric: str) -> tuple[float, float] | None:
     """One colour scale for every heatmap of ``metric`` shown side by side: the lowest
@@ -48,9 +52,6 @@ def head_scores_figure(scores: pd.DataFrame, metric: str, model: str | None, exp
     if meaning:
         title += f"<br><sup>{meaning}</sup>"
     return head_heatmap(scores, metric, title=title, zmin=low, zmax=high)
-
-
-MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 
 
 def difference_figure(scores: pd.DataFrame, other: pd.DataFrame, metric: str,
@@ -190,3 +191,15 @@ def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
                            "same-layer heads", width=110)
     # the panels' own titles sit above them, in the top margin too
     return fig.update_layout(margin={"t": fig.layout.margin.t + 30})
+
+
+def outline_heads(fig: go.Figure, heads: pd.DataFrame, name: str, rate: float) -> None:
+    """Outline ``heads`` (rows ``layer, head, q``: the heads in class ``name`` at
+    false-discovery rate ``rate``) on ``fig``, a layer x head heatmap, each with its q on
+    hover."""
+    fig.add_scatter(
+        x=heads["head"], y=heads["layer"], customdata=heads.q, mode="markers",
+        name=f"{name} at FDR {rate:g}", showlegend=False,
+        marker={"symbol": "square-open", "size": 16, "color": MARK_COLOUR,
+                "line": {"width": 2, "color": MARK_COLOUR}},
+        hovertemplate=f"L%{{y}}H%{{x}}<br>{name}, q = %{{customdata:.3g}}<extra></extra>")
