@@ -86,7 +86,7 @@ def token_strip(tokens: Sequence[str], max_tokens: int = MAX_TOKENS) -> Safe:
 
 
 def block(title: Safe | str, *parts: Safe | str) -> str:
-    """The whole repr: a heading line and its parts (plain strings are escaped)."""
+    """The whole card: a heading line and its parts (plain strings are escaped)."""
     inner = "".join(p if isinstance(p, Safe) else f"<div>{html.escape(p)}</div>"
                     for p in parts)
     return (f'<div style="font-family:sans-serif;font-size:0.9em">'
