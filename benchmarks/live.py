@@ -55,9 +55,9 @@ def text_of(model, n_tokens: int) -> tuple[str, int]:
 
 def until_figure(queue, model: str, text: str) -> float:
     """Seconds from submit to the page's figures of the job's run."""
-    from dashboards.components import figures
     from workbench.harness import live
     from workbench.recording.record import Recording
+    from workbench.views import style
 
     start = time.perf_counter()
     status = queue.wait(queue.submit(model, text).id, TIMEOUT)
@@ -66,8 +66,8 @@ def until_figure(queue, model: str, text: str) -> float:
     rec = Recording.open(queue.store.get(status.run_id).path)
     scores = live.pattern_scores(rec, names=[live.DEFAULT_METRIC])  # as the page opens
     layer, head = live.opening_head(scores)
-    figures.pattern_heatmap(rec.pattern(0, layer, head), rec.tokens(0), "pattern")
-    figures.head_heatmap(scores, live.DEFAULT_METRIC)
+    style.pattern_heatmap(rec.pattern(0, layer, head), rec.tokens(0), "pattern")
+    style.head_heatmap(scores, live.DEFAULT_METRIC)
     return time.perf_counter() - start
 
 

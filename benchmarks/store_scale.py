@@ -151,7 +151,7 @@ def main() -> None:
     if not 2 <= args.runs <= 1 << 16:
         parser.error(f"--runs must be 2 .. {1 << 16}, got {args.runs}")
 
-    from workbench.figures.pages import page_for
+    from workbench.views.pages import page_for
 
     path = page_for(args.experiment)
     with tempfile.TemporaryDirectory() as tmp:  # removing a large store takes a while

@@ -5,11 +5,18 @@ The public API, imported lazily so that ``workbench --help`` stays fast:
     >>> import workbench
     >>> model = workbench.load_model("smollm2")                        # doctest: +SKIP
     >>> run = workbench.run_experiment("head-overview", model)         # doctest: +SKIP
+    >>> workbench.figure(run, "head_scores", metric="induction")       # doctest: +SKIP
     >>> rec = workbench.Recording.open(run_dir)                        # doctest: +SKIP
+    >>> workbench.show_pattern(rec, 0, layer=1, head=2)                # doctest: +SKIP
+
+In IPython and Jupyter, ``import workbench`` registers the HTML cards of a run, a
+recording and a model (:mod:`workbench.views.cards`) with IPython's display formatters; a
+shell started after the import gets them with ``%load_ext workbench``.
 """
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
 from typing import Any
 
@@ -26,23 +33,59 @@ _API = {
     "RunStore": "workbench.store.runs",
     "run_experiment": "workbench.harness.experiment",
     "WorkbenchError": "workbench.core.errors",
+    "figure": "workbench.views.catalog",
+    "show_pattern": "workbench.views.patterns",
+    "show_long": "workbench.views.patterns",
 }
 # Modules reachable as ``from workbench import hooks`` (the five-minute tour uses these).
 _MODULES = {
     "hooks": "workbench.recording.hooks",
 }
+# The types that have a notebook card, by module and name, so that registering a card
+# imports none of them (a kernel pays for them only when it shows one).
+_CARDS = (("workbench.store.runs", "Run"), ("workbench.recording.record", "Recording"),
+          ("workbench.models.base", "Model"))
 
-# Handing out runs wires in what their notebook cards read from above the store.
-_WIRED = {"RunStore": "workbench.harness.display", "run_experiment": "workbench.harness.display"}
-
-__all__ = sorted(_API)
+__all__ = sorted([*_API, "show_cards"])
 
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        if name in _WIRED:
-            import_module(_WIRED[name])
         return getattr(import_module(_API[name]), name)
     if name in _MODULES:
         return import_module(_MODULES[name])
     raise AttributeError(f"module 'workbench' has no attribute '{name}'")
+
+
+def _card(obj: Any) -> str:
+    return import_module("workbench.views.cards").card(obj)
+
+
+def show_cards(shell: Any = None) -> bool:
+    """Register the notebook cards of a run, a recording and a model with the HTML
+    formatter of ``shell`` (default: the running IPython shell, if any).
+
+    ``import workbench`` calls it; it does nothing, and returns ``False``, outside IPython
+    or where IPython is not installed.
+
+    Examples:
+        >>> show_cards()          # not in IPython: nothing to register with
+        False
+    """
+    if shell is None:
+        ipython = sys.modules.get("IPython")  # never imported here: a script has no shell
+        shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return False
+    formatter = shell.display_formatter.formatters["text/html"]
+    for module, name in _CARDS:
+        formatter.for_type_by_name(module, name, _card)
+    return True
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext workbench``: the cards for a shell started after ``import workbench``."""
+    show_cards(shell)
+
+
+show_cards()

@@ -9,13 +9,13 @@ import numpy as np
 from dash import dcc, html
 
 from dashboards.components import data
-from dashboards.components.figures import COLOUR_SCALES
 from dashboards.components.messages import message, one_line
 from dashboards.components.values import below
 from workbench.core.errors import WorkbenchError
 from workbench.harness import run_facts
 from workbench.recording.record import Recording
 from workbench.store.runs import Run
+from workbench.views.style import COLOUR_SCALES
 
 
 def labelled(label: str, control: Any, width: str | None = None) -> html.Div:
@@ -25,7 +25,7 @@ def labelled(label: str, control: Any, width: str | None = None) -> html.Div:
 
 def colour_scale(page: str, value: str = "linear") -> html.Div:
     """The colour-scale switch of a page's pattern heatmaps (``<page>-scale``): linear,
-    log or power (:func:`dashboards.components.figures.colour_stops`)."""
+    log or power (:func:`workbench.views.style.colour_stops`)."""
     return labelled("colour scale", dcc.RadioItems(id=f"{page}-scale", value=value,
                                                    inline=True, options=list(COLOUR_SCALES)))
 

@@ -25,14 +25,17 @@ from dashboards.components.messages import safe
 from dashboards.components.values import Name, OneOf, Real, RunId
 from workbench.scores import classes
 from workbench.store.runs import Run
+from workbench.store.schema import head_classes
+from workbench.views.heads import outline_heads
 
-TABLE = "head_classes"
+TABLE = head_classes().name
+"""The table's name, as every experiment that scores heads declares it
+(:func:`workbench.store.schema.head_classes`)."""
 LOWEST_RATE = 1e-6
 """The smallest rate the input takes: below the smallest p-value any run can report (one
 in 1 + n_draws), so a smaller rate could only ever mark nothing."""
 ClassName = Annotated[str | None, OneOf(tuple(classes.CLASSES.names()))]
 Rate = Annotated[float | None, Real(LOWEST_RATE, 1)]
-MARK_COLOUR = "#e11d48"
 
 
 def controls(page: str) -> list:
@@ -108,11 +111,5 @@ def mark(fig: go.Figure, run: Run, name: str | None, rate: float | None) -> str:
         held = ", ".join(class_names(table)) or "none"
         return f"no head class chosen (the run's classes: {held}): no heads are marked"
     rows = classes.at_rate(table[table.head_class == name], rate)
-    inside = rows[rows.in_class]
-    fig.add_scatter(
-        x=inside["head"], y=inside["layer"], customdata=inside.q, mode="markers",
-        name=f"{name} at FDR {float(rows.fdr.iloc[0]):g}", showlegend=False,
-        marker={"symbol": "square-open", "size": 16, "color": MARK_COLOUR,
-                "line": {"width": 2, "color": MARK_COLOUR}},
-        hovertemplate=f"L%{{y}}H%{{x}}<br>{name}, q = %{{customdata:.3g}}<extra></extra>")
+    outline_heads(fig, rows[rows.in_class], name, float(rows.fdr.iloc[0]))
     return classes.summary_line(rows, name)

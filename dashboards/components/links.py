@@ -1,7 +1,7 @@
 """Which page shows a run: one mapping, read from the pages' own declarations.
 
 Each page registers itself with the experiments it shows and its nav order, read from the
-one declaration of them in the library (:mod:`workbench.figures.pages`, which a run's
+one declaration of them in the library (:mod:`workbench.views.pages`, which a run's
 notebook card links with too): ``dash.register_page(__name__, ...,
 order=pages.order("/sinks"), experiments=pages.shows("/sinks"))``. When several pages
 show one experiment (a ``record`` run opens in Recording and in Residual stream), the

@@ -42,6 +42,7 @@ from typing import Annotated, Any
 import dash
 
 from workbench.core.errors import WorkbenchError
+from workbench.views.style import COLOUR_SCALES, ColourScale
 
 MAX_INDEX = 2**31 - 1
 """The largest index any control takes: far beyond any layer, head, prompt or position,
@@ -418,6 +419,9 @@ ClickedHead = Annotated[tuple[int, int] | None,
 """A click on a layer x head heatmap, read as ``(layer, head)``."""
 NamedHead = Annotated[tuple[int, int] | None, HeadName()]
 """A head dropdown's ``L<layer>H<head>``, read as ``(layer, head)``."""
+Scale = Annotated[ColourScale | None, OneOf(COLOUR_SCALES)]
+"""A colour-scale switch's value as a callback takes it: ``None`` (a switch not yet set,
+or a request that leaves it out) is the linear scale."""
 
 
 def check(label: str, spec: Spec | Any, value: Any) -> Any:

@@ -16,7 +16,6 @@ from typing import Annotated
 
 import dash
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
@@ -25,7 +24,8 @@ from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import HeadName, ListOf, RunId
 from experiments.induction_distance.tables import DISTANCE_LOSSES, DISTANCE_SCORES
-from workbench.figures import pages
+from workbench.views import pages
+from workbench.views.distance import curves_figure, layers_figure, loss_figure
 
 SHOWS = pages.shows("/distance")
 dash.register_page(__name__, path="/distance", name="Induction distance",
@@ -33,7 +33,6 @@ dash.register_page(__name__, path="/distance", name="Induction distance",
 
 EMPTY = ("No induction-distance runs yet. Make one with `workbench run induction-distance "
          "--model smollm2 --set max_tokens=1024`.")
-MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 GRAPHS = ["distance-curves", "distance-layers", "distance-loss"]
 DEFAULT_HEADS = 4
 MAX_HEADS = 12
@@ -100,32 +99,6 @@ def draw_curves(run_id: RunId, heads: Heads):
     return curves_figure(data.table(run, DISTANCE_SCORES.name), heads, _window(run))
 
 
-def curves_figure(scores: pd.DataFrame, heads: list[tuple[int, int]], window: int | None
-                  ) -> go.Figure:
-    """Each chosen head's score against distance, with intervals and its null."""
-    fig = go.Figure()
-    for layer, head in heads:
-        rows = scores[(scores.layer == layer) & (scores["head"] == head)].sort_values(
-            "distance")
-        kind = rows.layer_type.iloc[0] if len(rows) else ""
-        fig.add_scatter(x=rows.distance, y=rows.score, mode="lines+markers",
-                        name=f"{_name(layer, head)} ({kind})",
-                        error_y={"type": "data", "symmetric": False,
-                                 "array": (rows.ci_high - rows.score).to_numpy(),
-                                 "arrayminus": (rows.score - rows.ci_low).to_numpy()})
-        fig.add_scatter(x=rows.distance, y=rows.null, mode="lines", showlegend=False,
-                        line={"dash": "dot", "width": 1}, hoverinfo="skip")
-    if window:
-        fig.add_vline(x=window, line={"dash": "dash", "color": "#9ca3af"},
-                      annotation_text=f"window {window}")
-    fig.update_layout(title="induction (Olsson) score against the distance between the "
-                            "occurrences<br><sup>dotted: uniform attention over the keys "
-                            "each query sees</sup>", height=460, margin=MARGIN,
-                      xaxis={"title": "distance D (tokens)", "type": "log"},
-                      yaxis={"title": "weight on the earlier successor"})
-    return fig
-
-
 @callback(Output("distance-layers", "figure"), Output("distance-loss", "figure"),
           Input("distance-run", "value"))
 @safe
@@ -137,31 +110,3 @@ def draw_overview(run_id: RunId):
             loss_figure(data.table(run, DISTANCE_LOSSES.name)))
 
 
-def layers_figure(scores: pd.DataFrame) -> go.Figure:
-    """Every layer's best head score at every distance."""
-    best = scores.pivot_table(index="layer", columns="distance", values="score", aggfunc="max")
-    kinds = scores.drop_duplicates("layer").set_index("layer").layer_type
-    fig = go.Figure(go.Heatmap(
-        z=best.to_numpy(), x=[str(d) for d in best.columns],
-        y=[f"{layer} ({kinds[layer]})" for layer in best.index], colorscale="Viridis",
-        zmin=0, hovertemplate="layer %{y}<br>D %{x}<br>best head %{z:.3f}<extra></extra>"))
-    fig.update_layout(title="each layer's best head at each distance", height=460,
-                      margin=MARGIN, xaxis={"title": "distance D (tokens)", "type": "category"},
-                      yaxis={"title": "layer", "autorange": "reversed"})
-    return fig
-
-
-def loss_figure(losses: pd.DataFrame) -> go.Figure:
-    """The in-context loss drop against distance, with intervals."""
-    rows = losses.sort_values("distance")
-    fig = go.Figure(go.Scatter(
-        x=rows.distance, y=rows["drop"], mode="lines+markers", name="loss drop",
-        error_y={"type": "data", "symmetric": False,
-                 "array": (rows.ci_high - rows["drop"]).to_numpy(),
-                 "arrayminus": (rows["drop"] - rows.ci_low).to_numpy()}))
-    fig.add_hline(y=0, line={"color": "#9ca3af", "width": 1})
-    fig.update_layout(title="in-context loss drop: first occurrence minus second (nats)",
-                      height=460, margin=MARGIN,
-                      xaxis={"title": "distance D (tokens)", "type": "log"},
-                      yaxis={"title": "nats"})
-    return fig

@@ -13,14 +13,14 @@ import pandas as pd
 import torch
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
 from experiments.permutation_equivariance.tables import PATTERNS, PERMUTATIONS, TOKENS, VERDICTS
-from workbench.figures import pages
 from workbench.scores.attention import worked_example
+from workbench.views import pages, style
 
 EXPERIMENT = "permutation-equivariance"
 SHOWS = pages.shows("/equivariance")
@@ -174,10 +174,10 @@ def draw(run_id: RunId, condition: Name, prompt: Index, seed: Index, layer: Laye
     back = after[inverse][:, inverse]  # A'[i, j] belongs to tokens perm[i], perm[j]
     gap = float(np.nanmax(np.abs(back - before)))
     where = f"L{layer}H{head}, {condition}"
-    figs = (figures.pattern_heatmap(before, toks, f"{where}: X (original order)"),
-            figures.pattern_heatmap(after, [toks[i] for i in perm],
+    figs = (style.pattern_heatmap(before, toks, f"{where}: X (original order)"),
+            style.pattern_heatmap(after, [toks[i] for i in perm],
                                     f"{where}: PX (permuted order)"),
-            figures.pattern_heatmap(back, toks, f"{where}: PX permuted back"))
+            style.pattern_heatmap(back, toks, f"{where}: PX permuted back"))
     order = " ".join(f"{i}" for i in perm)
     stats = (f"max |permuted back - original| = {gap:.2g}: "
              + ("the pattern moved with its tokens (equivariant)." if gap < 1e-4 else

@@ -11,7 +11,7 @@ import dash
 import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
@@ -23,8 +23,8 @@ from experiments.induction_formation.tables import (
     PHASE_CHANGE,
     TRAINING_CURVE,
 )
-from workbench.figures import curves, pages
 from workbench.store.schema import Table
+from workbench.views import curves, pages, style
 
 SHOWS = pages.shows("/formation")
 dash.register_page(__name__, path="/formation", name="Formation",
@@ -178,6 +178,6 @@ def draw_pattern(run_id: RunId, model: Name, head: NamedHead, checkpoint: Index)
     among("head", f"L{layer}H{h}", labels, f"the heads of {model}")
     one = mine[(mine.step == step) & (mine.layer == layer) & (mine["head"] == h)]
     tokens = _table(run_id, PATTERN_TOKENS).sort_values("position").token.tolist()
-    return figures.pattern_heatmap(figures.pattern_from_rows(one, len(tokens)), tokens,
+    return style.pattern_heatmap(style.pattern_from_rows(one, len(tokens)), tokens,
                                    f"{model} L{layer}H{h} at step {step} "
                                    "(a random sequence, repeated)")

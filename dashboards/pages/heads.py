@@ -15,13 +15,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import dash
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import ALL, Input, Output, State, callback, dash_table, dcc, html, no_update
-from plotly.subplots import make_subplots
 
-from dashboards.components import data, exports, figures, head_classes
+from dashboards.components import data, exports, head_classes
 from dashboards.components.controls import colour_scale, labelled, run_options
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from dashboards.components.skeleton import run_page, runs_of
@@ -34,6 +31,7 @@ from dashboards.components.values import (
     Name,
     Records,
     RunId,
+    Scale,
     Whole,
     among,
     below,
@@ -50,12 +48,20 @@ from experiments.induction_heads.tables import (
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
-from workbench.figures import pages
-from workbench.figures.heads import head_scores_figure, shared_range
 from workbench.recording.record import Recording
 from workbench.scores import metrics
 from workbench.store.runs import Run
 from workbench.store.schema import Table, with_layer_types
+from workbench.views import pages, style
+from workbench.views.heads import (
+    ablation_figure,
+    difference_figure,
+    head_scores_figure,
+    icl_figure,
+    path_patch_figure,
+    repeat_loss_figure,
+    shared_range,
+)
 
 # The experiments this page shows, each with the declaration of the head_scores it writes.
 EXPERIMENTS: dict[str, Table] = {
@@ -67,7 +73,6 @@ dash.register_page(__name__, path="/heads", name="Heads",
                    order=pages.order("/heads"), experiments=SHOWS)
 
 HIDDEN = {"display": "none"}
-MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 MAX_K = 500
 TopK = Annotated[int | None, Whole(1, MAX_K)]
 HeadCell = Annotated[dict[str, Any] | None,
@@ -221,17 +226,6 @@ def compare_note(run: Run, other: Run, metric: str, shared: list[str]) -> list:
     return [html.P("; ".join(notes) + ".", className="wb-note")]
 
 
-def difference_figure(scores: pd.DataFrame, other: pd.DataFrame, metric: str,
-                      title: str) -> go.Figure:
-    """This run's score minus the compared run's, head by head, on a scale centred on 0."""
-    mine = scores[scores.metric == metric].set_index(["layer", "head"]).score
-    theirs = other[other.metric == metric].set_index(["layer", "head"]).score
-    diff = (mine - theirs).dropna().rename("score").reset_index().assign(metric=metric)
-    bound = float(np.abs(diff.score).max()) or 1.0
-    return figures.head_heatmap(diff, metric, title=title, zmin=-bound, zmax=bound,
-                                colorscale="RdBu")
-
-
 @callback(Output("heads-compare-heatmap", "figure"), Output("heads-compare-heatmap-panel", "style"),
           Output("heads-difference", "figure"), Output("heads-difference-panel", "style"),
           Output("heads-compare-note", "children"),
@@ -250,7 +244,7 @@ def draw_compare(compare_id: RunId, metric: Name, run_id: RunId):
         return {}, HIDDEN, {}, HIDDEN, note
     zmin, zmax = shared_range([scores, theirs], metric) or (None, None)
     title = f"{metric} · {other.model_name} · {other.experiment} (compared)"
-    compared = figures.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax)
+    compared = style.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax)
     if _grid_shape(scores) != _grid_shape(theirs):
         return compared, {}, {}, HIDDEN, note
     diff = difference_figure(scores, theirs, metric, f"{metric}: this run minus the compared")
@@ -305,7 +299,7 @@ def example_prompt(rec: Recording, inputs: str) -> int:
           Input("heads-selected", "data"), Input("heads-run", "value"),
           Input("heads-metric", "value"), Input("heads-scale", "value"))
 @safe
-def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: figures.Scale):
+def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: Scale):
     run = data.get_run(run_id, shows=SHOWS)
     scores = _scores(run)
     if metric is None:
@@ -325,134 +319,11 @@ def draw_example(selected: Selected, run_id: RunId, metric: Name, scale: figures
     head = below("head", selected["head"], rec.n_heads, "heads in each layer")
     score = picked[(picked["layer"] == layer) & (picked["head"] == head)].score
     label = f" ({metric} {score.iloc[0]:.2f})" if len(score) else ""
-    return figures.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
+    return style.pattern_heatmap(rec.pattern(p, layer, head), rec.tokens(p),
                                    f"L{layer}H{head} on {rec.prompts[p].label}{label}", scale)
 
 
 # ---- induction-heads: the causal evidence --------------------------------------------------
-
-def repeat_loss_figure(repeat: pd.DataFrame) -> go.Figure:
-    """Next-token loss on each repeat of the random sequences, with its 95% interval."""
-    repeat = repeat.sort_values("repeat")
-    fig = go.Figure(go.Scatter(
-        x=repeat["repeat"], y=repeat.loss, mode="lines+markers", name="loss",
-        error_y={"type": "data", "symmetric": False, "array": repeat.ci_high - repeat.loss,
-                 "arrayminus": repeat.loss - repeat.ci_low},
-        hovertemplate="repeat %{x}: %{y:.3f} nats<extra></extra>"))
-    fig.update_layout(title=f"loss on each repeat ({int(repeat.n_prompts.iloc[0])} repeated "
-                            "random sequences)",
-                      xaxis={"title": "repeat (1 = first occurrence)", "dtick": 1},
-                      yaxis={"title": "next-token loss (nats)", "rangemode": "tozero"},
-                      height=420, margin=MARGIN)
-    return fig
-
-
-def icl_figure(by_position: pd.DataFrame, icl: pd.DataFrame) -> go.Figure:
-    """Loss against position in the natural-text windows, with the two positions the
-    in-context-learning score compares marked, and the score in the title."""
-    by_position = by_position.sort_values("position")
-    fig = go.Figure(go.Scatter(x=by_position.position, y=by_position.loss, mode="lines",
-                               name="mean loss", line={"color": "#2563eb"}))
-    exact = icl[icl.metric == "icl_score"]
-    if len(exact):
-        row = exact.iloc[0]
-        fig.add_scatter(x=[50, 500], y=[row.loss_at_50, row.loss_at_500], mode="markers",
-                        name="positions 50 and 500", marker={"size": 10, "color": "#dc2626"})
-    scores = "; ".join(f"{r.metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-                       for r in icl.itertuples())
-    fig.update_layout(title=f"in-context learning: {scores}",
-                      xaxis={"title": "position"}, yaxis={"title": "loss (nats)"},
-                      height=420, margin=MARGIN)
-    return fig
-
-
-ABLATION_PANELS = (("induction_tracked", "tracked heads' induction score"),
-                   ("second_repeat_loss", "second-repeat loss (nats)"))
-KIND_COLOURS = {"zero": "#2563eb", "mean": "#059669"}
-
-
-def ablation_figure(ablation: pd.DataFrame) -> go.Figure:
-    """The K-composition test: the tracked induction heads' score and the second-repeat
-    loss, clean (dashed line), with the previous-token heads ablated, and with random
-    same-layer heads ablated (mean of the draws; the bar spans the lowest to the highest)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in ABLATION_PANELS])
-    clean = ablation[ablation.condition == "clean"]
-    for col, (column, _) in enumerate(ABLATION_PANELS, start=1):
-        for kind, rows in ablation[ablation.condition != "clean"].groupby("kind", sort=False):
-            stats = rows.groupby("condition", sort=False)[column].agg(["mean", "min", "max"])
-            fig.add_bar(x=stats.index, y=stats["mean"], name=f"{kind} ablation",
-                        marker_color=KIND_COLOURS.get(str(kind)), showlegend=col == 1,
-                        legendgroup=str(kind),
-                        error_y={"type": "data", "symmetric": False,
-                                 "array": stats["max"] - stats["mean"],
-                                 "arrayminus": stats["mean"] - stats["min"]},
-                        row=1, col=col)
-        if len(clean):
-            fig.add_hline(y=float(clean[column].iloc[0]), line_dash="dash",
-                          line_color="#6b7280", annotation_text="clean", row=1, col=col)
-    heads = ablation[ablation.condition == "previous-token"].heads
-    tracked = ablation.tracked.iloc[0] if len(ablation) else "-"
-    fig.update_layout(barmode="group", height=440, margin={**MARGIN, "t": 90},
-                      title=f"K-composition: previous-token heads "
-                            f"{heads.iloc[0] if len(heads) else '-'} ablated; tracked "
-                            f"induction heads {tracked}")
-    return fig
-
-
-PATHS = ("key", "query", "value")
-PATH_PANELS = (("induction_tracked", "tracked heads' induction score"),
-               ("second_repeat_loss", "second-repeat loss (nats)"))
-
-
-def _random_draws(rows: pd.DataFrame, column: str, col: int, fig: go.Figure) -> None:
-    """The random draws of each path: their mean as a bar spanning the lowest to the
-    highest draw, and every draw as a point over it."""
-    stats = rows.groupby("path", sort=False)[column].agg(["mean", "min", "max", "count"])
-    stats = stats.reindex([p for p in PATHS if p in stats.index])
-    fig.add_bar(x=stats.index, y=stats["mean"], name="random same-layer heads (mean)",
-                marker_color="#9ca3af", showlegend=col == 1, legendgroup="random",
-                error_y={"type": "data", "symmetric": False, "array": stats["max"] - stats["mean"],
-                         "arrayminus": stats["mean"] - stats["min"]},
-                customdata=stats["count"],
-                hovertemplate="%{x}: mean %{y:.3f} over %{customdata} draws<extra></extra>",
-                row=1, col=col)
-    fig.add_scatter(x=rows.path, y=rows[column], mode="markers", name="one random draw",
-                    marker={"color": "#4b5563", "size": 5}, showlegend=col == 1,
-                    legendgroup="draws", hovertemplate="%{x}: %{y:.3f}<extra></extra>",
-                    row=1, col=col)
-
-
-def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
-    """The path patch: the tracked induction heads' score and the second-repeat loss with
-    the previous-token heads removed from only their key, query or value input, beside the
-    same removal of random same-layer heads (every draw, and their mean and range), and
-    clean (dashed line). The second-repeat loss is measured for the previous-token heads
-    only; the random draws' control is on the score."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in PATH_PANELS])
-    clean = patch[patch.condition == "clean"]
-    ours = patch[patch.condition == "previous-token"].set_index("path").reindex(
-        [p for p in PATHS if p in set(patch.path)])
-    draws = patch[patch.condition == "random"]
-    for col, (column, _) in enumerate(PATH_PANELS, start=1):
-        fig.add_bar(x=ours.index, y=ours[column], name="previous-token heads",
-                    marker_color="#dc2626", showlegend=col == 1, legendgroup="prev",
-                    hovertemplate="%{x}: %{y:.3f}<extra></extra>", row=1, col=col)
-        if draws[column].notna().any():
-            _random_draws(draws.dropna(subset=[column]), column, col, fig)
-        if len(clean):
-            fig.add_hline(y=float(clean[column].iloc[0]), line_dash="dash",
-                          line_color="#6b7280", annotation_text="clean", row=1, col=col)
-    heads = ours.heads.iloc[0] if len(ours) else "-"
-    tracked = patch.tracked.iloc[0] if len(patch) else "-"
-    n_draws = draws.draw.nunique()
-    fig.update_layout(barmode="group", height=480, margin={**MARGIN, "b": 40})
-    fig.update_xaxes(title_text="the one input of the tracked heads patched")
-    figures.set_title(fig, f"path patch: previous-token heads {heads if heads != '-' else 'none'} "
-                           "removed from only the key, query or value input of the tracked "
-                           f"induction heads {tracked}, against {n_draws} random draws of "
-                           "same-layer heads", width=110)
-    # the panels' own titles sit above them, in the top margin too
-    return fig.update_layout(margin={"t": fig.layout.margin.t + 30})
 
 
 @callback(Output("heads-induction", "style"), Output("heads-repeat-loss", "figure"),

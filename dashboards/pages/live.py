@@ -17,12 +17,10 @@ from functools import lru_cache
 from typing import Annotated
 
 import dash
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html, no_update
 
-from dashboards.components import data, exports, figures, links
+from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.values import (
@@ -41,11 +39,12 @@ from dashboards.components.values import (
 )
 from experiments.qk_attribution.tables import SCORES as WHY_SCORES
 from workbench.core.errors import WorkbenchError
-from workbench.figures import pages
 from workbench.harness import live
 from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt, file_sets, load_prompt_set
 from workbench.recording.record import Recording
 from workbench.scores import metrics
+from workbench.views import pages, style
+from workbench.views.patterns import query_bars
 
 SHOWS = pages.shows("/live")
 dash.register_page(__name__, path="/live", name="Live",
@@ -242,7 +241,7 @@ def draw_scores(run_id: RunId, metric: Name):
     table = scores(data.recording(run_id), metric)
     meaning = metrics.get(metric).meaning
     bounded = metrics.get(metric).bounded
-    return figures.head_heatmap(table, metric, title=f"{metric}: {meaning}<br>click a head "
+    return style.head_heatmap(table, metric, title=f"{metric}: {meaning}<br>click a head "
                                 "to open it", zmin=0 if bounded else None,
                                 zmax=1 if bounded else None)
 
@@ -262,19 +261,8 @@ def draw_head(run_id: RunId, layer: Layer, head: Head, query: Index):
     tokens = rec.tokens(0)
     pattern = rec.pattern(0, layer, head)
     name = f"L{layer}H{head}"
-    heatmap = figures.pattern_heatmap(pattern, tokens, f"layer {layer}, head {head} ({name})")
-    return heatmap, _row(pattern[q], tokens, q, name), _links(rec, run_id, layer, head)
-
-
-def _row(weights: np.ndarray, tokens: list[str], query: int, name: str) -> go.Figure:
-    """The chosen query's attention over the keys."""
-    fig = go.Figure(go.Bar(x=[f"{k}: {t!r}"[:24] for k, t in enumerate(tokens)], y=weights,
-                           hovertemplate="key %{x}<br>weight %{y:.3f}<extra></extra>"))
-    fig.update_layout(title=f"{name}: where query {query} {tokens[query]!r} attends",
-                      height=360, yaxis={"title": "weight", "range": [0, 1]},
-                      xaxis={"title": "key", "tickangle": -60},
-                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+    heatmap = style.pattern_heatmap(pattern, tokens, f"layer {layer}, head {head} ({name})")
+    return heatmap, query_bars(pattern[q], tokens, q, name), _links(rec, run_id, layer, head)
 
 
 def _links(rec: Recording, run_id: str, layer: int, head: int) -> list:

@@ -21,7 +21,7 @@ from typing import Annotated
 import dash
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports
 from dashboards.components.controls import (
     check_choice,
     colour_scale,
@@ -42,12 +42,13 @@ from dashboards.components.values import (
     Layer,
     OneOf,
     RunId,
+    Scale,
     Zoom,
     below,
     coordinate,
 )
-from workbench.figures import pages, patterns
 from workbench.recording.record import Recording
+from workbench.views import pages, patterns, style
 
 SHOWS = pages.shows("/long-context")
 dash.register_page(__name__, path="/long-context", name="Long context",
@@ -142,7 +143,7 @@ def _read_args(run_id: str | None, prompt: int | None, layer: int | None,
           Input("long-context-pooling", "value"), Input("long-context-scale", "value"))
 @safe
 def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
-                  scale: figures.Scale):
+                  scale: Scale):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
@@ -182,7 +183,7 @@ def window_of(n: int, q0: int | None, k0: int | None, span: int | None
           Input("long-context-scale", "value"))
 @safe
 def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling,
-                first_query: Index, first_key: Index, span: Index, scale: figures.Scale):
+                first_query: Index, first_key: Index, span: Index, scale: Scale):
     rec = _read_args(run_id, prompt, layer, head)
     if rec is None:
         return no_update
@@ -192,7 +193,7 @@ def draw_window(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling:
              f": {patterns.pooling_note(pooled)}<br>click a cell to list its query's top keys")
     fig = patterns.pooled_heatmap(pooled, rec.tokens(prompt), title, scale)
     edge = patterns.mark_edge(fig, rec.model.window(layer), pooled)
-    return figures.set_title(fig, title + edge, size=13)
+    return style.set_title(fig, title + edge, size=13)
 
 
 def query_of(point: dict) -> int:

@@ -11,18 +11,17 @@ their declarations in ``experiments/head_overview/tables.py``."""
 from __future__ import annotations
 
 import dash
-import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, exports, figures, head_classes
+from dashboards.components import data, exports, head_classes
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Name, RunId, among
 from experiments.head_overview.tables import HEAD_SCORES
-from workbench.figures import pages
 from workbench.scores import metrics
+from workbench.views import pages, style
+from workbench.views.overview import layers_figure
 
 SHOWS = pages.shows("/overview")
 dash.register_page(__name__, path="/overview", name="Overview",
@@ -70,27 +69,6 @@ def choose_run(run_id: RunId):
     return names, metric, summary, None
 
 
-def layers_figure(scores: pd.DataFrame, metric: str) -> go.Figure:
-    """The metric by layer: the mean over heads, and a band from the lowest to the highest
-    head of the layer."""
-    by_layer = scores[scores.metric == metric].groupby("layer").score
-    stats = pd.DataFrame({"mean": by_layer.mean(), "low": by_layer.min(),
-                          "high": by_layer.max()})
-    x = stats.index.to_numpy()
-    fig = go.Figure()
-    fig.add_scatter(x=x, y=stats.high, mode="lines", line={"width": 0}, showlegend=False,
-                    hoverinfo="skip", name="highest head")
-    fig.add_scatter(x=x, y=stats.low, mode="lines", line={"width": 0}, fill="tonexty",
-                    fillcolor="rgba(37,99,235,0.2)", name="lowest to highest head")
-    fig.add_scatter(x=x, y=stats["mean"], mode="lines+markers", name="mean over heads",
-                    line={"color": "#2563eb"},
-                    hovertemplate="layer %{x}: %{y:.3f}<extra>mean</extra>")
-    fig.update_layout(title=f"{metric} by layer", xaxis={"title": "layer", "dtick": 1},
-                      yaxis={"title": metric}, height=480,
-                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
-
-
 @callback(Output("overview-heatmap", "figure"), Output("overview-layers", "figure"),
           Output("overview-table", "data"), Output("overview-classes-note", "children"),
           Input("overview-run", "value"), Input("overview-metric", "value"),
@@ -106,7 +84,7 @@ def draw(run_id: RunId, metric: Name, head_class: head_classes.ClassName,
     declared = metrics.get(metric)
     bounded = declared.bounded  # on [0, 1], the fixed scale
     title = f"{metric} · {run.model_name}<br><sup>{declared.meaning}</sup>"
-    heatmap = figures.head_heatmap(scores, metric, title=title,
+    heatmap = style.head_heatmap(scores, metric, title=title,
                                    zmin=0 if bounded else None, zmax=1 if bounded else None)
     note = head_classes.mark(heatmap, run, head_class, fdr)
     rows = scores[scores.metric == metric].sort_values(["layer", "head"])

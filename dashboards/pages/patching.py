@@ -6,7 +6,7 @@ corrupted run, 1 the clean one) of each layer's site patched at one position, th
 labelled with the group's tokens and the named positions (IO, S1, S1+1, S2, END); the second
 is each head's output patched at every position, over every patched prompt. Clicking a cell
 shows its value with its 95% bootstrap interval over prompts. Under them, the class
-diagram (:mod:`dashboards.components.circuit`): the heads of each of Wang et al.'s classes
+diagram (:mod:`workbench.views.circuit`): the heads of each of Wang et al.'s classes
 in groups, previous-token -> induction and duplicate-token -> S-inhibition -> name movers
 and negative name movers -> logits, each arrow a stored direct effect or path patch, its
 width the effect, its label's hover the interval; a class with no head is an empty group.
@@ -20,10 +20,9 @@ from typing import Annotated
 
 import dash
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import circuit, data, exports
+from dashboards.components import data, exports
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
@@ -36,18 +35,16 @@ from experiments.ioi.tables import (
     PATH_PATCHING,
     UPSTREAM_PATHS,
 )
-from workbench.figures import pages
 from workbench.store.runs import Run
+from workbench.views import circuit, pages
+from workbench.views.patching import heads_figure, position_label, positions_figure
 
 SHOWS = pages.shows("/patching")
 dash.register_page(__name__, path="/patching", name="Patching",
                    order=pages.order("/patching"), experiments=SHOWS)
 
 EMPTY = "No ioi runs yet. Make one with `workbench run ioi --model smollm2`."
-MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
 GRAPHS = ["patching-positions", "patching-heads", "patching-circuit"]
-CHECKS = {-1: "every position", -2: "nothing"}
-"""The cells of the checks, kept out of the heatmap and said in the note."""
 ClickedCell = Annotated[tuple[int, int] | None,
                         Click(cell_of, "a click on a cell of a layers x positions grid")]
 ClickedHead = Annotated[tuple[int, int] | None,
@@ -109,11 +106,6 @@ def _rows(run: Run, group: str, site: str) -> pd.DataFrame:
     return table[(table.group == group) & (table.site == site)]
 
 
-def position_label(row) -> str:
-    role = f" ({row.role})" if row.role else ""
-    return f"{row.position}:{row.token}{role}"
-
-
 @callback(Output("patching-positions", "figure"), Input("patching-run", "value"),
           Input("patching-group", "value"), Input("patching-site", "value"))
 @safe
@@ -124,33 +116,6 @@ def draw_positions(run_id: RunId, group: Name, site: Name):
     return positions_figure(rows, f"{site} patched at one position, {group}")
 
 
-def _fixed(value: float) -> str:
-    return f"{round(float(value), 3) + 0.0:.3f}"  # no "-0.000"
-
-
-def positions_figure(rows: pd.DataFrame, title: str) -> go.Figure:
-    """Layers down, positions across (the checks' cells left out), 0..1 coloured."""
-    cells = rows[rows.position >= 0]
-    grid = cells.pivot_table(index="layer", columns="position", values="value")
-    labels = cells.drop_duplicates("position").sort_values("position")
-    checks = rows[rows.position < 0].groupby("position").value
-    said = "; ".join(f"{CHECKS[p]}: {_fixed(checks.get_group(p).min())} to "
-                     f"{_fixed(checks.get_group(p).max())}"
-                     for p in CHECKS if p in checks.groups)
-    fig = go.Figure(go.Heatmap(
-        z=grid.to_numpy(), x=grid.columns.tolist(), y=grid.index.tolist(),
-        colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
-        hovertemplate="layer %{y}, position %{x}<br>%{z:.3f}<extra></extra>"))
-    fig.update_layout(
-        title=f"{title} ({int(rows.n_prompts.max()) if len(rows) else 0} prompts"
-              f"{'; checks: ' + said if said else ''})", height=560, margin=MARGIN,
-        xaxis={"title": "position", "tickangle": -60, "tickmode": "array",
-               "tickvals": labels.position.tolist(),
-               "ticktext": [position_label(r) for r in labels.itertuples()]},
-        yaxis={"title": "layer"})
-    return fig
-
-
 @callback(Output("patching-heads", "figure"), Input("patching-run", "value"))
 @safe
 def draw_heads(run_id: RunId):
@@ -158,21 +123,6 @@ def draw_heads(run_id: RunId):
         return no_update
     heads = data.table(data.get_run(run_id, shows=SHOWS), PATCH_HEADS.name)
     return heads_figure(heads)
-
-
-def heads_figure(heads: pd.DataFrame) -> go.Figure:
-    """Layers down, heads across (every head at once left out)."""
-    cells = heads[heads["head"] >= 0]
-    grid = cells.pivot_table(index="layer", columns="head", values="value")
-    n = int(heads.n_prompts.max()) if len(heads) else 0
-    fig = go.Figure(go.Heatmap(
-        z=grid.to_numpy(), x=grid.columns.tolist(), y=grid.index.tolist(),
-        colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
-        hovertemplate="L%{y}H%{x}<br>%{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"each head's output patched at every position ({n} prompts)",
-                      height=560, margin=MARGIN, xaxis={"title": "head", "dtick": 1},
-                      yaxis={"title": "layer"})
-    return fig
 
 
 @callback(Output("patching-cell", "children"), Input("patching-run", "value"),

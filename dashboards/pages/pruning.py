@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports
 from dashboards.components.controls import labelled
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
@@ -25,7 +25,7 @@ from experiments.head_pruning.tables import (
     SPEEDUP,
     SURVIVAL,
 )
-from workbench.figures import curves, pages
+from workbench.views import curves, pages, style
 
 SHOWS = pages.shows("/pruning")
 dash.register_page(__name__, path="/pruning", name="Pruning",
@@ -96,7 +96,7 @@ def draw_importance(run_id: RunId, kind: Name):
     run = data.get_run(run_id, shows=SHOWS)
     scores = data.table(run, HEAD_SCORES.name)
     among("importance", kind, sorted(scores.metric.unique()), "the run's importances")
-    return figures.head_heatmap(scores, kind,
+    return style.head_heatmap(scores, kind,
                                 title=f"{kind} · {run.model_name} (unpruned model)")
 
 
@@ -125,7 +125,7 @@ def draw_mask(run_id: RunId, budget: Budget):
     scores = at.assign(metric="keep", score=at.keep)
     title = (f"mask at budget {budget:.0%} ({at.order.iloc[0]} order): "
              f"{int(at.keep.sum())} of {len(at)} heads kept")
-    return figures.head_heatmap(scores, "keep", title=title, zmin=0, zmax=1,
+    return style.head_heatmap(scores, "keep", title=title, zmin=0, zmax=1,
                                 colorscale="Blues")
 
 
@@ -151,7 +151,7 @@ def draw_survival(run_id: RunId, order: Name):
     mine = table[table.order == order]
     scores = _survival_scores(mine)
     last = int(scores.score.max())
-    return figures.head_heatmap(scores, "step", colorscale="Viridis", title=(
+    return style.head_heatmap(scores, "step", colorscale="Viridis", title=(
         f"pruning step of each head ({order} order; {last} = never pruned)"))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports
 from dashboards.components.controls import (
     check_choice,
     colour_scale,
@@ -27,9 +27,10 @@ from dashboards.components.values import (
     Index,
     Layer,
     RunId,
+    Scale,
     triggered,
 )
-from workbench.figures import pages, patterns
+from workbench.views import pages, patterns
 
 SHOWS = pages.shows("/recording")
 dash.register_page(__name__, path="/recording", name="Recording",
@@ -101,7 +102,7 @@ def choose_head(click: ClickedHead, run_id: RunId):
           Input("recording-layer", "value"), Input("recording-head", "value"),
           Input("recording-scale", "value"))
 @safe
-def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: figures.Scale):
+def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: Scale):
     if prompt is None or layer is None or head is None:
         return no_update
     rec = data.recording(run_id)
@@ -113,9 +114,9 @@ def draw_pattern(run_id: RunId, prompt: Index, layer: Layer, head: Head, scale: 
           Input("recording-run", "value"), Input("recording-prompt", "value"),
           Input("recording-scale", "value"))
 @safe
-def draw_grid(run_id: RunId, prompt: Index, scale: figures.Scale):
+def draw_grid(run_id: RunId, prompt: Index, scale: Scale):
     rec = data.recording(run_id)
     if prompt is None:
         return no_update
     check_choice(rec, prompt, None, None)
-    return figures.pattern_grid(rec, prompt, scale=scale)
+    return patterns.pattern_grid(rec, prompt, scale=scale)

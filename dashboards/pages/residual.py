@@ -6,12 +6,12 @@ import dash
 import numpy as np
 from dash import Input, Output, callback, dcc, html, no_update
 
-from dashboards.components import data, exports, figures
+from dashboards.components import data, exports
 from dashboards.components.controls import labelled, prompt_options
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, below
-from workbench.figures import pages
+from workbench.views import pages, residual
 
 SHOWS = pages.shows("/residual")
 dash.register_page(__name__, path="/residual", name="Residual stream",
@@ -53,7 +53,7 @@ def draw(run_id: RunId, prompt: Index):
     if prompt is None:
         return no_update, no_update, no_update
     below("prompt", prompt, len(rec), "prompts in the recording")
-    norms = figures.resid_norms(rec, prompt)
+    norms = residual.resid_norms(rec, prompt)
     first, rest = norms[:, 0], norms[:, 1:]
     stats = "one token only"
     if rest.shape[1]:
@@ -63,4 +63,4 @@ def draw(run_id: RunId, prompt: Index):
                  f"{ratio[peak]:.1f}x at boundary {peak} (‖x₀‖ = {first[peak]:.1f}); "
                  f"largest single activation at that boundary: "
                  f"{np.abs(rec.resid(prompt, peak)).max():.1f}")
-    return (figures.norm_heatmap(norms, rec.tokens(prompt)), figures.norm_lines(norms), stats)
+    return (residual.norm_heatmap(norms, rec.tokens(prompt)), residual.norm_lines(norms), stats)

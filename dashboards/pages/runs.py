@@ -30,9 +30,9 @@ from dashboards.components.values import (
     check,
 )
 from workbench.core.options import Status
-from workbench.figures import pages
 from workbench.harness import run_facts
 from workbench.store.runs import Run
+from workbench.views import pages
 
 # ``reproduce`` runs (claim verdicts) have no page of their own: they open here, with their
 # summary (the verdict counts) and their ``claims`` table to download.

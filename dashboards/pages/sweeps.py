@@ -9,13 +9,10 @@ declarations in :mod:`workbench.harness.sweep_tables`."""
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import dash
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
@@ -23,8 +20,9 @@ from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import MAX_INDEX, Click, Name, OneOf, RunId, Whole, among
-from workbench.figures import pages
 from workbench.harness.sweep_tables import CELLS, SCORES
+from workbench.views import pages
+from workbench.views.sweeps import lines_figure, mosaic
 
 SHOWS = pages.shows("/sweeps")
 dash.register_page(__name__, path="/sweeps", name="Sweeps",
@@ -33,7 +31,6 @@ dash.register_page(__name__, path="/sweeps", name="Sweeps",
 EMPTY = "No sweeps yet. Run one with `workbench sweep data/sweeps/seeds.toml`."
 SEP = "|"
 """Joins an experiment and a metric in the metric dropdown's values."""
-MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
 MAX_K = 50
 Columns = Annotated[str, OneOf(("grid", "top"), optional=False)]
 TopK = Annotated[int | None, Whole(1, MAX_K)]
@@ -90,15 +87,6 @@ def _selected(run_id: str, value: str) -> pd.DataFrame:
     return scores[(scores.experiment == experiment) & (scores.metric == metric)]
 
 
-def row_label(cell: Any) -> str:
-    """A mosaic row: the model (a checkpoint as ``L2 step 400``) and the varying values."""
-    model = str(cell.model)
-    if cell.step >= 0:
-        model = f"{str(cell.series).rsplit('/', 1)[-1]} step {cell.step}"
-    values = " ".join(f"{k}={v}" for k, v in json.loads(cell.grid).items())
-    return f"{cell.cell}: {model} {values}".strip()
-
-
 @callback(Output("sweeps-metric", "options"), Output("sweeps-metric", "value"),
           Output("sweeps-summary", "children"), Output("sweeps-error", "children"),
           Input("sweeps-run", "value"))
@@ -115,44 +103,6 @@ def choose_sweep(run_id: RunId):
                for r in pairs.itertuples()]
     preferred = [o["value"] for o in options if o["value"].endswith(f"{SEP}induction")]
     return options, (preferred or [options[0]["value"]])[0], summary, None
-
-
-def mosaic(scores: pd.DataFrame, metric: str, columns: str, k: int) -> go.Figure:
-    """The mosaic figure: a row per cell, a column per head (``grid``) or per rank
-    (``top``, the cell's ``k`` best heads); customdata carries each point's run id."""
-    cells = scores.drop_duplicates("cell").sort_values(["series", "step", "grid", "cell"])
-    rows = [row_label(c) for c in cells.itertuples()]
-    if columns == "top":
-        ranked = scores.sort_values(["cell", "score"], ascending=[True, False])
-        ranked = ranked.assign(rank=ranked.groupby("cell").cumcount()).query("rank < @k")
-        col_of = ranked["rank"]
-        labels = [f"#{i + 1}" for i in range(int(ranked["rank"].max()) + 1)]
-        shown = ranked
-    else:
-        n_heads = int(scores["head"].max()) + 1
-        col_of = scores.layer * n_heads + scores["head"]
-        labels = [f"L{lay}H{h}" for lay in range(int(scores.layer.max()) + 1)
-                  for h in range(n_heads)]
-        shown = scores
-    z = np.full((len(rows), len(labels)), np.nan)
-    custom = np.full((len(rows), len(labels), 4), "", dtype=object)
-    row_of = {c: i for i, c in enumerate(cells.cell)}
-    for idx, r in zip(shown.index, shown.itertuples(), strict=True):
-        i, j = row_of[r.cell], int(col_of[idx])
-        z[i, j] = r.score
-        custom[i, j] = [f"{r.ci_low:.3f}", f"{r.ci_high:.3f}", r.run_id, f"L{r.layer}H{r.head}"]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=labels, y=rows, customdata=custom, colorscale="Viridis",
-        colorbar={"title": metric},
-        hovertemplate="%{y}<br>%{customdata[3]}: " + metric + " %{z:.3f}<br>95% CI "
-                      "[%{customdata[0]}, %{customdata[1]}]<br>run %{customdata[2]}"
-                      "<extra></extra>"))
-    what = f"top {k} heads" if columns == "top" else "every head"
-    fig.update_layout(title=f"{metric} of {what} in every cell (click one to open its run)",
-                      height=min(1400, 180 + 24 * len(rows)), margin=MARGIN,
-                      xaxis={"title": "rank" if columns == "top" else "head", "tickangle": -60},
-                      yaxis={"autorange": "reversed", "type": "category"})
-    return fig
 
 
 @callback(Output("sweeps-mosaic", "figure"), Input("sweeps-run", "value"),
@@ -182,26 +132,7 @@ def draw_lines(run_id: RunId, value: Name):
         return no_update
     metric = _split(value)[1]
     best = best_heads(_selected(run_id, value))
-    fig = go.Figure()
-    if best.empty:
-        fig.update_layout(title="no training checkpoints in this sweep (a line over training "
-                          "needs models such as <run-id>/L2:*)", height=160, margin=MARGIN,
-                          xaxis={"visible": False}, yaxis={"visible": False})
-        return fig
-    for (series, grid), df in best.groupby(["series", "grid"], sort=False):
-        name = str(series).rsplit("/", 1)[-1] + ("" if grid == "{}" else f" {grid}")
-        fig.add_scatter(
-            x=df.tokens, y=df.score, name=name, mode="lines+markers",
-            error_y={"type": "data", "symmetric": False, "array": df.ci_high - df.score,
-                     "arrayminus": df.score - df.ci_low},
-            customdata=np.stack([df.step, df.layer, df["head"]], axis=-1),
-            hovertemplate=f"{name}<br>step %{{customdata[0]}} (%{{x}} tokens)<br>best head "
-                          f"L%{{customdata[1]}}H%{{customdata[2]}}: {metric} %{{y:.3f}}"
-                          "<extra></extra>")
-    fig.update_layout(title=f"max {metric} over heads against tokens seen (95% CI)",
-                      height=440, margin=MARGIN, xaxis={"title": "tokens seen"},
-                      yaxis={"title": f"max {metric}"})
-    return fig
+    return lines_figure(best, metric)
 
 
 def cell_of(point: dict) -> int:

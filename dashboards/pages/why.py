@@ -11,9 +11,7 @@ tables by the names ``experiments/qk_attribution/tables.py`` declares.
 from __future__ import annotations
 
 import dash
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
@@ -30,15 +28,16 @@ from experiments.qk_attribution.tables import (
     SOURCES,
     TOKENS,
 )
-from workbench.figures import pages
-from workbench.figures.qk import (
+from workbench.store.runs import Run
+from workbench.views import pages
+from workbench.views.qk import (
     aggregate_figure,
     bars_figure,
-    component_order,
     head_label,
+    matrix_figure,
     pair_title,
+    strip_figure,
 )
-from workbench.store.runs import Run
 
 SHOWS = pages.shows("/why")
 dash.register_page(__name__, path="/why", name="Why",
@@ -175,41 +174,6 @@ def draw_pair(run_id: RunId, head: NamedHead, prompt: Index, query: Index):
             bars_figure(contrib[contrib.side == "query"], f"query side: {title}"),
             matrix_figure(mine(data.table(run, PAIR_MATRIX.name)), f"pairs: {title}",
                           float(pair.score.mean())))
-
-
-def strip_figure(rows: pd.DataFrame, tokens: list[str], query: int, keys: list[int],
-                 head: str) -> go.Figure:
-    """The query's attention row over the prompt's tokens, the explained keys outlined."""
-    weights = np.zeros(len(tokens))
-    weights[rows.key_pos.to_numpy()] = rows.weight.to_numpy()
-    labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
-    fig = go.Figure(go.Heatmap(z=[weights], x=labels, y=["weight"], colorscale="Blues",
-                               zmin=0, zmax=max(float(weights.max()), 1e-9),
-                               hovertemplate="%{x}<br>weight %{z:.3f}<extra></extra>"))
-    for k in keys:
-        fig.add_shape(type="rect", x0=k - 0.5, x1=k + 0.5, y0=-0.5, y1=0.5,
-                      line={"color": "#b91c1c", "width": 3})
-    fig.update_layout(title=f"{head}: attention of query {query} '{tokens[query]}' "
-                            f"(explained key outlined)", height=220, margin=MARGIN,
-                      xaxis={"tickangle": -60})
-    return fig
-
-
-def matrix_figure(matrix: pd.DataFrame, title: str, score: float) -> go.Figure:
-    """Query component x key component parts of the score (the top of each side, then
-    other); the cells sum to the score."""
-    grid = matrix.pivot_table(index="query_component", columns="key_component",
-                              values="contribution", aggfunc="sum")
-    rows = sorted(grid.index, key=lambda n: (n == "other", component_order(n)))
-    cols = sorted(grid.columns, key=lambda n: (n == "other", component_order(n)))
-    grid = grid.loc[rows, cols]
-    top = float(np.abs(grid.to_numpy()).max()) or 1.0
-    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=cols, y=rows, colorscale="RdBu",
-                               zmid=0, zmin=-top, zmax=top,
-                               hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra></extra>"))
-    fig.update_layout(title=f"{title} (cells sum to {score:.3f})", height=420, margin=MARGIN,
-                      xaxis={"title": "key component"}, yaxis={"title": "query component"})
-    return fig
 
 
 @callback(Output("why-aggregate", "figure"), Input("why-run", "value"),

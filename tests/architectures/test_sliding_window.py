@@ -214,7 +214,7 @@ def test_the_window_conditions_say_why_when_they_cannot_run(gemma3, llama, tmp_p
 # ---- the Long context page marks the window edge ------------------------------------------
 
 def test_window_edge_segment_by_hand():
-    from workbench.figures.patterns import edge_segment
+    from workbench.views.patterns import edge_segment
 
     assert edge_segment(None, (0, 20, 0, 20)) is None  # a global layer
     # window 8: query q sees keys q - 7 .. q; the edge runs from (q 7, k 0) to (q 19, k 12)
@@ -226,9 +226,9 @@ def test_window_edge_segment_by_hand():
 def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path):
     import plotly.graph_objects as go
 
-    from workbench.figures.patterns import mark_edge
     from workbench.inputs.prompts import Prompt
     from workbench.recording.record import record
+    from workbench.views.patterns import mark_edge
 
     rec = record(gemma3, [Prompt(token_ids=tuple(range(10, 30)))], tmp_path / "rec",
                  store_dtype="float32", include_resid=False)

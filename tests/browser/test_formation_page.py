@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dashboards.components.figures import pattern_from_rows
 from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
+from workbench.views.style import pattern_from_rows
 
 TEXT = ("A module is a file containing Python definitions and statements. The module name is "
         "the file name without the suffix. Return the number of items in the container.")

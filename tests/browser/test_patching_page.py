@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dashboards.components import circuit
 from tests.browser.conftest import as_array, choose, figure, offers_exports, serve, stop
 from workbench.harness.experiment import run_experiment
+from workbench.views import circuit
 
 SMALL = {"names": "and dog on sat the", "places": "dog", "objects": "sat", "n_prompts": 4,
          "templates": 2, "patch_prompts": 2, "n_receivers": 1, "n_boot": 20,

@@ -23,10 +23,10 @@ from dash._utils import split_callback_id
 from dashboards.app import DEBUG_REFUSED, check_host, create_app, serve
 from tests.tiny import fake_info
 from workbench.core.errors import WorkbenchError
-from workbench.figures import patterns
 from workbench.inputs.prompts import Prompt
 from workbench.recording.record import record
 from workbench.store.runs import RunStore
+from workbench.views import patterns
 
 MARKER = "SECRET-OUTSIDE-9c41"
 ROUTER = ".._pages_content.children..._pages_store.data.."

@@ -26,11 +26,11 @@ from tests.dashboard_runs import post_callback
 from tests.robustness.test_dashboard_paths import page
 from tests.tiny import cli
 from workbench.core.errors import WorkbenchError
-from workbench.figures import pages
-from workbench.figures.pages import page_for
 from workbench.harness import tables
 from workbench.store.runs import RunStore
 from workbench.store.schema import SchemaError
+from workbench.views import pages
+from workbench.views.pages import page_for
 
 PAGES = {"previous-token-heads": "/heads", "logit-lens": "/lens",
          "induction-distance": "/distance", "ioi": "/patching", "attention-sinks": "/sinks"}

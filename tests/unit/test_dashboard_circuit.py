@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dashboards.components import circuit
+from workbench.views import circuit
 
 
 def _classes(rows):

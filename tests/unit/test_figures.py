@@ -1,7 +1,8 @@
-"""The notebook's figures are the pages' figures: ``run.figure(...)``, ``rec.show_pattern``
-and ``rec.show_long`` against what the page's own callback returns for the same run and
-the same choices, compared as Plotly JSON; names and options the figures do not know are
-refused in one line; the long-context overview reaches the notebook pooled."""
+"""The notebook's figures are the pages' figures: ``workbench.figure(run, ...)``,
+``workbench.show_pattern`` and ``workbench.show_long`` against what the page's own callback
+returns for the same run and the same choices, compared as Plotly JSON; names and options
+the figures do not know are refused in one line; the long-context overview reaches the
+notebook pooled; the old method names still draw the same figures, with a warning."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ import plotly.utils
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import workbench
 from tests import tiny
 from tests.dashboard_runs import CONFIGS, FORMATION, TEXT
 from workbench.core.errors import UnknownNameError, WorkbenchError
-from workbench.figures import catalog
 from workbench.harness.experiment import get, run_experiment
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import record
+from workbench.recording.record import Recording, record
 from workbench.store.runs import RunStore
+from workbench.views import catalog
+from workbench.views.catalog import figure
+from workbench.views.patterns import show_long, show_pattern
 
 EXPERIMENTS = ("induction-heads", "head-pruning", "qk-attribution")
 
@@ -78,15 +82,15 @@ def test_head_scores_is_the_heads_pages_heatmap(runs, app):
     with app.server.app_context():
         for metric in metrics:
             drawn = heads.draw_run(run.id, metric, 10, None, None, None)[0]
-            assert same(run.figure("head_scores", metric=metric), drawn)
-    mine = run.figure("head_scores", metric="induction")
+            assert same(figure(run, "head_scores", metric=metric), drawn)
+    mine = figure(run, "head_scores", metric="induction")
     assert "induction" in mine.layout.title.text and run.model_name in mine.layout.title.text
     # each head's interval is on hover: the customdata holds ci_low, ci_high by hand
     scores = run.table("head_scores")
     row = scores[scores.metric == "induction"].iloc[0]
     cell = mine.data[0].customdata[int(row.layer)][int(row["head"])]
     assert list(cell) == pytest.approx([row.ci_low, row.ci_high])
-    assert same(run.figure("head_scores"), run.figure("head_scores", metric=metrics[0]))
+    assert same(figure(run, "head_scores"), figure(run, "head_scores", metric=metrics[0]))
 
 
 def test_pruning_curve_is_the_pruning_pages(runs, app):
@@ -94,7 +98,7 @@ def test_pruning_curve_is_the_pruning_pages(runs, app):
     pruning = page("/pruning")
     with app.server.app_context():
         for metric in dict.fromkeys(run.table("pruning_curve").metric):
-            assert same(run.figure("pruning_curve", metric=metric),
+            assert same(figure(run, "pruning_curve", metric=metric),
                         pruning.draw_curves(run.id, metric))
 
 
@@ -103,12 +107,12 @@ def test_formation_figures_are_the_formation_pages(runs, app):
     formation = page("/formation")
     with app.server.app_context():
         for model in run.table("phase_change").model:
-            assert same(run.figure("formation_curves", model=model),
+            assert same(figure(run, "formation_curves", model=model),
                         formation.draw_curves(run.id, model)[0])
-            assert same(run.figure("formation_heads", model=model),
+            assert same(figure(run, "formation_heads", model=model),
                         formation.draw_heads(run.id, model))
         opened = formation.choose_run(run.id)[1]  # the model the page opens on
-    assert same(run.figure("formation_curves"), run.figure("formation_curves", model=opened))
+    assert same(figure(run, "formation_curves"), figure(run, "formation_curves", model=opened))
 
 
 def test_the_why_pages_bars(runs, app):
@@ -123,33 +127,31 @@ def test_the_why_pages_bars(runs, app):
         queries = why.choose_query(run.id, label, prompt)[0]
         for query in [q["value"] for q in queries]:
             _, key, query_side, _ = why.draw_pair(run.id, label, prompt, query)
-            assert same(run.figure("qk_pair", head=label, prompt=prompt, query=query), key)
-            assert same(run.figure("qk_pair", head=label, prompt=prompt, query=query,
+            assert same(figure(run, "qk_pair", head=label, prompt=prompt, query=query), key)
+            assert same(figure(run, "qk_pair", head=label, prompt=prompt, query=query,
                                    side="query"), query_side)
-        assert same(run.figure("qk_attribution", head=label),
+        assert same(figure(run, "qk_attribution", head=label),
                     why.draw_aggregate(run.id, label))
     # each bar is a component's part: the bars add up to the pair's score (an invariant)
-    bars = run.figure("qk_pair", head=label, prompt=prompt, query=queries[0]["value"])
+    bars = figure(run, "qk_pair", head=label, prompt=prompt, query=queries[0]["value"])
     pair = scores[(scores.layer == layer) & (scores["head"] == head)
                   & (scores.prompt == prompt) & (scores.query_pos == queries[0]["value"])]
     assert sum(bars.data[0].y) == pytest.approx(float(pair.score.mean()), rel=1e-3, abs=1e-4)
 
 
 def test_show_pattern_is_the_recording_pages_heatmap(runs, app):
-    from workbench.recording.record import Recording
-
     run = runs[1]["record"]
     rec = Recording.open(run.path)
     recording, long_context = page("/recording"), page("/long-context")
     with app.server.app_context():
         for layer, head, scale in ((0, 0, "linear"), (1, 3, "log")):
-            assert same(rec.show_pattern(0, layer, head, scale=scale),
+            assert same(show_pattern(rec, 0, layer, head, scale=scale),
                         recording.draw_pattern(run.id, 0, layer, head, scale))
-            assert same(rec.show_long(1, layer, head, pooling="sum", scale=scale),
+            assert same(show_long(rec, 1, layer, head, pooling="sum", scale=scale),
                         long_context.draw_overview(run.id, 1, layer, head, "sum", scale))
-        assert same(rec.show_long(0, 1, 2), long_context.draw_overview(run.id, 0, 1, 2, "max",
+        assert same(show_long(rec, 0, 1, 2), long_context.draw_overview(run.id, 0, 1, 2, "max",
                                                                         "log"))
-    fig = rec.show_pattern(0, 1, 2)
+    fig = show_pattern(rec, 0, 1, 2)
     assert fig.data[0].z.shape == (rec.length(0), rec.length(0))
     assert [label.split(": ", 1)[1] for label in fig.data[0].x] == [repr(t)[:24 - len(
         f"{i}: ")] for i, t in enumerate(rec.tokens(0))]
@@ -159,23 +161,23 @@ def test_unknown_figures_and_options_are_refused_in_one_line_listing_the_known(r
     run = runs[1]["induction-heads"]
     known = catalog.FIGURES.names()
     with pytest.raises(UnknownNameError) as info:
-        run.figure("head_score")
+        figure(run, "head_score")
     text = str(info.value)
     assert "\n" not in text and all(name in text for name in known)
     assert "did you mean 'head_scores'" in text
     with pytest.raises(WorkbenchError) as info:
-        run.figure("head_scores", metrc="induction")
+        figure(run, "head_scores", metrc="induction")
     text = str(info.value)
     assert "\n" not in text and "'metrc'" in text and "its options: metric" in text
     assert all(name in text for name in known)
     with pytest.raises(WorkbenchError, match="metric 'nope' is not among the run's metrics: "):
-        run.figure("head_scores", metric="nope")
+        figure(run, "head_scores", metric="nope")
     with pytest.raises(WorkbenchError, match="reads table 'pruning_curve', which run"):
-        run.figure("pruning_curve")
+        figure(run, "pruning_curve")
     with pytest.raises(WorkbenchError, match="its figure is 'formation_heads'"):
-        runs[1]["induction-formation"].figure("head_scores")
+        figure(runs[1]["induction-formation"], "head_scores")
     with pytest.raises(WorkbenchError, match="side 'both' is not among the sides"):
-        runs[1]["qk-attribution"].figure("qk_pair", side="both")
+        figure(runs[1]["qk-attribution"], "qk_pair", side="both")
 
 
 def test_the_catalog_reads_the_tables_its_experiments_declare():
@@ -198,17 +200,32 @@ def test_show_long_pools_a_long_recording_to_screen_resolution(tokenizer, tmp_pa
     n = 1500
     rec = record(model, [Prompt(token_ids=tuple(10 + i % 200 for i in range(n)))],
                  tmp_path / "rec", include_resid=False, patterns="topk", topk=8)
-    fig = rec.show_long(0, 0, 1, pooling="max")
+    fig = show_long(rec, 0, 0, 1, pooling="max")
     z = fig.data[0].z
     assert len(z) <= 512 and len(z[0]) <= 512 and len(z) * 512 >= n  # pooled, all of it
     assert len(fig.data[0].x) == len(z[0]) and len(fig.data[0].y) == len(z)
-    small = rec.show_long(0, 0, 1, pooling="sum", cells=64)
+    small = show_long(rec, 0, 0, 1, pooling="sum", cells=64)
     assert max(len(small.data[0].z), len(small.data[0].z[0])) <= 64
     with pytest.raises(WorkbenchError, match="pooling must be max or sum, got 'mean'"):
-        rec.show_long(0, 0, 1, pooling="mean")
+        show_long(rec, 0, 0, 1, pooling="mean")
     with pytest.raises(WorkbenchError, match="colour scale must be one of linear, log, power"):
-        rec.show_pattern(0, 0, 1, scale="cubic")
+        show_pattern(rec, 0, 0, 1, scale="cubic")
     with pytest.raises(WorkbenchError, match=r"head 2 is out of range 0\.\.1"):
-        rec.show_pattern(0, 0, 2)
+        show_pattern(rec, 0, 0, 2)
     with pytest.raises(WorkbenchError, match="layer must be a whole number, got '0'"):
-        rec.show_long(0, "0", 1)
+        show_long(rec, 0, "0", 1)
+
+
+def test_the_old_method_names_warn_and_draw_the_same_figures(runs):
+    run = runs[1]["induction-heads"]
+    assert workbench.figure is figure and workbench.show_pattern is show_pattern
+    with pytest.warns(DeprecationWarning, match=r"use workbench\.figure\(run, name"):
+        old = run.figure("head_scores", metric="induction")
+    assert same(old, figure(run, "head_scores", metric="induction"))
+    rec = Recording.open(runs[1]["record"].path)
+    with pytest.warns(DeprecationWarning, match=r"use workbench\.show_pattern\(rec"):
+        old = rec.show_pattern(0, 1, 2, scale="log")
+    assert same(old, show_pattern(rec, 0, 1, 2, scale="log"))
+    with pytest.warns(DeprecationWarning, match=r"use workbench\.show_long\(rec"):
+        old = rec.show_long(0, 1, 2, "sum", scale="linear")
+    assert same(old, show_long(rec, 0, 1, 2, "sum", scale="linear"))

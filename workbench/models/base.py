@@ -25,7 +25,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
-from workbench.figures import html as fhtml
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt, check_length
 from workbench.store.records import ModelInfo
@@ -91,20 +90,6 @@ class Model:
         i = self.info
         return (f"Model({i.name!r}, {i.architecture}, layers={i.n_layers}, "
                 f"heads={i.n_heads}/{i.n_kv_heads}, d_model={i.d_model})")
-
-    def _repr_html_(self) -> str:
-        """The model's card in a notebook: what it is and where it came from."""
-        i = self.info
-        kinds = sorted(set(i.layer_types))
-        layers = ", ".join(kinds) + (f" (window {i.sliding_window})" if i.sliding_window else "")
-        rows = [["architecture", i.architecture], ["source", i.source], ["layers", i.n_layers],
-                ["heads (query / key-value)", f"{i.n_heads} / {i.n_kv_heads}"],
-                ["d_model / d_head", f"{i.d_model} / {i.d_head}"], ["context", i.n_ctx],
-                ["vocabulary", i.d_vocab], ["positions", i.positions],
-                ["causal", i.causal], ["LM head", i.has_lm_head], ["dtype", i.dtype],
-                ["layer types", layers], ["weights SHA-256", i.checksum or "unknown"]]
-        title = fhtml.Safe(f"<b>Model</b> {fhtml.code(i.name)}")
-        return fhtml.block(title, fhtml.rows_table(["", ""], rows))
 
     def encode(self, prompt: Prompt) -> tuple[list[int], list[int] | None]:
         """Token ids (and segment ids for encoder sentence pairs) of one prompt.

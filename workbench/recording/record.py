@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
 import zarr
 from jaxtyping import Float
@@ -47,9 +47,6 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
 from workbench.core.records import RecordError
-from workbench.figures import html as fhtml
-from workbench.figures import patterns as figure_patterns
-from workbench.figures.style import COLOUR_SCALES, ColourScale
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
@@ -58,6 +55,9 @@ from workbench.recording import hooks, legacy, sparse, zarr_store
 from workbench.recording.index import FORMAT, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
 from workbench.store.records import RunMeta
 from workbench.store.validate import confined_file, real
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 INDEX = "index.json"
@@ -368,8 +368,6 @@ class Pooled:
     window: tuple[int, int, int, int]
 
 
-REPR_PROMPTS = 20
-"""A recording's notebook card shows this many prompts' tokens."""
 Queries = tuple[int, int] | None
 """Query rows ``(start, stop)`` of a read; ``None`` for every row of the prompt."""
 
@@ -487,27 +485,6 @@ class Recording:
     def __repr__(self) -> str:
         return (f"Recording({str(self.root)!r}, {self.model.name}, {len(self.prompts)} prompts, "
                 f"patterns={self.patterns})")
-
-    def _repr_html_(self) -> str:
-        """The recording's card in a notebook: its model and storage, then each prompt
-        (the first :data:`REPR_PROMPTS`) as a strip of its tokens, each in a box."""
-        m = self.model
-        title = fhtml.Safe(f"<b>Recording</b> {fhtml.code(self.root)} · "
-                           f"{fhtml.cell(m.name)} · {m.n_layers} layers x {m.n_heads} heads")
-        storage = (f"patterns: {self.patterns}" + (f" (top {self.topk} a query row)"
-                                                   if self.patterns == "topk" else "")
-                   + f"; residual stream: {'yes' if self.has_resid else 'no'}; "
-                   f"{len(self.prompts)} prompts; format {self.format_version}")
-        parts: list[fhtml.Safe | str] = [storage]
-        for i, prompt in enumerate(self.prompts[:REPR_PROMPTS]):
-            head = fhtml.Safe(f"<div><b>prompt {i}</b> {fhtml.cell(prompt.label)} "
-                              f"({len(prompt.token_ids)} tokens)</div>")
-            parts.append(fhtml.Safe(head + fhtml.token_strip(list(prompt.tokens))))
-        if len(self.prompts) > REPR_PROMPTS:
-            parts.append(f"… {len(self.prompts) - REPR_PROMPTS} more prompts")
-        parts.append(fhtml.Safe("<div><code>rec.show_pattern(prompt, layer, head)</code>, "
-                                "<code>rec.show_long(prompt, layer, head)</code></div>"))
-        return fhtml.block(title, *parts)
 
     def tokens(self, prompt: int) -> list[str]:
         """Token strings of prompt ``prompt``."""
@@ -647,48 +624,40 @@ class Recording:
             grid = np.concatenate(parts)
         return Pooled(grid=grid, factor=factor, how=how, window=(q0, q1, k0, k1))
 
-    def show_pattern(self, prompt: int, layer: int, head: int, *,
-                     scale: ColourScale = "linear",
-                     max_tokens: int = figure_patterns.MAX_TOKENS) -> go.Figure:
-        """One head's attention on one prompt as the Recording page draws it: queries
-        down, keys across, each axis labelled with the tokens (the first ``max_tokens``).
-
-        Examples:
-            >>> rec.show_pattern(0, layer=1, head=2, scale="log")    # doctest: +SKIP
+    def check_head(self, prompt: int, layer: int, head: int) -> None:
+        """Refuse a prompt, layer or head this recording does not have.
 
         Raises:
-            WorkbenchError: a prompt, layer or head the recording does not have, a
-                recording without patterns, or an unknown colour scale.
+            WorkbenchError: an index that is not a whole number in range.
         """
-        _check_scale(scale)
         self._check(prompt, len(self.prompts), "prompt")
         self._check(layer, self.n_layers, "layer")
         self._check(head, self.n_heads, "head")
-        return figure_patterns.recording_pattern(self, prompt, layer, head, scale, max_tokens)
 
-    def show_long(self, prompt: int, layer: int, head: int, pooling: sparse.Pooling = "max",
-                  *, scale: ColourScale = "log",
-                  cells: int = figure_patterns.OVERVIEW_CELLS) -> go.Figure:
-        """One head's whole pattern as the Long context page's overview draws it: pooled
-        here (:meth:`pooled`, ``max`` or ``sum`` of each block of tokens) to at most
-        ``cells`` a side before the figure is made, so an 8,192-token prompt gives a
-        512 x 512 figure; a sliding layer's window edge is marked.
+    def show_pattern(self, prompt: int, layer: int, head: int, **options: Any) -> go.Figure:
+        """Deprecated: ``workbench.show_pattern(rec, prompt, layer, head, **options)``.
 
-        Examples:
-            >>> rec.show_long(0, layer=1, head=2, pooling="max")     # doctest: +SKIP
-
-        Raises:
-            WorkbenchError: as :meth:`show_pattern`, or a pooling other than max or sum.
+        .. deprecated:: 0.1.0
+            Goes in the next release; a recording no longer knows how it is drawn.
         """
-        _check_scale(scale)
-        if pooling not in ("max", "sum"):
-            raise WorkbenchError(f"pooling must be max or sum, got {pooling!r}")
-        if not 1 <= cells <= 4096:
-            raise WorkbenchError(f"cells must be between 1 and 4096, got {cells!r}")
-        self._check(prompt, len(self.prompts), "prompt")
-        self._check(layer, self.n_layers, "layer")
-        self._check(head, self.n_heads, "head")
-        return figure_patterns.long_overview(self, prompt, layer, head, pooling, scale, cells)
+        warnings.warn("Recording.show_pattern is deprecated; use workbench.show_pattern(rec, "
+                      "prompt, layer, head, ...)", DeprecationWarning, stacklevel=2)
+        from workbench.views.patterns import show_pattern  # the view sits above the recording
+
+        return show_pattern(self, prompt, layer, head, **options)
+
+    def show_long(self, prompt: int, layer: int, head: int, *args: Any,
+                  **options: Any) -> go.Figure:
+        """Deprecated: ``workbench.show_long(rec, prompt, layer, head, **options)``.
+
+        .. deprecated:: 0.1.0
+            Goes in the next release; a recording no longer knows how it is drawn.
+        """
+        warnings.warn("Recording.show_long is deprecated; use workbench.show_long(rec, "
+                      "prompt, layer, head, ...)", DeprecationWarning, stacklevel=2)
+        from workbench.views.patterns import show_long  # the view sits above the recording
+
+        return show_long(self, prompt, layer, head, *args, **options)
 
     def resid(self, prompt: int, layer: int) -> Float[np.ndarray, "pos d_model"]:
         """Residual stream ``[pos, d_model]`` at boundary ``layer`` (0 .. n_layers)."""
@@ -758,8 +727,3 @@ def _pool_sparse(rows: sparse.SparsePattern, corner: tuple[int, int], shape: tup
     return sparse.pool_entries(np.concatenate(r) - q0, np.concatenate(c) - k0,
                                np.concatenate(v), shape, factor, how)
 
-
-def _check_scale(scale: object) -> None:
-    if scale not in COLOUR_SCALES:
-        raise WorkbenchError(f"colour scale must be one of {', '.join(COLOUR_SCALES)}, "
-                             f"got {scale!r}")

@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Literal
 
 from workbench.core.errors import UnknownNameError
 from workbench.core.registry import Registry
-from workbench.figures import catalog
 from workbench.inputs.token_types import TOKEN_TYPES
 from workbench.recording.reductions import Reduction
 from workbench.scores import patterns
@@ -186,5 +185,3 @@ def meaning(name: str) -> str | None:
     """A registered metric's one-line meaning; ``None`` for any other name."""
     return METRICS.get(name).meaning if name in METRICS else None
 
-
-catalog.describe_metrics(meaning)  # figure titles of a run read a metric's meaning here

@@ -57,6 +57,7 @@ import shutil
 import stat as stat_mode
 import time
 import traceback
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterator, Mapping
 from contextlib import contextmanager
@@ -64,7 +65,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
 import psutil
 
 from workbench.core import checksums, durable
@@ -73,9 +73,8 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.options import Status
 from workbench.core.records import RecordError
-from workbench.figures import catalog
-from workbench.store import display, provenance, validate
 from workbench.store import index as store_index
+from workbench.store import provenance, validate
 from workbench.store.index import Listing
 from workbench.store.records import (
     PID_MAX,
@@ -89,6 +88,7 @@ from workbench.store.schema import SchemaError, Table, current_metric_names
 
 if TYPE_CHECKING:
     import pandas as pd
+    import plotly.graph_objects as go
 
 log = logging.getLogger(__name__)
 
@@ -282,10 +282,6 @@ class Run:
     def __repr__(self) -> str:
         return f"Run({self.id!r}, {self.status})"
 
-    def _repr_html_(self) -> str:
-        """The run's card in a notebook (:mod:`workbench.store.display`)."""
-        return display.run_html(self)
-
     # What a listing shows is read from the index row while run.json is not read.
 
     @property
@@ -363,6 +359,18 @@ class Run:
         return validate.confined_file(self.path, self._entry(name).file,
                                       what=f"run {self.id} table '{name}'")
 
+    def table_columns(self, name: str) -> list[str]:
+        """A stored table's column names, read from its Parquet footer (no rows are read
+        and no checksum is checked).
+
+        Raises:
+            WorkbenchError: no such table, or a damaged run.
+            OSError, pyarrow.ArrowException: an unreadable file.
+        """
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(self._file(name)).names)
+
     def table(self, name: str) -> pd.DataFrame:
         """Read a table, checking its SHA-256 and its rows against ``run.json``.
 
@@ -425,19 +433,16 @@ class Run:
         return current_metric_names(frame)
 
     def figure(self, name: str, **options: Any) -> go.Figure:
-        """The figure ``name`` of this run, as its dashboard page draws it
-        (:mod:`workbench.figures.catalog`).
+        """Deprecated: ``workbench.figure(run, name, **options)`` draws the figure.
 
-        Examples:
-            >>> run.figure("head_scores", metric="induction")     # doctest: +SKIP
-            >>> run.figure("pruning_curve", metric="loss")          # doctest: +SKIP
-
-        Raises:
-            UnknownNameError: no figure of that name (the message lists the known ones).
-            WorkbenchError: an option the figure does not take, a value the run does not
-                hold, or a run without the figure's tables.
+        .. deprecated:: 0.1.0
+            Goes in the next release; a run no longer knows how it is drawn.
         """
-        return catalog.draw(self, name, options)
+        warnings.warn("Run.figure is deprecated; use workbench.figure(run, name, **options)",
+                      DeprecationWarning, stacklevel=2)
+        from workbench.views.catalog import figure  # the view sits above the store
+
+        return figure(self, name, **options)
 
     def verify(self) -> None:
         """Re-hash every table of the run against ``run.json``.

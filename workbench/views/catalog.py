@@ -1,17 +1,16 @@
-"""The figures a stored run can draw, by name: ``run.figure(name, **options)``.
+"""The figures a stored run can draw, by name: ``workbench.figure(run, name, **options)``.
 
 Each figure is the one its dashboard page draws, made by the same function from the same
 tables, so a notebook and a page cannot disagree. A name no figure has, an option the
 figure does not take or a value the run does not hold is refused in one line that lists
 what there is.
 
-A figure's title may carry a metric's meaning; those are declared above this layer
-(:mod:`workbench.scores.metrics`), which hands them down through :func:`describe_metrics`.
+A figure's title may carry a metric's meaning, as :mod:`workbench.scores.metrics` declares it.
 
 Examples:
     >>> run = RunStore("data/runs").latest(experiment="induction-heads")  # doctest: +SKIP
-    >>> run.figure("head_scores", metric="induction")                     # doctest: +SKIP
-    >>> run.figure("qk_pair", head="L1H2", prompt=0, query=7)             # doctest: +SKIP
+    >>> figure(run, "head_scores", metric="induction")                    # doctest: +SKIP
+    >>> figure(run, "qk_pair", head="L1H2", prompt=0, query=7)            # doctest: +SKIP
     >>> "head_scores" in FIGURES.names()
     True
 """
@@ -21,31 +20,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.registry import Registry
-from workbench.figures import curves, heads, qk
+from workbench.scores.metrics import meaning
+from workbench.store.runs import Run
+from workbench.views import curves, heads, qk
 
 Side = Literal["key", "query"]
-
-
-class StoredRun(Protocol):
-    """What a figure reads of a run (:class:`workbench.store.runs.Run` is one)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def experiment(self) -> str: ...
-    @property
-    def model_name(self) -> str | None: ...
-    @property
-    def status(self) -> str: ...
-    def table(self, name: str) -> pd.DataFrame: ...
-    def table_names(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -65,17 +51,6 @@ class RunFigure:
 
 
 FIGURES: Registry[RunFigure] = Registry("figure")
-_meaning: list[Callable[[str], str | None]] = []
-
-
-def describe_metrics(meaning: Callable[[str], str | None]) -> None:
-    """Hand down where a head metric's one-line meaning is read (the figures' titles)."""
-    _meaning[:] = [meaning]
-
-
-def metric_meaning(metric: str) -> str | None:
-    """A metric's meaning as :func:`describe_metrics` was told, or ``None``."""
-    return _meaning[0](metric) if _meaning else None
 
 
 def run_figure(name: str, about: str, page: str, tables: Sequence[str]
@@ -87,8 +62,13 @@ def run_figure(name: str, about: str, page: str, tables: Sequence[str]
     return wrap
 
 
-def draw(run: StoredRun, name: str, options: dict[str, Any]) -> go.Figure:
-    """The figure ``name`` of ``run`` with ``options``.
+def figure(run: Run, name: str, **options: Any) -> go.Figure:
+    """The figure ``name`` of ``run`` with ``options``, as its dashboard page draws it
+    (``workbench.figure``).
+
+    Examples:
+        >>> figure(run, "head_scores", metric="induction")     # doctest: +SKIP
+        >>> figure(run, "pruning_curve", metric="loss")          # doctest: +SKIP
 
     Raises:
         UnknownNameError: no such figure (the message lists the known ones).
@@ -125,19 +105,19 @@ def choice(name: str, value: Any, known: Sequence[Any], what: str) -> Any:
 
 @run_figure("head_scores", "one metric's layer x head heatmap, each head's 95% interval on "
             "hover", "/heads", ["head_scores"])
-def _head_scores(run: StoredRun, *, metric: str | None = None) -> go.Figure:
+def _head_scores(run: Run, *, metric: str | None = None) -> go.Figure:
     scores = run.table("head_scores")
     if "step" in scores.columns:  # one grid of heads a checkpoint: not one heatmap
         raise WorkbenchError(f"run {run.id} scores heads at every training step: its figure "
                              "is 'formation_heads'")
     metric = choice("metric", metric, list(dict.fromkeys(scores.metric)), "the run's metrics")
     return heads.head_scores_figure(scores, metric, run.model_name, run.experiment,
-                                    metric_meaning(metric))
+                                    meaning(metric))
 
 
 @run_figure("pruning_curve", "a metric against the fraction of heads pruned, each order "
             "and the random band", "/pruning", ["pruning_curve"])
-def _pruning_curve(run: StoredRun, *, metric: str | None = None) -> go.Figure:
+def _pruning_curve(run: Run, *, metric: str | None = None) -> go.Figure:
     curve = run.table("pruning_curve")
     metric = choice("metric", metric, list(dict.fromkeys(curve.metric)), "the run's metrics")
     return curves.pruning_curves(curve, metric, run.model_name or "")
@@ -156,14 +136,14 @@ def formation_model(phase: pd.DataFrame, model: str | None) -> tuple[str, pd.Ser
 
 @run_figure("formation_curves", "loss and in-context learning against tokens seen, the "
             "phase change shaded", "/formation", ["training_curve", "phase_change"])
-def _formation_curves(run: StoredRun, *, model: str | None = None) -> go.Figure:
+def _formation_curves(run: Run, *, model: str | None = None) -> go.Figure:
     model, phase = formation_model(run.table("phase_change"), model)
     return curves.formation_curves(run.table("training_curve"), phase, model)
 
 
 @run_figure("formation_heads", "every head's induction and previous-token score over "
             "training", "/formation", ["head_scores", "phase_change"])
-def _formation_heads(run: StoredRun, *, model: str | None = None) -> go.Figure:
+def _formation_heads(run: Run, *, model: str | None = None) -> go.Figure:
     model, phase = formation_model(run.table("phase_change"), model)
     return curves.formation_heads(run.table("head_scores"), phase, model)
 
@@ -181,7 +161,7 @@ def _layer_head(label: str) -> tuple[int, int]:
 
 @run_figure("qk_attribution", "a head's score split over upstream components: the mean "
             "part over every prompt, with 95% intervals", "/why", ["scores", "attribution"])
-def _qk_attribution(run: StoredRun, *, head: str | None = None) -> go.Figure:
+def _qk_attribution(run: Run, *, head: str | None = None) -> go.Figure:
     head = choice("head", head, explained_heads(run.table("scores")), "the run's heads")
     layer, h = _layer_head(head)
     att = run.table("attribution")
@@ -196,14 +176,14 @@ def pair_rows(table: pd.DataFrame, head: tuple[int, int], prompt: int,
                  & (table.query_pos == query)]
 
 
-def prompt_tokens(run: StoredRun, prompt: int) -> list[str]:
+def prompt_tokens(run: Run, prompt: int) -> list[str]:
     tokens = run.table("tokens")
     return tokens[tokens.prompt == prompt].sort_values("position").token.tolist()
 
 
 @run_figure("qk_pair", "each component's part of one query-key pair's score, key or query "
             "side", "/why", ["scores", "pair_contributions", "tokens"])
-def _qk_pair(run: StoredRun, *, head: str | None = None, prompt: int | None = None,
+def _qk_pair(run: Run, *, head: str | None = None, prompt: int | None = None,
              query: int | None = None, side: Side = "key") -> go.Figure:
     scores = run.table("scores")
     head = choice("head", head, explained_heads(scores), "the run's heads")

@@ -1,9 +1,9 @@
-"""Which dashboard page shows which run kinds: declared once, here, where the library can
-read it too (a run's notebook repr links to its page). Each page of ``dashboards/pages/``
-registers itself with ``experiments=pages.shows(<its path>)`` and
-``order=pages.order(<its path>)``, and the Runs page's links
-(``dashboards/components/links.py``) read them back from Dash's page registry, so the two
-cannot drift apart.
+"""Which dashboard page shows which run kinds, and its place in the nav (one position a
+page): declared once, here, where the library can read it too (a run's notebook card links
+to its page). Each page of ``dashboards/pages/`` registers itself with
+``experiments=pages.shows(<its path>)`` and ``order=pages.order(<its path>)``, and the Runs
+page's links (``dashboards/components/links.py``) read them back from Dash's page registry,
+so the two cannot drift apart.
 
 When several pages show one kind (a ``record`` run opens in Recording, Residual stream,
 Long context and Live), the first page of the nav (lowest ``order``, then path) is the
@@ -45,12 +45,12 @@ PAGES: tuple[Page, ...] = (
     Page("/pruning", 6, ("head-pruning",)),
     Page("/formation", 7, ("induction-formation",)),
     Page("/long-context", 8, ("record",)),
-    Page("/why", 8, ("qk-attribution",)),
-    Page("/equivariance", 9, ("permutation-equivariance",)),
-    Page("/sweeps", 10, ("sweep",)),
-    Page("/patching", 11, ("ioi",)),
-    Page("/lens", 12, ("logit-lens",)),
-    Page("/distance", 13, ("induction-distance",)),
+    Page("/why", 9, ("qk-attribution",)),
+    Page("/equivariance", 10, ("permutation-equivariance",)),
+    Page("/sweeps", 11, ("sweep",)),
+    Page("/patching", 12, ("ioi",)),
+    Page("/lens", 13, ("logit-lens",)),
+    Page("/distance", 14, ("induction-distance",)),
     Page("/live", 20, ("record",)),
 )
 RUNS_PAGE = "/"

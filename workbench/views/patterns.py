@@ -1,5 +1,8 @@
-"""A recording's attention patterns as the Recording and Long context pages draw them: one
-head's pattern with token labels, and one head's whole pattern pooled to screen resolution.
+"""A recording's attention patterns as the Recording, Long context and Live pages draw them:
+one head's pattern with token labels, every head's as small multiples, one query's row,
+and one head's whole pattern pooled to screen resolution.
+A notebook draws the same figures with ``workbench.show_pattern(rec, ...)`` and
+``workbench.show_long(rec, ...)`` (:func:`show_pattern`, :func:`show_long`).
 
 Both read only what they show from the recording: the first ``max_tokens`` query rows of a
 pattern, or the pooled grid :meth:`~workbench.recording.record.Recording.pooled` builds
@@ -8,7 +11,7 @@ before any figure is made.
 
 Examples:
     >>> rec = Recording.open("data/runs/<record run>")                  # doctest: +SKIP
-    >>> recording_pattern(rec, 0, 1, 2)                                 # doctest: +SKIP
+    >>> show_pattern(rec, 0, layer=1, head=2, scale="log")              # doctest: +SKIP
     >>> long_overview(rec, 0, 1, 2, pooling="max").data[0].z.shape      # doctest: +SKIP
     (512, 512)
 """
@@ -16,21 +19,21 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.figures.style import (
+from workbench.core.errors import WorkbenchError
+from workbench.recording.record import Pooled, Recording
+from workbench.views.style import (
+    COLOUR_SCALES,
     ColourScale,
     colour_stops,
     pattern_heatmap,
     scale_colorbar,
     set_title,
 )
-
-if TYPE_CHECKING:
-    from workbench.recording.record import Pooled, Recording
 
 Pooling = Literal["max", "sum"]
 MAX_TOKENS = 512
@@ -136,3 +139,99 @@ def long_overview(rec: Recording, prompt: int, layer: int, head: int,
              "<br>drag a box to open it as a window")
     fig = pooled_heatmap(pooled, rec.tokens(prompt), title, scale)
     return set_title(fig, title + mark_edge(fig, rec.model.window(layer), pooled), size=13)
+
+
+def _check_scale(scale: object) -> None:
+    if scale not in COLOUR_SCALES:
+        raise WorkbenchError(f"colour scale must be one of {', '.join(COLOUR_SCALES)}, "
+                             f"got {scale!r}")
+
+
+def show_pattern(rec: Recording, prompt: int, layer: int, head: int, *,
+                 scale: ColourScale = "linear", max_tokens: int = MAX_TOKENS) -> go.Figure:
+    """One head's attention on one prompt as the Recording page draws it: queries down,
+    keys across, each axis labelled with the tokens (the first ``max_tokens``).
+
+    Examples:
+        >>> workbench.show_pattern(rec, 0, layer=1, head=2, scale="log")  # doctest: +SKIP
+
+    Raises:
+        WorkbenchError: a prompt, layer or head the recording does not have, a recording
+            without patterns, or an unknown colour scale.
+    """
+    _check_scale(scale)
+    rec.check_head(prompt, layer, head)
+    return recording_pattern(rec, prompt, layer, head, scale, max_tokens)
+
+
+def show_long(rec: Recording, prompt: int, layer: int, head: int, pooling: Pooling = "max",
+              *, scale: ColourScale = "log", cells: int = OVERVIEW_CELLS) -> go.Figure:
+    """One head's whole pattern as the Long context page's overview draws it: pooled
+    (:meth:`~workbench.recording.record.Recording.pooled`, ``max`` or ``sum`` of each block
+    of tokens) to at most ``cells`` a side before the figure is made, so an 8,192-token
+    prompt gives a 512 x 512 figure; a sliding layer's window edge is marked.
+
+    Examples:
+        >>> workbench.show_long(rec, 0, layer=1, head=2, pooling="max")   # doctest: +SKIP
+
+    Raises:
+        WorkbenchError: as :func:`show_pattern`, or a pooling other than max or sum.
+    """
+    _check_scale(scale)
+    if pooling not in ("max", "sum"):
+        raise WorkbenchError(f"pooling must be max or sum, got {pooling!r}")
+    if not 1 <= cells <= 4096:
+        raise WorkbenchError(f"cells must be between 1 and 4096, got {cells!r}")
+    rec.check_head(prompt, layer, head)
+    return long_overview(rec, prompt, layer, head, pooling, scale, cells)
+
+
+def query_bars(weights: np.ndarray, tokens: list[str], query: int, name: str) -> go.Figure:
+    """The chosen query's attention over the keys."""
+    fig = go.Figure(go.Bar(x=[f"{k}: {t!r}"[:24] for k, t in enumerate(tokens)], y=weights,
+                           hovertemplate="key %{x}<br>weight %{y:.3f}<extra></extra>"))
+    fig.update_layout(title=f"{name}: where query {query} {tokens[query]!r} attends",
+                      height=360, yaxis={"title": "weight", "range": [0, 1]},
+                      xaxis={"title": "key", "tickangle": -60},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
+                 scale: ColourScale = "linear") -> go.Figure:
+    """Every head's pattern as one small multiple: layers down, heads across.
+
+    The grid is drawn as a single image (one matrix with a gap between heads), which stays
+    fast for 30 layers x 9 heads; patterns longer than ``max_tokens`` show their first
+    ``max_tokens`` positions. Click a cell to open that head.
+    """
+    n = min(len(rec.tokens(prompt)), max_tokens)
+    gap = 1
+    cell = n + gap
+    grid = np.full((rec.n_layers * cell, rec.n_heads * cell), np.nan)
+    for layer in range(rec.n_layers):
+        block = rec.pattern(prompt, layer, queries=(0, n))[:, :, :n]  # reads n rows only
+        for head in range(rec.n_heads):
+            grid[layer * cell: layer * cell + n, head * cell: head * cell + n] = block[head]
+    # Coordinates in units of heads/layers; customdata carries the exact (layer, head).
+    xs, ys = np.arange(grid.shape[1]) / cell, np.arange(grid.shape[0]) / cell
+    layer_of, head_of = np.meshgrid(np.arange(grid.shape[0]) // cell,
+                                    np.arange(grid.shape[1]) // cell, indexing="ij")
+    fig = go.Figure(go.Heatmap(
+        z=grid, x=xs, y=ys, customdata=np.stack([layer_of, head_of], axis=-1),
+        colorscale=colour_stops(scale), zmin=0, zmax=1, showscale=False,
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<extra></extra>",
+    ))
+    centre = n / (2 * cell)
+    fig.update_layout(
+        height=min(1400, 120 + rec.n_layers * 40), margin={"l": 40, "r": 10, "b": 10},
+        xaxis={"side": "top", "tickvals": [h + centre for h in range(rec.n_heads)],
+               "ticktext": [str(h) for h in range(rec.n_heads)]},
+        yaxis={"title": "layer", "autorange": "reversed",
+               "tickvals": [layer + centre for layer in range(rec.n_layers)],
+               "ticktext": [str(layer) for layer in range(rec.n_layers)]},
+    )
+    # the heads' numbers sit on top, so the title needs room above them
+    set_title(fig, f"all heads: layers down, heads across (first {n} tokens); click one "
+                   "to open it")
+    return fig.update_layout(margin={"t": fig.layout.margin.t + 20})

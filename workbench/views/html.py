@@ -1,6 +1,6 @@
-"""The HTML a notebook shows for a run, a recording or a model (their ``_repr_html_``):
-small tables, token strips and links into a serving dashboard. Every stored string goes
-through :func:`html.escape`; only the fragments built here are trusted.
+"""The HTML pieces of the notebook cards (:mod:`workbench.views.cards`): small tables, token
+strips and links into a serving dashboard. Every stored string goes through
+:func:`html.escape`; only the fragments built here are trusted.
 
 Which dashboard the links point at: ``WORKBENCH_DASHBOARD_URL`` when it is set (an empty
 value turns links off); otherwise the default ``workbench dashboard`` address,
@@ -86,7 +86,7 @@ def token_strip(tokens: Sequence[str], max_tokens: int = MAX_TOKENS) -> Safe:
 
 
 def block(title: Safe | str, *parts: Safe | str) -> str:
-    """The whole repr: a heading line and its parts (plain strings are escaped)."""
+    """The whole card: a heading line and its parts (plain strings are escaped)."""
     inner = "".join(p if isinstance(p, Safe) else f"<div>{html.escape(p)}</div>"
                     for p in parts)
     return (f'<div style="font-family:sans-serif;font-size:0.9em">'

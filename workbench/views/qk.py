@@ -1,6 +1,7 @@
 """A head's attention score split over upstream components, as the Why page draws it: each
-component's part of one query-key pair's score, and the mean part over every prompt with
-its bootstrap interval (tables of a ``qk-attribution`` run).
+component's part of one query-key pair's score, the query's attention row, the query
+component x key component matrix, and the mean part over every prompt with its bootstrap
+interval (tables of a ``qk-attribution`` run).
 
 Components are named ``embed``, ``L<layer>H<head>``, ``L<layer>MLP`` and
 ``L<layer>attn_bias``, and any other name is a bias of the explained head itself.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -88,3 +90,38 @@ def aggregate_figure(att: pd.DataFrame, head: str, top: int = 12) -> go.Figure:
 def pair_title(head: str, query: int, key: int, tokens: list[str]) -> str:
     """The words every figure of one query-key pair shares."""
     return f"{head}, query {query} '{tokens[query]}' on key {key} '{tokens[key]}'"
+
+
+def strip_figure(rows: pd.DataFrame, tokens: list[str], query: int, keys: list[int],
+                 head: str) -> go.Figure:
+    """The query's attention row over the prompt's tokens, the explained keys outlined."""
+    weights = np.zeros(len(tokens))
+    weights[rows.key_pos.to_numpy()] = rows.weight.to_numpy()
+    labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
+    fig = go.Figure(go.Heatmap(z=[weights], x=labels, y=["weight"], colorscale="Blues",
+                               zmin=0, zmax=max(float(weights.max()), 1e-9),
+                               hovertemplate="%{x}<br>weight %{z:.3f}<extra></extra>"))
+    for k in keys:
+        fig.add_shape(type="rect", x0=k - 0.5, x1=k + 0.5, y0=-0.5, y1=0.5,
+                      line={"color": "#b91c1c", "width": 3})
+    fig.update_layout(title=f"{head}: attention of query {query} '{tokens[query]}' "
+                            f"(explained key outlined)", height=220, margin=MARGIN,
+                      xaxis={"tickangle": -60})
+    return fig
+
+
+def matrix_figure(matrix: pd.DataFrame, title: str, score: float) -> go.Figure:
+    """Query component x key component parts of the score (the top of each side, then
+    other); the cells sum to the score."""
+    grid = matrix.pivot_table(index="query_component", columns="key_component",
+                              values="contribution", aggfunc="sum")
+    rows = sorted(grid.index, key=lambda n: (n == "other", component_order(n)))
+    cols = sorted(grid.columns, key=lambda n: (n == "other", component_order(n)))
+    grid = grid.loc[rows, cols]
+    top = float(np.abs(grid.to_numpy()).max()) or 1.0
+    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=cols, y=rows, colorscale="RdBu",
+                               zmid=0, zmin=-top, zmax=top,
+                               hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra></extra>"))
+    fig.update_layout(title=f"{title} (cells sum to {score:.3f})", height=420, margin=MARGIN,
+                      xaxis={"title": "key component"}, yaxis={"title": "query component"})
+    return fig
