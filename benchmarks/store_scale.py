@@ -10,14 +10,18 @@ with the new id, so every copy is a complete, verifiable run). At 1 run and at
   as a browser asks for it: the page's layout for ``?run=<id>``, then every callback of
   the page posted with that run chosen (Flask's test client, no network; the median of
   ``--repeats``). A browser adds its own drawing time, which does not grow with the store;
-- ``runs_cpu_s``: CPU seconds (user + system) of ``workbench runs`` listing the store.
+- ``runs_cpu_s``: CPU seconds (user + system) of ``workbench runs`` listing the store;
+- with ``--browser``, ``browser_ms <page>``: headless Chromium (``/usr/bin/chromium``, or
+  ``$WORKBENCH_CHROMIUM``) opening every dashboard page, from navigation to network idle
+  (no request for 500 ms, the same in both stores), served by ``workbench dashboard``; the
+  run's own page opens on the run (``?run=``), the others on the store as it is.
 
 It prints one line per measure and size, and the ratio of the large store to the one-run
 store. ``--smoke MODEL_FOLDER`` grows a store of a few runs from the tests' tiny model, so
 that a benchmark that no longer runs fails the tests (``tests/unit/test_benchmarks.py``).
 
 Usage:
-    python benchmarks/store_scale.py [--model minilm] [--runs 10000] [--repeats 3]
+    python benchmarks/store_scale.py [--model minilm] [--runs 10000] [--repeats 3] [--browser]
     python benchmarks/store_scale.py --smoke MODEL_FOLDER
 """
 
@@ -132,10 +136,72 @@ def get_ms(store: Path, run_id: str, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def measure(store: Path, run_id: str, path: str, repeats: int) -> dict[str, float]:
-    return {"get_ms": get_ms(store, run_id, repeats),
-            "page_ms": page_ms(store, run_id, path, repeats),
-            "runs_cpu_s": runs_cpu_s(store)}
+def _serve(store: Path) -> tuple[subprocess.Popen, str]:
+    """``workbench dashboard`` on ``store`` and a free port, once it answers."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "--quiet", "dashboard",
+                             "--runs", str(store), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(3000):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit("error: the dashboard exited") from None
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("error: the dashboard did not answer within 5 minutes")
+
+
+def browser_ms(store: Path, run_id: str, run_page: str, repeats: int,
+               only: tuple[str, ...] = ()) -> dict[str, float]:
+    """Median milliseconds of headless Chromium opening each dashboard page (those of
+    ``only``, if given), from navigation to network idle, by page."""
+    from playwright.sync_api import sync_playwright
+
+    from workbench.views.pages import PAGES
+
+    chromium = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+    proc, url = _serve(store)
+    times: dict[str, float] = {}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium,
+                                         args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page()
+            page.goto(url, wait_until="networkidle")  # the app's scripts, once
+            for entry in PAGES:
+                if only and entry.path not in only:
+                    continue
+                target = url + entry.path + (f"?run={run_id}" if entry.path == run_page else "")
+                took = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    page.goto(target, wait_until="networkidle")
+                    took.append(time.perf_counter() - start)
+                times[f"browser_ms {entry.path}"] = 1000 * statistics.median(took)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return times
+
+
+def measure(store: Path, run_id: str, path: str, repeats: int, browser: bool = False,
+            only: tuple[str, ...] = ()) -> dict[str, float]:
+    found = {"get_ms": get_ms(store, run_id, repeats),
+             "page_ms": page_ms(store, run_id, path, repeats),
+             "runs_cpu_s": runs_cpu_s(store)}
+    if browser:
+        found.update(browser_ms(store, run_id, path, repeats, only))
+    return found
 
 
 def main() -> None:
@@ -144,26 +210,29 @@ def main() -> None:
     parser.add_argument("--experiment", default="previous-token-heads", choices=sorted(CONFIGS))
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--browser", action="store_true",
+                        help="also time every page in headless Chromium")
     parser.add_argument("--smoke", metavar="MODEL_FOLDER")
     args = parser.parse_args()
     if args.smoke:
-        args.model, args.runs, args.repeats = args.smoke, 20, 1
+        args.model, args.runs, args.repeats, args.browser = args.smoke, 20, 1, True
     if not 2 <= args.runs <= 1 << 16:
         parser.error(f"--runs must be 2 .. {1 << 16}, got {args.runs}")
 
     from workbench.views.pages import page_for
 
     path = page_for(args.experiment)
+    only = (path, "/") if args.smoke else ()  # a smoke run's browser opens two pages
     with tempfile.TemporaryDirectory() as tmp:  # removing a large store takes a while
         store = Path(tmp) / "runs"
         run_id = make_run(store, args.experiment, args.model)
-        one = measure(store, run_id, path, args.repeats)
+        one = measure(store, run_id, path, args.repeats, args.browser, only)
         grow(store, run_id, args.runs)
-        many = measure(store, run_id, path, args.repeats)
+        many = measure(store, run_id, path, args.repeats, args.browser, only)
         print(f"{args.experiment} on {args.model}, page {path}, load average "
               f"{os.getloadavg()[0]:.2f}")
         for name in one:
-            print(f"{name:>11}: 1 run {one[name]:9.2f}   {args.runs} runs {many[name]:9.2f}"
+            print(f"{name:>24}: 1 run {one[name]:9.2f}   {args.runs} runs {many[name]:9.2f}"
                   f"   ratio {many[name] / one[name]:6.2f}", flush=True)
 
 
