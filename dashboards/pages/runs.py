@@ -6,11 +6,17 @@ sweep it was a cell of), how long it took, and whether the machine was busy mean
 (:mod:`workbench.harness.run_facts`).
 
 Damaged runs (a ``run.json`` that fails its checks) are listed too, with the reason; they
-open in no page."""
+open in no page.
+
+The table is paged and sorted by the server, from the store's index: only a page's 20 rows
+are sent, each run on the page read again from its own ``run.json`` (so a run changed since
+its index row was written shows as it is now), and the page opens about as fast on a store
+of 10,000 runs as on one of ten."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, get_args
 
 import dash
@@ -20,6 +26,8 @@ from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.values import (
+    Fields,
+    Index,
     ListOf,
     Name,
     OneOf,
@@ -28,6 +36,7 @@ from dashboards.components.values import (
     Whole,
     below,
     check,
+    triggered,
 )
 from workbench.core.options import Status
 from workbench.harness import run_facts
@@ -45,6 +54,11 @@ COLUMNS = ["open", "run", "experiment", "model", "status", "started", "duration"
 StatusChoice = Annotated[str | None, OneOf(get_args(Status))]
 SelectedRows = Annotated[list[int] | None, ListOf(Whole(optional=False), 1)]
 """The table's ``selected_rows`` (one row at most: it selects a single run)."""
+SortBy = Annotated[list[dict] | None, ListOf(Fields((
+    ("column_id", OneOf(tuple(COLUMNS), optional=False)),
+    ("direction", OneOf(("asc", "desc"), optional=False)))), 1)]
+"""The table's ``sort_by``: one column, ascending or descending."""
+FILTERS = ("runs-experiment", "runs-model", "runs-status")
 
 
 def open_cell(run: Run) -> str:
@@ -66,19 +80,18 @@ def row(run: Run, sweeps: dict[str, Run]) -> dict[str, str]:
             "problem": "" if run.status == "complete" else run.error or ""}
 
 
-def rows_of(runs: list[Run]) -> list[dict[str, str]]:
-    """The table's rows, each cell's sweep found among every stored run."""
-    sweeps = run_facts.parents(data.runs(status=None, checked=True))
-    return [row(r, sweeps) for r in runs]
+def model_of(run: Run) -> str:
+    """The table's ``model`` cell: a sweep's spec name, else the model's name."""
+    return run_facts.sweep_name(run) or run.model_name or "-"
 
 
 @safe_layout("Runs")
 def layout(experiment: str | None = None, model: str | None = None, run: str | None = None,
            **_: str) -> html.Div:
-    runs = data.runs(status=None, checked=True)
-    rows = rows_of(runs)
-    experiments = sorted({r["experiment"] for r in rows} - {"-"})
-    models = sorted({r["model"] for r in rows} - {"-"})
+    # the filters' choices and the count from the index (the table below is checked)
+    runs = data.runs(status=None)
+    experiments = sorted({r.experiment for r in runs} - {"-"})
+    models = sorted({model_of(r) for r in runs} - {"-"})
     damaged = sum(r.status == "damaged" for r in runs)
     note = f"{len(runs)} runs in {data.store().root}"
     return html.Div([
@@ -100,7 +113,8 @@ def layout(experiment: str | None = None, model: str | None = None, run: str | N
                                       if c == "open" else {"name": c, "id": c}
                                       for c in COLUMNS],
             markdown_options={"link_target": "_self"},
-            sort_action="native", page_size=PAGE_SIZE, row_selectable="single",
+            sort_action="custom", sort_mode="single", sort_by=[], page_action="custom",
+            page_current=0, page_size=PAGE_SIZE, page_count=1, row_selectable="single",
             style_cell={"textAlign": "left", "fontSize": "0.85em", "whiteSpace": "normal",
                         "maxWidth": "30em"},
             style_data_conditional=[
@@ -118,22 +132,46 @@ def layout(experiment: str | None = None, model: str | None = None, run: str | N
     ])
 
 
+def sorted_runs(runs: list[Run], sort_by: list[dict] | None) -> list[Run]:
+    """``runs`` in the table's order: newest first, or by the sorted column's text, as the
+    table shows it."""
+    if not sort_by:
+        return runs
+    sweeps = run_facts.parents(data.runs(status=None))
+    cells = {r.id: row(r, sweeps)[sort_by[0]["column_id"]] for r in runs}
+    return sorted(runs, key=lambda r: cells[r.id], reverse=sort_by[0]["direction"] == "desc")
+
+
 @callback(Output("runs-table", "data"), Output("runs-table", "selected_rows"),
-          Output("runs-table", "page_current"), Output("runs-error", "children"),
+          Output("runs-table", "page_current"), Output("runs-table", "page_count"),
+          Output("runs-error", "children"),
           Input("runs-experiment", "value"), Input("runs-model", "value"),
-          Input("runs-status", "value"), State("runs-requested", "data"))
+          Input("runs-status", "value"), Input("runs-table", "page_current"),
+          Input("runs-table", "sort_by"), State("runs-requested", "data"))
 @safe
-def filter_runs(experiment: Name, model: Name, status: StatusChoice, requested: RunId):
-    rows = rows_of(data.runs(experiment=experiment, status=status, checked=True))
-    rows = [r for r in rows if not model or r["model"] == model]
-    if not requested:
-        return rows, [], 0, None
-    # ?run=ID: select it, on the table's page that holds it
-    picked = [i for i, r in enumerate(rows) if r["run"] == requested]
-    if picked:
-        return rows, picked, picked[0] // PAGE_SIZE, None
-    data.listed_run(requested)  # raises: no such run, said in the banner
-    return rows, [], 0, message(f"run {requested} is not among the runs these filters show")
+def filter_runs(experiment: Name, model: Name, status: StatusChoice, page: Index,
+                sort_by: SortBy, requested: RunId):
+    runs = [r for r in data.runs(experiment=experiment, status=status)
+            if not model or model_of(r) == model]
+    runs = sorted_runs(runs, sort_by)
+    pages = max(1, math.ceil(len(runs) / PAGE_SIZE))
+    picked, note = None, None
+    if triggered() in FILTERS:  # a new filter starts on the first page
+        page = 0
+    elif triggered() is None and requested:  # ?run=ID: the page that holds it, selected
+        picked = next((i for i, r in enumerate(runs) if r.id == requested), None)
+        if picked is None:
+            data.listed_run(requested)  # raises: no such run, said in the banner
+            note = message(f"run {requested} is not among the runs these filters show")
+        else:
+            page = picked // PAGE_SIZE
+    page = min(page or 0, pages - 1)
+    # the page's runs as their own folders hold them now
+    shown = [data.store().by_id(r.id) or r for r in runs[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]]
+    sweeps = run_facts.parents(data.runs(status=None))
+    made = {r.id: row(r, sweeps) for r in shown}
+    selected = [] if picked is None else [picked % PAGE_SIZE]
+    return [made[r.id] for r in shown], selected, page, pages, note
 
 
 @callback(Output("runs-detail", "children"), Output("runs-selected", "data"),

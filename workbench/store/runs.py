@@ -751,13 +751,14 @@ class RunStore:
                 continue
             try:
                 with os.scandir(parent) as listing:
-                    entries = sorted(e.path for e in listing if e.is_dir(follow_symlinks=False)
-                                      and (staged or not e.name.startswith(".")))
+                    entries = sorted((e.name, e.path) for e in listing
+                                     if e.is_dir(follow_symlinks=False)
+                                     and (staged or not e.name.startswith(".")))
             except OSError as exc:
                 log.warning("cannot list %s: %s", parent, exc.strerror)
                 continue
-            for folder in entries:
-                if not staged and os.path.basename(folder) in unchecked:
+            for name, folder in entries:
+                if not staged and name in unchecked:
                     found.append((staged, folder, None))
                     continue
                 try:
@@ -800,7 +801,7 @@ class RunStore:
         ``lstat`` ``st``; ``None``: not checked): from its index row when the row was
         read from this very file (or it is not checked), else read (and its row added to
         ``rows`` when it is a finished run)."""
-        name = os.path.basename(folder)
+        name = folder.rpartition(os.sep)[2]
         row = indexed.get(name)
         if row is not None and (st is None or (stat_mode.S_ISREG(st.st_mode)
                                 and row.current(st))):
