@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from workbench.cli.render import _cell, _fill, _out, _table
@@ -92,7 +92,7 @@ def _claim_list(selected: Sequence[Any], last: dict[tuple[str, str], dict[str, A
         _out()
 
 
-def _reproduce_row(row: dict[str, Any]) -> None:
+def _reproduce_row(row: Mapping[Hashable, Any]) -> None:
     _out(f"{_cell(row['verdict']).upper():9s} {_cell(row['claim'])}  [{_cell(row['model'])}]")
     for label in ("source", "published", "measured"):
         _out(textwrap.indent(textwrap.fill(f"{label}: {_cell(row[label])}", 96), " " * 10))

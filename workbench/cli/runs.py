@@ -110,9 +110,9 @@ def _classes(run: Any, fdr: float | None) -> str:
         if inside.empty:
             blocks.append(head)
             continue
-        cells = [{"layer": int(r.layer), "head": int(r.head),
-                  **{c: f"{float(getattr(r, c)):.3g}" for c in CLASS_COLUMNS[2:]}}
-                 for r in inside.itertuples()]
+        cells = [{"layer": int(r["layer"]), "head": int(r["head"]),
+                  **{c: f"{float(r[c]):.3g}" for c in CLASS_COLUMNS[2:]}}
+                 for r in inside.to_dict("records")]
         blocks.append(head + "\n" + _table(cells, CLASS_COLUMNS))
     return "\n".join(blocks) if blocks else "class      none: the head_classes table is empty"
 

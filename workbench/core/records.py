@@ -31,6 +31,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -41,13 +42,34 @@ from pathlib import PurePosixPath
 from typing import Annotated, Any, Generic, Self, TypeVar
 
 import pydantic
-from pydantic import AfterValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+)
+from pydantic_core import CoreSchema, core_schema
 
 from workbench.core.errors import WorkbenchError, printable
 from workbench.core.registry import did_you_mean
 
-__all__ = ["STRICT", "Count", "Hex64", "Json", "PositiveInt", "Record", "RecordError",
-           "RecordList", "RelPath", "json_schema", "matching", "problem", "schema_text"]
+__all__ = [
+    "STRICT",
+    "Count",
+    "Hex64",
+    "Json",
+    "Matching",
+    "PositiveInt",
+    "Record",
+    "RecordError",
+    "RecordList",
+    "RelPath",
+    "json_schema",
+    "problem",
+    "schema_text",
+]
 
 STRICT = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
                     validate_default=False, ser_json_inf_nan="constants")
@@ -61,21 +83,38 @@ Count = Annotated[int, Field(ge=0, le=INT_MAX)]
 PositiveInt = Annotated[int, Field(ge=1, le=INT_MAX)]
 
 
-def matching(regex: str, meaning: str, *, max_length: int = 4096) -> Any:
-    """A string type that must match ``regex``, refused as "expected ``meaning``"; the JSON
-    Schema keeps the pattern."""
-    compiled = re.compile(regex)
+@dataclasses.dataclass(frozen=True)
+class Matching:
+    """Metadata that makes ``Annotated[str, Matching(regex, meaning)]`` a string type that
+    must match ``regex``, refused as "expected ``meaning``"; the JSON Schema keeps the
+    pattern and the length bound.
 
-    def check(value: str) -> str:
-        if not compiled.fullmatch(value):
-            raise ValueError(f"expected {meaning}")
-        return value
+    A metadata object rather than a function returning ``Annotated[...]``, so that a type
+    checker sees the alias as the ``str`` it is.
+    """
 
-    return Annotated[str, Field(max_length=max_length, json_schema_extra={"pattern": f"^{regex}$"}),
-                     AfterValidator(check)]
+    regex: str
+    meaning: str
+    max_length: int = 4096
+
+    def __get_pydantic_core_schema__(self, source: Any,
+                                     handler: GetCoreSchemaHandler) -> CoreSchema:
+        compiled = re.compile(self.regex)
+
+        def check(value: str) -> str:
+            if not compiled.fullmatch(value):
+                raise ValueError(f"expected {self.meaning}")
+            return value
+
+        return core_schema.no_info_after_validator_function(
+            check, core_schema.str_schema(max_length=self.max_length))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {**handler(schema), "pattern": f"^{self.regex}$"}
 
 
-Hex64 = matching(r"[0-9a-f]{64}", "a SHA-256 (64 lower-case hex digits)")
+Hex64 = Annotated[str, Matching(r"[0-9a-f]{64}", "a SHA-256 (64 lower-case hex digits)")]
 """A SHA-256 digest in lower-case hex."""
 
 
@@ -275,7 +314,8 @@ class RecordList(Generic[R]):
 
     def __init__(self, item: type[R]) -> None:
         self.item = item
-        self._adapter = pydantic.TypeAdapter(tuple[item, ...], config=None)
+        # a type built from a value, which a checker cannot follow
+        self._adapter = pydantic.TypeAdapter(tuple[item, ...])  # pyright: ignore[reportInvalidTypeForm]
 
     def from_json(self, data: bytes | str, *, what: str) -> tuple[R, ...]:
         """Parse and validate a file's text (see :meth:`Record.from_json`).

@@ -59,7 +59,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.files import read_bounded
-from workbench.core.records import STRICT, Json, Record, RecordList, matching
+from workbench.core.records import STRICT, Json, Matching, Record, RecordList
 from workbench.core.registry import Registry, did_you_mean
 from workbench.harness.tables import read as read_table
 from workbench.scores import metrics
@@ -157,8 +157,8 @@ def claim_check(name: str) -> Callable[[Check], Check]:
     return CHECKS.decorator(name)
 
 
-ClaimId = matching(r"[a-z0-9][a-z0-9.-]{0,99}", "a claim id (lower-case letters, digits, "
-                   "'.' and '-')", max_length=100)
+ClaimId = Annotated[str, Matching(r"[a-z0-9][a-z0-9.-]{0,99}", "a claim id (lower-case letters, "
+                                  "digits, '.' and '-')", max_length=100)]
 Target = Literal["causal", "encoder", "any", "none"]
 
 

@@ -80,4 +80,7 @@ def _named(exp: Experiment, model: str | None) -> dict[ConfigName, dict[str, Any
     stores them; a demo that is the default is timed once, as the default."""
     default, demo = (stored_form(apply_overrides(exp.config, exp.named_config(name, model)))
                      for name in ("default", "demo"))
-    return {"default": default} | ({"demo": demo} if demo != default else {})
+    named: dict[ConfigName, dict[str, Any]] = {"default": default}
+    if demo != default:
+        named["demo"] = demo
+    return named

@@ -187,7 +187,7 @@ def _check_recording(name: str, path: Path) -> Check:
 
 
 def _check_run(run: Run) -> Check:
-    if run.status in _UNFINISHED:
+    if run.status == "running" or run.status == "interrupted":
         return Check(run.id, "run", run.status, _UNFINISHED[run.status])
     if run.status == "damaged":
         return Check(run.id, "run", "damaged", run.meta.error or "no reason recorded")

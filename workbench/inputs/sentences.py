@@ -14,8 +14,8 @@ Examples:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -74,7 +74,8 @@ def prefix_holding(prompts: Sequence[Prompt], model: Model, n_tokens: int) -> li
     return list(prompts)
 
 
-def fit_pair(tokenizer: object, a: str, b: str, seq_len: int) -> tuple[str, str] | None:
+def fit_pair(tokenizer: Callable[..., Mapping[str, Any]], a: str, b: str,
+             seq_len: int) -> tuple[str, str] | None:
     """Drop words from the end of the longer sentence until the encoded pair
     ``[CLS] a [SEP] b [SEP]`` fits ``seq_len`` tokens; ``None`` if it never does."""
     words_a, words_b = a.split(), b.split()

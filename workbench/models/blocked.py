@@ -636,7 +636,7 @@ def support(model: Model) -> str | None:
     return None
 
 
-def _install(kind: str, attn: Any, module: Any, plan: _Layer) -> Callable[[], None]:
+def _install(kind: str, attn: Any, module: Any, plan: _Layer) -> Callable[[], object]:
     """Swap one layer's attention for its blocked form; returns what undoes it."""
     if kind == "interface":
         _INTERFACE_LAYERS[module] = plan

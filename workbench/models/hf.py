@@ -14,7 +14,7 @@ import json
 import logging
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import huggingface_hub.errors
 import torch
@@ -284,10 +284,11 @@ def _load_hf(src: str | Path, config: Any, dtype: torch.dtype, device: str,
     # A missing head is initialised from the global RNG; seed it so loads are repeatable.
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        hf_model, loading = cls.from_pretrained(
+        # with output_loading_info, a (model, loading info) pair, which its annotation omits
+        hf_model, loading = cast(tuple[Any, dict[str, Any]], cls.from_pretrained(
             str(src), config=config, dtype=dtype, attn_implementation="eager",
             output_loading_info=True, **hub,
-        )
+        ))
     missing = list(loading.get("missing_keys", []))
     head_prefixes = ("cls.", "lm_head", "mlm", "pooler")
     body_missing = [k for k in missing if not k.startswith(head_prefixes)]
@@ -402,7 +403,7 @@ def layer_spans(config: Any, n_layers: int) -> tuple[tuple[LayerType, ...], int 
         raise WorkbenchError(f"the config's layer types {', '.join(unknown) or len(names)} "
                              f"are not read by the workbench; expected {n_layers} of "
                              "full_attention and sliding_attention")
-    types = tuple(_LAYER_TYPES[n] for n in names)
+    types: tuple[LayerType, ...] = tuple(_LAYER_TYPES[n] for n in names)
     if "sliding" not in types:
         return types, None
     if not isinstance(window, int) or window < 1:

@@ -85,9 +85,10 @@ def build_bridge(spec: ModelSpec, tokenizer: Any, *, dtype: Dtype = "float32",
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(None):
         warnings.simplefilter("ignore")
-        bridge = TransformerBridge.boot_native(spec.bridge_config(), tokenizer=tokenizer,
-                                               device=device, dtype=DTYPES[dtype],
-                                               model_name=f"native-L{spec.n_layers}")
+        # boot_native is attached to the class when its source module is imported
+        bridge = TransformerBridge.boot_native(  # pyright: ignore[reportAttributeAccessIssue]
+            spec.bridge_config(), tokenizer=tokenizer, device=device, dtype=DTYPES[dtype],
+            model_name=f"native-L{spec.n_layers}")
     return bridge
 
 
@@ -101,6 +102,7 @@ def as_model(bridge: Any, tokenizer: Any, spec: ModelSpec, *, name: str,
         d_model=spec.d_model, d_head=spec.d_head, n_ctx=spec.n_ctx, d_vocab=spec.d_vocab,
         positions=spec.positions, causal=True, has_lm_head=True,
         bos_token_id=tokenizer.bos_token_id, dtype=dtype,
+        layer_types=("global",) * spec.n_layers, sliding_window=None,
     )
     return Model(bridge, tokenizer, info)
 

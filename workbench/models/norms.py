@@ -109,7 +109,7 @@ def _linear(ln: object, what: str) -> LinearNorm:
                       center)
 
 
-def _weight(module: torch.nn.Module, weight: Tensor) -> Tensor:
+def _weight(module: object, weight: Tensor) -> Tensor:
     # Gemma-style RMSNorm multiplies by (1 + w); its class says so
     offset = 1.0 if "Gemma" in type(module).__name__ else 0.0
     return weight.detach().double() + offset

@@ -24,7 +24,7 @@ import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float
@@ -83,7 +83,7 @@ def _through_bridge(module: torch.nn.Module, name: str) -> Tensor:
     return getattr(_inside(module, leaf), leaf)
 
 
-def _inside(module: torch.nn.Module, attr: str) -> torch.nn.Module:
+def _inside(module: Any, attr: str) -> Any:
     while not hasattr(module, attr) and hasattr(module, "original_component"):
         module = module.original_component
     return module
@@ -120,7 +120,7 @@ def remove_heads(hf_model: torch.nn.Module, values: Float[Tensor, "layer head_in
     if why:
         raise ModelCapabilityError(f"heads cannot be removed from {adapter.family} "
                                    f"weights: {why}")
-    config = hf_model.config
+    config: Any = hf_model.config
     n_heads = config.num_attention_heads
     # Gemma and Qwen3 may set head_dim apart from hidden_size / n_heads
     d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
@@ -192,8 +192,10 @@ def _remove(adapter: Adapter, block: torch.nn.Module, attn: torch.nn.Module, hea
         for name, rows in ((adapter.q, q_rows), (adapter.k, kv_rows), (adapter.v, kv_rows)):
             _set(attn, name, _prune(_get(attn, name), rows, "out", adapter.conv1d))
     else:
+        qkv = adapter.qkv
+        assert qkv is not None, f"{adapter.family}: a fused layout names its projection"
         fused = _fused_rows(layout, heads, q_rows, kv_rows, d_head)
-        _set(attn, adapter.qkv, _prune(_get(attn, adapter.qkv), fused, "out", adapter.conv1d))
+        _set(attn, qkv, _prune(_get(attn, qkv), fused, "out", adapter.conv1d))
     _set(attn, adapter.o, _prune(out, q_rows, "in", adapter.conv1d))
     counts = {"heads": len(heads.keep), "kv_heads": len(heads.kv), "groups": heads.groups,
               "width": len(heads.keep) * d_head, "kv_width": len(heads.kv) * d_head}
@@ -219,10 +221,12 @@ def _prune(layer: torch.nn.Module, index: Tensor, side: str, conv1d: bool) -> to
 
     if conv1d:
         return _prune_conv1d(layer, index, side)
-    return prune_linear_layer(layer, index, dim=0 if side == "out" else 1)
+    # a Linear here (Conv1D went above), and the index is int64
+    return prune_linear_layer(cast(torch.nn.Linear, layer), cast(torch.LongTensor, index),
+                              dim=0 if side == "out" else 1)
 
 
-def _prune_conv1d(layer: torch.nn.Module, index: Tensor, side: str) -> torch.nn.Module:
+def _prune_conv1d(layer: Any, index: Tensor, side: str) -> torch.nn.Module:
     """:func:`_prune` for GPT-2's ``Conv1D``, whose weight is stored ``[in, out]``."""
     from transformers.pytorch_utils import Conv1D
 

@@ -83,7 +83,8 @@ class RecordingIndex(Record):
     @model_validator(mode="after")
     def _format_fields(self) -> Self:
         if self.format_version == LEGACY_FORMAT:
-            return _check_blocks(self)
+            _check_blocks(self)
+            return self
         for key in ("resid", "longest"):
             if getattr(self, key) is None:
                 raise ValueError(f"format 2 needs '{key}'")
@@ -106,7 +107,7 @@ def data_file(kind: str, layer: int) -> str:
     return f"{kind}/{'L' if kind == 'attn' else 'B'}{layer:03d}.bin"
 
 
-def _check_blocks(index: RecordingIndex) -> RecordingIndex:
+def _check_blocks(index: RecordingIndex) -> None:
     """Format 1: every layer has one block per prompt, inside its listed file."""
     if index.blocks is None:
         raise ValueError("format 1 needs 'blocks'")
@@ -126,7 +127,6 @@ def _check_blocks(index: RecordingIndex) -> RecordingIndex:
                 size = index.n_heads * n * n if kind == "attn" else n * index.d_model
                 if offset + size * BLOCK_BYTES[dtype] > index.files[rel].size:
                     raise ValueError(f"a block of {kind}/{layer} lies beyond the end of {rel}")
-    return index
 
 
 RECORDS: dict[str, type[Record]] = {"recording-index": RecordingIndex}

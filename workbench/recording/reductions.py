@@ -29,7 +29,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Self
 
 import numpy as np
 import pandas as pd
@@ -103,7 +103,7 @@ class PatternContext:
 class Partial(Protocol):
     """A block's share of a score: shares add (``+``), and ``result()`` is the score."""
 
-    def __add__(self, other: Partial) -> Partial: ...
+    def __add__(self, other: Self) -> Self: ...
 
     def result(self) -> Float[Tensor, "batch head_index"]: ...
 

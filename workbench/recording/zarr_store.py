@@ -38,7 +38,7 @@ import zarr
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.storage import LocalStore
+from zarr.storage import LocalStore, MemoryStore
 
 from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
@@ -289,5 +289,5 @@ def check_array(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...]
 
 def _written(kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> dict[str, Any]:
     """The metadata :func:`create` writes for this array, made in memory."""
-    group = zarr.open_group(store=zarr.storage.MemoryStore(), mode="w")
+    group = zarr.open_group(store=MemoryStore(), mode="w")
     return create(group, kind, layer, shape, str(dtype)).metadata.to_dict()

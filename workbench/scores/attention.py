@@ -195,7 +195,7 @@ def worked_example() -> WorkedExample:
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     plain = attention(q, k, v)
     causal = attention(q, k, v, causal_mask(len(x)))
-    px = permutation_matrix(EXAMPLE_SHUFFLE) @ x
+    px = permutation_matrix(list(EXAMPLE_SHUFFLE)) @ x
     shuffled = attention(px @ w_q, px @ w_k, px @ w_v)
     return WorkedExample(
         tokens=EXAMPLE_TOKENS, x=x, w_q=w_q, w_k=w_k, w_v=w_v, q=q, k=k, v=v,

@@ -32,7 +32,7 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from jaxtyping import Float
@@ -87,14 +87,16 @@ def stream_parts(model: Model, kept: dict[str, Tensor], index: Index, upto: int,
         The parts, each ``[n, d_model]`` in float64 (``n`` indexed entries); they sum to
         ``hooks.resid(upto)`` at ``index``.
     """
-    w_o = model.bridge.W_O.detach() if w_o is None else w_o
+    if w_o is None:  # the bridge is untyped
+        w_o = cast(Tensor, model.bridge.W_O.detach())
     embed = kept[hooks.resid(0, model.info.n_layers)][index].double()
     parts = [Part(EMBED, "embed", -1, embed)]
     n = embed.shape[0]
     for layer in range(upto):
         z = kept[hooks.z(layer)][index].double()  # [n, head, d_head]
         heads = torch.einsum("nhd,hdm->hnm", z, w_o[layer].double())
-        raw = [(f"L{layer}H{h}", "head", heads[h]) for h in range(heads.shape[0])]
+        raw: list[tuple[str, PartKind, Tensor]] = [
+            (f"L{layer}H{h}", "head", heads[h]) for h in range(heads.shape[0])]
         bias = getattr(model.bridge.blocks[layer].attn.o, "bias", None)
         if bias is not None:
             raw.append((f"L{layer}attn_bias", "bias", bias.detach().double().expand(n, -1)))

@@ -48,9 +48,8 @@ def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str
 def _with_null(table: pd.DataFrame, uniform: pd.DataFrame) -> pd.DataFrame:
     """``table`` with each row's null: its layer's uniform score of its metric
     (:func:`~workbench.recording.reductions.layer_nulls`), the mean over the prompts."""
-    null = uniform.groupby(["layer", "metric"], as_index=False).score.mean()
-    merged = table.merge(null.rename(columns={"score": "null"}), on=["layer", "metric"],
-                         how="left", validate="many_to_one")
+    null = uniform.groupby(["layer", "metric"]).score.mean().rename("null").reset_index()
+    merged = table.merge(null, on=["layer", "metric"], how="left", validate="many_to_one")
     return merged.astype({"null": "float64"})
 
 
@@ -158,7 +157,8 @@ def top_heads(head_scores: pd.DataFrame, metric: str, k: int,
     """The ``k`` highest-scoring (layer, head) pairs for ``metric``, best first."""
     skip = set(exclude)
     ranked = head_scores[head_scores.metric == metric].sort_values("score", ascending=False)
-    heads = [(int(r.layer), int(r.head)) for r in ranked.itertuples()]
+    heads = [(int(layer), int(head))
+             for layer, head in zip(ranked.layer, ranked["head"], strict=True)]
     return [h for h in heads if h not in skip][:k]
 
 
@@ -251,7 +251,10 @@ def _unembedding_moments(w_u: Float[Tensor, "d_model d_vocab"], *, block: int = 
     d_model, d_vocab = w_u.shape
     work = torch.promote_types(w_u.dtype, torch.float32)
     blocks = [slice(s, s + block) for s in range(0, d_vocab, block)]
-    mean = sum(w_u[:, b].double().sum(1) for b in blocks) / d_vocab
+    total = torch.zeros(d_model, dtype=torch.float64)
+    for b in blocks:
+        total += w_u[:, b].double().sum(1)
+    mean = total / d_vocab
     centre = mean.to(work)
     covariance = torch.zeros(d_model, d_model, dtype=torch.float64)
     for b in blocks:

@@ -237,7 +237,8 @@ def logit_lens(model: Model, batch: Batch, rows: Int[Tensor, " n"],
                 out[key][b].append(value)
         own = output_transform(model, kept[hooks.FINAL_OUT][index] @ w_u
                                 + (0 if b_u is None else b_u)).double()
-        miss = max(miss, float((logits - own).abs().max()))
+        # the last boundary's logits (there are n_layers + 1 boundaries, never none)
+        miss = max(miss, float((logits - own).abs().max()))  # pyright: ignore[reportPossiblyUnboundVariable]
         largest = max(largest, float(own.abs().max()))
     stacked = {k: torch.stack([torch.cat(v) for v in per]).numpy() for k, per in out.items()}
     return Lens(scale, answer.numpy(), stacked["logit"], stacked["prob"], stacked["rank"],

@@ -378,10 +378,10 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
     at = {int(p): i for i, p in enumerate(cap.positions.tolist())}
     qi = torch.tensor([at[q] for q, _ in pairs])
     ki = torch.tensor([at[k] for _, k in pairs])
-    get = cap.per_layer.get
+    fired = cap.per_layer  # what _require_fired finds here
     _require_fired(model, cap, layer)
-    scale = get(hooks.norm_scale(layer))[cap.positions, 0].double()
-    cos, sin = (get(f"blocks.{layer}.attn.hook_{n}") for n in ("cos", "sin"))
+    scale = fired[hooks.norm_scale(layer)][cap.positions, 0].double()
+    cos, sin = (fired.get(f"blocks.{layer}.attn.hook_{n}") for n in ("cos", "sin"))
     cos, sin = (None if t is None else t[cap.positions].double() for t in (cos, sin))
     w = _head_weights(model, weights, layer, head)
     norm = first_norm(model, layer)
@@ -390,8 +390,8 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
                              _frozen_head_norm(model, cap, layer, "q", head))
     k_names, k_parts = _side(normed, names, norm, w["w_k"], w["b_k"], "k_bias", cos, sin,
                              _frozen_head_norm(model, cap, layer, "k", w["group"]))
-    q_real = (get(hooks.rotated(layer, "q")) if cos is not None else get(hooks.qkv(layer, "q")))
-    k_real = (get(hooks.rotated(layer, "k")) if cos is not None else get(hooks.qkv(layer, "k")))
+    q_real = fired[hooks.rotated(layer, "q") if cos is not None else hooks.qkv(layer, "q")]
+    k_real = fired[hooks.rotated(layer, "k") if cos is not None else hooks.qkv(layer, "k")]
     q_whole = q_real[cap.positions, head].double()[qi]  # [N, d_head]
     k_whole = k_real[cap.positions, w["group"]].double()[ki]
     s = w["scaling"]
@@ -399,8 +399,8 @@ def _attribute_head(model: Model, weights: Weights, cap: _Captured, layer: int, 
     query = torch.einsum("cnd,nd->cn", q_parts[:, qi], k_whole) * s
     q_pos = torch.tensor([q for q, _ in pairs])
     k_pos = torch.tensor([k for _, k in pairs])
-    scores = get(hooks.scores(layer))[head]
-    pattern = get(hooks.pattern(layer))[head]
+    scores = fired[hooks.scores(layer)][head]
+    pattern = fired[hooks.pattern(layer)][head]
     rows, cols, pair = _pair_matrix(q_parts[:, qi], k_parts[:, ki], q_names, k_names,
                                     query, key, top, s)
     return HeadAttribution(

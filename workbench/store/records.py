@@ -24,18 +24,20 @@ from pydantic import Field, model_validator
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Ablation, Status
-from workbench.core.records import Count, Hex64, Json, Record, RelPath, matching
+from workbench.core.records import Count, Hex64, Json, Matching, Record, RelPath
 
 RUN_ID_PATTERN = r"[0-9]{8}-[0-9]{6}-[\w.-]{1,81}-[0-9a-f]{4}"
 """A run id: ``<date>-<time>-<experiment>-<model>-<4 hex digits>``, the experiment and
 model slugged to letters, digits, dots and hyphens; nothing else names a run folder (no
 newline, no path separator, no leading dot)."""
-RunId = matching(RUN_ID_PATTERN, "a run id (<date>-<time>-<experiment>-<model>-<4 hex>)",
-                 max_length=120)
+RunId = Annotated[str, Matching(RUN_ID_PATTERN,
+                                "a run id (<date>-<time>-<experiment>-<model>-<4 hex>)",
+                                max_length=120)]
 PID_MAX = 2**31 - 1
 """The largest process id a ``pid_t`` holds."""
-Timestamp = matching(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{2}|Z)?",
-                     "an ISO 8601 time (2026-12-01T10:00:00+00:00)", max_length=40)
+Timestamp = Annotated[str, Matching(
+    r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{2}|Z)?",
+    "an ISO 8601 time (2026-12-01T10:00:00+00:00)", max_length=40)]
 """An ISO 8601 time, as ``datetime.isoformat`` writes it."""
 Text = Annotated[str, Field(max_length=1 << 20)]
 Load = Annotated[float, Field(ge=0)]

@@ -979,7 +979,7 @@ class RunStore:
 def _config_values(config: Any) -> dict[str, Any]:
     """A config (dataclass or mapping) as the JSON values ``run.json`` keeps (tuples as
     lists), so that a stored config compares equal to a fresh one."""
-    cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    cfg = dict(config) if isinstance(config, Mapping) else dataclasses.asdict(config)
     return json.loads(json.dumps(cfg, default=str))
 
 

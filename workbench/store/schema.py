@@ -204,7 +204,7 @@ def tables(*declared: Table) -> dict[str, Table]:
 def columns(*specs: tuple[str, Kind, str] | tuple[str, Kind, str, Bound]) -> tuple[Column, ...]:
     """Columns from ``(name, kind, meaning)`` triples (or with their ``bounds`` fourth),
     for tables written compactly."""
-    return tuple(Column(*spec) for spec in specs)
+    return tuple(Column(s[0], s[1], s[2], s[3] if len(s) == 4 else None) for s in specs)
 
 
 HEAD_KEYS = (

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -30,6 +30,8 @@ from workbench.core.registry import Registry
 from workbench.scores.metrics import meaning
 from workbench.store.runs import Run
 from workbench.views import curves, heads, qk
+
+T = TypeVar("T")
 
 Side = Literal["key", "query"]
 
@@ -89,7 +91,7 @@ def figure(run: Run, name: str, **options: Any) -> go.Figure:
     return entry.draw(run, **options)
 
 
-def choice(name: str, value: Any, known: Sequence[Any], what: str) -> Any:
+def choice(name: str, value: T | None, known: Sequence[T], what: str) -> T:
     """``value`` if it is one of ``known``, the first of them for ``None``.
 
     Raises:
@@ -97,7 +99,7 @@ def choice(name: str, value: Any, known: Sequence[Any], what: str) -> Any:
     """
     if value is None and known:
         return known[0]
-    if value not in known:
+    if value is None or value not in known:
         shown = ", ".join(str(k) for k in known[:20]) + (", ..." if len(known) > 20 else "")
         raise WorkbenchError(f"{name} {value!r} is not among {what}: {shown or 'none'}")
     return value
@@ -151,7 +153,8 @@ def _formation_heads(run: Run, *, model: str | None = None) -> go.Figure:
 def explained_heads(scores: pd.DataFrame) -> list[str]:
     """A qk-attribution run's explained heads (``L<layer>H<head>``), in layer order."""
     rows = scores[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])
-    return [qk.head_label(r.layer, r.head) for r in rows.itertuples()]
+    return [qk.head_label(int(layer), int(head))
+            for layer, head in zip(rows.layer, rows["head"], strict=True)]
 
 
 def _layer_head(label: str) -> tuple[int, int]:

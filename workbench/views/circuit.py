@@ -86,20 +86,21 @@ def arrows(classes: pd.DataFrame, paths: pd.DataFrame, upstream: pd.DataFrame | 
     of its unit, scaled between ``MIN_WIDTH`` and ``MAX_WIDTH``)."""
     upstream = upstream if upstream is not None else pd.DataFrame(columns=["receiver_kind"])
     found: list[Arrow] = []
-    for r in classes.itertuples():
-        if r.head_class not in INTO:
+    for r in classes.to_dict("records"):
+        kind, layer, head = str(r["head_class"]), int(r["layer"]), int(r["head"])
+        if kind not in INTO:
             continue
         source, unit = None, "relative"
-        if r.head_class in ("name mover", "negative name mover"):
-            source, unit = pd.Series({"effect": r.effect, "ci_low": r.ci_low,
-                                      "ci_high": r.ci_high}), "logits"
-        elif r.head_class == "s-inhibition":
-            source = _measured(paths, r.layer, r.head)
+        if kind in ("name mover", "negative name mover"):
+            source, unit = pd.Series({"effect": r["effect"], "ci_low": r["ci_low"],
+                                      "ci_high": r["ci_high"]}), "logits"
+        elif kind == "s-inhibition":
+            source = _measured(paths, layer, head)
         else:
-            through = upstream[upstream.receiver_kind == UPSTREAM_KIND[r.head_class]]
-            source = _measured(through, r.layer, r.head)
+            through = upstream[upstream.receiver_kind == UPSTREAM_KIND[kind]]
+            source = _measured(through, layer, head)
         if source is not None:
-            found.append(Arrow(_head(r), r.head_class, INTO[r.head_class],
+            found.append(Arrow(f"L{layer}H{head}", kind, INTO[kind],
                                float(source.effect), float(source.ci_low),
                                float(source.ci_high), unit))
     largest = {unit: max(abs(a.effect) for a in found if a.unit == unit)
@@ -113,7 +114,7 @@ def _candidates(upstream: pd.DataFrame | None) -> dict[str, str]:
     if upstream is None or not len(upstream):
         return {}
     mine = upstream[upstream.receiver_kind.str.endswith(" candidates")]
-    return {kind.removesuffix(" candidates"): rows.receivers.iloc[0]
+    return {str(kind).removesuffix(" candidates"): str(rows.receivers.iloc[0])
             for kind, rows in mine.groupby("receiver_kind")}
 
 

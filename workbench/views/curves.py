@@ -35,7 +35,8 @@ def pruning_curves(curve: pd.DataFrame, metric: str, model: str) -> go.Figure:
                         line={"width": 0}, fill="tonexty", fillcolor="rgba(107,114,128,0.25)")
         fig.add_scatter(x=x, y=stats["mean"], name="random mean",
                         mode="lines+markers", line={"color": "#6b7280", "dash": "dash"})
-    for order, group in rows[rows.order != "random"].groupby("order", sort=False):
+    for key, group in rows[rows.order != "random"].groupby("order", sort=False):
+        order = str(key)
         group = group.sort_values("fraction_pruned")
         fig.add_scatter(x=group.fraction_pruned, y=group.value, name=order,
                         mode="lines+markers", line={"color": LINE_COLOURS.get(order)},
@@ -106,7 +107,9 @@ def formation_heads(scores: pd.DataFrame, phase: pd.Series, model: str) -> go.Fi
                             hovertemplate=f"L{layer}H{head}<br>step %{{x}}<br>{metric} "
                                           "%{y:.3f}<extra></extra>", row=1, col=col)
         null = scores[scores.metric == metric].null.iloc[0]
-        fig.add_hline(y=null, line_dash="dash", line_color="#888", row=1, col=col,
+        # plotly annotates add_hline's row and col as str, from their default "all"
+        fig.add_hline(y=null, line_dash="dash", line_color="#888",
+                      row=1, col=col,  # pyright: ignore[reportArgumentType]
                       annotation_text="uniform", annotation_position="bottom right")
     shade_window(fig, phase, None)
     fig.update_layout(title=f"every head's score over training · {model}", height=420,

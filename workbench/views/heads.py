@@ -124,8 +124,10 @@ def ablation_figure(ablation: pd.DataFrame) -> go.Figure:
                                  "arrayminus": stats["mean"] - stats["min"]},
                         row=1, col=col)
         if len(clean):
+            # plotly annotates add_hline's row and col as str, from their default "all"
             fig.add_hline(y=float(clean[column].iloc[0]), line_dash="dash",
-                          line_color="#6b7280", annotation_text="clean", row=1, col=col)
+                          line_color="#6b7280", annotation_text="clean",
+                          row=1, col=col)  # pyright: ignore[reportArgumentType]
     heads = ablation[ablation.condition == "previous-token"].heads
     tracked = ablation.tracked.iloc[0] if len(ablation) else "-"
     fig.update_layout(barmode="group", height=440, margin={**MARGIN, "t": 90},
@@ -178,19 +180,21 @@ def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
         if draws[column].notna().any():
             _random_draws(draws.dropna(subset=[column]), column, col, fig)
         if len(clean):
+            # plotly annotates add_hline's row and col as str, from their default "all"
             fig.add_hline(y=float(clean[column].iloc[0]), line_dash="dash",
-                          line_color="#6b7280", annotation_text="clean", row=1, col=col)
+                          line_color="#6b7280", annotation_text="clean",
+                          row=1, col=col)  # pyright: ignore[reportArgumentType]
     heads = ours.heads.iloc[0] if len(ours) else "-"
     tracked = patch.tracked.iloc[0] if len(patch) else "-"
     n_draws = draws.draw.nunique()
     fig.update_layout(barmode="group", height=480, margin={**MARGIN, "b": 40})
     fig.update_xaxes(title_text="the one input of the tracked heads patched")
-    set_title(fig, f"path patch: previous-token heads {heads if heads != '-' else 'none'} "
-                           "removed from only the key, query or value input of the tracked "
-                           f"induction heads {tracked}, against {n_draws} random draws of "
-                           "same-layer heads", width=110)
     # the panels' own titles sit above them, in the top margin too
-    return fig.update_layout(margin={"t": fig.layout.margin.t + 30})
+    return set_title(fig, f"path patch: previous-token heads "
+                          f"{heads if heads != '-' else 'none'} removed from only the key, "
+                          f"query or value input of the tracked induction heads {tracked}, "
+                          f"against {n_draws} random draws of same-layer heads",
+                     width=110, above=30)
 
 
 def outline_heads(fig: go.Figure, heads: pd.DataFrame, name: str, rate: float) -> None:

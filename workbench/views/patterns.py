@@ -19,7 +19,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import plotly.graph_objects as go
@@ -72,7 +72,7 @@ def pooled_heatmap(pooled: Pooled, tokens: Sequence[str], title: str,
 
         heat.update(x=names(k0, k1), y=names(q0, q1),
                     hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>")
-        axes = {"xaxis": {"title": "key", "tickangle": -60, "nticks": 32},
+        axes: dict[str, Any] = {"xaxis": {"title": "key", "tickangle": -60, "nticks": 32},
                 "yaxis": {"title": "query", "autorange": "reversed", "nticks": 32}}
     else:
         heat.update(x=k0 + (np.arange(grid.shape[1]) + 0.5) * f - 0.5,
@@ -232,6 +232,5 @@ def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
                "ticktext": [str(layer) for layer in range(rec.n_layers)]},
     )
     # the heads' numbers sit on top, so the title needs room above them
-    set_title(fig, f"all heads: layers down, heads across (first {n} tokens); click one "
-                   "to open it")
-    return fig.update_layout(margin={"t": fig.layout.margin.t + 20})
+    return set_title(fig, f"all heads: layers down, heads across (first {n} tokens); click "
+                          "one to open it", above=20)

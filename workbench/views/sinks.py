@@ -68,13 +68,15 @@ def receivers_figure(receivers: pd.DataFrame, input_name: str) -> go.Figure:
     df = receivers[receivers.input == input_name]
     fig = go.Figure()
     for rank, part in df.groupby("rank"):
-        by_layer = part.groupby("layer")
-        share = by_layer.apply(lambda g: np.average(g.mean_share, weights=g["count"]),
-                               include_groups=False)
-        common = by_layer.apply(lambda g: f"{g.loc[g.fraction.idxmax(), 'token_type']} "
-                                          f"({g.fraction.max():.0%})", include_groups=False)
-        fig.add_scatter(x=share.index, y=share.to_numpy(), mode="lines+markers",
-                        name=f"rank {rank}", customdata=common.to_numpy(),
+        layers, share, common = [], [], []
+        for layer, g in part.groupby("layer"):
+            fraction = g.fraction.to_numpy()
+            layers.append(layer)
+            share.append(np.average(g.mean_share, weights=g["count"]))
+            common.append(f"{g.token_type.to_numpy()[fraction.argmax()]} "
+                          f"({fraction.max():.0%})")
+        fig.add_scatter(x=np.array(layers), y=np.array(share), mode="lines+markers",
+                        name=f"rank {rank}", customdata=np.array(common, dtype=object),
                         hovertemplate="layer %{x}: %{y:.3f}<br>most often %{customdata}"
                                       "<extra></extra>")
     fig.update_layout(title=f"weight on the top receiving keys ({input_name})",
@@ -115,7 +117,7 @@ def streaming_figure(losses: pd.DataFrame, table: pd.DataFrame) -> go.Figure:
     for label, part in losses.groupby("label", sort=False):
         binned = part.groupby(part.position // width * width).nll.mean()
         fig.add_scatter(x=binned.index + width / 2, y=np.exp(binned.to_numpy()), name=label,
-                        mode="lines+markers" if label.startswith("recompute") else "lines")
+                        mode="lines+markers" if str(label).startswith("recompute") else "lines")
     window = table.window.dropna()
     if len(window):
         fig.add_vline(x=int(window.iloc[0]), line_dash="dash", line_color="#6b7280",

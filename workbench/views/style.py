@@ -97,13 +97,14 @@ def wrapped(title: str, width: int = TITLE_CHARS) -> str:
     return "<br>".join(lines)
 
 
-def set_title(fig: go.Figure, title: str, width: int = TITLE_CHARS, size: int = 14
-              ) -> go.Figure:
-    """Give ``fig`` the wrapped ``title`` and a top margin tall enough for all its lines."""
+def set_title(fig: go.Figure, title: str, width: int = TITLE_CHARS, size: int = 14,
+              above: int = 0) -> go.Figure:
+    """Give ``fig`` the wrapped ``title`` and a top margin tall enough for all its lines,
+    plus ``above`` pixels for what sits between the title and the plot."""
     text = wrapped(title, width)
     lines = text.count("<br>") + 1
     fig.update_layout(title={"text": text, "font": {"size": size}},
-                      margin={"t": 30 + int(size * 1.35) * lines})
+                      margin={"t": 30 + int(size * 1.35) * lines + above})
     return fig
 
 
@@ -142,24 +143,25 @@ def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
     grid = np.full((n_layers, n_heads), np.nan)
     low = np.full_like(grid, np.nan)
     high = np.full_like(grid, np.nan)
-    for row in df.itertuples():
-        grid[row.layer, row.head] = row.score
-        if "ci_low" in df.columns:
-            low[row.layer, row.head], high[row.layer, row.head] = row.ci_low, row.ci_high
+    cells = df["layer"].to_numpy(), df["head"].to_numpy()
+    grid[cells] = df.score.to_numpy()
+    if "ci_low" in df.columns:
+        low[cells], high[cells] = df.ci_low.to_numpy(), df.ci_high.to_numpy()
     hover = "L%{y}H%{x}<br>" + metric + " = %{z:.3f}"
     if "ci_low" in df.columns:
         hover += "<br>95% CI [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
     bar: dict = {"title": metric}
     levels = discrete_levels(grid)
+    scale: str | list[list] = colorscale
     if levels is not None:  # whole numbers (a kept/pruned mask, a step): one colour each
-        colorscale = discrete_colours(levels, colorscale)
+        scale = discrete_colours(levels, colorscale)
         zmin, zmax = levels[0] - 0.5, levels[-1] + 0.5
         bar.update(tickvals=levels, ticktext=[str(v) for v in levels])
         hover = hover.replace("%{z:.3f}", "%{z:.0f}")
     fig = go.Figure(go.Heatmap(
         z=grid, x=list(range(n_heads)), y=list(range(n_layers)),
         customdata=np.stack([low, high], axis=-1), zmin=zmin, zmax=zmax,
-        colorscale=colorscale, hovertemplate=hover + "<extra></extra>", colorbar=bar,
+        colorscale=scale, hovertemplate=hover + "<extra></extra>", colorbar=bar,
     ))
     fig.update_layout(height=min(900, 160 + 22 * n_layers),
                       margin={"l": 10, "r": 10, "b": 10},
