@@ -97,19 +97,18 @@ from experiments.head_pruning import checks  # noqa: F401 (registers the claim c
 from experiments.head_pruning.measure import (
     ImportanceKind,
     Pruner,
-    Result,
     budget_masks,
     curve_table,
-    kind_scores,
     make_objective,
     mask_table,
     order_table,
     prune_all,
     save_masks,
     schedule,
-    speedup_table,
-    survival_table,
 )
+from experiments.head_pruning.speedup import speedup_table
+from experiments.head_pruning.summary import Result
+from experiments.head_pruning.survival import kind_scores, survival_table
 from experiments.head_pruning.tables import TABLES
 from workbench.core import progress
 from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS

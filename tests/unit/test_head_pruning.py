@@ -22,17 +22,15 @@ from experiments.head_pruning.measure import (
     Pruner,
     budget_masks,
     by_importance,
-    curve_summary,
     in_order,
-    kind_scores,
     make_objective,
     order_table,
-    prunable_fraction,
     pruning_path,
     random_order,
     schedule,
-    survival_table,
 )
+from experiments.head_pruning.summary import curve_summary, prunable_fraction
+from experiments.head_pruning.survival import kind_scores, survival_table
 from workbench.core.errors import ConfigError
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import run_experiment
@@ -508,7 +506,7 @@ def test_the_speed_up_is_the_median_of_interleaved_pairs_with_its_range(bert, tm
                                                                         monkeypatch):
     """Timings scripted so that one slow moment hits the third pair: the median ignores it,
     the range shows it, and the pairs alternate full, removed."""
-    from experiments.head_pruning import measure
+    from experiments.head_pruning import speedup
 
     calls = []
 
@@ -520,7 +518,7 @@ def test_the_speed_up_is_the_median_of_interleaved_pairs_with_its_range(bert, tm
             return 10.0 if fulls == 3 else 1.0
         return 0.5
 
-    monkeypatch.setattr(measure, "_seconds", scripted)
+    monkeypatch.setattr(speedup, "_seconds", scripted)
     run = run_experiment("head-pruning", bert, {**SMALL, "importance": ("gradient",),
                                                 "n_random": 1, "reverse": False,
                                                 "budgets": (0.25,)}, runs_dir=tmp_path)
