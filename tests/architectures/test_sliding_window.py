@@ -228,7 +228,7 @@ def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path):
     import plotly.graph_objects as go
 
     from workbench.inputs.prompts import Prompt
-    from workbench.recording.record import record
+    from workbench.recording.writer import record
     from workbench.views.patterns import mark_edge
 
     rec = record(gemma3, [Prompt(token_ids=tuple(range(10, 30)))], tmp_path / "rec",

@@ -36,7 +36,7 @@ from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
 from workbench.models.load import load_model
 from workbench.models.zoo import MODELS
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store import provenance
 from workbench.store.runs import RunStore
 
