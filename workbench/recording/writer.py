@@ -247,23 +247,30 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
     writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
     batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
-    # the bar counts every layer's query rows, so it moves on one long prompt too
-    rows = info.n_layers * sum(int(b.input_ids.shape[1]) for b in batches)
-    with torch.inference_mode(), progress.counting(
-            rows, desc="recording (layers x query rows)") as advance, _fed(
-            model, writer, storage, attention, advance):
-        for batch in batches:
-            writer.batch = batch
-            hooks.run_hooked(model.bridge, batch,
-                             writer.hook_fns(info.n_layers, None if storage != "none"
-                                             else advance),
-                             stop_after=writer.last_hook(info.n_layers))
+    _write(model, writer, batches, storage, attention)
     index = _index(model, prompts, encoded, root, store_dtype=store_dtype, patterns=storage,
                    topk=topk if storage == "topk" else None, resid=include_resid,
                    longest=longest)
     # the index is written last: a recording without one does not open
     durable.write_atomic(root / INDEX, index.to_json())
     return Recording.open(root)
+
+
+def _write(model: Model, writer: _Writer, batches: Sequence[Batch], storage: PatternStorage,
+           attention: AttentionPath) -> None:
+    """Run every batch through ``model``, stopped after the last tensor ``writer`` keeps,
+    with a bar of the query rows done."""
+    n_layers = model.info.n_layers
+    # the bar counts every layer's query rows, so it moves on one long prompt too
+    rows = n_layers * sum(int(b.input_ids.shape[1]) for b in batches)
+    with torch.inference_mode(), progress.counting(
+            rows, desc="recording (layers x query rows)") as advance, _fed(
+            model, writer, storage, attention, advance):
+        for batch in batches:
+            writer.batch = batch
+            hooks.run_hooked(model.bridge, batch,
+                             writer.hook_fns(n_layers, None if storage != "none" else advance),
+                             stop_after=writer.last_hook(n_layers))
 
 
 def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: AttentionPath,
