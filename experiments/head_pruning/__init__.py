@@ -69,10 +69,11 @@ bootstrap interval over fit texts), ``pruning_curve`` (order, importance, seed, 
 n_pruned, fraction_pruned, metric, value, ci_low, ci_high), ``pruning_order`` (when each
 head was removed in each order), ``masks`` (the first importance order's masks at
 ``budgets``, also written to ``masks/<order>-<budget>.json`` in the run folder for
-``--heads-mask``), ``survival`` (the join above), ``speedup`` (wall-clock time of the model
-with heads removed from its weights, :mod:`workbench.models.surgery`, against the full
-model: the median and range of ``speed_repeats`` interleaved pairs, flagged ``busy`` when
-the machine's load was above its cores; and the largest difference from masking).
+``--heads-mask``), ``survival`` (the join above, naming every run it read), ``speedup``
+(wall-clock time of the model with heads removed from its weights,
+:mod:`workbench.models.surgery`, against the full model: the median and range of
+``speed_repeats`` interleaved pairs, flagged ``busy`` when the machine's load was above its
+cores; and the largest difference from masking).
 ``tables.py`` declares every column.
 
 Examples:

@@ -57,14 +57,16 @@ def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.D
         top_k: heads per metric.
 
     Returns:
-        The ``survival`` table (see ``tables.SURVIVAL``): experiment, run, metric, order,
-        top_k, heads, top_mean_survival (1 = removed last, 0.5 expected for heads unrelated
-        to the order), z (its distance from 0.5 in standard errors of the mean of ``top_k``
-        positions drawn without replacement) and spearman (score against survival).
+        The ``survival`` table (see ``tables.SURVIVAL``): experiment, run, runs_read (every
+        run of ``kinds``), metric, order, top_k, heads, top_mean_survival (1 = removed last,
+        0.5 expected for heads unrelated to the order), z (its distance from 0.5 in
+        standard errors of the mean of ``top_k`` positions drawn without replacement) and
+        spearman (score against survival).
     """
     if kinds.empty or order.empty:
         return SURVIVAL.empty()
     n = len(order)
+    read = ", ".join(dict.fromkeys(kinds.run))
     rows = []
     for (experiment_name, run_id, metric), group in kinds.groupby(
             ["experiment", "run", "metric"], sort=True):
@@ -75,8 +77,8 @@ def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.D
         k = min(top_k, len(joined))
         top = joined.nlargest(k, "score")
         se = math.sqrt((1 / 12) / k * (n - k) / max(n - 1, 1)) if k < n else float("nan")
-        rows.append({"experiment": experiment_name, "run": run_id, "metric": metric,
-                     "order": order.order.iloc[0], "top_k": k,
+        rows.append({"experiment": experiment_name, "run": run_id, "runs_read": read,
+                     "metric": metric, "order": order.order.iloc[0], "top_k": k,
                      "heads": ", ".join(f"L{r.layer}H{r.head}" for r in top.itertuples()),
                      "top_mean_survival": float(top.survival.mean()),
                      "z": float((top.survival.mean() - 0.5) / se) if se == se else np.nan,
