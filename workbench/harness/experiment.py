@@ -281,12 +281,7 @@ def run_experiment(name: str, model: str | Model | None,
     """
     exp = get(name)
     model_name = model if isinstance(model, str) else model.info.name if model else None
-    own = exp.defaults_for(model_name)
-    cfg = check_config(apply_overrides(exp.config, dict(overrides) if isinstance(
-        overrides, Mapping) else list(overrides), base=apply_overrides(exp.config, own)))
-    if own:
-        log.info("%s's own defaults for %s: %s", model_name, name,
-                 ", ".join(f"{k}={v}" for k, v in own.items()))
+    cfg = _built_config(exp, model_name, overrides)
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
     root = paths.runs_dir(runs_dir)
@@ -311,6 +306,23 @@ def run_experiment(name: str, model: str | Model | None,
             active.save_table(table_name, df)
         active.update(summary=result.summary())
     return store.get(active.final)
+
+
+def _built_config(exp: Experiment, model_name: str | None,
+                  overrides: Iterable[str] | Mapping[str, Any]) -> Any:
+    """The run's config, checked: the experiment's defaults, the bundled model's own
+    defaults over them (:attr:`Experiment.model_defaults`), then ``overrides``.
+
+    Raises:
+        ConfigError: an override or a value that the config refuses.
+    """
+    own = exp.defaults_for(model_name)
+    cfg = check_config(apply_overrides(exp.config, dict(overrides) if isinstance(
+        overrides, Mapping) else list(overrides), base=apply_overrides(exp.config, own)))
+    if own:
+        log.info("%s's own defaults for %s: %s", model_name, exp.name,
+                 ", ".join(f"{k}={v}" for k, v in own.items()))
+    return cfg
 
 
 def _fit_model(exp: Experiment, model: str | Model | None, cfg: Any,
