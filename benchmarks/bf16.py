@@ -54,7 +54,7 @@ def _prompts(model, n_prompts: int, n_tokens: int, seq_len: int):
 
 
 def _reductions(model) -> dict:
-    from experiments.attention_sinks.measure import sink_reductions
+    from experiments.attention_sinks.scans import sink_reductions
     from workbench.inputs.token_types import TokenTyper, model_token_types
     from workbench.scores import metrics
 

@@ -5,7 +5,7 @@ Runs are paired by kind and model (the newest complete run of each pair in each 
 two ``workbench demo`` stores made before and after a change pair up). Both stores are read
 through the store's own guarded readers (:class:`~workbench.store.runs.RunStore`,
 :meth:`Run.table <workbench.store.runs.Run.table>`,
-:class:`~workbench.recording.record.Recording`), which check what they serve and change no
+:class:`~workbench.recording.reader.Recording`), which check what they serve and change no
 value: a table is its Parquet file re-hashed against ``run.json``, an array its stored
 chunks. So a FIFO, a symlink out of the store or a run folder linked in from outside is
 never read, and a damaged ``run.json``, table or recording is named, not compared. Metric
@@ -45,7 +45,7 @@ import pandas as pd
 
 from workbench.core.errors import WorkbenchError
 from workbench.harness.verify import stored_files
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import INCOMPLETE, Run, RunStore
 
 Pair = tuple[str, str]

@@ -56,7 +56,7 @@ def text_of(model, n_tokens: int) -> tuple[str, int]:
 def until_figure(queue, model: str, text: str) -> float:
     """Seconds from submit to the page's figures of the job's run."""
     from workbench.harness import live
-    from workbench.recording.record import Recording
+    from workbench.recording.reader import Recording
     from workbench.views import style
 
     start = time.perf_counter()

@@ -71,7 +71,7 @@ def _prompts(model, n_prompts: int, n_tokens: int):
 
 def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name: str) -> dict:
     from workbench.models.load import load_model
-    from workbench.recording.record import record
+    from workbench.recording.writer import record
     from workbench.store.runs import RunStore
 
     model = load_model(model_name)

@@ -17,7 +17,7 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   within a round (two variants of one round ran seconds apart, so a drifting machine moves
   both alike). A process's allocator settles early into a state that favours some
   variants, so each ratio's median per process is printed beside it;
-- record: ``workbench.recording.record`` of 100 prompts of 128 tokens on smollm2, with
+- record: ``workbench.recording.writer.record`` of 100 prompts of 128 tokens on smollm2, with
   tokens/s, bytes written and peak RSS.
 
 ``--smoke`` runs every part at a tiny size on ``--model`` (a local folder), in one process,
@@ -187,7 +187,7 @@ def summarize_throughput(runs: list[dict]) -> dict:
 
 def part_record(args: argparse.Namespace) -> dict:
     from workbench.models.load import load_model
-    from workbench.recording.record import record
+    from workbench.recording.writer import record
 
     model = load_model(args.model)
     prompts = _batch(model, args.prompts, args.tokens)

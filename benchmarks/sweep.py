@@ -96,8 +96,8 @@ def sweep_at(workers: int, n_cells: int, root: Path, model: str = "smollm2",
              config: dict | None = None) -> dict:
     import ray
 
-    from workbench.harness import sweep
-    from workbench.harness.sweep_spec import expand, parse_text
+    from workbench.harness.sweeps import runner
+    from workbench.harness.sweeps.spec import expand, parse_text
 
     store = root / f"store-{workers}"
     spec = parse_text(spec_text(n_cells, model, config), name="bench")
@@ -106,7 +106,7 @@ def sweep_at(workers: int, n_cells: int, root: Path, model: str = "smollm2",
         t0 = time.perf_counter()
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         t1 = time.perf_counter()
-        run = sweep.run_sweep(spec, cells, runs_dir=store, cpus=1)
+        run = runner.run_sweep(spec, cells, runs_dir=store, cpus=1)
         t2 = time.perf_counter()
         ray.shutdown()
     table = run.table("cells")

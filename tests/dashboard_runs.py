@@ -23,10 +23,10 @@ from dash._utils import split_callback_id, stringify_id
 
 from dashboards.components.messages import ERROR_COLOUR
 from tests.robustness.test_dashboard_paths import Hostile, hostile_store
-from workbench.harness import sweep, sweep_ray
 from workbench.harness.experiment import run_experiment
-from workbench.harness.sweep_spec import expand, parse_spec
-from workbench.harness.sweep_tables import TABLES
+from workbench.harness.sweeps import cluster, runner
+from workbench.harness.sweeps.spec import expand, parse_spec
+from workbench.harness.sweeps.tables import TABLES
 from workbench.store.runs import RunStore
 
 TEXT = ("A module is a file containing Python definitions and statements. The module name is "
@@ -86,9 +86,9 @@ def _sweep(runs: Path, formation: str) -> str:
     cells = expand(spec, runs)
     store = RunStore(runs)
     since = datetime.now(UTC).isoformat(timespec="seconds")
-    outcomes = {c.index: sweep_ray.run_cell(c, str(runs), "float32", 1, {}) for c in cells}
+    outcomes = {c.index: cluster.run_cell(c, str(runs), "float32", 1, {}) for c in cells}
     with store.start("sweep", None, spec.to_dict(), tables=TABLES) as active:
-        sweep.record_cells(active, store, cells, outcomes, since)
+        runner.record_cells(active, store, cells, outcomes, since)
     return active.id
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.core import checksums
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 
 
 def write_format1(source: Recording, out: Path) -> Path:

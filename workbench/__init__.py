@@ -28,8 +28,8 @@ _API = {
     "Model": "workbench.models.base",
     "Prompt": "workbench.inputs.prompts",
     "load_prompt_set": "workbench.inputs.prompts",
-    "record": "workbench.recording.record",
-    "Recording": "workbench.recording.record",
+    "record": "workbench.recording.writer",
+    "Recording": "workbench.recording.reader",
     "RunStore": "workbench.store.runs",
     "run_experiment": "workbench.harness.experiment",
     "WorkbenchError": "workbench.core.errors",
@@ -43,7 +43,7 @@ _MODULES = {
 }
 # The types that have a notebook card, by module and name, so that registering a card
 # imports none of them (a kernel pays for them only when it shows one).
-_CARDS = (("workbench.store.runs", "Run"), ("workbench.recording.record", "Recording"),
+_CARDS = (("workbench.store.runs", "Run"), ("workbench.recording.reader", "Recording"),
           ("workbench.models.base", "Model"))
 
 __all__ = sorted([*_API, "show_cards"])

@@ -13,7 +13,7 @@ from dashboards.components.messages import message, one_line
 from dashboards.components.values import below
 from workbench.core.errors import WorkbenchError
 from workbench.harness import run_facts
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import Run
 from workbench.views.style import COLOUR_SCALES
 

@@ -24,7 +24,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.options import Status
 from workbench.harness import tables
 from workbench.harness.live import LiveQueue
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import INCOMPLETE, Run, RunStore
 
 

@@ -48,7 +48,7 @@ from experiments.induction_heads.tables import (
 from experiments.induction_heads.tables import HEAD_SCORES as INDUCTION_HEADS
 from experiments.previous_token_heads.tables import HEAD_SCORES as PREVIOUS_TOKEN_HEADS
 from workbench.core.errors import WorkbenchError
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.scores import metrics
 from workbench.store.runs import Run
 from workbench.store.schema import Table, with_layer_types

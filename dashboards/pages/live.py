@@ -41,7 +41,7 @@ from experiments.qk_attribution.tables import SCORES as WHY_SCORES
 from workbench.core.errors import WorkbenchError
 from workbench.harness import live
 from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt, file_sets, load_prompt_set
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.scores import metrics
 from workbench.views import pages, style
 from workbench.views.patterns import query_bars

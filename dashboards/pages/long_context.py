@@ -1,7 +1,7 @@
 """Long-context view: one head's whole T x T pattern pooled to screen resolution, a window
 zoomed down to single tokens, and the top-k keys of a chosen query.
 
-The pooling is done on the server (:meth:`workbench.recording.record.Recording.pooled`), so
+The pooling is done on the server (:meth:`workbench.recording.reader.Recording.pooled`), so
 an 8,192-token pattern reaches the browser as at most 512 x 512 cells, and each figure reads
 only the chunks of the query rows it shows. Drag a box on the overview (Plotly's zoom) to
 open that window; click a cell of the window to list its query's top-k keys. On a sliding
@@ -47,7 +47,7 @@ from dashboards.components.values import (
     below,
     coordinate,
 )
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.views import pages, patterns, style
 
 SHOWS = pages.shows("/long-context")

@@ -5,7 +5,7 @@ checkpoints, the best head's score with its interval against tokens seen, one li
 trained model; click a mosaic cell to open its run.
 
 Everything shown is read from the sweep run's ``scores`` and ``cells`` tables, by their
-declarations in :mod:`workbench.harness.sweep_tables`."""
+declarations in :mod:`workbench.harness.sweeps.tables`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dashboards.components.controls import labelled
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import MAX_INDEX, Click, Name, OneOf, RunId, Whole, among
-from workbench.harness.sweep_tables import CELLS, SCORES
+from workbench.harness.sweeps.tables import CELLS, SCORES
 from workbench.views import pages
 from workbench.views.sweeps import lines_figure, mosaic
 

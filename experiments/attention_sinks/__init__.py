@@ -134,22 +134,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from experiments.attention_sinks import checks  # noqa: F401 (registers the claim checks)
-from experiments.attention_sinks.measure import (
+from experiments.attention_sinks.scans import input_sets, repeated_check, scan_inputs, skips
+from experiments.attention_sinks.streaming import measure_streaming
+from experiments.attention_sinks.summary import (
     Result,
-    input_sets,
     massive_by_layer,
-    measure_streaming,
-    measure_window_edge,
     relate_to_sink,
-    repeated_check,
-    scan_inputs,
     sink_classes,
     sink_rates,
-    skips,
     summarize_inputs,
     top_receivers,
 )
 from experiments.attention_sinks.tables import TABLES
+from experiments.attention_sinks.window_edge import measure_window_edge
 from workbench.core import progress
 from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS
 from workbench.harness.config import param, shared
@@ -223,7 +220,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         ctx: unused (nothing is written besides the tables).
 
     Returns:
-        The :class:`~experiments.attention_sinks.measure.Result`.
+        The :class:`~experiments.attention_sinks.summary.Result`.
     """
     skipped = skips(model, cfg)
     sets = input_sets(model, cfg)

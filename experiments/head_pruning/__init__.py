@@ -69,10 +69,11 @@ bootstrap interval over fit texts), ``pruning_curve`` (order, importance, seed, 
 n_pruned, fraction_pruned, metric, value, ci_low, ci_high), ``pruning_order`` (when each
 head was removed in each order), ``masks`` (the first importance order's masks at
 ``budgets``, also written to ``masks/<order>-<budget>.json`` in the run folder for
-``--heads-mask``), ``survival`` (the join above), ``speedup`` (wall-clock time of the model
-with heads removed from its weights, :mod:`workbench.models.surgery`, against the full
-model: the median and range of ``speed_repeats`` interleaved pairs, flagged ``busy`` when
-the machine's load was above its cores; and the largest difference from masking).
+``--heads-mask``), ``survival`` (the join above, naming every run it read), ``speedup``
+(wall-clock time of the model with heads removed from its weights,
+:mod:`workbench.models.surgery`, against the full model: the median and range of
+``speed_repeats`` interleaved pairs, flagged ``busy`` when the machine's load was above its
+cores; and the largest difference from masking).
 ``tables.py`` declares every column.
 
 Examples:
@@ -97,19 +98,18 @@ from experiments.head_pruning import checks  # noqa: F401 (registers the claim c
 from experiments.head_pruning.measure import (
     ImportanceKind,
     Pruner,
-    Result,
     budget_masks,
     curve_table,
-    kind_scores,
     make_objective,
     mask_table,
     order_table,
     prune_all,
     save_masks,
     schedule,
-    speedup_table,
-    survival_table,
 )
+from experiments.head_pruning.speedup import speedup_table
+from experiments.head_pruning.summary import Result
+from experiments.head_pruning.survival import kind_scores, survival_table
 from experiments.head_pruning.tables import TABLES
 from workbench.core import progress
 from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.head_pruning.measure import SIMILARITY, curve_summary, nearest, prunable_fraction
+from experiments.head_pruning.measure import SIMILARITY
+from experiments.head_pruning.summary import curve_summary, nearest, prunable_fraction
 from workbench.core.errors import WorkbenchError
 from workbench.harness.claims import Measurement, Verdict, claim_check, judge
 from workbench.store.runs import Run

@@ -1,16 +1,16 @@
 """What head-pruning measures: objectives, importance at a mask, pruning orders, the tables.
+Which kinds of heads survive is in :mod:`~experiments.head_pruning.survival`, the removal
+speed-up in :mod:`~experiments.head_pruning.speedup`, and the reading of the curves and the
+result in :mod:`~experiments.head_pruning.summary`.
 
 Every definition is in the package docstring (:mod:`experiments.head_pruning`).
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import math
-import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +23,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from experiments.head_pruning.tables import (
-    HEAD_SCORES,
-    KIND_EXPERIMENTS,
-    SPEEDUP,
-    SURVIVAL,
-)
+from experiments.head_pruning.tables import HEAD_SCORES
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.batching import Batch
@@ -42,15 +37,10 @@ from workbench.interventions.importance import (
     normalize_by_layer,
 )
 from workbench.interventions.masks import HeadMask, applied
-from workbench.models.adapters import adapter_of
 from workbench.models.base import Model
-from workbench.models.surgery import hf_forward, plain_copy, remove_heads
-from workbench.scores.embeddings import batch_embeddings, mean_pool, sentence_embeddings
+from workbench.scores.embeddings import batch_embeddings, sentence_embeddings
 from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
-from workbench.store import provenance
-from workbench.store.records import ModelInfo, busy_load
-from workbench.store.runs import RunStore
 from workbench.store.schema import with_layer_types
 
 if TYPE_CHECKING:
@@ -468,296 +458,3 @@ def save_masks(pruner: Pruner, po: PrunedOrder, masks: dict[float, Tensor],
             mask.note += "; mean-ablated with means over the fit text of the run"
         written.append(mask.save(folder / f"{po.order}-{budget:.2f}.json"))
     return written
-
-
-# ---- which kinds of heads survive -----------------------------------------------------------
-
-def spearman(a: pd.Series, b: pd.Series) -> float:
-    """Spearman's rank correlation (Pearson's on average ranks; no SciPy needed)."""
-    return float(a.rank().corr(b.rank()))
-
-
-def kind_scores(store: RunStore | None, model: ModelInfo) -> pd.DataFrame:
-    """Head scores of the newest complete, unmasked run of each experiment of
-    ``KIND_EXPERIMENTS`` on the same model weights (empty when there are none).
-
-    Args:
-        store: the run store to search (``None``: outside a store, nothing to join).
-        model: the model whose weights the runs must share (name and checksum).
-    """
-    frames = []
-    for name in KIND_EXPERIMENTS if store is not None else ():
-        run = store.latest_on_weights(name, model)
-        if run is None:
-            continue
-        try:
-            scores = run.table("head_scores")
-        except WorkbenchError as exc:
-            log.warning("cannot read head scores of %s: %s", run.id, exc)
-            continue
-        frames.append(scores[["layer", "head", "metric", "score"]].assign(
-            experiment=name, run=run.id))
-    if not frames:
-        return pd.DataFrame(columns=["layer", "head", "metric", "score", "experiment", "run"])
-    return pd.concat(frames, ignore_index=True)
-
-
-def survival_table(order: pd.DataFrame, kinds: pd.DataFrame, top_k: int) -> pd.DataFrame:
-    """For every metric of the other experiments: do its top heads survive longer?
-
-    Args:
-        order: rows of :func:`order_table` for one order.
-        kinds: :func:`kind_scores`.
-        top_k: heads per metric.
-
-    Returns:
-        The ``survival`` table (see ``tables.SURVIVAL``): experiment, run, metric, order,
-        top_k, heads, top_mean_survival (1 = removed last, 0.5 expected for heads unrelated
-        to the order), z (its distance from 0.5 in standard errors of the mean of ``top_k``
-        positions drawn without replacement) and spearman (score against survival).
-    """
-    if kinds.empty or order.empty:
-        return SURVIVAL.empty()
-    n = len(order)
-    rows = []
-    for (experiment_name, run_id, metric), group in kinds.groupby(
-            ["experiment", "run", "metric"], sort=True):
-        joined = group.merge(order[["layer", "head", "survival"]], on=["layer", "head"])
-        joined = joined[np.isfinite(joined.score)]
-        if len(joined) < 3:
-            continue
-        k = min(top_k, len(joined))
-        top = joined.nlargest(k, "score")
-        se = math.sqrt((1 / 12) / k * (n - k) / max(n - 1, 1)) if k < n else float("nan")
-        rows.append({"experiment": experiment_name, "run": run_id, "metric": metric,
-                     "order": order.order.iloc[0], "top_k": k,
-                     "heads": ", ".join(f"L{r.layer}H{r.head}" for r in top.itertuples()),
-                     "top_mean_survival": float(top.survival.mean()),
-                     "z": float((top.survival.mean() - 0.5) / se) if se == se else np.nan,
-                     "spearman": spearman(joined.score, joined.survival)})
-    return pd.DataFrame(rows, columns=SURVIVAL.names) if rows else SURVIVAL.empty()
-
-
-# ---- heads removed from the weights ------------------------------------------------------------
-
-def _forward(hf_model: torch.nn.Module, batch: Batch, causal: bool) -> Tensor:
-    """Logits (causal LM) or mean-pooled final hidden states (encoder)."""
-    out = hf_forward(hf_model, batch, causal=causal)
-    return out if causal else mean_pool(out, batch.attention_mask)
-
-
-def _seconds(hf_model: torch.nn.Module, batch: Batch, causal: bool) -> float:
-    start = time.perf_counter()
-    _forward(hf_model, batch, causal)
-    return time.perf_counter() - start
-
-
-def speedup_table(pruner: Pruner, masks: dict[float, Tensor], repeats: int) -> pd.DataFrame:
-    """Wall-clock time of one held-out batch through the model with heads removed from its
-    weights, against the full model: ``repeats`` interleaved pairs (full, then removed, back
-    to back), summarised by their median and range, with the machine's load before and
-    after them; and the largest difference between the removed model's output and the
-    masked one's."""
-    model = pruner.model
-    if repeats < 1 or not masks or pruner.cfg.ablation != "zero":
-        return SPEEDUP.empty()
-    batch = model.batches(pruner.objective.heldout, max_tokens=pruner.cfg.max_batch_tokens)[0]
-    skipped = adapter_of(model).removal_reason(model.bridge.original_model.config)
-    if skipped:  # masks still work through hooks: only this step is left out, with why
-        return pd.DataFrame([{"budget": budget, "n_removed": int((values == 0).sum()),
-                              **dict.fromkeys(SPEEDUP.names[2:-2], math.nan),
-                              "repeats": 0, "busy": None,
-                              "batch_tokens": int(batch.attention_mask.sum()),
-                              "skipped": skipped}
-                             for budget, values in masks.items()], columns=SPEEDUP.names)
-    plain = plain_copy(model)
-    rows = []
-    with torch.inference_mode():
-        _seconds(plain, batch, model.info.causal)  # warm up
-        for budget, values in progress.track(list(masks.items()), desc="removal speed-up"):
-            before = provenance.load_average()
-            timed = _time_removed(pruner, plain, batch, values, repeats)
-            after = provenance.load_average()
-            rows.append({"budget": budget, "n_removed": int((values == 0).sum()), **timed,
-                         "load_before": before[0] if before else math.nan,
-                         "load_after": after[0] if after else math.nan,
-                         "busy": busy_load([before, after], os.cpu_count())})
-    return pd.DataFrame(rows, columns=SPEEDUP.names)
-
-
-def spread(values: list[float], name: str) -> dict[str, float]:
-    """The median of ``values`` as ``name``, their least and greatest as ``name_low`` and
-    ``name_high``."""
-    return {name: float(np.median(values)), f"{name}_low": float(min(values)),
-            f"{name}_high": float(max(values))}
-
-
-def _time_removed(pruner: Pruner, plain: torch.nn.Module, batch: Batch,
-                  values: Tensor, repeats: int) -> dict[str, float | int]:
-    """Parameters, the median and range of the times and of their ratios, and the largest
-    output difference from masking, for the heads of ``values`` removed from a copy of
-    ``plain``."""
-    model, causal = pruner.model, pruner.model.info.causal
-    removed = remove_heads(copy.deepcopy(plain), values)
-    _seconds(removed, batch, causal)  # warm up
-    full_s, removed_s = [], []
-    for _ in range(repeats):  # interleaved, so that a slow moment hits both alike
-        full_s.append(_seconds(plain, batch, causal))
-        removed_s.append(_seconds(removed, batch, causal))
-    with applied(model, pruner.head_mask(values)):
-        masked = (model.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-                  if causal else batch_embeddings(model, batch))
-    ratios = [f / r for f, r in zip(full_s, removed_s, strict=True)]
-    return {"params_full": sum(p.numel() for p in plain.parameters()),
-            "params_removed": sum(p.numel() for p in removed.parameters()),
-            **spread(full_s, "seconds_full"), **spread(removed_s, "seconds_removed"),
-            **spread(ratios, "speedup"), "repeats": repeats,
-            "max_abs_diff": _max_abs_diff(masked, _forward(removed, batch, causal),
-                                          batch.attention_mask if causal else None),
-            "batch_tokens": int(batch.attention_mask.sum()), "skipped": ""}
-
-
-def _max_abs_diff(a: Tensor, b: Tensor, mask: Tensor | None) -> float:
-    """Largest ``|a - b|`` over the rows (and, with ``mask``, the real positions), one row
-    at a time: a causal model's outputs are whole logits (1 GiB for a batch on gemma3), so
-    no temporary of their size is made."""
-    keeps = mask.bool() if mask is not None else [slice(None)] * len(a)
-    rows = [(a[row, keep].float() - b[row, keep].float()).abs().max()  # NaN propagates
-            for row, keep in enumerate(keeps)]
-    return float(torch.stack(rows).max())
-
-
-# ---- reading curves ----------------------------------------------------------------------------
-
-def degradation(metric: str, value: float, baseline: float) -> float:
-    """How much worse ``value`` is than ``baseline``: a relative increase for losses, a
-    drop for the similarity."""
-    if metric == SIMILARITY:
-        return baseline - value
-    return (value - baseline) / baseline
-
-
-def prunable_fraction(curve: pd.DataFrame, metric: str, tolerance: float) -> float:
-    """The largest fraction pruned before ``metric`` first degrades by more than
-    ``tolerance``, along one order (rows of one order and seed)."""
-    rows = curve[curve.metric == metric].sort_values("fraction_pruned")
-    baseline = float(rows.value.iloc[0])
-    best = 0.0
-    for row in rows.itertuples():
-        if degradation(metric, row.value, baseline) > tolerance:
-            break
-        best = float(row.fraction_pruned)
-    return best
-
-
-def curve_summary(curve: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """One row per fraction pruned: the metric for every order, and the random orders'
-    mean, standard deviation, minimum and maximum over seeds."""
-    rows = curve[curve.metric == metric]
-    wide = rows[rows.order != "random"].pivot_table(index="fraction_pruned", columns="order",
-                                                    values="value")
-    rand = rows[rows.order == "random"].groupby("fraction_pruned").value
-    if len(rand):
-        wide["random_mean"] = rand.mean()
-        wide["random_sd"] = rand.std(ddof=1) if rand.size().min() > 1 else np.nan
-        wide["random_min"], wide["random_max"] = rand.min(), rand.max()
-    return wide.reset_index()
-
-
-def nearest(table: pd.DataFrame, fraction: float) -> pd.Series:
-    """The row of a :func:`curve_summary` whose fraction pruned is nearest ``fraction``."""
-    return table.iloc[int((table.fraction_pruned - fraction).abs().to_numpy().argmin())]
-
-
-def _heads(scores: pd.DataFrame, metric: str, n: int, largest: bool) -> str:
-    df = scores[scores.metric == metric]
-    picked = df.nlargest(n, "score") if largest else df.nsmallest(n, "score")
-    return ", ".join(f"L{r.layer}H{r.head} ({r.score:.3g})" for r in picked.itertuples())
-
-
-# ---- the result --------------------------------------------------------------------------------
-
-@dataclass
-class Result:
-    head_scores: pd.DataFrame
-    pruning_curve: pd.DataFrame
-    pruning_order: pd.DataFrame
-    masks: pd.DataFrame
-    survival: pd.DataFrame
-    speedup: pd.DataFrame
-    metrics: tuple[str, ...]
-    tolerance: float
-    notes: list[str] = field(default_factory=list)
-
-    def tables(self) -> dict[str, pd.DataFrame]:
-        return {"head_scores": self.head_scores, "pruning_curve": self.pruning_curve,
-                "pruning_order": self.pruning_order, "masks": self.masks,
-                "survival": self.survival, "speedup": self.speedup}
-
-    def summary(self) -> list[str]:
-        return [*self._curve_lines(), *self._importance_lines(), *self._survival_lines(),
-                *self._speed_lines(), *self.notes]
-
-    def _curve_lines(self) -> list[str]:
-        lines = []
-        for metric in self.metrics:
-            table = curve_summary(self.pruning_curve, metric)
-            orders = [c for c in table.columns if c not in ("fraction_pruned", "random_sd",
-                                                           "random_min", "random_max")]
-            lines.append(f"{metric}, unpruned: {table.iloc[0][orders[0]]:.4f}")
-            shown = sorted({int(nearest(table, f).name) for f in (0.1, 0.2, 0.3, 0.5)})
-            for index in shown:
-                row = table.loc[index]
-                parts = [f"{o} {row[o]:.3f}" for o in orders if o != "random_mean"]
-                if "random_mean" in row:
-                    parts.append(f"random {row.random_mean:.3f} ± {row.random_sd:.3f}")
-                lines.append(f"  {row.fraction_pruned:.0%} pruned: " + ", ".join(parts))
-            primary = self.metrics[0]
-            if metric == primary:
-                lines.append(self._prunable_line(primary))
-        return lines
-
-    def _prunable_line(self, metric: str) -> str:
-        parts = []
-        for order, group in self.pruning_curve.groupby("order", sort=False):
-            fractions = [prunable_fraction(g, metric, self.tolerance)
-                         for _, g in group.groupby("seed", dropna=False)]
-            parts.append(f"{order} {np.mean(fractions):.0%}" + (
-                f" ± {np.std(fractions, ddof=1):.0%}" if len(fractions) > 1 else ""))
-        what = "drops by" if metric == SIMILARITY else "rises by"
-        return (f"  prunable before {metric} {what} more than "
-                f"{self.tolerance:g}{'' if metric == SIMILARITY else ' (relative)'}: "
-                + ", ".join(parts))
-
-    def _importance_lines(self) -> list[str]:
-        present = set(self.head_scores.metric)
-        lines = [f"{metric}: least {_heads(self.head_scores, metric, 3, False)}; "
-                 f"most {_heads(self.head_scores, metric, 3, True)}"
-                 for metric in ("importance_gradient", "importance_ablation")
-                 if metric in present]
-        if "importance_ablation" in present:
-            wide = self.head_scores.pivot_table(index=["layer", "head"], columns="metric",
-                                                values="score")
-            lines.append("Spearman correlation with ablation importance: gradient "
-                         f"{spearman(wide.importance_gradient, wide.importance_ablation):.2f}"
-                         ", unnormalised gradient "
-                         f"{spearman(wide.importance_gradient_raw, wide.importance_ablation):.2f}")
-        return lines
-
-    def _survival_lines(self) -> list[str]:
-        if self.survival.empty:
-            return [f"no complete run of {', '.join(KIND_EXPERIMENTS)} on these weights: "
-                    "survival by kind of head skipped"]
-        return [f"top {r.top_k} {r.metric} heads ({r.experiment}) in the {r.order} order: "
-                f"mean survival {r.top_mean_survival:.2f} (0.5 expected by chance, "
-                f"z = {r.z:.1f}), Spearman with score {r.spearman:.2f}"
-                for r in self.survival.itertuples()]
-
-    def _speed_lines(self) -> list[str]:
-        skipped = self.speedup[self.speedup.skipped != ""]
-        if len(skipped):
-            return [f"heads not removed from the weights: {skipped.skipped.iloc[0]}"]
-        return [f"heads removed from the weights at {r.budget:.0%} ({r.n_removed} heads): "
-                f"{r.seconds_full * 1000:.0f} ms -> {r.seconds_removed * 1000:.0f} ms per "
-                f"{r.batch_tokens} tokens ({r.speedup:.2f}x), output within "
-                f"{r.max_abs_diff:.1e} of masking" for r in self.speedup.itertuples()]

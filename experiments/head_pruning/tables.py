@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, Table, columns, head_scores, tables
+from workbench.store.schema import HEAD_KEYS, Column, Table, columns, head_scores, tables
 
 KIND_EXPERIMENTS = ("previous-token-heads", "induction-heads", "attention-sinks")
 """Experiments whose head scores the ``survival`` table joins with the pruning order."""
@@ -56,17 +56,25 @@ MASKS = Table("masks", "the first importance order's head masks at each budget",
 
 SURVIVAL = Table("survival", "do the top heads of other experiments' metrics (newest complete, "
                  f"unmasked runs of {', '.join(KIND_EXPERIMENTS)} on the same weights when "
-                 "this run was made) survive longer in the first importance order?", columns(
-    ("experiment", "str", "the experiment whose head scores are joined"),
-    ("run", "str", "the id of its run"),
-    ("metric", "str", "its head score"),
-    ("order", "str", "the pruning order (the first importance kind)"),
-    ("top_k", "int", "heads with the highest score taken"),
-    ("heads", "str", "those heads, highest score first, as L<layer>H<head>"),
-    ("top_mean_survival", "float", "their mean survival; 0.5 expected for unrelated heads"),
-    ("z", "float", "its distance from 0.5 in standard errors of a mean of top_k positions "
-                   "drawn without replacement (NaN when top_k is every head)"),
-    ("spearman", "float", "Spearman correlation of score and survival over all heads"),
+                 "this run was made) survive longer in the first importance order?", (
+    *columns(
+        ("experiment", "str", "the experiment whose head scores are joined"),
+        ("run", "str", "the id of its run"),
+    ),
+    Column("runs_read", "str", "the ids of every run whose head scores this run read from the "
+           "store, comma-separated, the same on every row (a run read may give no row: a "
+           "metric with fewer than 3 scored heads is left out); '' in a run written before "
+           "this column, whose run column names the runs its rows come from", absent=""),
+    *columns(
+        ("metric", "str", "its head score"),
+        ("order", "str", "the pruning order (the first importance kind)"),
+        ("top_k", "int", "heads with the highest score taken"),
+        ("heads", "str", "those heads, highest score first, as L<layer>H<head>"),
+        ("top_mean_survival", "float", "their mean survival; 0.5 expected for unrelated heads"),
+        ("z", "float", "its distance from 0.5 in standard errors of a mean of top_k positions "
+                       "drawn without replacement (NaN when top_k is every head)"),
+        ("spearman", "float", "Spearman correlation of score and survival over all heads"),
+    ),
 ))
 
 SPEEDUP = Table("speedup", "the model with heads removed from its weights against the full "

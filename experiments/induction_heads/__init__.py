@@ -120,7 +120,7 @@ from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.scores import classes
 from workbench.scores.losses import repeat_losses, token_losses
 

@@ -55,7 +55,7 @@ from workbench.harness.experiment import Context, experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.scores import classes, metrics
 from workbench.scores.heads import score_and_classify
 from workbench.store.schema import with_layer_types

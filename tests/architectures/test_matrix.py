@@ -26,7 +26,7 @@ from workbench.models import zoo
 from workbench.models.adapters import FAMILIES, adapter_for
 from workbench.models.surgery import hf_forward, plain_copy, remove_heads
 from workbench.recording import hooks
-from workbench.recording.record import record
+from workbench.recording.writer import record
 
 ADAPTERS = {family: adapter_for(cls) for family, (cls, _) in BUILDERS.items()}
 SUPPORTED = [f for f, a in ADAPTERS.items() if not a.unsupported]

@@ -15,7 +15,8 @@ import torch
 
 from experiments.attention_sinks import Config as SinksConfig
 from experiments.attention_sinks import checks as sinks_checks
-from experiments.attention_sinks import measure as sinks
+from experiments.attention_sinks import window_edge
+from experiments.attention_sinks.summary import uniform_alpha
 from tests import tiny
 from tests.architectures.families import build
 from workbench.harness.experiment import run_experiment
@@ -64,7 +65,7 @@ def test_where_the_lost_first_token_mass_goes_by_hand():
     n = pattern.shape[-1]
     ctx = PatternContext(torch.zeros(1, n, dtype=torch.long), torch.tensor([n]),
                          torch.ones(1, n, dtype=torch.bool), layer=0, causal=True)
-    values = {m: fn(pattern, ctx)[0] for m, fn in sinks.edge_reductions(WINDOW, N).items()}
+    values = {m: fn(pattern, ctx)[0] for m, fn in window_edge.edge_reductions(WINDOW, N).items()}
     diag_in = np.mean([0.4 / t for t in range(WINDOW - N, WINDOW)])  # 0.4 / t in reach
     np.testing.assert_allclose(values["first_in"], 0.6, atol=1e-6)
     np.testing.assert_allclose(values["first_out"], 0.0, atol=0)
@@ -74,23 +75,23 @@ def test_where_the_lost_first_token_mass_goes_by_hand():
     np.testing.assert_allclose(values["diagonal_out"], [0.05, 0.65, 0.125], atol=1e-6)
     table = pd.DataFrame([{"layer": 0, "head": h, "layer_type": "sliding", "measure": m,
                            "score": float(v[h])} for m, v in values.items() for h in range(3)])
-    out = sinks.destinations(table, eps=0.3)
+    out = window_edge.destinations(table, eps=0.3)
     assert list(out.destination) == ["edge", "diagonal", "spread"]
     np.testing.assert_allclose(out.to_edge, [1.0, 0.0, 0.0], atol=1e-6)
     np.testing.assert_allclose(out.to_diagonal, (np.array([0.05, 0.65, 0.125]) - diag_in) / 0.6,
                                atol=1e-6)
     np.testing.assert_allclose(out.spread, 1 - out.to_edge - out.to_diagonal)
     # a head below eps in reach is no sink, and a global head keeps its first token
-    assert list(sinks.destinations(table, eps=0.7).destination) == ["no sink"] * 3
-    assert set(sinks.destinations(table.assign(layer_type="global"), 0.3).destination) == {
+    assert list(window_edge.destinations(table, eps=0.7).destination) == ["no sink"] * 3
+    assert set(window_edge.destinations(table.assign(layer_type="global"), 0.3).destination) == {
         "kept"}
 
 
 def test_uniform_alpha_by_hand():
-    assert sinks.uniform_alpha(4, True, None) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+    assert uniform_alpha(4, True, None) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
     # past a window of 2 the first token is out of reach: only queries 0 and 1 count
-    assert sinks.uniform_alpha(4, True, 2) == pytest.approx((1 + 1 / 2) / 4)
-    assert sinks.uniform_alpha(5, False, None) == pytest.approx(1 / 5)
+    assert uniform_alpha(4, True, 2) == pytest.approx((1 + 1 / 2) / 4)
+    assert uniform_alpha(5, False, None) == pytest.approx(1 / 5)
 
 
 # ---- attention-sinks on the tiny Gemma 3 ---------------------------------------------------
@@ -126,7 +127,7 @@ def test_window_edge_matches_hugging_face_eager(sinks_run, gemma3, tokenizer):
     """The window_edge measures recomputed from plain Hugging Face attention on the same
     documents; a sliding layer's weight on position 0 past the window is exactly 0."""
     cfg = SinksConfig(**SINKS)
-    prompts = sinks.edge_inputs(gemma3, cfg)
+    prompts = window_edge.edge_inputs(gemma3, cfg)
     hf = build("gemma-3", len(tokenizer))
     per_doc = []
     for prompt in prompts:
@@ -227,7 +228,7 @@ def test_the_long_context_heatmaps_mark_a_sliding_layers_edge(gemma3, tmp_path):
     import plotly.graph_objects as go
 
     from workbench.inputs.prompts import Prompt
-    from workbench.recording.record import record
+    from workbench.recording.writer import record
     from workbench.views.patterns import mark_edge
 
     rec = record(gemma3, [Prompt(token_ids=tuple(range(10, 30)))], tmp_path / "rec",

@@ -8,7 +8,8 @@ import pytest
 from tests.browser.conftest import as_array, choose, figure, serve, sink_head, stop
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]

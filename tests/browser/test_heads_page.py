@@ -8,7 +8,7 @@ import pytest
 from experiments.previous_token_heads.tables import HEAD_SCORES
 from tests.browser.conftest import as_array, choose, class_marks, figure, serve, stop
 from workbench.harness.experiment import run_experiment
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.scores import classes
 
 SMALL = {"n_prompts": 4, "n_repeated": 4, "n_tokens": 32, "seq_len": 8, "n_boot": 50}

@@ -13,7 +13,7 @@ import pytest
 from tests.browser.conftest import as_array, download, figure, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 
 SMALL_HEADS = {"n_prompts": 4, "n_repeated": 4, "n_tokens": 32, "seq_len": 8, "n_boot": 50}

@@ -12,7 +12,8 @@ import pytest
 from tests.browser.conftest import as_array, choose, figure, serve
 from workbench.harness import live
 from workbench.models.load import load_model
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 
 PROMPT = "The cat sat on the mat. The cat sat on the mat again."

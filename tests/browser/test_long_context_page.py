@@ -13,7 +13,8 @@ from transformers import LlamaForCausalLM
 from tests import tiny
 from tests.browser.conftest import as_array, figure, serve, stop
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 
 N = 8192

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import as_array, choose, figure, serve, stop
-from workbench.harness import sweep, sweep_ray
 from workbench.harness.experiment import run_experiment
-from workbench.harness.sweep_spec import expand, parse_spec
-from workbench.harness.sweep_tables import TABLES
+from workbench.harness.sweeps import cluster, runner
+from workbench.harness.sweeps.spec import expand, parse_spec
+from workbench.harness.sweeps.tables import TABLES
 from workbench.store.runs import RunStore
 
 TEXT = ("A module is a file containing Python definitions and statements. The module name is "
@@ -42,9 +42,9 @@ def served(tmp_path_factory):
     cells = expand(spec, runs)
     store = RunStore(runs)
     since = datetime.now(UTC).isoformat(timespec="seconds")
-    outcomes = {c.index: sweep_ray.run_cell(c, str(runs), "float32", 1, {}) for c in cells}
+    outcomes = {c.index: cluster.run_cell(c, str(runs), "float32", 1, {}) for c in cells}
     with store.start("sweep", None, spec.to_dict(), tables=TABLES) as active:
-        sweep.record_cells(active, store, cells, outcomes, since)
+        runner.record_cells(active, store, cells, outcomes, since)
     proc, url = serve(runs)
     yield url, store.get(active.id)
     stop(proc)

@@ -26,7 +26,8 @@ from workbench.harness import claims
 from workbench.inputs.prompts import Prompt
 from workbench.interventions.masks import HeadMask
 from workbench.models import checkpoints, native
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables
 

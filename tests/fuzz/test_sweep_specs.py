@@ -26,7 +26,7 @@ from tests.robustness.test_cli_inputs import stored
 from tests.tiny import cli
 from workbench.core.errors import WorkbenchError
 from workbench.harness.experiment import get
-from workbench.harness.sweep_spec import (
+from workbench.harness.sweeps.spec import (
     MAX_CELLS,
     CellSpec,
     ExperimentSection,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForCausalLM
 
-from experiments.attention_sinks import Config, measure
+from experiments.attention_sinks import Config, scans
 from workbench.harness.experiment import run_experiment
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt
@@ -59,9 +59,9 @@ def test_repeated_token_hidden_states_are_identical_on_smollm2(smollm2, smollm2_
 def test_alpha_1_and_shares_match_huggingface_attentions(name, request):
     model = request.getfixturevalue(name)
     cfg = Config(n_prompts=3, seq_len=48)
-    prompts = measure.make_inputs(model, "natural", cfg)
+    prompts = scans.make_inputs(model, "natural", cfg)
     types = model_token_types(model)
-    metrics = measure.sink_reductions(TokenTyper.for_model(model), types)
+    metrics = scans.sink_reductions(TokenTyper.for_model(model), types)
     got = reduce_patterns(model, prompts, {k: metrics[k] for k in
                                            ("first_token", *[f"share_{t}" for t in types])})
     cls = AutoModelForCausalLM if model.info.causal else AutoModel

@@ -14,7 +14,7 @@ from workbench.core.errors import ChecksumError, ModelCapabilityError, Workbench
 from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.models import cache, zoo
 from workbench.models.load import load_model
-from workbench.recording.record import record
+from workbench.recording.writer import record
 
 
 def test_cache_matches_published_checksums():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import RunStore
 
 

@@ -11,8 +11,8 @@ import torch
 
 from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import load_prompt_set
-from workbench.recording.record import record
 from workbench.recording.reductions import PatternContext, reduce_patterns
+from workbench.recording.writer import record
 from workbench.scores import patterns
 
 METRICS = {"first_token": patterns.first_token, "previous_token": patterns.previous_token,

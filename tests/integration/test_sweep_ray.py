@@ -19,9 +19,9 @@ import pytest
 
 from tests import gated, tiny
 from workbench.core.errors import WorkbenchError
-from workbench.harness import sweep, sweep_ray
 from workbench.harness.experiment import run_experiment
-from workbench.harness.sweep_spec import expand, parse_spec
+from workbench.harness.sweeps import cluster, runner
+from workbench.harness.sweeps.spec import expand, parse_spec
 from workbench.models.load import load_model
 from workbench.store.runs import RunStore
 
@@ -52,12 +52,12 @@ def _spec(models, **more):
 def test_a_sweep_gives_the_tables_of_the_runs_made_one_by_one(ray_local, folders, runs_dir):
     spec = _spec(folders, seeds=[0, 1])
     cells = expand(spec, runs_dir)
-    result = sweep.run_sweep(spec, cells, runs_dir=runs_dir)
+    result = runner.run_sweep(spec, cells, runs_dir=runs_dir)
     assert result.experiment == "sweep" and result.status == "complete"
     table = result.table("cells")
     assert table.status.tolist() == ["complete"] * 4
     assert list(result.meta.cells) == table.run_id.tolist()
-    assert (result.path / sweep.SPEC_FILE).is_file()
+    assert (result.path / runner.SPEC_FILE).is_file()
     # each worker loads each model it runs once, whatever the number of its cells
     loads = table.groupby(["worker", "model"]).loaded_model.sum()
     assert (loads == 1).all(), loads
@@ -87,7 +87,7 @@ def test_a_failing_cell_leaves_the_others_complete(ray_local, folders, runs_dir)
                        "set": SMALL, "seeds": [0, 1],
                        "cells": [{"experiment": "previous-token-heads",
                                   "model": str(folders[1]), "set": {**SMALL, "seq_len": 300}}]})
-    result = sweep.run_sweep(spec, expand(spec, runs_dir), runs_dir=runs_dir)
+    result = runner.run_sweep(spec, expand(spec, runs_dir), runs_dir=runs_dir)
     table = result.table("cells").set_index("model")
     failed = table.loc[str(folders[1].resolve())]
     assert failed.status == "failed" and failed.error
@@ -122,7 +122,7 @@ def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_
     watcher = threading.Thread(target=_kill_held_cell, args=(gate, stop, killed))
     watcher.start()
     try:
-        first = sweep.run_sweep(spec, cells, runs_dir=runs_dir)
+        first = runner.run_sweep(spec, cells, runs_dir=runs_dir)
     finally:
         stop.set()
         watcher.join()
@@ -132,7 +132,7 @@ def test_a_killed_cell_fails_alone_and_a_rerun_resumes(ray_local, folders, runs_
     assert dead.experiment.tolist() == [gated.NAME] and "died" in dead.error.iloc[0]
     assert (table.status == "complete").sum() == len(cells) - 1
     (gate / gated.OPEN).touch()  # the rerun's cell passes its gate
-    again = sweep.run_sweep(spec, cells, runs_dir=runs_dir).table("cells")
+    again = runner.run_sweep(spec, cells, runs_dir=runs_dir).table("cells")
     assert again.status.value_counts().to_dict() == {"reused": len(cells) - 1, "complete": 1}
     assert again.loc[dead.index[0], "status"] == "complete"
     kept = table[table.status == "complete"].run_id
@@ -150,12 +150,12 @@ def test_ctrl_c_cancels_running_cells_and_marks_them_failed(ray_local, folders, 
                        "seeds": [0, 1, 2], "set": {"gate": str(gate)}})
     cells = expand(spec, runs_dir)
 
-    def interrupt(progress: sweep.Progress) -> None:
+    def interrupt(progress: runner.Progress) -> None:
         if progress.running == 2 and len(gated.held(gate)) == 2:
             raise KeyboardInterrupt
 
-    with caplog.at_level("WARNING", logger=sweep.__name__), pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(spec, cells, runs_dir=runs_dir, on_progress=interrupt)
+    with caplog.at_level("WARNING", logger=runner.__name__), pytest.raises(KeyboardInterrupt):
+        runner.run_sweep(spec, cells, runs_dir=runs_dir, on_progress=interrupt)
     store = RunStore(runs_dir)
     (swept,) = store.runs(experiment="sweep")
     assert swept.status == "failed"
@@ -175,8 +175,8 @@ def test_a_store_the_workers_cannot_write_fails_at_once(ray_local, tmp_path):
     unwritable = Path("/proc/workbench-sweep-store")  # no process may create files here
     with pytest.raises(WorkbenchError, match=r"a Ray worker on .* cannot write the run store "
                        r"/proc/workbench-sweep-store"):
-        sweep_ray.check_workers_can_write(unwritable)
-    sweep_ray.check_workers_can_write(tmp_path / "store")  # a writable one passes
+        cluster.check_workers_can_write(unwritable)
+    cluster.check_workers_can_write(tmp_path / "store")  # a writable one passes
     assert not list((tmp_path / "store").iterdir())  # and the probe is gone
 
 
@@ -200,7 +200,7 @@ def test_a_cell_refused_at_plan_time_is_skipped_without_running(ray_local, runs_
     cells = expand(spec, runs_dir)
     planned = {c.experiment: c.skip for c in cells}
     assert "is bidirectional" in planned["induction-heads"]
-    result = sweep.run_sweep(spec, cells, runs_dir=runs_dir)
+    result = runner.run_sweep(spec, cells, runs_dir=runs_dir)
     table = result.table("cells").set_index("experiment")
     assert table.loc["induction-heads", "status"] == "skipped"
     assert table.loc["induction-heads", "error"] == planned["induction-heads"]

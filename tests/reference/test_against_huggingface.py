@@ -23,7 +23,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-from experiments.attention_sinks.measure import sink_rates
+from experiments.attention_sinks.summary import sink_rates
 from workbench.inputs.prompts import Prompt, load_prompt_set
 from workbench.models.cache import hf_dir
 from workbench.models.load import load_model

@@ -20,10 +20,8 @@ import pandas as pd
 import pytest
 
 from tests.tiny import cli
+from workbench.recording import writer
 from workbench.store.runs import RunStore
-
-RECORD_MODULE = importlib.import_module("workbench.recording.record")
-"""The module (``workbench.recording.record`` the attribute is the function)."""
 
 
 def stored(runs_dir: Path) -> list[Path]:
@@ -390,7 +388,7 @@ def test_disk_failure_writing_a_table(capsys, monkeypatch, runs_dir, llama_folde
 
 
 def test_disk_full_writing_a_recording(capsys, monkeypatch, runs_dir, llama_folder):
-    monkeypatch.setattr(RECORD_MODULE._Writer, "_flush",
+    monkeypatch.setattr(writer._Writer, "_flush",
                         _raise(OSError(errno.ENOSPC, "No space left on device")))
     result = cli(capsys, *fill(RECORD, folder=llama_folder))
     check_failed_run(result, 1, f"cannot write the run store {runs_dir}: [Errno 28] No space "
@@ -415,7 +413,7 @@ DURING_WORK = [
 @pytest.mark.parametrize("exc, status, message, cause", DURING_WORK)
 def test_failure_during_work(capsys, monkeypatch, runs_dir, llama_folder, exc, status, message,
                              cause):
-    monkeypatch.setattr(RECORD_MODULE, "record", _raise(exc))
+    monkeypatch.setattr(writer, "record", _raise(exc))
     result = cli(capsys, *fill(RECORD, folder=llama_folder))
     check_failed_run(result, status, message, cause, runs_dir)
 
@@ -427,7 +425,7 @@ def test_sigterm_exits_130_and_marks_the_run_failed(capsys, monkeypatch, runs_di
         raise AssertionError("SIGTERM was not handled")
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(RECORD_MODULE, "record", terminated)
+    monkeypatch.setattr(writer, "record", terminated)
     result = cli(capsys, *fill(RECORD, folder=llama_folder))
     check_failed_run(result, 130, "error: terminated (SIGTERM)", "Terminated", runs_dir)
     assert signal.getsignal(signal.SIGTERM) is before  # main restores the handler
@@ -454,7 +452,7 @@ def test_sigterm_swallowed_by_the_dashboard_server_still_exits_130(capsys, monke
 
 
 def test_verbose_adds_the_traceback(capsys, monkeypatch, runs_dir, llama_folder):
-    monkeypatch.setattr(RECORD_MODULE, "record", _raise(RuntimeError("boom")))
+    monkeypatch.setattr(writer, "record", _raise(RuntimeError("boom")))
     status, _, err = cli(capsys, "-v", *fill(RECORD, folder=llama_folder))
     assert status == 1
     assert "Traceback (most recent call last)" in err
@@ -506,7 +504,7 @@ def test_disk_full_while_fetching_names_the_cache(capsys, monkeypatch, tmp_path,
 def test_a_workbench_error_during_work_is_bad_input(capsys, monkeypatch, runs_dir, llama_folder):
     from workbench.core.errors import WorkbenchError
 
-    monkeypatch.setattr(RECORD_MODULE, "record", _raise(WorkbenchError("the prompt is not usable")))
+    monkeypatch.setattr(writer, "record", _raise(WorkbenchError("the prompt is not usable")))
     result = cli(capsys, *fill(RECORD, folder=llama_folder))
     check_failed_run(result, 2, "error: the prompt is not usable", "the prompt is not usable",
                      runs_dir)

@@ -19,7 +19,7 @@ import pytest
 from workbench.core.paths import REPO_ROOT
 from workbench.inputs.prompts import Prompt
 from workbench.recording import zarr_store
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store import provenance
 from workbench.store.runs import RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables

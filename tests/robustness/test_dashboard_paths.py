@@ -24,7 +24,7 @@ from dashboards.app import DEBUG_REFUSED, check_host, create_app, serve
 from tests.tiny import fake_info
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 from workbench.views import patterns
 

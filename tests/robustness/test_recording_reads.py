@@ -20,7 +20,8 @@ from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.harness.verify import verify
 from workbench.inputs.prompts import Prompt
 from workbench.recording import zarr_store
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 
 TEXTS = ["the cat sat on the mat and the dog sat on the rug", "a quick brown fox"]

@@ -20,7 +20,8 @@ from tests.tiny import cli, fake_info
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
 from workbench.models import checkpoints, native
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store import provenance
 from workbench.store.runs import INCOMPLETE, RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables

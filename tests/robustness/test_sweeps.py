@@ -25,8 +25,8 @@ from tests import gated
 from tests.robustness.test_cli_inputs import check_refused, stored
 from tests.tiny import cli
 from workbench.core.paths import REPO_ROOT
-from workbench.harness import sweep_spec
-from workbench.harness.sweep_spec import MAX_CELLS
+from workbench.harness.sweeps import spec as sweep_spec
+from workbench.harness.sweeps.spec import MAX_CELLS
 from workbench.models import reference
 from workbench.store.runs import INCOMPLETE, RunStore
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.attention_sinks import Config, checks, measure
+from experiments.attention_sinks import Config, checks, scans
+from experiments.attention_sinks.summary import sink_rates
 from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import run_experiment
@@ -46,7 +47,7 @@ def hand_patterns() -> torch.Tensor:
 
 
 def test_alpha_1_by_hand(llama):
-    metrics = measure.sink_reductions(TokenTyper.for_model(llama), ["other"])
+    metrics = scans.sink_reductions(TokenTyper.for_model(llama), ["other"])
     alpha = metrics["first_token"](hand_patterns(), ctx_for([[0, 263, 263, 263]]))[0]
     # head 0: (1 + 0.5 * 3) / 4; head 1: (1 + 1/2 + 1/3 + 1/4) / 4; head 2: (1 + 0 + 0 + 0) / 4
     expected = [2.5 / 4, (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4, 0.25]
@@ -61,7 +62,7 @@ def test_sink_rate_by_hand():
                                 "metric": "first_token", "score": a}
                                for (p, h), a in alpha.items()])
     cfg = Config(n_prompts=2, eps=0.3, n_boot=50)
-    row = measure.sink_rates(per_prompt, cfg).iloc[0]
+    row = sink_rates(per_prompt, cfg).iloc[0]
     # sequence 0: 2 of 3 heads above 0.3; sequence 1: 2 of 3 -> (2/3 + 2/3) / 2
     assert row.sink_rate == pytest.approx(100 * 2 / 3)
     # on alpha averaged over sequences: 0.7625, 0.285, 0.28 -> 1 of 3 heads
@@ -74,7 +75,7 @@ def test_token_type_shares_and_top_receivers_by_hand(llama):
     # <bos> the . \n the : bos, first content, punctuation, newline, other
     ids = [[0, 263, 19, 204, 263]]
     types = model_token_types(llama)
-    metrics = measure.sink_reductions(TokenTyper.for_model(llama), types)
+    metrics = scans.sink_reductions(TokenTyper.for_model(llama), types)
     uniform = torch.tril(torch.ones(5, 5))
     pattern = (uniform / uniform.sum(-1, keepdim=True))[None, None]
     ctx = ctx_for(ids)
@@ -89,7 +90,7 @@ def test_token_type_shares_and_top_receivers_by_hand(llama):
 
 
 def test_padded_keys_and_queries_are_not_counted(llama):
-    metrics = measure.sink_reductions(TokenTyper.for_model(llama), ["bos", "other"])
+    metrics = scans.sink_reductions(TokenTyper.for_model(llama), ["bos", "other"])
     pattern = hand_patterns()[:, :1]  # head 0, four positions
     ids = torch.tensor([[0, 263, 263, 3]])
     ctx = PatternContext(ids, torch.tensor([3]), torch.tensor([[True, True, True, False]]),
@@ -169,11 +170,11 @@ def test_recompute_equals_a_fresh_forward_over_the_window(llama, llama_hf):
 
 def test_skips_say_what_does_not_apply(llama, bert):
     # rotary, BOS, trained head: everything but the window edge of a sliding layer
-    assert set(measure.skips(llama, Config(stream_tokens=400))) == {"window_edge"}
-    assert "no sliding-window layer" in measure.skips(llama, Config())["window_edge"]
-    assert set(measure.skips(llama, Config(streaming=False, compare_bos=False))) == {
+    assert set(scans.skips(llama, Config(stream_tokens=400))) == {"window_edge"}
+    assert "no sliding-window layer" in scans.skips(llama, Config())["window_edge"]
+    assert set(scans.skips(llama, Config(streaming=False, compare_bos=False))) == {
         "bos", "streaming", "window_edge"}
-    encoder = measure.skips(bert, Config())
+    encoder = scans.skips(bert, Config())
     assert set(encoder) == {"bos", "streaming", "repeated", "window_edge"}
     assert "learned absolute position" in encoder["repeated"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.tiny import cli
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import RunStore
 
 

@@ -248,7 +248,7 @@ def test_a_wall_time_says_whether_the_machine_was_busy(capsys, runs_dir, llama_f
 @pytest.mark.parametrize("name", ["qk-attribution", "induction-heads", "head-overview"])
 def test_the_models_in_the_help_are_the_ones_the_checks_accept(capsys, runs_dir, name):
     from workbench.harness import matrix
-    from workbench.harness.sweep_spec import bundled_refusal
+    from workbench.harness.sweeps.spec import bundled_refusal
     from workbench.models.adapters import FAMILIES
 
     status, out, _ = cli(capsys, "run", name, "--help")

@@ -94,7 +94,7 @@ def test_the_plan_names_every_step_and_says_when_it_has_no_estimate(runs_dir):
     assert [s.label for s in plan] == ["record on minilm",
                                        *(f"{e} on minilm" for e in experiments),
                                        "claims on minilm"]
-    from workbench.harness.sweep_spec import bundled_refusal
+    from workbench.harness.sweeps.spec import bundled_refusal
 
     skipped = {s.name for s in plan if s.skip}
     assert "induction-heads" in skipped  # refused on an encoder: named, not run

@@ -20,7 +20,8 @@ from tests.dashboard_runs import CONFIGS, FORMATION, TEXT
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.harness.experiment import get, run_experiment
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 from workbench.views import catalog
 from workbench.views.catalog import figure

@@ -22,17 +22,15 @@ from experiments.head_pruning.measure import (
     Pruner,
     budget_masks,
     by_importance,
-    curve_summary,
     in_order,
-    kind_scores,
     make_objective,
     order_table,
-    prunable_fraction,
     pruning_path,
     random_order,
     schedule,
-    survival_table,
 )
+from experiments.head_pruning.summary import curve_summary, prunable_fraction
+from experiments.head_pruning.survival import kind_scores, survival_table
 from workbench.core.errors import ConfigError
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import run_experiment
@@ -395,6 +393,45 @@ def test_survival_join_finds_matching_runs_only(llama, tmp_path):
     row = table.iloc[0]
     assert row.heads == "L1H3, L1H2" and row.spearman == pytest.approx(1.0)
     assert row.top_mean_survival == pytest.approx((7.5 + 6.5) / 16) and row.z > 0
+    assert row.runs_read == row.run == store.latest_on_weights("induction-heads", info).id
+
+
+def test_survival_names_every_run_it_read_even_one_that_gives_no_row(llama, tmp_path):
+    """An attention-sinks run with 2 scored heads gives no row (3 are needed), and the
+    table still says it was read, after the induction-heads run, on every row."""
+    store = RunStore(tmp_path)
+    heads = pd.DataFrame({"layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 1, 2, 3] * 2,
+                          "metric": "induction", "score": np.arange(8.0)})
+    for name, scores in [("induction-heads", heads),
+                         ("attention-sinks", heads.iloc[:2].assign(metric="first_token"))]:
+        with store.start(name, llama.info, {}, tables=HEAD_SCORES) as run:
+            run.save_table("head_scores", scores)
+    order = pd.DataFrame({"order": "gradient", "layer": heads.layer, "head": heads["head"],
+                          "survival": (np.arange(8) + 0.5) / 8})
+    table = survival_table(order, kind_scores(store, llama.info), top_k=2)
+    read = [store.latest_on_weights(name, llama.info).id
+            for name in ("induction-heads", "attention-sinks")]
+    assert list(table.experiment) == ["induction-heads"]
+    assert list(table.runs_read) == [", ".join(read)]
+
+
+def test_a_survival_table_stored_before_runs_read_reads_back_with_it_empty(llama, tmp_path):
+    """A run stored before the survival table said which runs it read holds runs_read ''
+    when read through its declaration; its run column still names each row's run."""
+    from experiments.head_pruning.tables import SURVIVAL
+    from workbench.harness.tables import read
+
+    before = schema.Table("survival", SURVIVAL.meaning,
+                          tuple(c for c in SURVIVAL.columns if c.name != "runs_read"))
+    row = {"experiment": "induction-heads", "run": "20250101-000000-induction-heads-tiny-ab12",
+           "metric": "induction", "order": "gradient", "top_k": 2, "heads": "L1H3, L1H2",
+           "top_mean_survival": 0.875, "z": 1.5, "spearman": 1.0}
+    store = RunStore(tmp_path)
+    with store.start("head-pruning", llama.info, {}, tables=schema.tables(before)) as active:
+        active.save_table("survival", pd.DataFrame([row]))
+    table = read(store.get(active.final), "survival")
+    assert list(table.runs_read) == [""] and list(table.run) == [row["run"]]
+    SURVIVAL.check(table)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -508,7 +545,7 @@ def test_the_speed_up_is_the_median_of_interleaved_pairs_with_its_range(bert, tm
                                                                         monkeypatch):
     """Timings scripted so that one slow moment hits the third pair: the median ignores it,
     the range shows it, and the pairs alternate full, removed."""
-    from experiments.head_pruning import measure
+    from experiments.head_pruning import speedup
 
     calls = []
 
@@ -520,7 +557,7 @@ def test_the_speed_up_is_the_median_of_interleaved_pairs_with_its_range(bert, tm
             return 10.0 if fulls == 3 else 1.0
         return 0.5
 
-    monkeypatch.setattr(measure, "_seconds", scripted)
+    monkeypatch.setattr(speedup, "_seconds", scripted)
     run = run_experiment("head-pruning", bert, {**SMALL, "importance": ("gradient",),
                                                 "n_random": 1, "reverse": False,
                                                 "budgets": (0.25,)}, runs_dir=tmp_path)

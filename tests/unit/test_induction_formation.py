@@ -17,7 +17,7 @@ from tests import tiny
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import get, run_experiment
-from workbench.harness.sweep_spec import expand, parse_spec
+from workbench.harness.sweeps.spec import expand, parse_spec
 from workbench.models import checkpoints, native
 from workbench.models.load import load_model
 from workbench.scores import phase_change

@@ -150,7 +150,7 @@ def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path
     head's layer on (layer 0 patterns unchanged, layer 1 patterns changed)."""
     import numpy as np
 
-    from workbench.recording.record import Recording
+    from workbench.recording.reader import Recording
     from workbench.store.runs import RunStore
 
     mask = HeadMask.ones(2, 4, model="tiny-llama").without([(0, 1), (0, 2)])

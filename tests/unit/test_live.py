@@ -13,7 +13,7 @@ import torch
 from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.harness import live
 from workbench.harness.live import LiveQueue, ModelCache
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import RunStore
 
 TIMEOUT = 60

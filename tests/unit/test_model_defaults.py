@@ -10,7 +10,7 @@ import pytest
 from workbench.core.errors import ConfigError, UnknownNameError
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import experiment, get, run_experiment
-from workbench.harness.sweep_spec import expand, parse_spec
+from workbench.harness.sweeps.spec import expand, parse_spec
 from workbench.models.base import Model
 from workbench.store.schema import head_scores, tables
 

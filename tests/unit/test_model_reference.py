@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.core.errors import UnknownNameError, WorkbenchError
-from workbench.harness.sweep_spec import resolve_model
+from workbench.harness.sweeps.spec import resolve_model
 from workbench.models import reference
 from workbench.models.load import load_model
 from workbench.models.reference import (

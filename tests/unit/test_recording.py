@@ -11,7 +11,8 @@ import zarr
 
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import FLOAT16_MAX, Recording, _storable, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import FLOAT16_MAX, _storable, record
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog by the river",
          "bread"]

@@ -15,7 +15,8 @@ from tests.recordings import write_format1
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
 from workbench.recording import zarr_store
-from workbench.recording.record import DENSE_UP_TO, Recording, record, storage_for
+from workbench.recording.reader import Recording
+from workbench.recording.writer import DENSE_UP_TO, record, storage_for
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "bread"]
 

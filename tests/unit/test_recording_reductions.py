@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.attention_sinks.measure import sink_reductions
+from experiments.attention_sinks.scans import sink_reductions
 from workbench.inputs.prompts import Prompt
 from workbench.inputs.token_types import TokenTyper, model_token_types
 from workbench.recording import hooks, reductions

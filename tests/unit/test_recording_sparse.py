@@ -9,8 +9,8 @@ import torch
 
 from workbench.inputs.prompts import Prompt
 from workbench.recording import zarr_store
-from workbench.recording.record import record
 from workbench.recording.reductions import PatternContext
+from workbench.recording.writer import record
 from workbench.scores import patterns
 
 TEXTS = ["the cat sat on the mat and the dog sat on the rug " * 3,

@@ -14,9 +14,9 @@ from tests.tiny import fake_info
 from workbench.core.paths import data_dir
 from workbench.core.records import Count, Record, RecordError, RelPath
 from workbench.harness import schemas
-from workbench.harness.sweep_spec import load_spec
+from workbench.harness.sweeps.spec import load_spec
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store.records import RunMeta
 from workbench.store.runs import RunStore
 

@@ -11,7 +11,7 @@ import torch
 
 from workbench.inputs.prompts import Prompt
 from workbench.recording import reductions
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.scores import patterns
 from workbench.scores.stats import bootstrap_mean_ci, summarize
 

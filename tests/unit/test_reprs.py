@@ -22,7 +22,8 @@ from experiments.previous_token_heads.tables import HEAD_CLASSES, HEAD_SCORES
 from workbench.harness import claims
 from workbench.harness.experiment import get, run_experiment
 from workbench.inputs.prompts import Prompt
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
+from workbench.recording.writer import record
 from workbench.store.runs import RunStore
 from workbench.views import html as fhtml
 from workbench.views import pages

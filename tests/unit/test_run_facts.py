@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from experiments.previous_token_heads import Config
 from tests.tiny import cli
-from workbench.harness import run_facts, sweep
+from workbench.harness import run_facts
 from workbench.harness.experiment import run_experiment
-from workbench.harness.sweep_spec import expand, parse_spec
+from workbench.harness.sweeps import runner
+from workbench.harness.sweeps.spec import expand, parse_spec
 from workbench.store.runs import RunStore
 
 SMALL = {"n_prompts": 2, "n_repeated": 2, "n_tokens": 16, "seq_len": 6, "n_boot": 20}
@@ -43,7 +44,7 @@ def test_a_sweep_is_named_after_its_spec_and_its_cells_name_it(capsys, runs_dir,
     cells = expand(spec)
     runs = [run_experiment("previous-token-heads", str(llama_folder), c.overrides,
                            runs_dir=runs_dir) for c in cells]
-    swept = sweep.run_sweep(spec, cells, runs_dir=runs_dir)  # every cell reused: no Ray
+    swept = runner.run_sweep(spec, cells, runs_dir=runs_dir)  # every cell reused: no Ray
     assert "-sweep-seeds-of-heads-" in swept.id and "none" not in swept.id
     found = run_facts.parents(RunStore(runs_dir).runs())
     assert {run.id: found[run.id].id for run in runs} == {run.id: swept.id for run in runs}

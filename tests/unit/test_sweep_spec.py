@@ -17,12 +17,12 @@ import pytest
 from experiments.previous_token_heads import Config as PreviousTokenConfig
 from tests import tiny
 from workbench.core.errors import ModelCapabilityError, UnknownNameError, WorkbenchError
-from workbench.harness import sweep
 from workbench.harness.config import param
 from workbench.harness.experiment import experiment, run_experiment
-from workbench.harness.sweep_ray import Outcome
-from workbench.harness.sweep_spec import SpecError, expand, load_spec, parse_spec, parse_text
-from workbench.harness.sweep_tables import CELLS, SCORES
+from workbench.harness.sweeps import runner
+from workbench.harness.sweeps.cluster import Outcome
+from workbench.harness.sweeps.spec import SpecError, expand, load_spec, parse_spec, parse_text
+from workbench.harness.sweeps.tables import CELLS, SCORES
 from workbench.models import checkpoints, native
 from workbench.store.runs import RunStore
 from workbench.store.schema import head_scores, tables
@@ -166,7 +166,7 @@ def test_the_estimate_is_the_median_of_earlier_runs(runs_dir, llama_folder, llam
     spec = parse_spec({"experiments": ["previous-token-heads"], "models": [str(llama_folder)],
                        "set": SMALL, "seeds": [0, 1]})
     cells = expand(spec)
-    assert sweep.estimate(cells, store).seconds == {0: None, 1: None}
+    assert runner.estimate(cells, store).seconds == {0: None, 1: None}
     durations = [3.0, 10.0, 4.0]
     name = str(llama_folder.resolve())
     for seconds in durations:  # three earlier runs of the same experiment and model
@@ -179,7 +179,7 @@ def test_the_estimate_is_the_median_of_earlier_runs(runs_dir, llama_folder, llam
         meta["started_at"] = start.isoformat()
         meta["ended_at"] = (start + timedelta(seconds=seconds)).isoformat()
         path.write_text(json.dumps(meta))
-    cost = sweep.estimate(cells, store)
+    cost = runner.estimate(cells, store)
     assert cost.seconds == {0: statistics.median(durations), 1: statistics.median(durations)}
     assert cost.known == 2 * 4.0 and cost.unknown == 0
 
@@ -194,13 +194,13 @@ def test_the_sweep_tables_join_each_cells_head_scores(runs_dir, llama_folder):
     run = run_experiment("previous-token-heads", str(llama_folder), cells[0].overrides,
                          runs_dir=runs_dir)
     # the run answers its cell (same weights and config) and no other
-    assert {i: r.id for i, r in sweep.reusable(cells, store).items()} == {0: run.id}
+    assert {i: r.id for i, r in runner.reusable(cells, store).items()} == {0: run.id}
     outcomes = {0: Outcome(0, "complete", run.id, seconds=1.5),
                 1: Outcome(1, "failed", "", "RuntimeError: boom")}
-    table = sweep.cells_table(store, cells, outcomes, "2000-01-01T00:00:00")
+    table = runner.cells_table(store, cells, outcomes, "2000-01-01T00:00:00")
     CELLS.check(table)
     assert table.status.tolist() == ["complete", "failed"] and table.run_id[0] == run.id
-    scores = sweep.scores_table(store, cells, table)
+    scores = runner.scores_table(store, cells, table)
     SCORES.check(scores)
     want = run.table("head_scores")
     assert len(scores) == len(want) and set(scores.cell) == {0}
@@ -270,7 +270,7 @@ def test_layers_a_model_lacks_are_refused_at_plan_time(llama_folder):
 
 
 def test_the_cell_count_is_known_before_models_are_resolved(monkeypatch):
-    from workbench.harness import sweep_spec
+    from workbench.harness.sweeps import spec as sweep_spec
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was resolved before the sweep was counted")

@@ -17,7 +17,7 @@ from tests.tiny import cli, fake_info
 from workbench.harness.verify import Check, damage_summary
 from workbench.inputs.prompts import Prompt
 from workbench.models import checkpoints, native
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store.runs import INCOMPLETE, RUN_JSON, RunStore
 from workbench.store.schema import Table, columns, tables
 

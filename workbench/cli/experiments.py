@@ -115,7 +115,7 @@ def _model_lines(exp: Any) -> list[str]:
 def _demo_models_text(exp: Any) -> str:
     """The bundled models ``exp``'s demo runs on, by the checks the demo's plan makes (a
     model the experiment refuses is named apart, with the reason)."""
-    from workbench.harness.sweep_spec import bundled_refusal
+    from workbench.harness.sweeps.spec import bundled_refusal
 
     refused = {name: bundled_refusal(exp, name) for name in exp.demo_models}
     taken = [name for name, why in refused.items() if not why]

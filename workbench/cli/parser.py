@@ -35,7 +35,7 @@ from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.core.options import PatternStorage, Status, StoreDtype
 from workbench.core.values import Range, check_declaration, shown
 from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
-from workbench.harness.sweep_ray import (
+from workbench.harness.sweeps.cluster import (
     MAX_CELL_CPUS,
     MAX_CELL_GPUS,
     cpus_problem,

@@ -74,7 +74,7 @@ def _heads_mask(args: argparse.Namespace) -> Any:
 def cmd_record(args: argparse.Namespace) -> None:
     from workbench.interventions.masks import applied
     from workbench.models.load import load_model
-    from workbench.recording.record import record
+    from workbench.recording.writer import record
     from workbench.store.records import Interventions
     from workbench.store.runs import RunStore
 

@@ -15,23 +15,23 @@ from workbench.core import paths
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from workbench.harness import sweep
+    from workbench.harness.sweeps import runner
 
     if not args.dry_run:
-        from workbench.harness.sweep_ray import import_ray
+        from workbench.harness.sweeps.cluster import import_ray
 
         import_ray()  # without Ray, say so before reading anything
-    spec, cells = sweep.plan(args.spec, args.out)
+    spec, cells = runner.plan(args.spec, args.out)
     if args.dry_run:
         _sweep_plan(spec, cells, args)
         return
     with _sweep_bar(len(cells), args.quiet) as show:
-        run = sweep.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
+        run = runner.run_sweep(spec, cells, runs_dir=args.out, cpus=args.cpus, gpus=args.gpus,
                               address=args.address, dtype=args.dtype, on_progress=show)
     for line in run.meta.summary:
         _out(_cell(line))
     _out(_cell(run.path))
-    bad = sweep.failed_cells(run)
+    bad = runner.failed_cells(run)
     if len(bad):
         first = bad.iloc[0]
         sys.stderr.write(f"error: {len(bad)} of {len(cells)} cells did not complete (cell "
@@ -43,12 +43,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def _sweep_plan(spec: Any, cells: Sequence[Any], args: argparse.Namespace) -> None:
     """``--dry-run``: the cells, whether each is run, reused or skipped (and why), and a
     cost estimate of those that run."""
-    from workbench.harness import sweep
+    from workbench.harness.sweeps import runner
     from workbench.store.runs import RunStore
 
     store = RunStore(paths.runs_dir(args.out))
-    reused = sweep.reusable(cells, store)
-    cost = sweep.estimate(cells, store, reused)
+    reused = runner.reusable(cells, store)
+    cost = runner.estimate(cells, store, reused)
     rows = [{"cell": c.index, "experiment": c.experiment,
              "model": c.model.name if c.model else "-",
              "values": " ".join(f"{k}={v}" for k, v in c.grid.items()),
@@ -56,7 +56,7 @@ def _sweep_plan(spec: Any, cells: Sequence[Any], args: argparse.Namespace) -> No
              "estimate": "-" if c.skip or cost.seconds[c.index] is None
              else _duration(cost.seconds[c.index])} for c in cells]
     _out(_table(rows, ["cell", "experiment", "model", "values", "plan", "estimate"]))
-    slots = sweep.local_slots(args.cpus)
+    slots = runner.local_slots(args.cpus)
     skipped = sum(bool(c.skip) for c in cells)
     _out(f"\n{spec.name}: {len(cells)} cells, {len(reused)} reused"
          + (f", {skipped} skipped" if skipped else ""))

@@ -30,13 +30,13 @@ from workbench.harness.experiment import (
     verify_stored_files,
 )
 from workbench.harness.experiment import get as get_experiment
-from workbench.harness.sweep_spec import bundled_refusal
+from workbench.harness.sweeps.spec import bundled_refusal
 from workbench.harness.timing import wall_times
 from workbench.inputs.prompts import load_prompt_set
 from workbench.models.base import Model
 from workbench.models.load import load_model
 from workbench.models.zoo import MODELS
-from workbench.recording.record import record
+from workbench.recording.writer import record
 from workbench.store import provenance
 from workbench.store.runs import RunStore
 
@@ -303,8 +303,9 @@ set = {{ n_ablate = 1, n_track = 1 }}
 def demo_sweep(store: RunStore, runs_dir: str | Path | None) -> Iterator[str]:
     """The demo's sweep: previous-token and induction heads (demo configs) at every 100th
     step of both models of the newest formation run, on a local Ray; reuses done cells."""
-    from workbench.harness import sweep, sweep_spec
-    from workbench.harness.sweep_ray import import_ray
+    from workbench.harness.sweeps import runner
+    from workbench.harness.sweeps.cluster import import_ray
+    from workbench.harness.sweeps.spec import expand, parse_text
 
     formation = store.latest(experiment="induction-formation")
     if formation is None:
@@ -314,7 +315,7 @@ def demo_sweep(store: RunStore, runs_dir: str | Path | None) -> Iterator[str]:
     except WorkbenchError as exc:
         yield f"formation sweep: skipped ({exc})"
         return
-    spec = sweep_spec.parse_text(DEMO_SWEEP.format(run=formation.id), name="formation-demo")
-    cells = sweep_spec.expand(spec, runs_dir)
-    run = sweep.run_sweep(spec, cells, runs_dir=runs_dir, cpus=1)
+    spec = parse_text(DEMO_SWEEP.format(run=formation.id), name="formation-demo")
+    cells = expand(spec, runs_dir)
+    run = runner.run_sweep(spec, cells, runs_dir=runs_dir, cpus=1)
     yield f"formation sweep: {run.meta.summary[0]} ({run.id})"

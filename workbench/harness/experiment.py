@@ -281,30 +281,15 @@ def run_experiment(name: str, model: str | Model | None,
     """
     exp = get(name)
     model_name = model if isinstance(model, str) else model.info.name if model else None
-    own = exp.defaults_for(model_name)
-    cfg = check_config(apply_overrides(exp.config, dict(overrides) if isinstance(
-        overrides, Mapping) else list(overrides), base=apply_overrides(exp.config, own)))
-    if own:
-        log.info("%s's own defaults for %s: %s", model_name, name,
-                 ", ".join(f"{k}={v}" for k, v in own.items()))
+    cfg = _built_config(exp, model_name, overrides)
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
     root = paths.runs_dir(runs_dir)
     paths.check_store(root, write=True)  # a store that cannot take the run: before the load
     store = RunStore(root)
-    loaded = (load_model(model, dtype=dtype, device=device, runs_dir=runs_dir)
-              if isinstance(model, str) else model)
-    if loaded is not None:
-        exp.check_fit(loaded.info)
-    if loaded is not None and exp.check_model is not None:
-        exp.check_model(loaded)
-    if loaded is not None:  # layer fields must name layers this model has
-        check_layers(cfg, loaded.info.n_layers, loaded.info.name)
+    loaded = _fit_model(exp, model, cfg, heads_mask, dtype=dtype, device=device,
+                        runs_dir=runs_dir)
     info = loaded.info if loaded is not None else None
-    if heads_mask is not None:
-        if loaded is None:
-            raise WorkbenchError(f"experiment '{name}' takes no model, so no head mask")
-        heads_mask.check(loaded)
     interventions = Interventions(heads_mask=heads_mask.to_record()) if heads_mask else None
     if reuse and (found := store.find_matching(name, info, cfg, interventions,
                                                check=verify_stored_files)) is not None:
@@ -321,6 +306,51 @@ def run_experiment(name: str, model: str | Model | None,
             active.save_table(table_name, df)
         active.update(summary=result.summary())
     return store.get(active.final)
+
+
+def _built_config(exp: Experiment, model_name: str | None,
+                  overrides: Iterable[str] | Mapping[str, Any]) -> Any:
+    """The run's config, checked: the experiment's defaults, the bundled model's own
+    defaults over them (:attr:`Experiment.model_defaults`), then ``overrides``.
+
+    Raises:
+        ConfigError: an override or a value that the config refuses.
+    """
+    own = exp.defaults_for(model_name)
+    cfg = check_config(apply_overrides(exp.config, dict(overrides) if isinstance(
+        overrides, Mapping) else list(overrides), base=apply_overrides(exp.config, own)))
+    if own:
+        log.info("%s's own defaults for %s: %s", model_name, exp.name,
+                 ", ".join(f"{k}={v}" for k, v in own.items()))
+    return cfg
+
+
+def _fit_model(exp: Experiment, model: str | Model | None, cfg: Any,
+               heads_mask: HeadMask | None, *, dtype: Dtype, device: str,
+               runs_dir: str | Path | None) -> Model | None:
+    """The run's model, loaded if it is named, and refused before a run exists where it
+    does not fit: the experiment's requirements and its model check, the config's layer
+    fields, the head mask.
+
+    Raises:
+        ModelCapabilityError: a model the experiment cannot run on.
+        ConfigError: a layer field naming a layer the model does not have.
+        WorkbenchError: a model that does not load, or a head mask without a model or
+            that does not fit it.
+    """
+    loaded = (load_model(model, dtype=dtype, device=device, runs_dir=runs_dir)
+              if isinstance(model, str) else model)
+    if loaded is not None:
+        exp.check_fit(loaded.info)
+    if loaded is not None and exp.check_model is not None:
+        exp.check_model(loaded)
+    if loaded is not None:  # layer fields must name layers this model has
+        check_layers(cfg, loaded.info.n_layers, loaded.info.name)
+    if heads_mask is not None:
+        if loaded is None:
+            raise WorkbenchError(f"experiment '{exp.name}' takes no model, so no head mask")
+        heads_mask.check(loaded)
+    return loaded
 
 
 def verify_stored_files(run: Run) -> None:

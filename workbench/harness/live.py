@@ -1,7 +1,7 @@
 """Live recordings: a reader's own prompt, recorded while they wait.
 
 The dashboard's Live page hands a prompt and a model to a :class:`LiveQueue`, which
-records it with :func:`workbench.recording.record.record` into an ordinary ``record`` run
+records it with :func:`workbench.recording.writer.record` into an ordinary ``record`` run
 of the store (its config says ``source: live``), through the store's run lifecycle, so the
 run reopens on the Recording page and is shared by its id like any other. The queue:
 
@@ -52,8 +52,9 @@ from workbench.core.values import shown
 from workbench.inputs.prompts import CHARS_PER_TOKEN, Prompt
 from workbench.models import reference, zoo
 from workbench.models.base import Model
-from workbench.recording.record import Recording, record
+from workbench.recording.reader import Recording
 from workbench.recording.reductions import PatternContext
+from workbench.recording.writer import record
 from workbench.scores import metrics
 from workbench.store.runs import RunStore
 

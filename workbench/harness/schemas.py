@@ -19,7 +19,7 @@ from pathlib import Path
 from workbench.core import paths
 from workbench.core.records import Schema, schema_text, write_schemas
 from workbench.harness.claims import CLAIMS_FILE
-from workbench.harness.sweep_spec import Spec
+from workbench.harness.sweeps.spec import Spec
 from workbench.models.cache import RECORDS as CACHE_RECORDS
 from workbench.models.checkpoints import RECORDS as CHECKPOINT_RECORDS
 from workbench.recording.index import RECORDS as RECORDING_RECORDS

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Literal
 
 from workbench.models import checkpoints
-from workbench.recording.record import INDEX, Recording
+from workbench.recording.index import INDEX
+from workbench.recording.reader import Recording
 
 
 @dataclass(frozen=True)

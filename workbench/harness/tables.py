@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench.core.errors import UnknownNameError
 from workbench.harness.experiment import get
-from workbench.harness.sweep_tables import TABLES as SWEEP_TABLES
+from workbench.harness.sweeps.tables import TABLES as SWEEP_TABLES
 from workbench.store.runs import Run, model_sizes
 from workbench.store.schema import SchemaError, Table, with_legacy_columns
 

@@ -36,7 +36,8 @@ from workbench.core.errors import UnknownNameError, WorkbenchError
 from workbench.core.registry import did_you_mean
 from workbench.harness.stored import StoredFiles, stored_files
 from workbench.models import cache, zoo
-from workbench.recording.record import INDEX, Recording
+from workbench.recording.index import INDEX
+from workbench.recording.reader import Recording
 from workbench.store.runs import RUN_JSON, Run, RunStore
 
 log = logging.getLogger(__name__)

@@ -203,37 +203,49 @@ def patch_grid(model: Model, pair: Pair, site: Site, *, layers: Sequence[int] | 
     groups = [slice(i, min(i + rows_per_pass, n)) for i in range(0, n, rows_per_pass)]
     with torch.inference_mode():
         for group in groups:
-            sub = pair.rows(group)
-            b = sub.clean.shape[0]
-            kept = hooks.capture(model, Batch.of(sub.clean),
-                                 [*dict.fromkeys(names.values()), hooks.FINAL_OUT])
-            rows = torch.arange(b)
-            clean[group] = readout(model, kept[hooks.FINAL_OUT][rows, sub.positions],
-                                   sub.contrast).double().numpy()
-            with replay.kept(model.bridge) as prefix:
-                other = hooks.capture(model, Batch.of(sub.corrupted),
-                                      [*dict.fromkeys(names.values()), hooks.FINAL_OUT])
-            corrupted[group] = readout(model, other[hooks.FINAL_OUT][rows, sub.positions],
-                                       sub.contrast).double().numpy()
-            passes = []
-            for li, layer in enumerate(layers):
-                # a cell whose clean value is the corrupted one (a position before the first
-                # changed token) patches nothing: its run is the corrupted run
-                name = names[layer]
-                live = [c for c, cell in enumerate(cells)
-                        if not _same(site, cell, kept[name], other[name])]
-                values[group, li] = corrupted[group][:, None]
-                copies = max(1, rows_per_pass // b)
-                passes += [(li, live[i: i + copies]) for i in range(0, len(live), copies)]
-            for li, chunk in progress.track(passes, desc=desc or f"patch {site}"):
-                k, name = len(chunk), names[layers[li]]
-                writer = _writer(site, [cells[c] for c in chunk], kept[name], b)
-                with replay.replayed(model.bridge, prefix, layers[li], copies=k), \
-                        model.bridge.hooks(fwd_hooks=[(name, writer)]):
-                    got = logit_difference(model, Batch.of(sub.corrupted).repeat(k),
-                                           sub.contrast.repeat(k), sub.positions.repeat(k))
-                values[group, li, chunk] = got.double().reshape(k, b).T.numpy()
+            clean[group], corrupted[group], values[group] = _patch_rows(
+                model, pair.rows(group), site, layers, names, cells, rows_per_pass,
+                desc or f"patch {site}")
     return PatchGrid(site, layers, cells, values, clean, corrupted)
+
+
+def _patch_rows(model: Model, sub: Pair, site: Site, layers: list[int], names: dict[int, str],
+                cells: list[int], rows_per_pass: int, desc: str
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One group of rows of :func:`patch_grid`: the clean and corrupted metric of each row,
+    and the metric with each cell of each layer patched, ``[row, layer, cell]``; the
+    patched passes repeat the rows as often as ``rows_per_pass`` allows, one cell a copy."""
+    b = sub.clean.shape[0]
+    kept = hooks.capture(model, Batch.of(sub.clean),
+                         [*dict.fromkeys(names.values()), hooks.FINAL_OUT])
+    rows = torch.arange(b)
+    clean = readout(model, kept[hooks.FINAL_OUT][rows, sub.positions],
+                    sub.contrast).double().numpy()
+    with replay.kept(model.bridge) as prefix:
+        other = hooks.capture(model, Batch.of(sub.corrupted),
+                              [*dict.fromkeys(names.values()), hooks.FINAL_OUT])
+    corrupted = readout(model, other[hooks.FINAL_OUT][rows, sub.positions],
+                        sub.contrast).double().numpy()
+    values = np.full((b, len(layers), len(cells)), np.nan)
+    passes = []
+    for li, layer in enumerate(layers):
+        # a cell whose clean value is the corrupted one (a position before the first
+        # changed token) patches nothing: its run is the corrupted run
+        name = names[layer]
+        live = [c for c, cell in enumerate(cells)
+                if not _same(site, cell, kept[name], other[name])]
+        values[:, li] = corrupted[:, None]
+        copies = max(1, rows_per_pass // b)
+        passes += [(li, live[i: i + copies]) for i in range(0, len(live), copies)]
+    for li, chunk in progress.track(passes, desc=desc):
+        k, name = len(chunk), names[layers[li]]
+        writer = _writer(site, [cells[c] for c in chunk], kept[name], b)
+        with replay.replayed(model.bridge, prefix, layers[li], copies=k), \
+                model.bridge.hooks(fwd_hooks=[(name, writer)]):
+            got = logit_difference(model, Batch.of(sub.corrupted).repeat(k),
+                                   sub.contrast.repeat(k), sub.positions.repeat(k))
+        values[:, li, chunk] = got.double().reshape(k, b).T.numpy()
+    return clean, corrupted, values
 
 
 def _check(model: Model, pair: Pair, site: Site, layers: list[int], cells: list[int]) -> None:

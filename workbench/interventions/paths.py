@@ -128,7 +128,8 @@ def path_patched(model: Model, sources: Sequence[str], targets: Sequence[Head],
             raise WorkbenchError(f"target head L{layer}H{head} does not exist in {info.name}")
     if other is not None and (missing := [s for s in sources if s not in other]):
         raise WorkbenchError(f"no output on the other input for {', '.join(missing)}")
-    with model.bridge.hooks(fwd_hooks=_path_hooks(model, parsed, list(targets), path, other)), \
+    with model.bridge.hooks(fwd_hooks=_PathPatch(model, parsed, list(targets), path,
+                                                    other).fwd_hooks()), \
             warnings.catch_warnings():
         # a target's q/k norm scale is frozen by editing its hook_scale, which the bridge
         # warns takes its norm off the native path: that edit is the patch's own
@@ -177,94 +178,104 @@ def _source_hook(kind: str, layer: int, n_layers: int) -> str:
     return hooks.z(layer) if kind == "head" else hooks.mlp_out(layer)
 
 
-def _path_hooks(model: Model, sources: list[tuple[str, int, int | None]],
-                targets: list[Head], path: InputPath, other: dict[str, Tensor] | None
-                ) -> list[tuple[str, Any]]:
-    """Hooks that read the sources' outputs as the pass runs, each target layer's norm
-    scale (and the sources' output norm scales), and add the sources' change (``other -
-    own``, or ``-own``) projected at the target layer's ``hook_{path}``."""
-    bridge, info = model.bridge, model.info
-    per_group = info.n_heads // info.n_kv_heads
-    seen: list[tuple[int, str, Tensor]] = []  # (origin layer, kind, [batch, pos, d_model])
-    target_layers = sorted({layer for layer, _ in targets})
-    post = {layer: norm for kind, layer, _ in sources
-            if kind == "head" and (norm := output_norm(model, layer)) is not None}
-    scales, keep_scales = hooks.caching_hooks(
-        [hooks.norm_scale(layer) for layer in target_layers]
-        + [hooks.output_norm_scale(layer) for layer in post])
-    w_o = bridge.W_O.detach()
-    weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
-    named = {parse_source(name, model): name for name in (other or {})}
-    head_layers = sorted({layer for kind, layer, _ in sources if kind == "head"})
-    # a per-head q/k norm after hook_q/hook_k: its scale is frozen at the unpatched value
-    head_norms = {layer: head_norm(model, layer, path) if path != "v" else None
-                  for layer in target_layers}
-    frozen: dict[int, Tensor] = {}
+class _PathPatch:
+    """The hooks of one path patch: they read the sources' outputs as the pass runs, each
+    target layer's norm scale (and the sources' output norm scales), and add the sources'
+    change (``other - own``, or ``-own``) projected at the target layer's ``hook_{path}``."""
 
-    def change(source: tuple[str, int, int | None], own: Tensor) -> Tensor:
-        return (0 if other is None else other[named[source]]) - own
+    def __init__(self, model: Model, sources: list[tuple[str, int, int | None]],
+                 targets: list[Head], path: InputPath, other: dict[str, Tensor] | None
+                 ) -> None:
+        bridge = model.bridge
+        self.model, self.sources, self.targets, self.path = model, sources, targets, path
+        self.other = other
+        self.seen: list[tuple[int, str, Tensor]] = []  # (origin layer, kind, [batch, pos, d_model])
+        self.target_layers = sorted({layer for layer, _ in targets})
+        self.post = {layer: norm for kind, layer, _ in sources
+                     if kind == "head" and (norm := output_norm(model, layer)) is not None}
+        self.scales, self.keep_scales = hooks.caching_hooks(
+            [hooks.norm_scale(layer) for layer in self.target_layers]
+            + [hooks.output_norm_scale(layer) for layer in self.post])
+        self.w_o = bridge.W_O.detach()
+        self.weights = {"q": bridge.W_Q, "k": bridge.W_K, "v": bridge.W_V}[path].detach()
+        self.named = {parse_source(name, model): name for name in (other or {})}
+        # a per-head q/k norm after hook_q/hook_k: its scale is frozen at the unpatched value
+        self.head_norms = {layer: head_norm(model, layer, path) if path != "v" else None
+                           for layer in self.target_layers}
+        self.frozen: dict[int, Tensor] = {}
 
-    def embed(x: Tensor, hook: Any) -> None:
-        seen.clear()  # a new forward pass starts here
-        if ("embed", -1, None) in sources:
-            seen.append((-1, "embed", change(("embed", -1, None), x.detach())))
+    def fwd_hooks(self) -> list[tuple[str, Any]]:
+        """``(hook point, hook)`` of every hook, for ``bridge.hooks(fwd_hooks=...)``."""
+        info = self.model.info
+        per_group = info.n_heads // info.n_kv_heads
+        sources = self.sources
+        fwd: list[tuple[str, Any]] = [*self.keep_scales,
+                                      (hooks.resid(0, info.n_layers), self.embed)]
+        for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
+            heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
+            fwd.append((hooks.z(layer), self.head_out(layer, heads)))
+        for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
+            fwd.append((hooks.mlp_out(layer), self.mlp_out(layer)))
+        for layer in self.target_layers:
+            heads = [h for target_layer, h in self.targets if target_layer == layer]
+            indices = sorted(set(heads if self.path == "q" else [h // per_group for h in heads]))
+            fwd.append((hooks.qkv(layer, self.path), self.patch(layer, indices)))
+            if self.head_norms[layer] is not None:
+                fwd.append((hooks.qk_norm_scale(layer, self.path), self.freeze(layer, indices)))
+        return fwd
 
-    def head_out(layer: int, heads: list[int]):
+    def change(self, source: tuple[str, int, int | None], own: Tensor) -> Tensor:
+        return (0 if self.other is None else self.other[self.named[source]]) - own
+
+    def embed(self, x: Tensor, hook: Any) -> None:
+        self.seen.clear()  # a new forward pass starts here
+        if ("embed", -1, None) in self.sources:
+            self.seen.append((-1, "embed", self.change(("embed", -1, None), x.detach())))
+
+    def head_out(self, layer: int, heads: list[int]):
         def hook(z: Tensor, hook: Any) -> None:
-            seen.extend((layer, "head", change(("head", layer, h), torch.einsum(
-                "btd,dm->btm", z[:, :, h], w_o[layer, h]))) for h in heads)
+            self.seen.extend((layer, "head", self.change(("head", layer, h), torch.einsum(
+                "btd,dm->btm", z[:, :, h], self.w_o[layer, h]))) for h in heads)
         return hook
 
-    def mlp_out(layer: int):
+    def mlp_out(self, layer: int):
         def hook(x: Tensor, hook: Any) -> None:
-            seen.append((layer, "mlp", change(("mlp", layer, None), x.detach())))
+            self.seen.append((layer, "mlp", self.change(("mlp", layer, None), x.detach())))
         return hook
 
-    def part(origin: int, kind: str, value: Tensor) -> Tensor:
+    def part(self, origin: int, kind: str, value: Tensor) -> Tensor:
         """A source's change as it joins the residual stream: a head's through its layer's
         frozen output norm (whose scale fires after the head's own hook)."""
-        if kind == "head" and origin in post:
-            scale = scales[hooks.output_norm_scale(origin)][..., 0].double()
-            return normalise(value.double(), scale, post[origin])
+        if kind == "head" and origin in self.post:
+            scale = self.scales[hooks.output_norm_scale(origin)][..., 0].double()
+            return normalise(value.double(), scale, self.post[origin])
         return value.double()
 
-    def patch(layer: int, indices: list[int]):
-        norm = first_norm(model, layer)
+    def patch(self, layer: int, indices: list[int]):
+        norm = first_norm(self.model, layer)
+        qk_norm = self.head_norms[layer]
 
         def hook(x: Tensor, hook: Any) -> Tensor:
-            feeding = [part(origin, kind, t) for origin, kind, t in seen if origin < layer]
+            feeding = [self.part(origin, kind, t) for origin, kind, t in self.seen
+                       if origin < layer]
             if not feeding:
                 return x
-            if head_norms[layer] is not None:
-                frozen[layer] = torch.stack([head_norms[layer].scale(x[:, :, i])
-                                             for i in indices], 1)  # [batch, index, pos]
-            scale = scales[hooks.norm_scale(layer)][..., 0].double()
+            if qk_norm is not None:
+                self.frozen[layer] = torch.stack([qk_norm.scale(x[:, :, i])
+                                                  for i in indices], 1)  # [batch, index, pos]
+            scale = self.scales[hooks.norm_scale(layer)][..., 0].double()
             added = normalise(torch.stack(feeding).sum(0), scale, norm).to(x.dtype)
             x = x.clone()
             for i in indices:
-                x[:, :, i] += added @ weights[layer, i]
+                x[:, :, i] += added @ self.weights[layer, i]
             return x
         return hook
 
-    def freeze(layer: int, indices: list[int]):
+    def freeze(self, layer: int, indices: list[int]):
         def hook(scale: Tensor, hook: Any) -> Tensor:  # [batch, head, pos, 1]
-            if layer not in frozen:
+            if layer not in self.frozen:
                 return scale
             scale = scale.clone()
-            scale[:, indices, :, 0] = frozen.pop(layer).to(scale.dtype)
+            scale[:, indices, :, 0] = self.frozen.pop(layer).to(scale.dtype)
             return scale
         return hook
-
-    fwd: list[tuple[str, Any]] = [*keep_scales, (hooks.resid(0, info.n_layers), embed)]
-    for layer in head_layers:
-        heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
-        fwd.append((hooks.z(layer), head_out(layer, heads)))
-    for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
-        fwd.append((hooks.mlp_out(layer), mlp_out(layer)))
-    for layer in target_layers:
-        heads = [h for target_layer, h in targets if target_layer == layer]
-        indices = sorted(set(heads if path == "q" else [h // per_group for h in heads]))
-        fwd.append((hooks.qkv(layer, path), patch(layer, indices)))
-        if head_norms[layer] is not None:
-            fwd.append((hooks.qk_norm_scale(layer, path), freeze(layer, indices)))
-    return fwd

@@ -4,7 +4,7 @@
 probe small enough to hold at once (a short sequence shown at every checkpoint of a
 training run, say); :func:`pattern_rows` turns that stack into a long table that a run can
 store and a page can draw. Recordings of many prompts go to disk instead
-(:mod:`workbench.recording.record`), and per-head statistics are reduced on the fly
+(:mod:`workbench.recording.writer`), and per-head statistics are reduced on the fly
 (:mod:`workbench.recording.reductions`).
 
 Examples:

@@ -24,6 +24,8 @@ from workbench.core.options import StoreDtype
 from workbench.core.records import Count, Hex64, PositiveInt, Record, RelPath
 from workbench.store.records import ModelInfo
 
+INDEX = "index.json"
+"""The file of a recording folder that holds its :class:`RecordingIndex`."""
 LEGACY_FORMAT, FORMAT = 1, 2
 BlockDtype = Literal["float16", "float32"]
 BLOCK_BYTES = {"float16": 2, "float32": 4}

@@ -1,7 +1,7 @@
 """Format 1 recordings (``index.json`` + ``attn/L*.bin`` + ``resid/B*.bin``), read-only.
 
 Recordings written before the Zarr store (:mod:`workbench.recording.zarr_store`) keep
-opening: :class:`workbench.recording.record.Recording` reads them through this module.
+opening: :class:`workbench.recording.reader.Recording` reads them through this module.
 On disk::
 
     index.json         prompts, tokens, shapes, and for every block its offset and dtype

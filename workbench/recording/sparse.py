@@ -34,6 +34,9 @@ from torch import Tensor
 
 Pooling = Literal["max", "sum"]
 """How the long-context overview pools a cell of many weights: the largest, or their sum."""
+DEFAULT_TOPK = 16
+"""The weights a row keeps unless asked otherwise: what ``record`` keeps of a ``topk``
+recording, and what the sparse view of a dense one computes."""
 CHANNELS = ("first", "diagonal", "previous", "left_out")
 """The exact channels, in their order on the last axis of the stored ``exact`` array."""
 

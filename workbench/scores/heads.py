@@ -110,17 +110,7 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
     table["inputs"] = inputs
     rows = []
     for head_class in tested:
-        observed = real[real.metric == head_class.metric]
-        against: pd.DataFrame | float = testing.eps
-        if head_class.kind == "input":
-            start = twins[head_class.name]
-            twin = per_prompt[(per_prompt.prompt >= start) & (per_prompt.prompt < start + n)]
-            against = twin[twin.metric == head_class.metric].assign(
-                prompt=lambda f, start=start: f.prompt - start)
-        elif head_class.kind == "pattern":
-            tested_name, null_name = classes.PATTERN_NULLS[head_class.name]
-            observed = real[real.metric == tested_name]
-            against = real[real.metric == null_name]
+        observed, against = _tested_against(head_class, per_prompt, n, twins, testing.eps)
         chance = uniform[uniform.metric == observed.metric.iloc[0]].drop(columns="metric") \
             if len(observed) else None
         rows.append(classes.classify(head_class, observed, against, testing=testing,
@@ -128,6 +118,28 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
     found = pd.concat(rows, ignore_index=True) if rows else head_classes().empty()
     kept = real[real.metric.isin(list(reductions))].reset_index(drop=True)
     return Classified(table, found, kept, untested)
+
+
+def _tested_against(head_class: classes.HeadClass, per_prompt: pd.DataFrame, n: int,
+                    twins: Mapping[str, int], eps: float
+                    ) -> tuple[pd.DataFrame, pd.DataFrame | float]:
+    """What one class tests, per prompt, and its null: the real prompts' metric against
+    ``eps``; an ``input`` class against the same metric on the class's null twins (the
+    ``n`` prompts from ``twins[class]``, numbered as the real ones); a ``pattern`` class's
+    tested metric against its null metric, both on the real prompts."""
+    real = per_prompt[per_prompt.prompt < n]
+    observed = real[real.metric == head_class.metric]
+    against: pd.DataFrame | float = eps
+    if head_class.kind == "input":
+        start = twins[head_class.name]
+        twin = per_prompt[(per_prompt.prompt >= start) & (per_prompt.prompt < start + n)]
+        against = twin[twin.metric == head_class.metric].assign(
+            prompt=lambda f, start=start: f.prompt - start)
+    elif head_class.kind == "pattern":
+        tested_name, null_name = classes.PATTERN_NULLS[head_class.name]
+        observed = real[real.metric == tested_name]
+        against = real[real.metric == null_name]
+    return observed, against
 
 
 def _untested(model: Model, prompts: Sequence[Prompt], tested: Sequence[classes.HeadClass],

@@ -700,17 +700,8 @@ class RunStore:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         model_part = _slug(name) if name else (_slug(info.name) if info else "none")
         run_id, staging = self._claim_id(f"{stamp}-{_slug(experiment)}-{model_part}")
-        seed = cfg.get("seed")
         try:
-            meta = RunMeta.from_data({
-                "run_id": run_id, "experiment": experiment,
-                "model": info.to_data() if info else None, "config": cfg,
-                "seed": seed if isinstance(seed, int) else None,
-                "workbench_version": provenance.workbench_version(), **provenance.collect(),
-                "started_at": _now(), "load_at_start": provenance.load_average(),
-                "status": "running", "pid": os.getpid(),
-                "pid_started": process_started(), **(extra or {}),
-            }, what=RUN_JSON)
+            meta = _starting_meta(run_id, experiment, info, cfg, extra)
         except BaseException:
             staging.rmdir()
             raise
@@ -974,6 +965,27 @@ class RunStore:
                 shutil.rmtree(run.path)
                 removed.append(run)
         return removed
+
+
+def _starting_meta(run_id: str, experiment: str, info: ModelInfo | None,
+                   cfg: dict[str, Any], extra: dict[str, Any] | None) -> RunMeta:
+    """The ``run.json`` of a run starting now in this process: its provenance, the load,
+    ``running``, and ``extra``.
+
+    Raises:
+        RecordError: ``extra`` names no field of ``run.json`` or has a value of the wrong
+            type.
+    """
+    seed = cfg.get("seed")
+    return RunMeta.from_data({
+        "run_id": run_id, "experiment": experiment,
+        "model": info.to_data() if info else None, "config": cfg,
+        "seed": seed if isinstance(seed, int) else None,
+        "workbench_version": provenance.workbench_version(), **provenance.collect(),
+        "started_at": _now(), "load_at_start": provenance.load_average(),
+        "status": "running", "pid": os.getpid(),
+        "pid_started": process_started(), **(extra or {}),
+    }, what=RUN_JSON)
 
 
 def _config_values(config: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import pyarrow
 from workbench.core.errors import WorkbenchError
 from workbench.harness import experiment, run_facts
 from workbench.models.base import Model
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.store.runs import Run
 from workbench.views import html, pages
 

@@ -5,7 +5,7 @@ A notebook draws the same figures with ``workbench.show_pattern(rec, ...)`` and
 ``workbench.show_long(rec, ...)`` (:func:`show_pattern`, :func:`show_long`).
 
 Both read only what they show from the recording: the first ``max_tokens`` query rows of a
-pattern, or the pooled grid :meth:`~workbench.recording.record.Recording.pooled` builds
+pattern, or the pooled grid :meth:`~workbench.recording.reader.Recording.pooled` builds
 block by block, so an 8,192-token pattern becomes at most ``OVERVIEW_CELLS`` cells a side
 before any figure is made.
 
@@ -25,7 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.core.errors import WorkbenchError
-from workbench.recording.record import Pooled, Recording
+from workbench.recording.reader import Pooled, Recording
 from workbench.views.style import (
     COLOUR_SCALES,
     ColourScale,
@@ -167,7 +167,7 @@ def show_pattern(rec: Recording, prompt: int, layer: int, head: int, *,
 def show_long(rec: Recording, prompt: int, layer: int, head: int, pooling: Pooling = "max",
               *, scale: ColourScale = "log", cells: int = OVERVIEW_CELLS) -> go.Figure:
     """One head's whole pattern as the Long context page's overview draws it: pooled
-    (:meth:`~workbench.recording.record.Recording.pooled`, ``max`` or ``sum`` of each block
+    (:meth:`~workbench.recording.reader.Recording.pooled`, ``max`` or ``sum`` of each block
     of tokens) to at most ``cells`` a side before the figure is made, so an 8,192-token
     prompt gives a 512 x 512 figure; a sliding layer's window edge is marked.
 

@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from jaxtyping import Float
 
-from workbench.recording.record import Recording
+from workbench.recording.reader import Recording
 from workbench.views.style import unique_labels
 
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 
 if TYPE_CHECKING:  # imported by the parser: nothing heavy at import time
-    from workbench.harness.sweep_spec import Cell
+    from workbench.harness.sweeps.spec import Cell
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """``workbench sweep``: run the cells of a sweep spec on Ray, resumably, into one sweep run.
 
-A sweep (:mod:`workbench.harness.sweep_spec`) expands into cells before anything runs, so
+A sweep (:mod:`workbench.harness.sweeps.spec`) expands into cells before anything runs, so
 an unknown experiment, model or field, a model that is not one, an empty grid, a glob
 matching nothing, two cells that are one run or more than
-:data:`~workbench.harness.sweep_spec.MAX_CELLS` cells fail at once, and a cell whose model
+:data:`~workbench.harness.sweeps.spec.MAX_CELLS` cells fail at once, and a cell whose model
 its experiment refuses (an encoder for a causal experiment) is known to be skipped. Then:
 
 0. **Models.** Bundled models are fetched (or verified) once, before Ray starts.
@@ -15,13 +15,13 @@ its experiment refuses (an encoder for a causal experiment) is known to be skipp
    stopped.
 2. **The store is checked from the workers**: a task on every node writes and removes a
    probe file in the run store; a node that cannot fails the sweep at once.
-3. **Cells run as Ray tasks** (:mod:`workbench.harness.sweep_ray`), at most as many at a
+3. **Cells run as Ray tasks** (:mod:`workbench.harness.sweeps.cluster`), at most as many at a
    time as the cluster has slots of ``cpus`` CPUs, each an ordinary run in the store. A
    failed cell keeps its cause (its run is stored as failed) and the rest go on. Ctrl-C
    or SIGTERM stops scheduling and cancels the running cells (their runs are stored as
    failed); the sweep run is then stored as failed too, with the cells table saying what
    ran (complete, cancelled, not run).
-4. **The sweep is a run** (``experiment = sweep``, :mod:`workbench.harness.sweep_tables`):
+4. **The sweep is a run** (``experiment = sweep``, :mod:`workbench.harness.sweeps.tables`):
    ``spec.toml``, the list of cell runs in ``run.json`` (``cells``), the ``cells`` table
    and the ``scores`` table joining every complete cell's ``head_scores`` with the cell.
 
@@ -48,11 +48,11 @@ from typing import Any
 import pandas as pd
 
 from workbench.core import paths
-from workbench.harness import sweep_ray
 from workbench.harness.experiment import verify_stored_files
-from workbench.harness.sweep_ray import Outcome
-from workbench.harness.sweep_spec import Cell, Spec, expand, load_spec
-from workbench.harness.sweep_tables import CELLS, SCORES, TABLES
+from workbench.harness.sweeps import cluster
+from workbench.harness.sweeps.cluster import Outcome
+from workbench.harness.sweeps.spec import Cell, Spec, expand, load_spec
+from workbench.harness.sweeps.tables import CELLS, SCORES, TABLES
 from workbench.harness.tables import read as read_table
 from workbench.models import cache
 from workbench.models.zoo import MODELS
@@ -79,7 +79,7 @@ class Progress:
 
 
 def plan(spec_path: str | Path, runs_dir: str | Path | None = None) -> tuple[Spec, list[Cell]]:
-    """Read a spec and expand it into cells (see :func:`workbench.harness.sweep_spec.expand`
+    """Read a spec and expand it into cells (see :func:`workbench.harness.sweeps.spec.expand`
     for everything refused here, before anything runs).
 
     Args:
@@ -238,11 +238,11 @@ def run_sweep(spec: Spec, cells: Sequence[Cell], *, runs_dir: str | Path | None 
     todo = [c for c in cells if c.index not in outcomes]
     fetch_bundled(todo)  # a model no worker could fetch fails the sweep before it starts
     report = on_progress or (lambda p: None)
-    session = sweep_ray.connect(address, cpus=cpus, gpus=gpus) if todo else None
+    session = cluster.connect(address, cpus=cpus, gpus=gpus) if todo else None
     since = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         if session is not None:
-            sweep_ray.check_workers_can_write(root)
+            cluster.check_workers_can_write(root)
         report(_progress(len(cells), outcomes, 0))  # once nothing can refuse the sweep
         with store.start("sweep", None, spec.to_dict(), tables=TABLES, name=spec.name,
                          extra={"cpus": cpus, "gpus": gpus, "address": address}) as active:
@@ -257,11 +257,11 @@ def run_sweep(spec: Spec, cells: Sequence[Cell], *, runs_dir: str | Path | None 
         return store.get(active.final)
     finally:
         if session is not None:
-            sweep_ray.disconnect(session)
+            cluster.disconnect(session)
 
 
 def _env(root: Path) -> dict[str, str]:
-    env = {k: os.environ[k] for k in sweep_ray.ENV_PASSED if k in os.environ}
+    env = {k: os.environ[k] for k in cluster.ENV_PASSED if k in os.environ}
     return {**env, "WORKBENCH_RUNS_DIR": str(root)}
 
 
@@ -275,8 +275,8 @@ def _schedule(todo: Sequence[Cell], outcomes: dict[int, Outcome], total: int, sl
               gpus: float) -> None:
     """Run ``todo`` with at most ``slots`` cells at a time, filling ``outcomes`` as cells
     end; on Ctrl-C or SIGTERM cancel the running cells and mark the rest not run."""
-    ray = sweep_ray.import_ray()
-    task = sweep_ray.remote_cell(cpus, gpus)
+    ray = cluster.import_ray()
+    task = cluster.remote_cell(cpus, gpus)
     queue, running = list(todo), {}
     try:
         while queue or running:
@@ -368,7 +368,7 @@ def _key_columns(cell: Cell, run_id: str) -> dict[str, Any]:
 
 def cells_table(store: RunStore, cells: Sequence[Cell], outcomes: Mapping[int, Outcome],
                 since: str) -> pd.DataFrame:
-    """The ``cells`` table (see :data:`workbench.harness.sweep_tables.CELLS`).
+    """The ``cells`` table (see :data:`workbench.harness.sweeps.tables.CELLS`).
 
     Args:
         store: the run store (to find the run of a cell that did not report it).
@@ -406,7 +406,7 @@ def scores_table(store: RunStore, cells: Sequence[Cell], table: pd.DataFrame) ->
         table: the ``cells`` table (:func:`cells_table`).
 
     Returns:
-        The long table, declared as :data:`workbench.harness.sweep_tables.SCORES`.
+        The long table, declared as :data:`workbench.harness.sweeps.tables.SCORES`.
     """
     by_index = {c.index: c for c in cells}
     parts = []

@@ -1,24 +1,7 @@
-"""Record the residual stream and every attention pattern to disk, and read them back lazily.
-
-:func:`record` hooks the bridge so that each layer's attention patterns and residual stream
-are written to a chunked Zarr v3 store (:mod:`workbench.recording.zarr_store`) as soon as the
-forward pass produces them, one block of query rows at a time; nothing accumulates in
-memory, so peak memory does not grow with the number of layers or prompts. With blocked
-attention (the default where the family has it, :mod:`workbench.models.blocked`) the model
-itself computes each layer's pattern one block of rows at a time, so no ``[head, query,
-key]`` array exists at all and memory grows linearly with the prompt's length.
-
-Patterns are stored ``dense``, as ``topk`` (:mod:`workbench.recording.sparse`: the k
-largest weights of each row and their keys, plus the exact weights on the first token,
-the diagonal and the previous token, and the mass left out), or not at all (``none``).
-``auto`` (the default) is dense when the longest prompt has at most
-:data:`DENSE_UP_TO` tokens and topk above: a dense 8,192-token smollm2 prompt would take
-36 GB.
-
-Dense patterns and residuals are stored as float16 unless a value would overflow it
-(smollm2's residual stream reaches about 2.5e4 at the first token, near float16's limit
-of 65504): such an array is kept in float32, so nothing is ever silently clipped to
-infinity. Recordings of format 1 (``index.json`` + ``attn/*.bin``, see
+"""Read a recording back lazily: :class:`Recording` opens a recording folder (or the run
+folder that holds one), checks its ``index.json`` before anything else is read, and reads
+only the chunks each call needs. :func:`workbench.recording.writer.record` writes one.
+Recordings of format 1 (``index.json`` + ``attn/*.bin``, see
 :mod:`workbench.recording.legacy`) still open, read-only.
 
 Examples:
@@ -29,286 +12,30 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import warnings
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import zarr
 from jaxtyping import Float
 
-from workbench.core import checksums, durable, progress
+from workbench.core import checksums
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
-from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
 from workbench.core.records import RecordError
-from workbench.inputs.batching import Batch, make_batches
-from workbench.inputs.prompts import Prompt
-from workbench.models.base import Model
-from workbench.models.blocked import PatternBlock
-from workbench.recording import hooks, legacy, sparse, zarr_store
-from workbench.recording.index import FORMAT, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
+from workbench.recording import legacy, sparse, zarr_store
+from workbench.recording.index import INDEX, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
+from workbench.recording.sparse import DEFAULT_TOPK
 from workbench.store.records import RunMeta
 from workbench.store.validate import confined_file, real
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-FLOAT16_MAX = float(np.finfo(np.float16).max)
-INDEX = "index.json"
 RUN_JSON = "run.json"
-DENSE_UP_TO = 1024
-"""``auto`` stores patterns dense up to this many tokens (the longest prompt), topk above."""
-DEFAULT_TOPK = 16
-
-
-def _storable(block: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
-    """The block as a numpy array in ``dtype``, or float32 when float16 would overflow."""
-    block = block.detach().float()
-    if dtype == "float16" and float(block.abs().max()) <= FLOAT16_MAX:
-        return block.half().numpy()
-    return block.numpy()
-
-
-def storage_for(patterns: PatternStorage, longest: int) -> PatternStorage:
-    """The storage ``patterns`` means for prompts of at most ``longest`` tokens (``auto``
-    resolved: dense up to :data:`DENSE_UP_TO` tokens, topk above).
-
-    Raises:
-        WorkbenchError: ``patterns`` is not one of :data:`PatternStorage`.
-    """
-    if patterns not in get_args(PatternStorage):
-        raise WorkbenchError(f"patterns must be one of {', '.join(get_args(PatternStorage))}, "
-                             f"got {patterns!r}")
-    if patterns == "auto":
-        return "dense" if longest <= DENSE_UP_TO else "topk"
-    return patterns
-
-
-class _Writer:
-    """Hook functions that write each prompt's slice of a layer's tensors to the group."""
-
-    def __init__(self, group: zarr.Group, shape: dict[str, int], storage: PatternStorage,
-                 store_dtype: StoreDtype, topk: int, include_resid: bool) -> None:
-        self.group, self.storage, self.store_dtype, self.k = group, storage, store_dtype, topk
-        p, h, t, d = shape["prompts"], shape["heads"], shape["longest"], shape["d_model"]
-        self.t_max = t
-        self.arrays: dict[tuple[str, int], zarr.Array] = {}
-        for layer in range(shape["layers"]):
-            if storage == "dense":
-                self._add("attn", layer, (p, h, t, t), store_dtype)
-            elif storage == "topk":
-                self._add("topk_weights", layer, (p, h, t, topk), "float32")
-                self._add("topk_keys", layer, (p, h, t, topk), sparse.key_dtype(t))
-                self._add("exact", layer, (p, h, t, len(sparse.CHANNELS)), "float32")
-        if include_resid:
-            for b in range(shape["layers"] + 1):
-                self._add("resid", b, (p, t, d), store_dtype)
-        self.batch: Batch | None = None
-        self._pending: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
-
-    def _add(self, kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> None:
-        self.arrays[(kind, layer)] = zarr_store.create(self.group, kind, layer, shape, dtype)
-
-    def hook_fns(self, n_layers: int, advance: Callable[[int], None] | None = None
-                 ) -> list[tuple[str, Any]]:
-        """The residual stream's hooks (patterns come block by block: :meth:`consume`);
-        with ``advance``, each layer's output counts the batch's query rows done."""
-        if ("resid", 0) not in self.arrays:
-            return []
-        return [(hooks.resid(b, n_layers), self._resid_hook(b, advance if b else None))
-                for b in range(n_layers + 1)]
-
-    def last_hook(self, n_layers: int) -> str:
-        """The last hook point whose tensor is written; the forward pass stops there."""
-        if ("resid", 0) in self.arrays:
-            return hooks.resid(n_layers, n_layers)
-        return hooks.after(n_layers - 1, n_layers)
-
-    def _rows(self):
-        assert self.batch is not None
-        return enumerate(zip(self.batch.indices, self.batch.lengths, strict=True))
-
-    def consume(self, block: PatternBlock) -> None:
-        """Take one block of query rows of a layer: each prompt's real rows, cut at the
-        chunks of :data:`zarr_store.QUERY_BLOCK` rows, each chunk written once it is whole."""
-        step = zarr_store.QUERY_BLOCK
-        for row, (index, n) in self._rows():
-            stop = min(block.q1, n)
-            if block.q0 >= stop:
-                continue
-            # a real row sees only real keys, so the block's keys start before n
-            rows = block.weights[row, :, : stop - block.q0, : min(block.k1, n) - block.k0]
-            start = block.q0
-            while start < stop:
-                end = min(stop, (start // step + 1) * step)
-                part = rows[:, start - block.q0:end - block.q0]
-                self._pending.setdefault((block.layer, index), []).append(
-                    (start, block.k0, self._sparse(part, start, block.k0)))
-                if end == n or end % step == 0:
-                    self._flush(block.layer, index)
-                start = end
-
-    def _sparse(self, rows: torch.Tensor, q0: int, k0: int) -> Any:
-        """What a chunk keeps of some rows: their weights (dense), or their sparse form."""
-        if self.storage == "dense":
-            return rows.detach().float().numpy()  # weights never overflow float16
-        return sparse.topk_rows(rows, q0=q0, k=self.k, k0=k0, n_keys=self.t_max)
-
-    def _flush(self, layer: int, index: int) -> None:
-        """Write one chunk of query rows (padded to the chunk, so no chunk is rewritten)."""
-        parts = self._pending.pop((layer, index))
-        c0 = parts[0][0]
-        stop = min(c0 + zarr_store.QUERY_BLOCK, self.t_max)
-        if self.storage == "dense":
-            first = parts[0][2]
-            block = np.zeros((first.shape[0], stop - c0, self.t_max), dtype=self.store_dtype)
-            for start, k0, rows in parts:
-                block[:, start - c0:start - c0 + rows.shape[1], k0:k0 + rows.shape[2]] = rows
-            self.arrays[("attn", layer)][index, :, c0:stop] = block
-            return
-        for kind, key in (("topk_weights", "weights"), ("exact", "exact"), ("topk_keys", "keys")):
-            array = self.arrays[(kind, layer)]
-            part = np.concatenate([p[2][key] for p in parts], axis=1)
-            block = np.full((part.shape[0], stop - c0, array.shape[-1]), array.fill_value,
-                            dtype=array.dtype)
-            block[:, : part.shape[1]] = part
-            array[index, :, c0:stop] = block
-
-    def _resid_hook(self, boundary: int, advance: Callable[[int], None] | None = None):
-        def hook(tensor: torch.Tensor, hook: Any) -> None:
-            if advance is not None:
-                advance(int(tensor.shape[1]))
-            for row, (index, n) in self._rows():
-                step = zarr_store.RESID_BLOCK
-                for p0 in range(0, n, step):
-                    part = _storable(tensor[row, p0:min(p0 + step, n)], self.store_dtype)
-                    self._write_resid(boundary, index, p0, part)
-
-        return hook
-
-    def _write_resid(self, boundary: int, index: int, p0: int, part: np.ndarray) -> None:
-        array = self.arrays[("resid", boundary)]
-        if part.dtype == np.float32 and array.dtype == np.float16:
-            array = self._widen(boundary)
-        stop = min(p0 + zarr_store.RESID_BLOCK, self.t_max)
-        block = np.zeros((stop - p0, array.shape[-1]), dtype=array.dtype)
-        block[: len(part)] = part
-        array[index, p0:stop] = block
-
-    def _widen(self, boundary: int) -> zarr.Array:
-        """Rewrite a float16 residual array as float32 once a block would overflow float16
-        (rare; it costs one read of what that array holds so far)."""
-        old = self.arrays[("resid", boundary)]
-        kept = np.asarray(old[...], dtype=np.float32)
-        new = zarr_store.create(self.group, "resid", boundary, old.shape, "float32",
-                                overwrite=True)
-        new[...] = kept
-        self.arrays[("resid", boundary)] = new
-        return new
-
-
-def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
-           store_dtype: StoreDtype = "float16", max_batch_tokens: int = 2048,
-           include_resid: bool = True, patterns: PatternStorage = "auto",
-           topk: int = DEFAULT_TOPK, attention: AttentionPath = "auto") -> Recording:
-    """Run ``model`` on ``prompts`` and write a recording into folder ``out``.
-
-    Args:
-        model: the model to record.
-        prompts: texts, sentence pairs or token ids; lengths may differ.
-        out: a new or empty folder (a non-empty one is refused, nothing is written).
-        store_dtype: ``float16`` (default; an array falls back to float32 if a value
-            would overflow) or ``float32``, for dense patterns and residuals.
-        max_batch_tokens: prompts are right-padded into batches of at most this many tokens.
-        include_resid: also record the residual stream.
-        patterns: ``dense``, ``topk``, ``none``, or ``auto`` (dense up to
-            :data:`DENSE_UP_TO` tokens, topk above).
-        topk: weights kept per query row when patterns are ``topk``.
-        attention: how patterns are computed (:data:`~workbench.core.options.AttentionPath`;
-            ``auto``: blocked attention where the family has it, so no layer's pattern is
-            ever whole and memory grows linearly with the prompt's length).
-
-    Returns:
-        The recording, opened for reading.
-
-    Raises:
-        WorkbenchError: a non-empty ``out``, an empty prompt or one longer than the
-            model's context, a bad ``patterns`` or ``topk``, or nothing to record.
-    """
-    root = Path(out)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise WorkbenchError(f"{root} is not an empty folder: record into a new or empty one")
-    if not prompts:
-        raise WorkbenchError("no prompts to record")
-    if not isinstance(topk, int) or topk < 1:
-        raise WorkbenchError(f"topk must be a positive integer, got {topk!r}")
-    encoded = [model.encode(p) for p in prompts]
-    longest = max(len(ids) for ids, _ in encoded)
-    storage = storage_for(patterns, longest)
-    if storage == "none" and not include_resid:
-        raise WorkbenchError("nothing to record: patterns none and no residual stream")
-    info = model.info
-    shape = {"prompts": len(prompts), "heads": info.n_heads, "longest": longest,
-             "d_model": info.d_model, "layers": info.n_layers}
-    root.mkdir(parents=True, exist_ok=True)
-    group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
-    writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
-    batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
-    # the bar counts every layer's query rows, so it moves on one long prompt too
-    rows = info.n_layers * sum(int(b.input_ids.shape[1]) for b in batches)
-    with torch.inference_mode(), progress.counting(
-            rows, desc="recording (layers x query rows)") as advance, _fed(
-            model, writer, storage, attention, advance):
-        for batch in batches:
-            writer.batch = batch
-            hooks.run_hooked(model.bridge, batch,
-                             writer.hook_fns(info.n_layers, None if storage != "none"
-                                             else advance),
-                             stop_after=writer.last_hook(info.n_layers))
-    index = _index(model, prompts, encoded, root, store_dtype=store_dtype, patterns=storage,
-                   topk=topk if storage == "topk" else None, resid=include_resid,
-                   longest=longest)
-    # the index is written last: a recording without one does not open
-    durable.write_atomic(root / INDEX, index.to_json())
-    return Recording.open(root)
-
-
-def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: AttentionPath,
-         advance: Callable[[int], None]) -> contextlib.AbstractContextManager[Any]:
-    """Patterns handed to ``writer`` block by block (each block's query rows counted by
-    ``advance``), or nothing when patterns are not stored."""
-    if storage == "none":
-        return contextlib.nullcontext()
-
-    def consume(block: PatternBlock) -> None:
-        writer.consume(block)
-        advance(block.q1 - block.q0)
-
-    return hooks.patterns_fed(model, consume, attention=attention)
-
-
-def _index(model: Model, prompts: Sequence[Prompt], encoded: list[Any], root: Path,
-           **storage: Any) -> RecordingIndex:
-    """``index.json`` of a recording just written: the model, the prompts, how patterns
-    are stored (``storage``), and the size and SHA-256 of every file of the group."""
-    info = model.info
-    return RecordingIndex.from_data({
-        "format_version": FORMAT, "model": info.to_dict(), "n_layers": info.n_layers,
-        "n_heads": info.n_heads, "d_model": info.d_model, **storage,
-        "prompts": [
-            {"label": p.label, "text": p.text, "pair": p.pair, "token_ids": ids,
-             "tokens": model.str_tokens(ids)}
-            for p, (ids, _) in zip(prompts, encoded, strict=True)
-        ],
-        "files": zarr_store.file_manifest(root),
-    }, what=str(root / INDEX))
-
 
 MAX_INDEX = 256 << 20
 """An ``index.json`` larger than this is not one (a big recording's is tens of megabytes)."""
@@ -726,4 +453,3 @@ def _pool_sparse(rows: sparse.SparsePattern, corner: tuple[int, int], shape: tup
     q0, k0 = corner
     return sparse.pool_entries(np.concatenate(r) - q0, np.concatenate(c) - k0,
                                np.concatenate(v), shape, factor, how)
-
