@@ -52,6 +52,7 @@ dashboard: setup
 
 test: fetch
 	$(BIN)/lint-imports
+	$(BIN)/pyright --pythonpath $(BIN)/python
 	$(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -70,6 +71,7 @@ fuzz: fetch
 lint: setup
 	$(BIN)/ruff check workbench experiments dashboards tests benchmarks notebooks docs/hooks.py
 	$(BIN)/lint-imports
+	$(BIN)/pyright --pythonpath $(BIN)/python
 
 # The documentation site from docs/ into site/ (git-ignored); a broken link, a missing
 # anchor or a reference that does not resolve fails it. The CLI reference, each

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -46,7 +46,24 @@ _MODULES = {
 _CARDS = (("workbench.store.runs", "Run"), ("workbench.recording.reader", "Recording"),
           ("workbench.models.base", "Model"))
 
-__all__ = sorted([*_API, "show_cards"])
+__all__ = ["Model", "Prompt", "Recording", "RunStore", "WorkbenchError", "check_device",
+           "figure", "load_model", "load_prompt_set", "record", "run_experiment",
+           "show_cards", "show_long", "show_pattern"]
+"""The names of :data:`_API` and ``show_cards`` (a test keeps them equal)."""
+
+if TYPE_CHECKING:  # what a type checker sees of the names imported on first use
+    from workbench.core.devices import check_device
+    from workbench.core.errors import WorkbenchError
+    from workbench.harness.experiment import run_experiment
+    from workbench.inputs.prompts import Prompt, load_prompt_set
+    from workbench.models.base import Model
+    from workbench.models.load import load_model
+    from workbench.recording import hooks as hooks  # a module, not in __all__
+    from workbench.recording.reader import Recording
+    from workbench.recording.writer import record
+    from workbench.store.runs import RunStore
+    from workbench.views.catalog import figure
+    from workbench.views.patterns import show_long, show_pattern
 
 
 def __getattr__(name: str) -> Any:

@@ -187,7 +187,8 @@ class _PathPatch:
                  targets: list[Head], path: InputPath, other: dict[str, Tensor] | None
                  ) -> None:
         bridge = model.bridge
-        self.model, self.sources, self.targets, self.path = model, sources, targets, path
+        self.model, self.sources, self.targets = model, sources, targets
+        self.path: InputPath = path
         self.other = other
         self.seen: list[tuple[int, str, Tensor]] = []  # (origin layer, kind, [batch, pos, d_model])
         self.target_layers = sorted({layer for layer, _ in targets})
@@ -212,7 +213,8 @@ class _PathPatch:
         fwd: list[tuple[str, Any]] = [*self.keep_scales,
                                       (hooks.resid(0, info.n_layers), self.embed)]
         for layer in sorted({layer for kind, layer, _ in sources if kind == "head"}):
-            heads = [h for kind, src_layer, h in sources if kind == "head" and src_layer == layer]
+            heads = [h for kind, src_layer, h in sources
+                     if kind == "head" and src_layer == layer and h is not None]
             fwd.append((hooks.z(layer), self.head_out(layer, heads)))
         for layer in sorted({layer for kind, layer, _ in sources if kind == "mlp"}):
             fwd.append((hooks.mlp_out(layer), self.mlp_out(layer)))
@@ -220,7 +222,7 @@ class _PathPatch:
             heads = [h for target_layer, h in self.targets if target_layer == layer]
             indices = sorted(set(heads if self.path == "q" else [h // per_group for h in heads]))
             fwd.append((hooks.qkv(layer, self.path), self.patch(layer, indices)))
-            if self.head_norms[layer] is not None:
+            if self.path != "v" and self.head_norms[layer] is not None:
                 fwd.append((hooks.qk_norm_scale(layer, self.path), self.freeze(layer, indices)))
         return fwd
 

@@ -16,7 +16,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from workbench.store.validate import confined_file, real
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
+    import zarr
 
 RUN_JSON = "run.json"
 
@@ -403,7 +404,7 @@ class Recording:
         """A slice of one array; a chunk that fails its CRC-32C is a ChecksumError."""
         assert self._group is not None
         try:
-            return np.asarray(self._group[name][where])
+            return np.asarray(cast("zarr.Array", self._group[name])[where])  # an array, not a group
         except ValueError as exc:  # Crc32cCodec: "Stored and computed checksum do not match"
             raise ChecksumError(f"{self.root / zarr_store.GROUP / name}: a chunk is damaged "
                                 f"({exc}); `Recording.verify()` names it") from None

@@ -82,7 +82,8 @@ class _Writer:
 
     def __init__(self, group: zarr.Group, shape: dict[str, int], storage: PatternStorage,
                  store_dtype: StoreDtype, topk: int, include_resid: bool) -> None:
-        self.group, self.storage, self.store_dtype, self.k = group, storage, store_dtype, topk
+        self.group, self.storage, self.k = group, storage, topk
+        self.store_dtype: StoreDtype = store_dtype
         p, h, t, d = shape["prompts"], shape["heads"], shape["longest"], shape["d_model"]
         self.t_max = t
         self.arrays: dict[tuple[str, int], zarr.Array] = {}

@@ -91,6 +91,7 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
     gen = torch.Generator().manual_seed(testing.seed)
     for head_class in tested:
         if head_class.kind == "input":
+            assert repeats is not None  # _untested raised without them
             twins[head_class.name] = len(everything)
             build = classes.NULL_INPUTS[head_class.name]
             everything += [build(model, p, *repeats, gen) for p in prompts]

@@ -63,7 +63,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -91,6 +91,17 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 log = logging.getLogger(__name__)
+
+
+class Weights(Protocol):
+    """What :meth:`RunStore.find_matching` compares of a model: its name and the checksum
+    of its weights (a :class:`~workbench.store.records.ModelInfo` has both)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def checksum(self) -> str: ...
 
 RUN_JSON = "run.json"
 RECORDING_INDEX = "index.json"
@@ -903,7 +914,7 @@ class RunStore:
             return run
         return None
 
-    def find_matching(self, experiment: str, model: ModelInfo | None, config: Any,
+    def find_matching(self, experiment: str, model: Weights | None, config: Any,
                       interventions: Interventions | None = None, *,
                       check: Callable[[Run], None] | None = None) -> Run | None:
         """The newest complete run with the same experiment, model weights, config,
@@ -995,7 +1006,7 @@ def _config_values(config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(cfg, default=str))
 
 
-def _same_weights(stored: ModelInfo | None, model: ModelInfo) -> bool:
+def _same_weights(stored: ModelInfo | None, model: Weights) -> bool:
     return stored is not None and (stored.name, stored.checksum) == (model.name, model.checksum)
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 
 if TYPE_CHECKING:  # imported by the parser: nothing heavy at import time
+    from workbench.core.options import Dtype
     from workbench.harness.sweeps.spec import Cell
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,8 @@ def _found_address(address: str | None) -> tuple[str, int] | None:
     from ray._private.services import canonicalize_bootstrap_address
 
     try:
-        found = canonicalize_bootstrap_address(address)
+        # None asks Ray for the address it would join, which its annotation leaves out
+        found = canonicalize_bootstrap_address(address)  # pyright: ignore[reportArgumentType]
     except (ConnectionError, ValueError):
         return None
     try:
@@ -305,7 +307,7 @@ class Outcome:
 _models: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
 
 
-def _cached_model(name: str, dtype: str, runs_dir: str, device: str) -> tuple[Any, bool]:
+def _cached_model(name: str, dtype: Dtype, runs_dir: str, device: str) -> tuple[Any, bool]:
     """The model ``name``, loaded once per worker process; whether it was loaded now."""
     from workbench.models.load import load_model
 
@@ -323,7 +325,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def run_cell(cell: Cell, runs_dir: str, dtype: str, threads: int,
+def run_cell(cell: Cell, runs_dir: str, dtype: Dtype, threads: int,
              env: Mapping[str, str], device: str = "cpu") -> Outcome:
     """Run one cell in this worker: the model from the worker's cache, then
     :func:`~workbench.harness.experiment.run_experiment` with ``reuse`` (a matching complete

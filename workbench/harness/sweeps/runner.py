@@ -110,11 +110,13 @@ def reusable(cells: Sequence[Cell], store: RunStore) -> dict[int, Run]:
     stored = {(run.experiment, run.model_name) for run in store.runs(status="complete")}
     found = {}
     for cell in cells:
-        if cell.skip or (cell.model is not None and cell.model.checksum is None):
+        weights = None
+        if cell.model is not None:
+            if cell.model.checksum is None:
+                continue
+            weights = _Weights(cell.model.name, cell.model.checksum)
+        if cell.skip or (cell.experiment, cell.model.name if cell.model else None) not in stored:
             continue
-        if (cell.experiment, cell.model.name if cell.model else None) not in stored:
-            continue
-        weights = None if cell.model is None else _Weights(cell.model.name, cell.model.checksum)
         run = store.find_matching(cell.experiment, weights, cell.overrides,
                                   check=verify_stored_files)
         if run is not None:
@@ -125,7 +127,7 @@ def reusable(cells: Sequence[Cell], store: RunStore) -> dict[int, Run]:
 @dataclass(frozen=True)
 class _Weights:
     """The two facts of a model's info that :meth:`RunStore.find_matching` compares,
-    known without loading it (it reads them as attributes, as of a ``ModelInfo``)."""
+    known without loading it (a :class:`~workbench.store.runs.Weights`)."""
 
     name: str
     checksum: str
@@ -410,8 +412,9 @@ def scores_table(store: RunStore, cells: Sequence[Cell], table: pd.DataFrame) ->
     """
     by_index = {c.index: c for c in cells}
     parts = []
-    for row in table[table.status.isin(["complete", "reused"])].itertuples():
-        run = store.get(row.run_id)
+    done = table[table.status.isin(["complete", "reused"])]
+    for index, run_id in zip(done.cell.tolist(), done.run_id.tolist(), strict=True):
+        run = store.get(run_id)
         if "head_scores" not in run.table_names():
             continue
         scores = read_table(run, "head_scores")
@@ -421,7 +424,7 @@ def scores_table(store: RunStore, cells: Sequence[Cell], table: pd.DataFrame) ->
             scores = with_layer_types(scores, run.meta.model.layer_types)
         elif "layer_type" not in scores.columns:  # models the experiment trained: global
             scores = scores.assign(layer_type="global")
-        keys = _key_columns(by_index[row.cell], row.run_id)
+        keys = _key_columns(by_index[index], run_id)
         parts.append(scores[SCORES.names[len(keys):]].assign(**keys)[SCORES.names])
     if not parts:
         return SCORES.empty()
