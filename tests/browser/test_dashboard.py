@@ -19,7 +19,7 @@ TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]
 def served(tmp_path_factory, llama):
     runs = tmp_path_factory.mktemp("runs")
     store = RunStore(runs)
-    with store.start("record", llama.info.to_dict(), {"source": "test"}) as run:
+    with store.start("record", llama.info, {"source": "test"}) as run:
         record(llama, [Prompt(text=t) for t in TEXTS], run.dir / "recording")
     overview = run_experiment("head-overview", llama, {"n_boot": 50}, runs_dir=runs)
     proc, url = serve(runs)

@@ -33,7 +33,7 @@ PAGES = {"/recording": "recording", "/residual": "residual", "/heads": "heads",
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama, bert):
     runs = tmp_path_factory.mktemp("runs")
-    with RunStore(runs).start("record", llama.info.to_dict(), {"source": "test"}) as rec:
+    with RunStore(runs).start("record", llama.info, {"source": "test"}) as rec:
         record(llama, [Prompt(text="the cat sat on the mat")], rec.dir / "recording")
     made = {
         "record": RunStore(runs).get(rec.final),

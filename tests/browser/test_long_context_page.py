@@ -32,7 +32,7 @@ def served(tmp_path_factory, llama_hf, tokenizer):
     ids = ids + ids[1:] + [5]  # a repeated half: stripes at distance N/2 - 1
     runs = tmp_path_factory.mktemp("long") / "runs"
     store = RunStore(runs)
-    with store.start("record", model.info.to_dict(), {"source": "test"}) as run:
+    with store.start("record", model.info, {"source": "test"}) as run:
         record(model, [Prompt(token_ids=tuple(ids), label="long")], run.dir / "recording",
                include_resid=False)
     rec = Recording.open(store.get(run.id).path)

@@ -17,7 +17,7 @@ def served(tmp_path_factory, llama):
     runs = tmp_path_factory.mktemp("runs")
     run = run_experiment("head-overview", llama, {"n_boot": 50}, runs_dir=runs)
     # a run written before head classes: its head scores and no head_classes table
-    with RunStore(runs).start("head-overview", llama.info.to_dict(), run.config,
+    with RunStore(runs).start("head-overview", llama.info, run.config,
                               tables=tables(HEAD_SCORES)) as old:
         old.save_table("head_scores", run.table("head_scores"))
     proc, url = serve(runs)

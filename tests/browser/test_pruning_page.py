@@ -29,7 +29,7 @@ HEAD_SCORES = schema.tables(schema.Table("head_scores", "scores per head", schem
 def served(tmp_path_factory, llama):
     runs = tmp_path_factory.mktemp("runs")
     # a head-finding run on the same weights, which the pruning run joins and stores
-    with RunStore(runs).start("induction-heads", llama.info.to_dict(), {},
+    with RunStore(runs).start("induction-heads", llama.info, {},
                               tables=HEAD_SCORES) as found:
         found.save_table("head_scores", pd.DataFrame({
             "layer": np.repeat([0, 1], 4), "head": np.tile(np.arange(4), 2),

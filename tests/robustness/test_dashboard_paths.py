@@ -53,7 +53,7 @@ class Hostile:
 
 def record_run(store: RunStore, model, label: str, **extra: Any) -> str:
     texts = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]
-    with store.start("record", model.info.to_dict(), {"source": "test"}, extra=extra) as run:
+    with store.start("record", model.info, {"source": "test"}, extra=extra) as run:
         record(model, [Prompt(text=t, label=f"{label}-{i}") for i, t in enumerate(texts)],
                run.dir / "recording")
     return run.id
@@ -81,15 +81,15 @@ def hostile_store(root: Path, model) -> Hostile:
     healthy = record_run(store, model, "healthy")
     secret = record_run(RunStore(outside), model, MARKER, summary=[MARKER])
     (runs / secret).symlink_to(outside / secret, target_is_directory=True)
-    with store.start("record", model.info.to_dict(), {"source": "test"}) as run:
+    with store.start("record", model.info, {"source": "test"}) as run:
         (run.dir / "recording").symlink_to(outside / secret / "recording",
                                            target_is_directory=True)
     linked = run.id
-    with store.start("record", model.info.to_dict(), {"source": "test"}) as run:
+    with store.start("record", model.info, {"source": "test"}) as run:
         (run.dir / "recording").mkdir()
         (run.dir / "recording" / "index.json").write_text("{not json")
     garbage = run.id
-    with store.start("induction-heads", model.info.to_dict(), {}) as run:
+    with store.start("induction-heads", model.info, {}) as run:
         pass
     heads = run.id
     checksum, damaged, interrupted = damaged_runs(runs)

@@ -168,7 +168,7 @@ def test_a_model_named_in_a_stored_run_is_never_offered(tmp_path, llama_folder):
     """A run.json whose model is a folder outside the store put that folder on the list,
     and it loaded; now only the zoo and --live-model are offered."""
     runs = tmp_path / "runs"
-    with RunStore(runs).start("record", fake_info(str(llama_folder)).to_data(), {}):
+    with RunStore(runs).start("record", fake_info(str(llama_folder)), {}):
         pass
     app = create_app(runs, live=True)
     queue = app.server.extensions["workbench_live"]

@@ -159,6 +159,13 @@ MALFORMED = {
 }
 
 
+def test_a_model_record_as_a_mapping_still_starts_a_run_with_a_deprecation_warning(store):
+    with pytest.warns(DeprecationWarning, match="takes a ModelInfo"), \
+            store.start("exp", MODEL.to_dict(), {"n": 1}) as run:
+        pass
+    assert store.get(run.id).meta.model == MODEL
+
+
 @pytest.mark.parametrize("variant", MALFORMED, ids=list(MALFORMED))
 def test_a_malformed_run_json_damages_only_its_run(store, variant, deadline):
     healthy, victim = make_run(store), make_run(store)

@@ -47,7 +47,14 @@ def test_old_names_are_not_registered_and_name_what_they_became():
             metrics.get(old)
     with pytest.raises(UnknownNameError, match="unknown head metric 'inducton' \\(did you mean "
                                                "'induction'"):
-        metrics.require(["entropy", "inducton"])
+        metrics.check_known(["entropy", "inducton"])
+
+
+def test_the_old_name_require_still_checks_names_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="use check_known"):
+        metrics.require(["entropy"])
+    with pytest.warns(DeprecationWarning), pytest.raises(UnknownNameError, match="inducton"):
+        metrics.require(["inducton"])
 
 
 def test_reductions_are_the_pattern_functions_and_nothing_else():
@@ -76,7 +83,7 @@ def _compared_metric_names() -> set[str]:
 def test_every_metric_name_the_code_selects_by_is_registered():
     named = _compared_metric_names()
     assert {"first_token", "induction"} <= named
-    metrics.require(named - ICL_ESTIMATORS)
+    metrics.check_known(named - ICL_ESTIMATORS)
 
 
 def test_qk_attribution_head_kinds_are_registered_pattern_metrics():

@@ -170,7 +170,7 @@ def test_the_estimate_is_the_median_of_earlier_runs(runs_dir, llama_folder, llam
     durations = [3.0, 10.0, 4.0]
     name = str(llama_folder.resolve())
     for seconds in durations:  # three earlier runs of the same experiment and model
-        with store.start("previous-token-heads", {**llama.info.to_dict(), "name": name},
+        with store.start("previous-token-heads", llama.info.model_copy(update={"name": name}),
                          {"seed": 9}) as active:
             pass
         path = store.get(active.id).path / "run.json"

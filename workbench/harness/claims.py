@@ -433,7 +433,7 @@ def summary(table: pd.DataFrame) -> str:
 # ---- generic checks -----------------------------------------------------------------------
 
 def _head_scores(run: Run, metric: str) -> pd.DataFrame:
-    metrics.require([metric])
+    metrics.check_known([metric])
     scores = read_table(run, "head_scores")
     picked = scores[scores.metric == metric]
     if picked.empty:

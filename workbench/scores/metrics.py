@@ -33,6 +33,7 @@ Examples:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -91,11 +92,22 @@ def get(name: str) -> Metric:
     return METRICS.get(name)
 
 
-def require(names: Iterable[str]) -> None:
+def check_known(names: Iterable[str]) -> None:
     """Raise :class:`~workbench.core.errors.UnknownNameError` for the first of ``names``
-    that is not a registered metric (the message lists the registered ones)."""
+    that is not a registered metric (the message lists the registered ones).
+
+    Not to be confused with :meth:`workbench.models.base.Model.require`, which refuses what
+    a model cannot do; this checks names."""
     for name in names:
         get(name)
+
+
+def require(names: Iterable[str]) -> None:
+    """The old name of :func:`check_known` (deprecated: it read like
+    :meth:`~workbench.models.base.Model.require`, which refuses what a model cannot do)."""
+    warnings.warn("workbench.scores.metrics.require is deprecated; use check_known",
+                  DeprecationWarning, stacklevel=2)
+    check_known(names)
 
 
 def check_table(frame: pd.DataFrame) -> None:
@@ -103,7 +115,7 @@ def check_table(frame: pd.DataFrame) -> None:
     per-head table (one with ``layer``, ``head`` and ``metric`` columns) is registered; a
     table of any other shape passes."""
     if {"layer", "head", "metric"} <= set(frame.columns):
-        require(frame.metric.unique())
+        check_known(frame.metric.unique())
 
 
 def reductions(*names: str) -> dict[str, Reduction]:

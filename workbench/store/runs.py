@@ -651,6 +651,14 @@ class ActiveRun:
         return True
 
 
+
+def _old_info(model: Mapping[str, Any]) -> ModelInfo:
+    """A model record passed as a mapping, as ``RunStore.start`` took it before (deprecated)."""
+    warnings.warn("RunStore.start(model=) takes a ModelInfo; pass ModelInfo.from_data(record) "
+                  "instead of a mapping", DeprecationWarning, stacklevel=4)
+    return ModelInfo.from_data(dict(model), what="the run's model")
+
+
 class RunStore:
     """All runs under one folder (``--out``, ``WORKBENCH_RUNS_DIR`` or ``data/runs``)."""
 
@@ -683,7 +691,7 @@ class RunStore:
                              f"{_ID_DRAWS} draws")
 
     @contextmanager
-    def start(self, experiment: str, model: ModelInfo | Mapping[str, Any] | None, config: Any,
+    def start(self, experiment: str, model: ModelInfo | None, config: Any,
               *, tables: Mapping[str, Table] | None = None,
               extra: dict[str, Any] | None = None,
               name: str | None = None) -> Iterator[ActiveRun]:
@@ -691,8 +699,9 @@ class RunStore:
 
         Args:
             experiment: the experiment's registered name (``record`` for recordings).
-            model: the :class:`ModelInfo` of the model used (or its ``to_dict()``), or
-                ``None``.
+            model: the :class:`ModelInfo` of the model used, or ``None``. (Its
+                ``to_dict()`` is still taken, with a deprecation warning, for one release:
+                ``ModelInfo.from_data`` turns a stored record back into one.)
             config: the experiment's config dataclass (or a dict).
             tables: the declarations of the tables the run may save (none by default).
             extra: more facts for ``run.json`` (fields of :class:`RunMeta`).
@@ -706,8 +715,7 @@ class RunStore:
                 be completed (it is then marked failed with this error, if the disk allows).
         """
         cfg = _config_values(config)
-        info = model if isinstance(model, ModelInfo) or model is None else \
-            ModelInfo.from_data(dict(model), what="the run's model")
+        info = model if isinstance(model, ModelInfo) or model is None else _old_info(model)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         model_part = _slug(name) if name else (_slug(info.name) if info else "none")
         run_id, staging = self._claim_id(f"{stamp}-{_slug(experiment)}-{model_part}")
