@@ -1,8 +1,10 @@
 """ARCHITECTURE.md says what the code is: every package and module it names exists, every
-package and module of the library is named in it, and so are the test folders."""
+package and module of the library is named in it, and so are the test folders; and no layer
+names a layer above it, not even in an import only a type checker reads."""
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 
@@ -63,11 +65,42 @@ def test_every_module_named_exists_and_every_module_is_named(package, modules):
     assert set(modules) == _modules(package), package
 
 
+LAYERS = next(c for c in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+              ["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
+
+
 def test_the_layer_order_is_the_import_contracts():
-    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    layers = next(c["layers"] for c in config["tool"]["importlinter"]["contracts"]
-                  if c["type"] == "layers")
-    assert [" | ".join(packages) for packages, _ in ROWS] == layers
+    assert [" | ".join(packages) for packages, _ in ROWS] == LAYERS["layers"]
+
+
+def _imported(path) -> set[str]:
+    """Every ``workbench.*`` module a file imports, wherever the import statement is."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+    return {name for name in out if name.startswith("workbench.")}
+
+
+def test_no_layer_names_one_above_it_even_for_the_type_checker():
+    """import-linter leaves out the imports under ``if TYPE_CHECKING:``
+    (``exclude_type_checking_imports``), which would let a layer's annotations name the
+    layer above it (``inputs`` once named ``models``' Model so); read every import here."""
+    rank = {package: i for i, row in enumerate(LAYERS["layers"])
+            for package in row.split(" | ")}
+    allowed = {tuple(rule.split(" -> ")) for rule in LAYERS.get("ignore_imports", [])}
+    upward = []
+    for path in LIBRARY.rglob("*.py"):
+        package = path.relative_to(LIBRARY).parts[0]
+        module = ".".join(("workbench", *path.relative_to(LIBRARY).with_suffix("").parts))
+        for name in _imported(path):
+            target = name.split(".")[1]
+            if (package in rank and target in rank and target != package
+                    and rank[target] <= rank[package] and (module, name) not in allowed):
+                upward.append(f"{module} -> {name}")
+    assert upward == []
 
 
 def test_every_top_level_and_test_folder_is_named():

@@ -22,7 +22,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.inputs.prompts import Prompt
 
 if TYPE_CHECKING:
-    from workbench.models.base import Model
+    from workbench.inputs.tokenizing import TokenizingModel
 
 Split = Literal["all", "fit", "heldout"]
 _UNDERLINE = re.compile(r"^[*=\-~^\"]{3,}$")
@@ -64,7 +64,7 @@ def python_docs(split: Split = "all") -> list[str]:
     return docs
 
 
-def token_chunks(model: Model, texts: Sequence[str], *, n_chunks: int, n_tokens: int,
+def token_chunks(model: TokenizingModel, texts: Sequence[str], *, n_chunks: int, n_tokens: int,
                  label: str = "corpus") -> list[Prompt]:
     """Consecutive ``n_tokens``-token windows of the texts, framed for the model.
 

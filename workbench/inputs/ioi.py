@@ -38,7 +38,7 @@ from workbench.core.values import MAX_PROMPTS, SEED, Range
 from workbench.inputs.prompts import Prompt, prompt_set
 
 if TYPE_CHECKING:
-    from workbench.models.base import Model
+    from workbench.inputs.tokenizing import TokenizingModel
 
 TEMPLATES: tuple[str, ...] = (
     "Then, [B] and [A] went to the [PLACE]. [B] gave a [OBJECT] to [A]",
@@ -113,7 +113,7 @@ class IOIPrompt:
         return f"T{self.template} {self.order}"
 
 
-def single_tokens(model: Model, words: Sequence[str]) -> dict[str, int]:
+def single_tokens(model: TokenizingModel, words: Sequence[str]) -> dict[str, int]:
     """The ``words`` that are one token with a leading space (``" Mary"``), with that token.
 
     Args:
@@ -137,7 +137,7 @@ def _ordered(template: str, order: Order) -> str:
             + first.group() + template[second.end():])
 
 
-def _build(model: Model, template: str, fill: dict[str, tuple[str, int]]
+def _build(model: TokenizingModel, template: str, fill: dict[str, tuple[str, int]]
            ) -> tuple[list[int], list[tuple[str, int]], str]:
     """Token ids of a template (the final answer slot dropped), the slot of each position
     that holds a filled word, and the text."""
@@ -160,7 +160,7 @@ def _build(model: Model, template: str, fill: dict[str, tuple[str, int]]
     return ids, slots, text + tail
 
 
-def ioi_prompts(model: Model, n: int, *, templates: Sequence[int] | None = None,
+def ioi_prompts(model: TokenizingModel, n: int, *, templates: Sequence[int] | None = None,
                 names: Sequence[str] | None = None, places: Sequence[str] | None = None,
                 objects: Sequence[str] | None = None, seed: int = 0) -> list[IOIPrompt]:
     """``n`` IOI prompts cycling over the templates, each in ABBA then BABA order, with
@@ -219,7 +219,7 @@ def ioi_prompts(model: Model, n: int, *, templates: Sequence[int] | None = None,
 
 
 @prompt_set("ioi")
-def ioi(model: Model, n_prompts: Annotated[int, Range(min=1, max=MAX_PROMPTS)] = 64,
+def ioi(model: TokenizingModel, n_prompts: Annotated[int, Range(min=1, max=MAX_PROMPTS)] = 64,
         seed: Annotated[int, SEED] = 0) -> Iterator[Prompt]:
     """IOI sentences with their answer, the indirect object, as the last token (so an
     experiment that reads the last token as the answer, ``logit-lens``, asks about IO):

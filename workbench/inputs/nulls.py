@@ -33,15 +33,15 @@ from workbench.core.errors import WorkbenchError
 from workbench.inputs.prompts import Prompt, content_token_range, random_token_ids
 
 if TYPE_CHECKING:
-    from workbench.models.base import Model
+    from workbench.inputs.tokenizing import TokenizingModel
 
 
-def body_start(model: Model) -> int:
+def body_start(model: TokenizingModel) -> int:
     """Where the content of a framed prompt starts (after a BOS or a [CLS])."""
     return len(model.frame([])) - (0 if model.info.causal else 1)
 
 
-def _split(model: Model, prompt: Prompt, seq_len: int, repeats: int
+def _split(model: TokenizingModel, prompt: Prompt, seq_len: int, repeats: int
            ) -> tuple[list[int], int, list[int]]:
     """The prompt's ids, where its body starts, and the first repeat.
 
@@ -69,7 +69,7 @@ def derangement(n: int, generator: torch.Generator) -> list[int]:
             return order
 
 
-def shuffled_repeats(model: Model, prompt: Prompt, seq_len: int, repeats: int,
+def shuffled_repeats(model: TokenizingModel, prompt: Prompt, seq_len: int, repeats: int,
                      generator: torch.Generator) -> Prompt:
     """The null twin for induction: each repeat after the first a derangement of it."""
     ids, start, first = _split(model, prompt, seq_len, repeats)
@@ -81,7 +81,7 @@ def shuffled_repeats(model: Model, prompt: Prompt, seq_len: int, repeats: int,
     return Prompt(token_ids=tuple(out), label=f"{prompt.label} (repeats shuffled)")
 
 
-def fresh_problem(model: Model, prompt: Prompt, seq_len: int, repeats: int) -> str | None:
+def fresh_problem(model: TokenizingModel, prompt: Prompt, seq_len: int, repeats: int) -> str | None:
     """Why :func:`fresh_repeats` cannot make the twin of ``prompt``: the vocabulary has too
     few content tokens the prompt does not use (``None``: it can)."""
     ids, _, _ = _split(model, prompt, seq_len, repeats)
@@ -94,7 +94,7 @@ def fresh_problem(model: Model, prompt: Prompt, seq_len: int, repeats: int) -> s
             f"{prompt.label} does not use, too few for the {need} fresh ones its null needs")
 
 
-def fresh_repeats(model: Model, prompt: Prompt, seq_len: int, repeats: int,
+def fresh_repeats(model: TokenizingModel, prompt: Prompt, seq_len: int, repeats: int,
                   generator: torch.Generator) -> Prompt:
     """The null twin for duplicate-token: each repeat after the first replaced by fresh
     random tokens, none of which occurs earlier in the prompt (nor twice in the twin)."""

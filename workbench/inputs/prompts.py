@@ -49,7 +49,7 @@ from workbench.core.values import (
 )
 
 if TYPE_CHECKING:
-    from workbench.models.base import Model
+    from workbench.inputs.tokenizing import TokenizingModel
 
 MAX_PROMPT_FILE = 16 << 20
 """The largest prompt file read (``record --file``, ``data/prompts``): 16 MiB holds
@@ -155,7 +155,7 @@ def check_prompt_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return check_keywords(GENERATORS.get(name), params, what=f"prompt set '{name}'", skip=1)
 
 
-def load_prompt_set(name: str, model: Model | None = None, *, limit: int | None = None,
+def load_prompt_set(name: str, model: TokenizingModel | None = None, *, limit: int | None = None,
                     **params: Any) -> list[Prompt]:
     """The prompts of a named set.
 
@@ -292,7 +292,7 @@ def check_length(prompt: Prompt, n_ctx: int, model: str) -> None:
             f"{CHARS_PER_TOKEN} per token, are tokenized); split it at blank lines")
 
 
-def content_token_range(model: Model) -> tuple[int, int]:
+def content_token_range(model: TokenizingModel) -> tuple[int, int]:
     """Token ids to sample random tokens from: the middle of the vocabulary.
 
     Byte-pair vocabularies are ordered roughly by merge frequency, so the lowest ids are
@@ -303,7 +303,7 @@ def content_token_range(model: Model) -> tuple[int, int]:
     return max(int(0.1 * vocab), 1), int(0.9 * vocab)
 
 
-def random_token_ids(model: Model, n: int, generator: torch.Generator) -> list[int]:
+def random_token_ids(model: TokenizingModel, n: int, generator: torch.Generator) -> list[int]:
     """``n`` token ids drawn uniformly from :func:`content_token_range`, no special tokens."""
     low, high = content_token_range(model)
     special = set(model.tokenizer.all_special_ids)
@@ -315,7 +315,7 @@ def random_token_ids(model: Model, n: int, generator: torch.Generator) -> list[i
 
 
 @prompt_set("repeated-random")
-def repeated_random(model: Model,
+def repeated_random(model: TokenizingModel,
                     n_prompts: Annotated[int, Range(min=1, max=MAX_PROMPTS)] = 8,
                     seq_len: Annotated[int, Range(min=1, max=MAX_SEQUENCE)] = 32,
                     repeats: Annotated[int, Range(min=1, max=MAX_REPEATS)] = 2,

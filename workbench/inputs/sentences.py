@@ -24,7 +24,7 @@ from workbench.inputs.corpus import Split, python_docs
 from workbench.inputs.prompts import Prompt
 
 if TYPE_CHECKING:
-    from workbench.models.base import Model
+    from workbench.inputs.tokenizing import TokenizingModel
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
@@ -46,7 +46,8 @@ def corpus_sentences(split: Split, *, min_words: int = 6, max_words: int = 40) -
             if min_words <= len(s.split()) <= max_words]
 
 
-def sentence_prompts(model: Model, split: Split, n_tokens: int, seed: int) -> list[Prompt]:
+def sentence_prompts(model: TokenizingModel, split: Split, n_tokens: int, seed: int
+                     ) -> list[Prompt]:
     """Sentences in a seeded order until they hold ``n_tokens`` tokens (with specials).
 
     Raises:
@@ -64,7 +65,8 @@ def sentence_prompts(model: Model, split: Split, n_tokens: int, seed: int) -> li
     raise WorkbenchError(f"the {split} sentences hold {total} tokens, fewer than {n_tokens}")
 
 
-def prefix_holding(prompts: Sequence[Prompt], model: Model, n_tokens: int) -> list[Prompt]:
+def prefix_holding(prompts: Sequence[Prompt], model: TokenizingModel, n_tokens: int
+                   ) -> list[Prompt]:
     """The first prompts that together hold at least ``n_tokens`` tokens (all if fewer)."""
     total = 0
     for i, prompt in enumerate(prompts):
@@ -87,7 +89,7 @@ def fit_pair(tokenizer: Callable[..., Mapping[str, Any]], a: str, b: str,
     return None
 
 
-def sentence_pairs(model: Model, n: int, seq_len: int, split: Split) -> list[Prompt]:
+def sentence_pairs(model: TokenizingModel, n: int, seq_len: int, split: Split) -> list[Prompt]:
     """``n`` pairs of consecutive sentences (of three words or more) as encoder inputs
     ``[CLS] a [SEP] b [SEP]``, each cut to ``seq_len`` tokens at a word boundary (Clark et
     al. 2019 cut at 128 tokens).

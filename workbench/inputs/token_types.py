@@ -36,7 +36,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from workbench.models.base import Model
+    from workbench.inputs.tokenizing import TokenizingModel
 
 TokenType = Literal["bos", "cls", "sep", "first_content", "newline", "punctuation", "other"]
 TOKEN_TYPES: tuple[TokenType, ...] = (
@@ -56,7 +56,7 @@ def is_delimiter(token: str) -> bool:
     return "\n" in token or is_punctuation(token)
 
 
-def token_type_table(model: Model) -> Int[Tensor, " d_vocab"]:
+def token_type_table(model: TokenizingModel) -> Int[Tensor, " d_vocab"]:
     """The position-independent type code (index into ``TOKEN_TYPES``) of every token id.
 
     ``first_content`` depends on the position, so it is never in the table; see
@@ -82,7 +82,7 @@ def token_type_table(model: Model) -> Int[Tensor, " d_vocab"]:
     return codes
 
 
-def model_token_types(model: Model) -> list[TokenType]:
+def model_token_types(model: TokenizingModel) -> list[TokenType]:
     """The token types that can occur for this model (no [CLS] in a decoder, no BOS in
     BERT, no BOS in a decoder that prepends none)."""
     drop = {"cls", "sep"} if model.info.causal else {"bos"}
@@ -104,7 +104,7 @@ class TokenTyper:
     special: Bool[Tensor, " d_vocab"]
 
     @classmethod
-    def for_model(cls, model: Model) -> TokenTyper:
+    def for_model(cls, model: TokenizingModel) -> TokenTyper:
         special = torch.zeros(len(model.tokenizer), dtype=torch.bool)
         special[list(model.tokenizer.all_special_ids)] = True
         return cls(token_type_table(model), special)
