@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from dash import dcc, html
+from dash import Input, Output, State, callback, dcc, html
 
-from dashboards.components import data
+from dashboards.components import data, messages
 from dashboards.components.messages import message, one_line
-from dashboards.components.values import below
+from dashboards.components.values import Name, RunId, below
 from workbench.core.errors import WorkbenchError
 from workbench.harness import run_facts
 from workbench.recording.reader import Recording
@@ -51,28 +52,72 @@ def run_label(run: Run) -> str:
     return f"{run.experiment} · {name}{changed} · {started} · {run.id[-4:]}"
 
 
-MAX_RUN_CHOICES = 100
-"""A run dropdown offers at most this many runs: the newest, and the one shown. The Runs
-page lists (and opens) every run, so a store of 10,000 runs does not send 10,000 options
-with every page."""
+MAX_RUN_CHOICES = 10
+"""A run dropdown opens offering at most this many runs: the newest, and the one shown.
+Typing into it searches every run the page shows (:func:`run_search`), so a store of
+10,000 runs neither sends 10,000 options with every page nor hides one: a browser indexes
+every option a dropdown is given for its own filtering, at a cost that grows with the
+options."""
+SEARCH_CHOICES = 50
+"""A search of a run dropdown offers at most this many matches, newest first."""
 
 
-def run_options(runs: list[Run], shown: str | None = None) -> list[dict[str, Any]]:
-    """The options of a run dropdown: the newest :data:`MAX_RUN_CHOICES` of ``runs``
-    (newest first) and run ``shown`` if it is older, then a note of how many are left
-    out."""
-    offered = runs[:MAX_RUN_CHOICES]
+def _option(run: Run) -> dict[str, Any]:
+    return {"label": run_label(run), "value": run.id}
+
+
+def run_options(runs: Sequence[Run], shown: str | None = None) -> list[dict[str, Any]]:
+    """The options a run dropdown opens with: the newest :data:`MAX_RUN_CHOICES` of
+    ``runs`` (newest first) and run ``shown`` if it is older, then a note of how many more
+    a search finds."""
+    offered = list(runs[:MAX_RUN_CHOICES])
     older = [r for r in runs[MAX_RUN_CHOICES:] if r.id == shown]
-    options: list[dict[str, Any]] = [{"label": run_label(r), "value": r.id}
-                                     for r in [*offered, *older]]
+    options = [_option(r) for r in [*offered, *older]]
     if len(runs) > len(offered) + len(older):
         left = len(runs) - len(offered) - len(older)
-        options.append({"label": f"{left} older runs: open them from the Runs page",
-                        "value": "", "disabled": True})
+        options.append({"label": f"type to search {left} older runs", "value": "",
+                        "disabled": True})
     return options
 
 
-def run_dropdown(component_id: str, runs: list[Run], value: str | None) -> dcc.Dropdown:
+def matching_options(runs: Sequence[Run], typed: str, shown: str | None = None
+                     ) -> list[dict[str, Any]]:
+    """The options of a run dropdown while ``typed`` is typed into it: the newest
+    :data:`SEARCH_CHOICES` of ``runs`` whose label or id holds ``typed`` (ignoring case;
+    the browser filters the options by the same text), and run ``shown`` (a dropdown keeps
+    the option of its value, or shows it empty)."""
+    needle = typed.strip().lower()
+    found, shown_option = [], None
+    for run in runs:
+        option = None
+        if len(found) < SEARCH_CHOICES:
+            option = _option(run)
+            if needle in option["label"].lower() or needle in run.id.lower():
+                found.append(option)
+                continue
+        if run.id == shown:
+            shown_option = option or _option(run)
+    return found if shown_option is None else [*found, shown_option]
+
+
+def run_search(component_id: str, shows: Sequence[str]) -> None:
+    """Let run dropdown ``component_id`` search every complete run of the experiments
+    ``shows``: what is typed fills its options with the matches
+    (:func:`matching_options`); emptied, it offers the newest again (:func:`run_options`).
+    Called once by each page that has such a dropdown, beside its layout."""
+    kinds = tuple(shows)
+
+    @callback(Output(component_id, "options"), Input(component_id, "search_value"),
+              State(component_id, "value"), prevent_initial_call=True)
+    @messages.safe
+    def search(typed: Name, shown: RunId) -> list[dict[str, Any]]:
+        runs = [run for run in data.runs() if run.experiment in kinds]
+        if not typed:
+            return run_options(runs, shown)
+        return matching_options(runs, typed, shown)
+
+
+def run_dropdown(component_id: str, runs: Sequence[Run], value: str | None) -> dcc.Dropdown:
     if value is None and runs:
         value = runs[0].id
     return dcc.Dropdown(id=component_id, options=run_options(runs, value), value=value,

@@ -19,7 +19,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import HeadName, ListOf, RunId
@@ -28,6 +28,7 @@ from workbench.views import pages
 from workbench.views.distance import curves_figure, layers_figure, loss_figure
 
 SHOWS = pages.shows("/distance")
+run_search("distance-run", SHOWS)
 dash.register_page(__name__, path="/distance", name="Induction distance",
                    order=pages.order("/distance"), experiments=SHOWS)
 

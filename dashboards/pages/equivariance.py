@@ -14,7 +14,7 @@ import torch
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Head, Index, Layer, Name, Refused, RunId, among
@@ -24,6 +24,7 @@ from workbench.views import pages, style
 
 EXPERIMENT = "permutation-equivariance"
 SHOWS = pages.shows("/equivariance")
+run_search("equivariance-run", SHOWS)
 dash.register_page(__name__, path="/equivariance", name="Equivariance",
                    order=pages.order("/equivariance"), experiments=SHOWS)
 

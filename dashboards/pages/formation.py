@@ -12,7 +12,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, Name, NamedHead, RunId, among, below
@@ -27,6 +27,7 @@ from workbench.store.schema import Table
 from workbench.views import curves, pages, style
 
 SHOWS = pages.shows("/formation")
+run_search("formation-run", SHOWS)
 dash.register_page(__name__, path="/formation", name="Formation",
                    order=pages.order("/formation"), experiments=SHOWS)
 

@@ -19,7 +19,7 @@ import pandas as pd
 from dash import ALL, Input, Output, State, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, head_classes
-from dashboards.components.controls import colour_scale, labelled, run_options
+from dashboards.components.controls import colour_scale, labelled, run_options, run_search
 from dashboards.components.messages import message, one_line, safe, safe_layout
 from dashboards.components.skeleton import run_page, runs_of
 from dashboards.components.values import (
@@ -69,6 +69,8 @@ EXPERIMENTS: dict[str, Table] = {
     "induction-heads": INDUCTION_HEADS,
 }
 SHOWS = pages.shows("/heads")
+run_search("heads-run", SHOWS)
+run_search("heads-compare", SHOWS)
 dash.register_page(__name__, path="/heads", name="Heads",
                    order=pages.order("/heads"), experiments=SHOWS)
 

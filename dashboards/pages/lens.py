@@ -16,7 +16,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, among
@@ -26,6 +26,7 @@ from workbench.views import pages
 from workbench.views.lens import direct_figure, grid_figure, layers_figure
 
 SHOWS = pages.shows("/lens")
+run_search("lens-run", SHOWS)
 dash.register_page(__name__, path="/lens", name="Logit lens",
                    order=pages.order("/lens"), experiments=SHOWS)
 

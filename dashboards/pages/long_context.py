@@ -30,6 +30,7 @@ from dashboards.components.controls import (
     opening_head,
     recording_choices,
     recording_layout_choices,
+    run_search,
     strongest_sink,
 )
 from dashboards.components.messages import safe, safe_layout
@@ -51,6 +52,7 @@ from workbench.recording.reader import Recording
 from workbench.views import pages, patterns, style
 
 SHOWS = pages.shows("/long-context")
+run_search("long-context-run", SHOWS)
 dash.register_page(__name__, path="/long-context", name="Long context",
                    order=pages.order("/long-context"), experiments=SHOWS)
 

@@ -14,7 +14,7 @@ import dash
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports, head_classes
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Name, RunId, among
@@ -24,6 +24,7 @@ from workbench.views import pages, style
 from workbench.views.overview import layers_figure
 
 SHOWS = pages.shows("/overview")
+run_search("overview-run", SHOWS)
 dash.register_page(__name__, path="/overview", name="Overview",
                    order=pages.order("/overview"), experiments=SHOWS)
 

@@ -23,7 +23,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Click, Name, RunId, among, below, cell_of, triggered
@@ -40,6 +40,7 @@ from workbench.views import circuit, pages
 from workbench.views.patching import heads_figure, position_label, positions_figure
 
 SHOWS = pages.shows("/patching")
+run_search("patching-run", SHOWS)
 dash.register_page(__name__, path="/patching", name="Patching",
                    order=pages.order("/patching"), experiments=SHOWS)
 

@@ -12,7 +12,7 @@ import pandas as pd
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import ClickedHead, Name, Real, RunId, among, below, triggered
@@ -28,6 +28,7 @@ from experiments.head_pruning.tables import (
 from workbench.views import curves, pages, style
 
 SHOWS = pages.shows("/pruning")
+run_search("pruning-run", SHOWS)
 dash.register_page(__name__, path="/pruning", name="Pruning",
                    order=pages.order("/pruning"), experiments=SHOWS)
 

@@ -17,6 +17,7 @@ from dashboards.components.controls import (
     opening_head,
     recording_choices,
     recording_layout_choices,
+    run_search,
     strongest_sink,
 )
 from dashboards.components.messages import safe, safe_layout
@@ -33,6 +34,7 @@ from dashboards.components.values import (
 from workbench.views import pages, patterns
 
 SHOWS = pages.shows("/recording")
+run_search("recording-run", SHOWS)
 dash.register_page(__name__, path="/recording", name="Recording",
                    order=pages.order("/recording"), experiments=SHOWS)
 

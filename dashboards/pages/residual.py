@@ -7,13 +7,14 @@ import numpy as np
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled, prompt_options
+from dashboards.components.controls import labelled, prompt_options, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, RunId, below
 from workbench.views import pages, residual
 
 SHOWS = pages.shows("/residual")
+run_search("residual-run", SHOWS)
 dash.register_page(__name__, path="/residual", name="Residual stream",
                    order=pages.order("/residual"), experiments=SHOWS)
 

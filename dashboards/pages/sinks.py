@@ -15,7 +15,7 @@ import pandas as pd
 from dash import Input, Output, callback, dash_table, dcc, html, no_update
 
 from dashboards.components import data, exports
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Name, OneOf, RunId, among
@@ -43,6 +43,7 @@ from workbench.views.sinks import (
 )
 
 SHOWS = pages.shows("/sinks")
+run_search("sinks-run", SHOWS)
 dash.register_page(__name__, path="/sinks", name="Sinks",
                    order=pages.order("/sinks"), experiments=SHOWS)
 

@@ -16,7 +16,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import message, safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import MAX_INDEX, Click, Name, OneOf, RunId, Whole, among
@@ -25,6 +25,7 @@ from workbench.views import pages
 from workbench.views.sweeps import lines_figure, mosaic
 
 SHOWS = pages.shows("/sweeps")
+run_search("sweeps-run", SHOWS)
 dash.register_page(__name__, path="/sweeps", name="Sweeps",
                    order=pages.order("/sweeps"), experiments=SHOWS)
 

@@ -15,7 +15,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
-from dashboards.components.controls import labelled
+from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
 from dashboards.components.values import Index, NamedHead, RunId, among
@@ -40,6 +40,7 @@ from workbench.views.qk import (
 )
 
 SHOWS = pages.shows("/why")
+run_search("why-run", SHOWS)
 dash.register_page(__name__, path="/why", name="Why",
                    order=pages.order("/why"), experiments=SHOWS)
 

@@ -206,6 +206,6 @@ def test_a_run_dropdown_offers_the_newest_runs_and_the_one_shown():
     values = [o["value"] for o in options]
     assert values[:controls.MAX_RUN_CHOICES] == [r.id for r in runs[:controls.MAX_RUN_CHOICES]]
     assert values[controls.MAX_RUN_CHOICES] == runs[-1].id
-    assert options[-1] == {"label": "4 older runs: open them from the Runs page", "value": "",
+    assert options[-1] == {"label": "type to search 4 older runs", "value": "",
                            "disabled": True}
     assert len(controls.run_options(runs[:3])) == 3
