@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -149,6 +150,59 @@ def test_an_unchecked_listing_trusts_its_rows_and_opening_a_run_reads_it(tmp_pat
     assert store.get(ids[1]).status == "damaged"
     assert {r.id: r.status for r in store.runs()} == {
         ids[0]: "complete", ids[1]: "damaged", ids[2]: "complete"}
+
+
+def _unchecked(store: RunStore) -> list[tuple[str, str]]:
+    return [(r.id, r.status) for r in store.runs(checked=False)]
+
+
+def test_a_kept_unchecked_listing_sees_runs_added_removed_and_finishing(tmp_path, monkeypatch,
+                                                                        settled):
+    """A page's listing is kept between requests while the store folder and its index are
+    unchanged, and nothing that changes what it lists is missed: each case below is
+    compared with a listing made from nothing."""
+    store, ids = _store(tmp_path)
+    store.runs(checked=False)  # writes the index
+    store.runs(checked=False)  # made from the rows, and kept
+    assert str(tmp_path) in store_runs._UNCHECKED
+
+    def fresh() -> list[tuple[str, str]]:
+        store_runs._UNCHECKED.pop(str(tmp_path), None)
+        return _unchecked(RunStore(tmp_path))
+
+    reads = []
+    read_meta = store_runs._read_meta
+    monkeypatch.setattr(store_runs, "_read_meta",
+                        lambda path: reads.append(path) or read_meta(path))
+    assert _unchecked(store) == [(i, "complete") for i in ids] and reads == []  # kept: no read
+    with store.start("exp", MODEL, Cfg(n=9)) as running:
+        assert dict(_unchecked(store)) == {**dict.fromkeys(ids, "complete"),
+                                           running.id: "running"}
+        assert _unchecked(store) == fresh()
+    assert dict(_unchecked(store))[running.id] == "complete"
+    assert _unchecked(store) == fresh()
+    shutil.rmtree(tmp_path / ids[0])
+    assert {i for i, _ in _unchecked(store)} == {ids[1], ids[2], running.id}
+    assert _unchecked(store) == fresh()
+
+
+def test_a_damaged_run_in_a_kept_listing_is_read_every_time(tmp_path, settled):
+    store, ids = _store(tmp_path)
+    record = (tmp_path / ids[1] / "run.json").read_bytes()
+    (tmp_path / ids[1] / "run.json").write_text("{}")
+    store_runs._UNCHECKED.pop(str(tmp_path), None)
+    store.runs(checked=False)
+    assert dict(_unchecked(store))[ids[1]] == "damaged"
+    assert str(tmp_path) in store_runs._UNCHECKED
+    (tmp_path / ids[1] / "run.json").write_bytes(record)  # mended in place: the store
+    assert dict(_unchecked(store))[ids[1]] == "complete"  # folder itself is unchanged
+
+
+def test_a_listing_made_in_the_clock_tick_of_a_change_is_not_kept(tmp_path):
+    store, _ = _store(tmp_path)  # the store folder changed a moment ago
+    store.runs(checked=False)
+    store.runs(checked=False)
+    assert str(tmp_path) not in store_runs._UNCHECKED
 
 
 def test_a_table_is_kept_only_while_its_file_is_the_one_hashed(tmp_path, monkeypatch, settled):

@@ -652,6 +652,41 @@ class ActiveRun:
 
 
 
+
+def _merged(listed: list[Run]) -> list[Run]:
+    """Runs listed from ``.incomplete/`` and then from the store, one per id (a run listed
+    in both places while it finished: the finished one), oldest first."""
+    found: dict[str, Run] = {}
+    for run in listed:
+        if run.id in found and found[run.id].path.parent.name != INCOMPLETE:
+            continue
+        found[run.id] = run
+    return sorted(found.values(), key=lambda r: (r.started_at, r.id))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """A store's unchecked listing kept between calls (:meth:`RunStore._unchecked`)."""
+
+    key: tuple[tuple[int, int, int], Any]
+    rows: tuple[tuple[str, Listing], ...]
+    """The finished runs of the store folder listed from their index rows, oldest first:
+    folder, row."""
+    read: tuple[str, ...]
+    """The store folder's other runs (no row: damaged), read again at every listing."""
+
+    @classmethod
+    def of(cls, key: tuple[tuple[int, int, int], Any], root: Path, listed: list[Run]) -> _Kept:
+        mine = [run for run in listed if run.path.parent == root]
+        return cls(key, tuple((str(run.path), run.listing) for run in mine
+                              if run.listing is not None),
+                   tuple(str(run.path) for run in mine if run.listing is None))
+
+
+_UNCHECKED: dict[str, _Kept] = {}
+"""The unchecked listing last made of each store in this process, by its root."""
+
+
 def _old_info(model: Mapping[str, Any]) -> ModelInfo:
     """A model record passed as a mapping, as ``RunStore.start`` took it before (deprecated)."""
     warnings.warn("RunStore.start(model=) takes a ModelInfo; pass ModelInfo.from_data(record) "
@@ -744,7 +779,7 @@ class RunStore:
             log.error("run %s could not be completed: %s", active.id, active.meta.error)
             raise
 
-    def _run_folders(self, unchecked: Container[str] = ()
+    def _run_folders(self, unchecked: Container[str] = (), *, store: bool = True
                      ) -> list[tuple[bool, str, os.stat_result | None]]:
         """Folders directly inside the store's ``.incomplete/`` and the store itself that
         hold a ``run.json``: whether each is staged (in ``.incomplete/``), its path, and
@@ -754,9 +789,10 @@ class RunStore:
 
         ``.incomplete/`` is listed first: a run that finishes meanwhile moves from there
         into the store, so it is found in one of the two listings (or both), never in
-        neither."""
+        neither. ``store=False`` lists ``.incomplete/`` alone."""
         found = []
-        for staged, parent in ((True, self.root / INCOMPLETE), (False, self.root)):
+        parents = ((True, self.root / INCOMPLETE), (False, self.root))
+        for staged, parent in parents if store else parents[:1]:
             if parent.is_symlink() or not parent.is_dir():
                 continue
             try:
@@ -787,22 +823,70 @@ class RunStore:
         a listing finds it out of date. ``checked=False`` lists a finished run from its
         row without looking at its ``run.json`` at all (a page's run dropdown: a run is
         read in full when it is opened, so one changed since its row was written is
-        still caught then); the store is still listed, so new and removed runs show."""
+        still caught then); the store is still listed, so new and removed runs show, and
+        a run still in ``.incomplete/`` is read every time (:meth:`_unchecked`)."""
+        listed = self._listing(checked=True) if checked else self._unchecked()
+        return [run for run in listed
+                if (not experiment or run.experiment == experiment)
+                and (not model or run.model_name == model)
+                and (not status or run.status == status)]
+
+    def _listing(self, *, checked: bool) -> list[Run]:
+        """Every run of the store, oldest first (:meth:`runs` unfiltered)."""
         indexed = store_index.read(self.root)
         rows: dict[str, Listing] = {}
-        found: dict[str, Run] = {}
+        listed = []
         for staged, folder, st in self._run_folders(() if checked else indexed):
-            run = self._load(Path(folder)) if staged else self._listed(folder, st, indexed, rows)
-            if run.id in found and found[run.id].path.parent.name != INCOMPLETE:
-                continue  # listed in both places while it finished: the finished one
-            found[run.id] = run
+            listed.append(self._load(Path(folder)) if staged
+                          else self._listed(folder, st, indexed, rows))
         if rows.keys() != indexed.keys() or any(rows[k] is not indexed[k] for k in rows):
             store_index.write(self.root, rows)
-        chosen = [run for run in found.values()
-                  if (not experiment or run.experiment == experiment)
-                  and (not model or run.model_name == model)
-                  and (not status or run.status == status)]
-        return sorted(chosen, key=lambda r: (r.started_at, r.id))
+        return _merged(listed)
+
+    def _unchecked(self) -> list[Run]:
+        """``_listing(checked=False)``, with the store's own folders kept in this process
+        while the store folder and its index are unchanged (the same status: a run added,
+        removed or finished renames a folder in or out of the store folder, which changes
+        its times; an index rewritten is a new file).
+
+        What is kept is each finished run's index row, made into a fresh :class:`Run` at
+        every call; a folder without a row (a damaged run) is read again, and so is every
+        run in ``.incomplete/``. A listing is kept only when the store folder was last
+        changed at least :data:`~workbench.core.checksums.RACY_NS` before it was made (a
+        change in the same tick of the file clock could leave the times as they were),
+        and when making it did not rewrite the index."""
+        root = str(self.root)
+        key = self._listing_key()
+        kept = _UNCHECKED.get(root)
+        if key is not None and kept is not None and kept.key == key:
+            staged = [self._load(Path(folder))
+                      for _, folder, _ in self._run_folders(store=False)]
+            # a run that finished between the key and the listing of .incomplete/ is in
+            # neither: the store folder changed, so the whole listing is made again
+            if self._listing_key() == key:
+                finished = [Run(folder, listing=row) for folder, row in kept.rows]
+                if not staged and not kept.read:
+                    return finished  # kept oldest first, one per id
+                return _merged([*staged, *finished, *(Run.load(f) for f in kept.read)])
+        started_ns = time.time_ns()
+        listed = self._listing(checked=False)
+        after = self._listing_key()
+        if after is not None and after == key and started_ns - max(after[0][:2]) >= RACY_NS:
+            _UNCHECKED[root] = _Kept.of(after, self.root, listed)
+        return listed
+
+    def _listing_key(self) -> tuple[tuple[int, int, int], Any] | None:
+        """The status of the store folder (mtime, ctime, inode) and of its index file
+        (``None``: no index), or ``None`` when the folder cannot be read."""
+        try:
+            st = os.lstat(self.root)
+        except OSError:
+            return None
+        try:
+            index = store_index.stat_of(os.lstat(self.root / store_index.INDEX))
+        except OSError:
+            index = None
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_ino), index
 
     @staticmethod
     def _listed(folder: str, st: os.stat_result | None, indexed: dict[str, Listing],
