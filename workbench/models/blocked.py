@@ -111,6 +111,39 @@ class PatternConsumer(Protocol):
     def __call__(self, block: PatternBlock) -> None: ...
 
 
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What one layer's attention scores are made of, as the blocked pass computes them:
+    for head ``h``, query ``i`` and key ``j`` the score is ``scale * q[h, i] . k[h // g, j]``
+    (``g`` query heads per key-value head), soft-capped as ``cap * tanh(score / cap)``
+    where the family has a cap, and the weights are its softmax over the keys row ``i``
+    sees (:meth:`visible`).
+
+    Attributes:
+        layer: the layer.
+        queries: ``[batch, head_index, query_pos, d_head]``, after the q norm and rotary.
+        keys: ``[batch, kv_head, key_pos, d_head]``, after the k norm and rotary, one per
+            key-value head (not repeated for grouped-query heads).
+        scale: the factor on ``q . k``.
+        softcap: the soft-cap, or ``None``.
+        visible: ``visible(r0, r1)``: which keys rows ``r0 .. r1`` see
+            (``[batch, 1, rows, key_pos]``), or ``None`` when every row sees every key.
+        offset: the position of the first query (keys before it come from a cache).
+    """
+
+    layer: int
+    queries: Float[Tensor, "batch head_index query_pos d_head"]
+    keys: Float[Tensor, "batch kv_head key_pos d_head"]
+    scale: float
+    softcap: float | None
+    visible: Callable[[int, int], Bool[Tensor, "batch 1 query_pos key_pos"] | None]
+    offset: int = 0
+
+
+ScoreConsumer = Callable[[ScoreInputs], None]
+"""Called with each layer's :class:`ScoreInputs`, before its blocks."""
+
+
 def rows_per_block(batch: int, heads: int, n_keys: int, block_bytes: int = BLOCK_BYTES) -> int:
     """The query rows of a block: the most whose float32 ``[batch, head, rows, key]``
     scores fit in ``block_bytes``, rounded down to a power of two (at least 1)."""
@@ -257,6 +290,15 @@ class _Layer:
     consume: PatternConsumer | None
     block: int | None
     block_bytes: int
+    scores: ScoreConsumer | None = None
+
+    def hand_scores(self, rows: _Rows, q: Tensor, k: Tensor, scale: float,
+                    softcap: float | None) -> None:
+        """Give the layer's :class:`ScoreInputs` to its score consumer, if it has one."""
+        if self.scores is not None:
+            self.scores(ScoreInputs(self.layer, q, k, float(scale),
+                                    None if softcap is None else float(softcap),
+                                    rows.visible, rows.offset))
 
     def run(self, rows: _Rows, batch: int, heads: int, out_axis: int,
             block_fn: BlockFn) -> Tensor:
@@ -396,11 +438,13 @@ def _rotary_forward(attn: Any, plan: _Layer, *args: Any, **kwargs: Any) -> tuple
     input_shape = hidden_states.shape[:-1]
     q, k, v = _rotary_qkv(attn, hidden_states, position_embeddings)
     k, v = attn._update_kv_cache(k, v, **kwargs)
+    scaling = getattr(hf, "scaling", hf.head_dim ** -0.5)
+    softcap = getattr(hf, "attn_logit_softcapping", None)
+    rows = _Rows(mask, q.shape[-2], k.shape[-2], attn.is_causal and not attn.is_cross_attention)
+    plan.hand_scores(rows, q, k, scaling, softcap)
     groups = getattr(hf, "num_key_value_groups", 1)
     if groups > 1:
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-    scaling = getattr(hf, "scaling", hf.head_dim ** -0.5)
-    softcap = getattr(hf, "attn_logit_softcapping", None)
 
     def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
         # the eager arithmetic, step for step, in place on the block's own scores
@@ -410,7 +454,6 @@ def _rotary_forward(attn: Any, plan: _Layer, *args: Any, **kwargs: Any) -> tuple
         weights, pattern = _softmaxed(attn, scores, given, q.dtype)
         return torch.matmul(weights, v[:, :, k0:k1]), pattern
 
-    rows = _Rows(mask, q.shape[-2], k.shape[-2], attn.is_causal and not attn.is_cross_attention)
     z = plan.run(rows, q.shape[0], q.shape[1], -2, block_fn)
     z = z.transpose(1, 2).contiguous().reshape(*input_shape, -1)
     return _rotary_output(attn, z, tuple(input_shape), hf.head_dim), None
@@ -430,12 +473,15 @@ def _joint_reconstruct(attn: Any, plan: _Layer, rotary: bool, q: Tensor, k: Tens
     if rotary and isinstance(pe, tuple):
         q, k = attn._apply_rotary_pos_emb(q, k, *attn._apply_position_embedding_hooks(pe))
     k, v = attn._update_kv_cache(k, v, **kwargs)
-    if n_kv != n_heads:
-        k, v = (x.repeat_interleave(n_heads // n_kv, dim=1) for x in (k, v))
     scale = head_dim ** (-0.5)
     if not rotary and getattr(attn.config, "scale_attn_by_inverse_layer_idx", False) \
             and attn._layer_idx is not None:
         scale /= float(attn._layer_idx + 1)
+    rows = _Rows(kwargs.get("attention_mask"), n_q, k.shape[-2],
+                 attn.is_causal and not attn.is_cross_attention)
+    plan.hand_scores(rows, q, k, scale, None)
+    if n_kv != n_heads:
+        k, v = (x.repeat_interleave(n_heads // n_kv, dim=1) for x in (k, v))
     upcast = not rotary and getattr(attn, "_reorder_and_upcast_attn", False)
     q_s, k_s = (q.float(), k.float()) if upcast else (q, k)
 
@@ -449,8 +495,6 @@ def _joint_reconstruct(attn: Any, plan: _Layer, rotary: bool, q: Tensor, k: Tens
         weights = attn._apply_attn_dropout(attn._scrub_compatibility_pattern_nans(weights))
         return torch.matmul(weights, v[:, :, k0:k1]), weights
 
-    rows = _Rows(kwargs.get("attention_mask"), n_q, k.shape[-2],
-                 attn.is_causal and not attn.is_cross_attention)
     z = plan.run(rows, batch, n_heads, -2, block_fn)
     return _joint_output(attn, attn._reshape_attn_output(z, batch, n_q, n_heads, head_dim),
                          batch, n_q, n_heads, head_dim), None
@@ -527,6 +571,9 @@ def _interface_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                      **kwargs)
 
     rows = _Rows(attention_mask, query.shape[-2], key.shape[-2], causal=False)
+    scaling = kwargs.get("scaling")
+    plan.hand_scores(rows, query, key, query.shape[-1] ** -0.5 if scaling is None else scaling,
+                     kwargs.get("softcap"))
     return plan.run(rows, query.shape[0], query.shape[1], 1, block_fn), None
 
 
@@ -552,6 +599,7 @@ def _gpt_neo_attn(module: Any, plan: _Layer, query: Tensor, key: Tensor, value: 
         return torch.matmul(weights, value[:, :, k0:k1]), weights
 
     rows = _Rows(attention_mask, n_q, n_k, causal=False, also=bias)
+    plan.hand_scores(rows, query, key, 1.0, None)  # GPT-Neo does not scale its scores
     return plan.run(rows, query.shape[0], query.shape[1], -2, block_fn), None
 
 
@@ -636,6 +684,18 @@ def support(model: Model) -> str | None:
     return None
 
 
+def scores_support(model: Model) -> str | None:
+    """Why a layer's scores are not :class:`ScoreInputs` alone (``scale * q . k``,
+    soft-capped, under a mask), or ``None`` when every layer's are."""
+    for layer, block in enumerate(model.bridge.blocks):
+        kind, why, _ = _kind(block.attn)
+        if kind is None:
+            return f"layer {layer}: {why}"
+        if kind == "bloom":
+            return f"layer {layer}: its scores add ALiBi position biases"
+    return None
+
+
 def _install(kind: str, attn: Any, module: Any, plan: _Layer) -> Callable[[], object]:
     """Swap one layer's attention for its blocked form; returns what undoes it."""
     if kind == "interface":
@@ -669,8 +729,8 @@ def _lock_of(module: Any) -> threading.RLock:
 
 @contextlib.contextmanager
 def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int | None = None,
-            block_bytes: int = BLOCK_BYTES, layers: Collection[int] | None = None
-            ) -> Iterator[None]:
+            block_bytes: int = BLOCK_BYTES, layers: Collection[int] | None = None,
+            scores: ScoreConsumer | None = None) -> Iterator[None]:
     """Run every forward pass of ``model`` inside the block with blocked attention.
 
     Args:
@@ -681,6 +741,8 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
         block_bytes: the size of one block's float32 scores.
         layers: the layers whose blocks are handed over (default every layer); the others
             are blocked too, and hand nothing over.
+        scores: called with the :class:`ScoreInputs` of each layer in ``layers``, before
+            its blocks (a family whose scores they cannot describe: :func:`scores_support`).
 
     The block holds the model's lock: another thread's :func:`blocked` on the same weights
     waits until it ends (a plain pass of the model in another thread meanwhile would run
@@ -693,6 +755,10 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
     why = support(model)
     if why is not None:
         raise ModelCapabilityError(f"{model.info.name}: blocked attention does not apply ({why})")
+    why = scores_support(model) if scores is not None else None
+    if why is not None:
+        raise ModelCapabilityError(f"{model.info.name}: its attention scores are not a function "
+                                   f"of stored queries and keys ({why})")
     if block is not None and (not isinstance(block, int) or block < 1):
         raise WorkbenchError(f"block must be a positive number of query rows, got {block!r}")
     _register()
@@ -703,7 +769,8 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
             for layer, stack in enumerate(model.bridge.blocks):
                 kind, _, module = _kind(stack.attn)
                 wanted = layers is None or layer in layers
-                plan = _Layer(layer, consume if wanted else None, block, block_bytes)
+                plan = _Layer(layer, consume if wanted else None, block, block_bytes,
+                              scores if wanted else None)
                 undo.append(_install(str(kind), stack.attn, module, plan))
             config._attn_implementation = IMPLEMENTATION
             yield

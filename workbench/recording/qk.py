@@ -1,0 +1,169 @@
+"""Every attention weight of a layer, rebuilt from its queries, keys and row log-sum-exps.
+
+A layer's weight of head ``h``, query ``i`` on key ``j`` is ``exp(s_hij - lse_hi)``, where
+``s_hij = scale * q_hi . k_gj`` (``g = h // (heads / kv_heads)``: grouped-query heads share
+a key head), soft-capped as ``cap * tanh(s / cap)`` where the family caps it, and ``lse_hi``
+is the log-sum-exp of row ``i``'s scores over the keys it sees (:class:`Mask`). The
+queries and keys are taken exactly as the attention computes its scores (after q/k norms
+and rotary, :class:`~workbench.models.blocked.ScoreInputs`), so what grows with the prompt
+is ``T x d_head`` per head, not ``T x T``; any rectangle of weights, the attention a key
+receives and each row's statistics are computed from them, one block of rows at a time.
+
+Examples:
+    >>> import torch
+    >>> q, k = torch.randn(2, 5, 4), torch.randn(1, 5, 4)     # 2 heads share 1 key head
+    >>> layer = QKLayer.of(q, k, scale=0.5, softcap=None, mask=Mask(causal=True))
+    >>> tile = layer.tile(0)                                     # the whole [5, 5] pattern
+    >>> bool(torch.allclose(tile.sum(-1), torch.ones(5))), float(tile[0, 1])
+    (True, 0.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from workbench.core.errors import WorkbenchError
+
+BLOCK_ELEMENTS = 1 << 22
+"""Float32 scores computed at once (16 MiB): rows per block are this over the keys."""
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Which keys each query sees, for one prompt of its own length (no padding).
+
+    Attributes:
+        causal: a query sees no later key.
+        window: a query ``i`` sees keys ``i - window < j`` only (a sliding-window layer);
+            ``None``: no window.
+    """
+
+    causal: bool
+    window: int | None = None
+
+    def visible(self, rows: slice, keys: slice, length: int) -> Bool[Tensor, "query key"] | None:
+        """Which of ``keys`` rows ``rows`` see (``None``: all of them)."""
+        if not self.causal and self.window is None:
+            return None
+        i = torch.arange(length)[rows][:, None]
+        j = torch.arange(length)[keys][None, :]
+        seen = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool)
+        if self.causal:
+            seen &= j <= i
+        if self.window is not None:
+            seen &= j > i - self.window
+        return seen
+
+
+@dataclass(frozen=True)
+class QKLayer:
+    """One prompt's queries, keys and row log-sum-exps at one layer.
+
+    Attributes:
+        queries: ``[head_index, query_pos, d_head]``.
+        keys: ``[kv_head, key_pos, d_head]``.
+        lse: ``[head_index, query_pos]``, float32.
+        scale: the factor on ``q . k``.
+        softcap: the soft-cap, or ``None``.
+        mask: which keys each query sees.
+    """
+
+    queries: Float[Tensor, "head_index query_pos d_head"]
+    keys: Float[Tensor, "kv_head key_pos d_head"]
+    lse: Float[Tensor, "head_index query_pos"]
+    scale: float
+    softcap: float | None
+    mask: Mask
+
+    @classmethod
+    def of(cls, queries: Float[Tensor, "head_index query_pos d_head"],
+           keys: Float[Tensor, "kv_head key_pos d_head"], *, scale: float,
+           softcap: float | None, mask: Mask) -> QKLayer:
+        """The layer of ``queries`` and ``keys``, with each row's log-sum-exp computed from
+        them (float32), one block of rows at a time.
+
+        Raises:
+            WorkbenchError: shapes that do not fit (the key heads must divide the heads).
+        """
+        heads, n, d = queries.shape
+        if keys.ndim != 3 or keys.shape[1:] != (n, d) or heads % keys.shape[0]:
+            raise WorkbenchError(f"queries {tuple(queries.shape)} and keys "
+                                 f"{tuple(keys.shape)} do not fit one prompt's layer")
+        lse = torch.empty(heads, n, dtype=torch.float32)
+        layer = cls(queries, keys, lse, scale, softcap, mask)
+        for r0, r1 in layer.blocks(heads):
+            lse[:, r0:r1] = torch.logsumexp(layer.scores(slice(None), slice(r0, r1)), -1)
+        return layer
+
+    @property
+    def length(self) -> int:
+        return self.queries.shape[1]
+
+    @property
+    def n_heads(self) -> int:
+        return self.queries.shape[0]
+
+    def blocks(self, heads: int = 1) -> list[tuple[int, int]]:
+        """Row ranges of at most :data:`BLOCK_ELEMENTS` scores over every key."""
+        step = max(1, BLOCK_ELEMENTS // max(1, heads * self.length))
+        return [(r0, min(r0 + step, self.length)) for r0 in range(0, self.length, step)]
+
+    def _span(self, part: slice, what: str) -> slice:
+        start, stop, stride = part.indices(self.length)
+        if stride != 1 or (part.start is not None and not 0 <= part.start < self.length) or (
+                part.stop is not None and not 0 < part.stop <= self.length) or start >= stop:
+            raise WorkbenchError(f"{what} {part.start}:{part.stop} is not a range of the "
+                                 f"prompt's {self.length} positions")
+        return slice(start, stop)
+
+    def scores(self, head: int | slice, rows: slice, keys: slice = slice(None)
+               ) -> Float[Tensor, "... query key"]:
+        """The masked float32 scores of ``head`` (an int, or a slice of heads) for ``rows``
+        and ``keys`` (``-inf`` where a row does not see a key)."""
+        groups = self.n_heads // self.keys.shape[0]
+        heads = torch.arange(self.n_heads)[head]
+        q = self.queries[heads, rows].float()
+        k = self.keys[torch.div(heads, groups, rounding_mode="floor"), keys].float()
+        s = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        if self.softcap is not None:
+            s = torch.tanh(s / self.softcap) * self.softcap
+        seen = self.mask.visible(rows, keys, self.length)
+        return s if seen is None else s.masked_fill(~seen, float("-inf"))
+
+    def tile(self, head: int, queries: slice = slice(None), keys: slice = slice(None)
+             ) -> Float[Tensor, "query key"]:
+        """The exact weights of head ``head`` for ``queries`` x ``keys`` (0 where a query
+        does not see a key).
+
+        Raises:
+            WorkbenchError: a head, or a range of queries or keys, outside the prompt.
+        """
+        if not 0 <= head < self.n_heads:
+            raise WorkbenchError(f"head {head} is not a head of the layer's {self.n_heads}")
+        rows, cols = self._span(queries, "queries"), self._span(keys, "keys")
+        return torch.exp(self.scores(head, rows, cols) - self.lse[head, rows, None])
+
+    def received(self, head: int) -> Float[Tensor, " key"]:
+        """The attention each key receives from every query (the pattern's column sums)."""
+        out = torch.zeros(self.length, dtype=torch.float32)
+        for r0, r1 in self.blocks():
+            out += self.tile(head, slice(r0, r1)).sum(0)
+        return out
+
+    def row_stats(self, head: int) -> dict[str, Float[Tensor, " query"]]:
+        """Each query row's entropy (nats), weight on the first key and on the previous key
+        (0 for the first query)."""
+        entropy = torch.empty(self.length)
+        first = torch.empty(self.length)
+        previous = torch.zeros(self.length)
+        for r0, r1 in self.blocks():
+            w = self.tile(head, slice(r0, r1))
+            entropy[r0:r1] = torch.special.entr(w).sum(-1)
+            first[r0:r1] = w[:, 0]
+            rows = torch.arange(max(r0, 1), r1)
+            previous[rows] = w[rows - r0, rows - 1]
+        return {"entropy": entropy, "first_token": first, "previous_token": previous}
