@@ -230,8 +230,9 @@ def _add_record_command(sub: Subparsers) -> None:
     p.add_argument("--patterns", default="auto", choices=get_args(PatternStorage),
                    help="how patterns are stored: every weight (dense), the k largest per "
                    "query row plus exact first-token, diagonal, previous-token and left-out "
-                   "weights (topk), or not at all (none); default auto: dense up to 1,024 "
-                   "tokens, topk above")
+                   "weights (topk), each layer's queries, keys and row log-sum-exps, from "
+                   "which any weight is computed exactly (qk), or not at all (none); default "
+                   "auto: dense up to 1,024 tokens, topk above")
     p.add_argument("--topk", type=COUNT, default=16, metavar="K",
                    help="weights kept per query row with topk patterns, at most the model's "
                    "context (default 16)")

@@ -14,9 +14,10 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 StoreDtype = Literal["float16", "float32"]
 """Storage dtype of a recording (float16 falls back to float32 per array on overflow)."""
 
-PatternStorage = Literal["auto", "dense", "topk", "none"]
+PatternStorage = Literal["auto", "dense", "topk", "qk", "none"]
 """How a recording stores attention patterns: every weight, the k largest per query row
-plus exact first-token, diagonal, previous-token and left-out weights, or not at all;
+plus exact first-token, diagonal, previous-token and left-out weights, each layer's
+queries, keys and row log-sum-exps (every weight exactly, on demand), or not at all;
 ``auto`` is dense up to 1,024 tokens and topk above."""
 
 AttentionPath = Literal["auto", "blocked", "dense"]

@@ -60,6 +60,18 @@ Block = tuple[Count, BlockDtype]
 """A format-1 block: its byte offset in the layer's file and its dtype."""
 
 
+class QKFacts(Record):
+    """How a ``qk`` recording's weights are computed from its queries and keys
+    (:class:`workbench.recording.qk.QKLayer`), per layer where it differs."""
+
+    kv_heads: PositiveInt
+    d_head: PositiveInt
+    causal: bool
+    scale: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...]
+    softcap: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)] | None, ...]
+    window: tuple[PositiveInt | None, ...]
+
+
 class RecordingIndex(Record):
     """A recording's ``index.json`` (format 2, or format 1 with its ``blocks``)."""
 
@@ -71,8 +83,10 @@ class RecordingIndex(Record):
     store_dtype: StoreDtype
     prompts: Annotated[tuple[RecordedPrompt, ...], Field(min_length=1)]
     files: dict[RelPath, FileEntry]
-    patterns: Literal["dense", "topk", "none"] = "dense"
+    patterns: Literal["dense", "topk", "qk", "none"] = "dense"
     """How patterns are stored (format 1: always dense)."""
+    qk: QKFacts | None = None
+    """What rebuilds the weights of a ``qk`` recording from its queries and keys."""
     topk: PositiveInt | None = None
     """Weights kept per query row of a ``topk`` recording."""
     resid: bool | None = None
@@ -92,6 +106,13 @@ class RecordingIndex(Record):
                 raise ValueError(f"format 2 needs '{key}'")
         if self.patterns == "topk" and self.topk is None:
             raise ValueError("'topk' is not a positive integer")
+        if (self.patterns == "qk") != (self.qk is not None):
+            raise ValueError("'qk' is given exactly when patterns are qk")
+        if self.qk is not None and not (len(self.qk.scale) == len(self.qk.softcap)
+                                        == len(self.qk.window) == self.n_layers):
+            raise ValueError("'qk' needs a scale, a soft-cap and a window for every layer")
+        if self.qk is not None and self.n_heads % self.qk.kv_heads:
+            raise ValueError("'qk.kv_heads' does not divide the heads")
         if self.longest != max(len(p.token_ids) for p in self.prompts):
             raise ValueError("'longest' is not the length of the longest prompt")
         return self

@@ -28,6 +28,7 @@ from workbench.core.files import read_bounded
 from workbench.core.records import RecordError
 from workbench.recording import legacy, sparse, zarr_store
 from workbench.recording.index import INDEX, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
+from workbench.recording.qk import Mask, QKLayer
 from workbench.recording.sparse import DEFAULT_TOPK
 from workbench.store.records import RunMeta
 from workbench.store.validate import confined_file, real
@@ -162,11 +163,21 @@ class Recording:
                  "topk": [("topk_weights", (p, h, t, k), ("float32",)),
                           ("topk_keys", (p, h, t, k), (str(np.dtype(sparse.key_dtype(t))),)),
                           ("exact", (p, h, t, len(sparse.CHANNELS)), ("float32",))],
+                 "qk": self._qk_arrays(),
                  "none": []}[self.patterns]
         out = [(kind, self.n_layers, shape, dtypes) for kind, shape, dtypes in kinds]
         if self.has_resid:
             out.append(("resid", self.n_layers + 1, (p, t, self.d_model), stored))
         return out
+
+    def _qk_arrays(self) -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
+        facts = self.index.qk
+        if facts is None:
+            return []
+        p, h, t = len(self.prompts), self.n_heads, self.index.longest or 0
+        return [("q", (p, h, t, facts.d_head), ("float32",)),
+                ("k", (p, facts.kv_heads, t, facts.d_head), ("float32",)),
+                ("lse", (p, h, t), ("float32",))]
 
     def array_names(self) -> list[str]:
         """The arrays of the recording's Zarr group, as its index implies them
@@ -247,6 +258,11 @@ class Recording:
         q0, q1 = self._query_range(prompt, layer, head, queries)
         if self.patterns == "topk":
             return self.pattern_sparse(prompt, layer, head, queries=queries).dense(n)
+        if self.patterns == "qk":
+            qk = self.qk_layer(prompt, layer)
+            heads = range(self.n_heads) if head is None else [head]
+            tiles = np.stack([qk.tile(h, slice(q0, q1)).numpy() for h in heads])
+            return tiles if head is None else tiles[0]
         heads = slice(None) if head is None else head
         if self._group is None:
             block = legacy.block(self.root, self.index, "attn", layer, prompt,
@@ -288,6 +304,50 @@ class Recording:
             weights=parts["topk_weights"], keys=parts["topk_keys"], first=exact[..., 0],
             diagonal=exact[..., 1], previous=exact[..., 2], left_out=exact[..., 3],
             queries=np.arange(q0, q1))
+
+    def qk_layer(self, prompt: int, layer: int) -> QKLayer:
+        """The stored queries, keys and row log-sum-exps of one prompt at one layer of a
+        ``qk`` recording, from which any of its weights is computed (:class:`QKLayer`).
+
+        Raises:
+            WorkbenchError: not a ``qk`` recording, or a prompt or layer out of range.
+        """
+        facts = self.index.qk
+        if facts is None:
+            raise WorkbenchError(f"{self.root} stores {self.patterns} patterns, not qk "
+                                 "(record with --patterns qk)")
+        n = self.length(prompt)
+        self._check(layer, self.n_layers, "layer")
+        q, k, lse = (torch.from_numpy(self._read(zarr_store.array_name(kind, layer),
+                                                 (prompt, slice(None), slice(0, n))))
+                     for kind in ("q", "k", "lse"))
+        return QKLayer(q, k, lse, facts.scale[layer], facts.softcap[layer],
+                       Mask(causal=facts.causal, window=facts.window[layer]))
+
+    def tile(self, prompt: int, layer: int, head: int, *, queries: slice = slice(None),
+             keys: slice = slice(None)) -> Float[np.ndarray, "query key"]:
+        """The exact weights of one head over ``queries`` x ``keys`` (position slices), 0
+        where a query does not see a key, computed from a ``qk`` recording in
+        O(rows x keys x d_head).
+
+        Raises:
+            WorkbenchError: not a ``qk`` recording, or a prompt, layer, head or range
+                outside it (one line).
+        """
+        self._check(head, self.n_heads, "head")
+        return self.qk_layer(prompt, layer).tile(head, queries, keys).numpy()
+
+    def received(self, prompt: int, layer: int, head: int) -> Float[np.ndarray, " key"]:
+        """The attention each key of a ``qk`` recording's prompt receives from every query
+        (the pattern's column sums), one block of rows at a time."""
+        self._check(head, self.n_heads, "head")
+        return self.qk_layer(prompt, layer).received(head).numpy()
+
+    def row_stats(self, prompt: int, layer: int, head: int) -> dict[str, np.ndarray]:
+        """Each query row's entropy (nats), weight on the first and on the previous key,
+        from a ``qk`` recording (:meth:`QKLayer.row_stats`)."""
+        self._check(head, self.n_heads, "head")
+        return {k: v.numpy() for k, v in self.qk_layer(prompt, layer).row_stats(head).items()}
 
     def first_key_mass(self, prompt: int, layer: int) -> Float[np.ndarray, " head_index"]:
         """Each head's mean weight on the first key, over every query but the first (which

@@ -38,14 +38,16 @@ import torch
 import zarr
 
 from workbench.core import durable, progress
-from workbench.core.errors import WorkbenchError
+from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
+from workbench.models import blocked
 from workbench.models.base import Model
-from workbench.models.blocked import PatternBlock
+from workbench.models.blocked import PatternBlock, ScoreInputs
 from workbench.recording import hooks, sparse, zarr_store
-from workbench.recording.index import FORMAT, INDEX, RecordingIndex
+from workbench.recording.index import FORMAT, INDEX, QKFacts, RecordingIndex
+from workbench.recording.qk import Mask, QKLayer
 from workbench.recording.reader import Recording
 from workbench.recording.sparse import DEFAULT_TOPK
 
@@ -77,6 +79,25 @@ def storage_for(patterns: PatternStorage, longest: int) -> PatternStorage:
     return patterns
 
 
+MASK_CHECK_ROWS = 64
+"""Rows at each end of a prompt whose visible keys are compared with the pass's own mask."""
+
+
+def _check_mask(inputs: ScoreInputs, mask: Mask, row: int, n: int) -> None:
+    """Refuse a layer whose mask, for one prompt's first and last rows, is not what
+    ``mask`` describes (the qk format could not rebuild its weights)."""
+    for r0, r1 in {(0, min(n, MASK_CHECK_ROWS)), (max(0, n - MASK_CHECK_ROWS), n)}:
+        seen = inputs.visible(r0, r1)
+        theirs = torch.ones(r1 - r0, n, dtype=torch.bool) if seen is None else \
+            seen[row if seen.shape[0] > 1 else 0, 0, :, :n].bool()
+        mine = mask.visible(slice(r0, r1), slice(0, n), n)
+        mine = torch.ones(r1 - r0, n, dtype=torch.bool) if mine is None else mine
+        if not torch.equal(theirs, mine):
+            raise WorkbenchError(f"layer {inputs.layer}: the model's attention mask is not the "
+                                 f"{'causal' if mask.causal else 'bidirectional'} mask "
+                                 f"(window {mask.window}) the qk format describes")
+
+
 class _Writer:
     """Hook functions that write each prompt's slice of a layer's tensors to the group."""
 
@@ -94,11 +115,18 @@ class _Writer:
                 self._add("topk_weights", layer, (p, h, t, topk), "float32")
                 self._add("topk_keys", layer, (p, h, t, topk), sparse.key_dtype(t))
                 self._add("exact", layer, (p, h, t, len(sparse.CHANNELS)), "float32")
+            elif storage == "qk":
+                self._add("q", layer, (p, h, t, shape["d_head"]), "float32")
+                self._add("k", layer, (p, shape["kv_heads"], t, shape["d_head"]), "float32")
+                self._add("lse", layer, (p, h, t), "float32")
         if include_resid:
             for b in range(shape["layers"] + 1):
                 self._add("resid", b, (p, t, d), store_dtype)
         self.batch: Batch | None = None
         self._pending: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
+        self.masks: list[Mask] = []
+        self.facts: dict[str, list[Any]] = {"scale": [None] * shape["layers"],
+                                            "softcap": [None] * shape["layers"]}
 
     def _add(self, kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> None:
         self.arrays[(kind, layer)] = zarr_store.create(self.group, kind, layer, shape, dtype)
@@ -167,6 +195,31 @@ class _Writer:
                             dtype=array.dtype)
             block[:, : part.shape[1]] = part
             array[index, :, c0:stop] = block
+
+    def take_scores(self, inputs: ScoreInputs) -> None:
+        """Write one layer's queries and keys for each prompt of the batch (its own tokens),
+        with each row's log-sum-exp computed from them under the layer's :class:`Mask`,
+        once that mask is checked against the pass's own."""
+        scale, cap = self.facts["scale"], self.facts["softcap"]
+        if scale[inputs.layer] is not None and (scale[inputs.layer], cap[inputs.layer]) != (
+                inputs.scale, inputs.softcap):
+            raise WorkbenchError(f"layer {inputs.layer}'s scale or soft-cap changed between "
+                                 "batches; the qk format stores one per layer")
+        scale[inputs.layer], cap[inputs.layer] = inputs.scale, inputs.softcap
+        mask = self.masks[inputs.layer]
+        for row, (index, n) in self._rows():
+            _check_mask(inputs, mask, row, n)
+            q, k = inputs.queries[row, :, :n].float(), inputs.keys[row, :, :n].float()
+            layer = QKLayer.of(q, k, scale=inputs.scale, softcap=inputs.softcap, mask=mask)
+            for kind, value in (("q", q), ("k", k), ("lse", layer.lse)):
+                self._write_tokens(kind, inputs.layer, index, value.numpy())
+
+    def _write_tokens(self, kind: str, layer: int, index: int, values: np.ndarray) -> None:
+        """Write one prompt's ``[head, pos, ...]`` values, padded to the longest prompt."""
+        array = self.arrays[(kind, layer)]
+        block = np.zeros(array.shape[1:], dtype=array.dtype)
+        block[:, : values.shape[1]] = values
+        array[index] = block
 
     def _resid_hook(self, boundary: int, advance: Callable[[int], None] | None = None):
         def hook(tensor: torch.Tensor, hook: Any) -> None:
@@ -241,17 +294,22 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     storage = storage_for(patterns, longest)
     if storage == "none" and not include_resid:
         raise WorkbenchError("nothing to record: patterns none and no residual stream")
+    if storage == "qk":
+        _check_qk(model, attention)
     info = model.info
     shape = {"prompts": len(prompts), "heads": info.n_heads, "longest": longest,
-             "d_model": info.d_model, "layers": info.n_layers}
+             "d_model": info.d_model, "layers": info.n_layers, "kv_heads": info.n_kv_heads,
+             "d_head": info.d_head}
     root.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
     writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
+    writer.masks = [Mask(causal=bool(info.causal), window=info.window(layer))
+                    for layer in range(info.n_layers)]
     batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
     _write(model, writer, batches, storage, attention)
     index = _index(model, prompts, encoded, root, store_dtype=store_dtype, patterns=storage,
                    topk=topk if storage == "topk" else None, resid=include_resid,
-                   longest=longest)
+                   longest=longest, qk=_qk_facts(model, writer) if storage == "qk" else None)
     # the index is written last: a recording without one does not open
     durable.write_atomic(root / INDEX, index.to_json())
     return Recording.open(root)
@@ -274,12 +332,39 @@ def _write(model: Model, writer: _Writer, batches: Sequence[Batch], storage: Pat
                              stop_after=writer.last_hook(n_layers))
 
 
+def _check_qk(model: Model, attention: AttentionPath) -> None:
+    """Refuse, before anything is written, a ``qk`` recording the model cannot make: its
+    queries and keys are taken from the blocked pass, and its scores must be ``scale *
+    q . k`` under a causal or bidirectional mask with at most a window."""
+    if attention == "dense":
+        raise WorkbenchError("qk patterns are taken from the blocked attention path; "
+                             "use --attention auto or blocked")
+    why = blocked.support(model) or blocked.scores_support(model)
+    if why is not None:
+        raise ModelCapabilityError(f"{model.info.name}: qk patterns need every layer's scores "
+                                   f"as scale * q . k ({why}); record dense or topk patterns")
+
+
+def _qk_facts(model: Model, writer: _Writer) -> dict[str, Any]:
+    info = model.info
+    return QKFacts.from_data({
+        "kv_heads": info.n_kv_heads, "d_head": info.d_head, "causal": bool(info.causal),
+        "scale": writer.facts["scale"], "softcap": writer.facts["softcap"],
+        "window": [m.window for m in writer.masks]}, what="the qk facts").to_data()
+
+
 def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: AttentionPath,
          advance: Callable[[int], None]) -> contextlib.AbstractContextManager[Any]:
     """Patterns handed to ``writer`` block by block (each block's query rows counted by
     ``advance``), or nothing when patterns are not stored."""
     if storage == "none":
         return contextlib.nullcontext()
+    if storage == "qk":
+        def take(inputs: ScoreInputs) -> None:
+            writer.take_scores(inputs)
+            advance(int(inputs.queries.shape[-2]))
+
+        return blocked.blocked(model, None, scores=take)
 
     def consume(block: PatternBlock) -> None:
         writer.consume(block)

@@ -57,6 +57,9 @@ DIMS = {
     "topk_keys": ("prompt", "head_index", "query_pos", "k"),
     "exact": ("prompt", "head_index", "query_pos", "channel"),
     "resid": ("prompt", "pos", "d_model"),
+    "q": ("prompt", "head_index", "query_pos", "d_head"),
+    "k": ("prompt", "kv_head", "key_pos", "d_head"),
+    "lse": ("prompt", "head_index", "query_pos"),
 }
 
 
@@ -82,6 +85,8 @@ def create(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...],
     """
     if kind == "resid":
         chunks = (1, min(shape[1], RESID_BLOCK), shape[2])
+    elif kind == "lse":
+        chunks = (1, shape[1], min(shape[2], QUERY_BLOCK))
     else:
         chunks = (1, shape[1], min(shape[2], QUERY_BLOCK), shape[3])
     fill = np.iinfo(dtype).max if np.dtype(dtype).kind == "u" else 0
