@@ -18,7 +18,10 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   2k, 4k, 8k; the 32k model at 4k .. 32k), each T in its own process, and the exponent of
   the peak above the loaded model (``peak - rss after loading``) fitted against T on a
   log-log scale: 1 is linear, 2 quadratic.
-- ``dense2k`` / ``topk2k``: one 2,048-token prompt recorded dense and as topk: bytes, time.
+- ``dense2k`` / ``topk2k`` / ``qk2k``: one 2,048-token prompt recorded dense, as topk and
+  as qk: bytes, time; ``qk8k``: the 8,192-token prompt of ``long`` as qk.
+- ``tiles``: on a qk recording of 8,192 tokens, the time to compute a 512 x 512 tile, a
+  key's whole received-attention column and every row's statistics of one head.
 - ``many100`` / ``many1000``: 100 and 1,000 prompts of 128 tokens (the corpus repeated
   when it runs out): peak RSS, which should be flat in the number of prompts.
 - ``view``: the long-context page of the dashboard on the 8,192-token recording, in
@@ -202,9 +205,11 @@ def _child(part: str, args: argparse.Namespace, *, model: str, tokens: int) -> d
 
 
 RECORDINGS = {"dense2k": (1, 2048, "dense"), "topk2k": (1, 2048, "topk"),
+              "qk2k": (1, 2048, "qk"), "qk8k": (1, 8192, "qk"),
               "many100": (100, 128, "auto"), "many1000": (1000, 128, "auto")}
 """Recording parts: ``(prompts, tokens per prompt, pattern storage)``, each in a fresh store."""
 SMOKE_RECORDINGS = {"dense2k": (1, 64, "dense"), "topk2k": (1, 64, "topk"),
+                    "qk2k": (1, 64, "qk"), "qk8k": (1, 64, "qk"),
                     "many100": (4, 16, "auto"), "many1000": (8, 16, "auto")}
 
 
@@ -212,6 +217,33 @@ def part_recording(args: argparse.Namespace) -> dict:
     sizes = (SMOKE_RECORDINGS if args.smoke else RECORDINGS)[args.part]
     with tempfile.TemporaryDirectory(dir=args.store) as tmp:
         return _record(Path(tmp), *sizes, args.model)
+
+
+def _median_s(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def part_tiles(args: argparse.Namespace) -> dict:
+    """A ``qk`` recording of one prompt (``--tokens``, default 8,192), then, at its middle
+    layer and head 0: a 512 x 512 tile from the middle of the prompt (median of 5), the
+    whole received-attention column, and every row's statistics."""
+    from workbench.recording.reader import Recording
+
+    n = args.tokens or 8192
+    with tempfile.TemporaryDirectory(dir=args.store) as tmp:
+        made = _record(Path(tmp), 1, n, "qk", args.model)
+        rec = Recording.open(Path(tmp) / made["run"])
+        layer, side, mid = rec.n_layers // 2, min(512, n // 2), n // 2
+        return {**made, "tile_side": side, "tile_s": _median_s(lambda: rec.tile(
+                    0, layer, 0, queries=slice(mid, mid + side), keys=slice(mid - side, mid)),
+                    5),
+                "received_s": _median_s(lambda: rec.received(0, layer, 0), 1),
+                "row_stats_s": _median_s(lambda: rec.row_stats(0, layer, 0), 1)}
 
 
 def part_view(args: argparse.Namespace) -> dict:
@@ -276,10 +308,10 @@ def _wait_up(url: str) -> None:
 
 PARTS = {"long": part_long, "reduce8k": part_reduce8k, "long32k": part_long32k,
          "scaling": part_scaling, **dict.fromkeys(RECORDINGS, part_recording),
-         "view": part_view}
+         "tiles": part_tiles, "view": part_view}
 CHILDREN = {"record_one": part_record_one, "score_one": part_score_one}
 """Parts that other parts run in their own processes."""
-SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256}
+SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256, "tiles": 64}
 
 
 def _run(part: str, args: argparse.Namespace, store: str) -> dict:
