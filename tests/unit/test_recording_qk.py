@@ -47,6 +47,8 @@ def test_every_weight_equals_the_dense_recording(both):
             for head in range(qk.n_heads):
                 np.testing.assert_allclose(qk.received(prompt, layer, head),
                                            want[head].sum(0), atol=1e-5, rtol=0)
+                np.testing.assert_allclose(dense.received(prompt, layer, head),
+                                           want[head].sum(0), atol=1e-5, rtol=0)
                 stats = qk.row_stats(prompt, layer, head)
                 w = want[head].astype(np.float64)
                 entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(-1)
@@ -131,3 +133,12 @@ def test_a_family_qk_cannot_describe_is_refused_before_any_work(tmp_path, tokeni
         record(bloom, [Prompt(text="hello")], tmp_path / "out", patterns="qk",
                attention="dense")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_topk_recording_receives_a_lower_bound(both, tmp_path):
+    model, dense, _ = both
+    topk = record(model, [Prompt(text=t) for t in TEXTS], tmp_path / "topk", patterns="topk",
+                  topk=2, include_resid=False)
+    exact = dense.received(0, 1, 0)
+    low = topk.received(0, 1, 0)
+    assert (low <= exact + 1e-6).all() and low.sum() < exact.sum() - 1e-3

@@ -101,6 +101,11 @@ Queries = tuple[int, int] | None
 """Query rows ``(start, stop)`` of a read; ``None`` for every row of the prompt."""
 
 
+QK_LAYERS_KEPT = 4
+"""The stored queries and keys of this many (prompt, layer) pairs a ``qk`` recording keeps
+read (a page drawing tiles of one head reads its layer once)."""
+
+
 class Recording:
     """Lazy, read-only access to a recording: each call reads only the chunks it needs.
 
@@ -118,6 +123,7 @@ class Recording:
         self.patterns, self.topk = index.patterns, index.topk
         legacy_format = self.format_version == LEGACY_FORMAT
         self._group = None if legacy_format else zarr_store.open_group(root, index.files)
+        self._qk_layers: dict[tuple[int, int], QKLayer] = {}
 
     @classmethod
     def open(cls, path: str | Path) -> Recording:
@@ -318,11 +324,18 @@ class Recording:
                                  "(record with --patterns qk)")
         n = self.length(prompt)
         self._check(layer, self.n_layers, "layer")
+        kept = self._qk_layers.get((prompt, layer))
+        if kept is not None:
+            return kept
         q, k, lse = (torch.from_numpy(self._read(zarr_store.array_name(kind, layer),
                                                  (prompt, slice(None), slice(0, n))))
                      for kind in ("q", "k", "lse"))
-        return QKLayer(q, k, lse, facts.scale[layer], facts.softcap[layer],
+        made = QKLayer(q, k, lse, facts.scale[layer], facts.softcap[layer],
                        Mask(causal=facts.causal, window=facts.window[layer]))
+        if len(self._qk_layers) >= QK_LAYERS_KEPT:  # the oldest goes
+            self._qk_layers.pop(next(iter(self._qk_layers)))
+        self._qk_layers[(prompt, layer)] = made
+        return made
 
     def tile(self, prompt: int, layer: int, head: int, *, queries: slice = slice(None),
              keys: slice = slice(None)) -> Float[np.ndarray, "query key"]:
@@ -338,10 +351,18 @@ class Recording:
         return self.qk_layer(prompt, layer).tile(head, queries, keys).numpy()
 
     def received(self, prompt: int, layer: int, head: int) -> Float[np.ndarray, " key"]:
-        """The attention each key of a ``qk`` recording's prompt receives from every query
-        (the pattern's column sums), one block of rows at a time."""
-        self._check(head, self.n_heads, "head")
-        return self.qk_layer(prompt, layer).received(head).numpy()
+        """The attention each key of the prompt receives from every query (the pattern's
+        column sums), one block of rows at a time: exact from a ``qk`` or a dense
+        recording; from a ``topk`` one, the kept weights and exact channels only (a lower
+        bound: the left-out mass is at no key)."""
+        self._query_range(prompt, layer, head, None)
+        if self.patterns == "qk":
+            return self.qk_layer(prompt, layer).received(head).numpy()
+        n, out = self.length(prompt), np.zeros(self.length(prompt), dtype=np.float64)
+        for r0 in range(0, n, zarr_store.QUERY_BLOCK):
+            out += self.pattern(prompt, layer, head,
+                                queries=(r0, min(r0 + zarr_store.QUERY_BLOCK, n))).sum(0)
+        return out.astype(np.float32)
 
     def row_stats(self, prompt: int, layer: int, head: int) -> dict[str, np.ndarray]:
         """Each query row's entropy (nats), weight on the first and on the previous key,
@@ -407,8 +428,11 @@ class Recording:
             step = factor * max(1, zarr_store.QUERY_BLOCK // factor)
             parts = []
             for r0 in range(q0, q1, step):
-                block = self.pattern(prompt, layer, head, queries=(r0, min(r0 + step, q1)))
-                parts.append(sparse.pool_dense(block[:, k0:k1], factor, how))
+                r1 = min(r0 + step, q1)
+                block = self.tile(prompt, layer, head, queries=slice(r0, r1),
+                                  keys=slice(k0, k1)) if self.patterns == "qk" else \
+                    self.pattern(prompt, layer, head, queries=(r0, r1))[:, k0:k1]
+                parts.append(sparse.pool_dense(block, factor, how))
             grid = np.concatenate(parts)
         return Pooled(grid=grid, factor=factor, how=how, window=(q0, q1, k0, k1))
 
