@@ -1,5 +1,8 @@
 """Long-context view: one head's whole T x T pattern pooled to screen resolution, a window
-zoomed down to single tokens, and the top-k keys of a chosen query.
+zoomed down to single tokens, the attention each key receives, and the top-k keys of a
+chosen query. Of a ``qk`` recording every weight drawn is exact, computed from the stored
+queries and keys for just the window's rows and keys; past the figure's cells a window is
+max- or sum-pooled, and its title says so.
 
 The pooling is done on the server (:meth:`workbench.recording.reader.Recording.pooled`), so
 an 8,192-token pattern reaches the browser as at most 512 x 512 cells, and each figure reads
@@ -57,7 +60,8 @@ dash.register_page(__name__, path="/long-context", name="Long context",
                    order=pages.order("/long-context"), experiments=SHOWS)
 
 EMPTY = ("No recordings yet. Record a long document with "
-         "`workbench record smollm2 --file doc.txt --patterns topk`.")
+         "`workbench record smollm2 --file doc.txt --patterns qk` (every weight, exactly) "
+         "or `--patterns topk`.")
 OVERVIEW_CELLS = patterns.OVERVIEW_CELLS
 WINDOW_CELLS = 256
 """A window of up to this many tokens a side is drawn token by token, with labels."""
@@ -80,6 +84,7 @@ def layout(run: str | None = None, **_: str) -> html.Div:
             exports.graph("long-context-overview", chosen),
             exports.graph("long-context-window", chosen),
         ]),
+        exports.graph("long-context-received", chosen),
         html.H3("Top keys of the chosen query"),
         html.Div(id="long-context-topk"),
     ])
@@ -107,7 +112,7 @@ def _number(name: str, value: int, width: str = "7em") -> dcc.Input:
 
 
 exports.follow("long-context-run", page="long-context",
-               graphs=["long-context-overview", "long-context-window"])
+               graphs=["long-context-overview", "long-context-window", "long-context-received"])
 
 
 # A new recording opens as the page does: its strongest sink, the last query of its first
@@ -150,6 +155,18 @@ def draw_overview(run_id: RunId, prompt: Index, layer: Layer, head: Head, poolin
     if rec is None:
         return no_update
     return patterns.long_overview(rec, prompt, layer, head, pooling, scale, OVERVIEW_CELLS)
+
+
+@callback(Output("long-context-received", "figure"),
+          Input("long-context-run", "value"), Input("long-context-prompt", "value"),
+          Input("long-context-layer", "value"), Input("long-context-head", "value"),
+          Input("long-context-pooling", "value"))
+@safe
+def draw_received(run_id: RunId, prompt: Index, layer: Layer, head: Head, pooling: Pooling):
+    rec = _read_args(run_id, prompt, layer, head)
+    if rec is None:
+        return no_update
+    return patterns.received_strip(rec, prompt, layer, head, pooling, OVERVIEW_CELLS)
 
 
 @callback(Output("long-context-q0", "value"), Output("long-context-k0", "value"),

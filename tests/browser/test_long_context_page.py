@@ -35,10 +35,13 @@ def served(tmp_path_factory, llama_hf, tokenizer):
     with store.start("record", model.info, {"source": "test"}) as run:
         record(model, [Prompt(token_ids=tuple(ids), label="long")], run.dir / "recording",
                include_resid=False)
+    with store.start("record", model.info, {"source": "test", "patterns": "qk"}) as exact:
+        record(model, [Prompt(token_ids=tuple(ids), label="long")], exact.dir / "recording",
+               include_resid=False, patterns="qk")
     rec = Recording.open(store.get(run.id).path)
     assert rec.patterns == "topk" and rec.length(0) == N  # auto: topk above 1,024 tokens
     proc, url = serve(runs)
-    yield url, run.id, rec
+    yield url, run.id, rec, Recording.open(store.get(exact.id).path)
     stop(proc)
 
 
@@ -57,7 +60,7 @@ def opening_head(rec) -> tuple[int, int]:
 
 
 def test_overview_window_and_top_keys(page, served):
-    url, run_id, rec = served
+    url, run_id, rec, _ = served
     layer, head = opening_head(rec)
     page.goto(f"{url}/long-context?run={run_id}")
     fig = figure(page, "long-context-overview",
@@ -115,3 +118,35 @@ def test_overview_window_and_top_keys(page, served):
     assert rows.first.locator("td").nth(1).inner_text() == str(best)
     assert best == int(np.argmax(rec.pattern(0, layer, head, queries=(1500, 1501))[0]))
     assert "left out of the top 16" in page.inner_text("#long-context-topk-exact")
+
+
+def test_a_qk_recording_draws_exact_weights_and_what_each_key_receives(page, served):
+    """Every weight the page draws from a qk recording is the stored queries' and keys'
+    (``Recording.tile``, itself checked against dense recordings), and the received strip
+    is each key's column sum, max-pooled like the overview; the top-k recording's strip
+    says it is a lower bound."""
+    url, topk_id, _, rec = served
+    page.goto(f"{url}/long-context?run={rec.root.parent.name}")
+    overview = figure(page, "long-context-overview", title_contains="whole pattern")
+    layer, head = (int(x) for x in overview["layout"]["title"]["text"][1:].split(",")[0]
+                   .split("H"))
+    tiles = rec.tile(0, layer, head, queries=slice(0, 16 * F))
+    np.testing.assert_allclose(as_array(overview["data"][0]["z"])[:16],
+                               tiles.reshape(16, F, N // F, F).max(axis=(1, 3)), atol=1e-6)
+    strip = figure(page, "long-context-received", title_contains=f"max of {F} keys a bar")
+    assert "lower bound" not in strip["layout"]["title"]["text"]
+    received = rec.received(0, layer, head)
+    np.testing.assert_allclose(as_array(strip["data"][0]["y"]),
+                               received.reshape(-1, F).max(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(received.sum(), N, rtol=1e-4)  # each query's weights sum to 1
+    page.evaluate("""() => Plotly.relayout(
+        document.querySelector('#long-context-overview .js-plotly-plot'),
+        {'xaxis.range[0]': 4000, 'xaxis.range[1]': 4040,
+         'yaxis.range[0]': 4140, 'yaxis.range[1]': 4100})""")
+    window = figure(page, "long-context-window",
+                    title_contains="queries 4100..4139, keys 4000..4039")
+    np.testing.assert_allclose(as_array(window["data"][0]["z"]),
+                               rec.tile(0, layer, head, queries=slice(4100, 4140),
+                                        keys=slice(4000, 4040)), atol=1e-6)
+    page.goto(f"{url}/long-context?run={topk_id}")
+    figure(page, "long-context-received", title_contains="a lower bound")

@@ -25,6 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.core.errors import WorkbenchError
+from workbench.recording import sparse
 from workbench.recording.reader import Pooled, Recording
 from workbench.views.style import (
     COLOUR_SCALES,
@@ -139,6 +140,28 @@ def long_overview(rec: Recording, prompt: int, layer: int, head: int,
              "<br>drag a box to open it as a window")
     fig = pooled_heatmap(pooled, rec.tokens(prompt), title, scale)
     return set_title(fig, title + mark_edge(fig, rec.model.window(layer), pooled), size=13)
+
+
+def received_strip(rec: Recording, prompt: int, layer: int, head: int,
+                   pooling: Pooling = "max", cells: int = OVERVIEW_CELLS) -> go.Figure:
+    """The attention each key of one prompt receives from every query (the pattern's
+    column sums, :meth:`Recording.received`), pooled to at most ``cells`` bars (``max`` or
+    ``sum`` of each run of keys): the strip under the Long context page's overview. Exact
+    from a ``qk`` or dense recording; from a ``topk`` one it counts the kept weights only,
+    and its title says so."""
+    received = rec.received(prompt, layer, head)
+    n = len(received)
+    factor = sparse.cells(n, cells)
+    bars = sparse.pool_dense(received[None, :], factor, pooling)[0] if factor > 1 else received
+    what = "1 key a bar" if factor == 1 else f"{pooling} of {factor} keys a bar"
+    bound = ": top-k kept weights only, a lower bound" if rec.patterns == "topk" else ""
+    fig = go.Figure(go.Bar(x=np.arange(len(bars)) * factor, y=bars, width=factor,
+                           offset=0, marker_line_width=0, name="received",
+                           hovertemplate="keys %{x}..: %{y:.4g}<extra></extra>"))
+    fig.update_xaxes(title="key position", range=[0, n])
+    fig.update_yaxes(title="received (sum over queries)")
+    title = f"L{layer}H{head}: attention each key receives, {what}{bound}"
+    return set_title(fig, title, size=13)
 
 
 def _check_scale(scale: object) -> None:
