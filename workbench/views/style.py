@@ -163,10 +163,14 @@ def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
         customdata=np.stack([low, high], axis=-1), zmin=zmin, zmax=zmax,
         colorscale=scale, hovertemplate=hover + "<extra></extra>", colorbar=bar,
     ))
+    # the axes span the grid's cells and no more: marks drawn over it (outlined heads)
+    # would otherwise pad an autorange by 5% a side, a row and a half on 30 layers
     fig.update_layout(height=min(900, 160 + 22 * n_layers),
                       margin={"l": 10, "r": 10, "b": 10},
-                      xaxis={"title": "head", "dtick": 1},
-                      yaxis={"title": "layer", "autorange": "reversed", "dtick": 1})
+                      xaxis={"title": "head", "dtick": 1, "range": [-0.5, n_heads - 0.5],
+                             "autorange": False},
+                      yaxis={"title": "layer", "dtick": 1, "range": [n_layers - 0.5, -0.5],
+                             "autorange": False})
     return set_title(fig, title or metric, width=60)
 
 
