@@ -59,9 +59,38 @@ def colour_stops(scale: ColourScale | None, base: str = "Blues") -> list[list]:
 
 def scale_colorbar(scale: ColourScale | None, title: str) -> dict:
     """The colour bar of a heatmap painted by :func:`colour_stops`, its title naming the
-    scale. Its axis stays linear in the weight, so on the log scale most of the bar is
-    dark: the colours a small weight gets."""
+    scale. Its axis is linear in the weight; on the log scale the heatmap hides it and
+    :func:`log_colour_bar` draws one ticked at the weights instead."""
     return {"title": title if scale in (None, "linear") else f"{title} ({scale})"}
+
+
+def hidden_bar(scale: ColourScale | None) -> dict:
+    """``showscale=False`` for a heatmap on the log scale (its bar is
+    :func:`log_colour_bar`'s), nothing for the others (their own bar is right)."""
+    return {"showscale": False} if scale == "log" else {}
+
+
+def log_colour_bar(title: str, top: float, base: str = "Blues") -> go.Scatter:
+    """The colour bar of a heatmap painted on the log scale (:func:`colour_stops`, from
+    0 to ``top``), as a trace with no points: a bar laid out by the colours, one tick a
+    decade from ``LOG_FLOOR * top`` to ``top``, each labelled with the weight whose
+    colour sits beside it (a bar linear in the weight puts every decade but the last in
+    its lowest tenth).
+
+    Examples:
+        >>> log_colour_bar("weight", 1.0).marker.colorbar.ticktext
+        ('0.0001', '0.001', '0.01', '0.1', '1')
+    """
+    low = float(np.log10(LOG_FLOOR))
+    decades = np.arange(round(low), 1)
+    # colour c sits at the fraction LOG_FLOOR ** (1 - c): linear in log10 of the fraction
+    return go.Scatter(
+        x=[None], y=[None], mode="markers", name="colour bar", showlegend=False,
+        hoverinfo="skip",
+        marker={"color": [low, 0.0], "cmin": low, "cmax": 0.0, "showscale": True,
+                "colorscale": colour_stops("linear", base),
+                "colorbar": {"title": f"{title} (log)", "tickvals": decades.tolist(),
+                             "ticktext": [f"{top * 10.0 ** d:.2g}" for d in decades]}})
 
 
 def discrete_levels(values: np.ndarray) -> list[int] | None:
@@ -121,8 +150,10 @@ def pattern_heatmap(pattern: Float[np.ndarray, "query key"], tokens: Sequence[st
     fig = go.Figure(go.Heatmap(
         z=pattern, x=labels, y=labels, colorscale=colour_stops(scale), zmin=0, zmax=1,
         hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
-        colorbar=scale_colorbar(scale, "weight"),
+        colorbar=scale_colorbar(scale, "weight"), **hidden_bar(scale),
     ))
+    if scale == "log":
+        fig.add_trace(log_colour_bar("weight", 1.0))
     side = min(900, 160 + 14 * len(tokens))
     fig.update_layout(height=side + 80, margin={"l": 10, "r": 10, "b": 10},
                       xaxis={"title": "key", "tickangle": -60, "side": "bottom"},
