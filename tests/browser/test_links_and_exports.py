@@ -167,11 +167,15 @@ def test_comparing_a_metric_the_other_run_lacks_offers_the_shared_ones(page, ser
 def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     url, made = served
     run = made["induction-heads"]
+    page.set_viewport_size({"width": 1280, "height": 1100})  # a laptop's browser window
     page.goto(f"{url}/heads?run={run.id}")
     repeat = figure(page, "heads-repeat-loss", title_contains="loss on each repeat")
     table = run.table("repeat_loss").sort_values("repeat")
     np.testing.assert_allclose(as_array(repeat["data"][0]["y"]), table.loss, rtol=1e-6)
     icl = figure(page, "heads-icl", title_contains="in-context learning")
+    title, plot = within(page, "heads-icl")  # the whole title is drawn inside the figure
+    assert plot["left"] <= title["left"] and title["right"] <= plot["right"]
+    assert plot["top"] <= title["top"]
     by_position = run.table("loss_by_position").sort_values("position")
     np.testing.assert_allclose(as_array(icl["data"][0]["y"]), by_position.loss, rtol=1e-6)
     exact = run.table("icl").set_index("metric").loc["icl_score"]
@@ -204,6 +208,16 @@ def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     points = next(t for t in drawn["data"] if t["name"] == "one random draw"
                   and t["xaxis"] == "x")
     assert len(points["x"]) == int((patch.condition == "random").sum())
+
+
+def within(page, graph_id: str) -> tuple[dict, dict]:
+    """The drawn boxes of ``graph_id``'s title and of its figure, in page pixels."""
+    return page.evaluate("""(id) => {
+        const box = (el) => { const r = el.getBoundingClientRect();
+            return {left: r.left, right: r.right, top: r.top}; };
+        const graph = document.querySelector(`#${id} .js-plotly-plot`);
+        return [box(graph.querySelector('.gtitle')), box(graph.querySelector('.main-svg'))];
+    }""", graph_id)
 
 
 def test_previous_token_runs_hide_the_induction_section(page, served):

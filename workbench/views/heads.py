@@ -92,12 +92,17 @@ def icl_figure(by_position: pd.DataFrame, icl: pd.DataFrame) -> go.Figure:
         row = exact.iloc[0]
         fig.add_scatter(x=[50, 500], y=[row.loss_at_50, row.loss_at_500], mode="markers",
                         name="positions 50 and 500", marker={"size": 10, "color": "#dc2626"})
-    scores = "; ".join(f"{r.metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-                       for r in icl.itertuples())
-    fig.update_layout(title=f"in-context learning: {scores}",
-                      xaxis={"title": "position"}, yaxis={"title": "loss (nats)"},
+    scores = [f"{r.metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+              for r in icl.itertuples()]
+    fig.update_layout(xaxis={"title": "position"}, yaxis={"title": "loss (nats)"},
                       height=420, margin=MARGIN)
-    return fig
+    # a score a line: on one line the two scores ran past a half-width figure's edge
+    return set_title(fig, "<br>".join(["in-context learning", *scores]), width=ICL_CHARS)
+
+
+ICL_CHARS = 50
+"""Characters a title line of the ICL figure holds: it shares a row with the repeat loss,
+each figure at least 28em (448 px) wide."""
 
 
 ABLATION_PANELS = (("induction_tracked", "tracked heads' induction score"),
