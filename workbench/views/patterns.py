@@ -31,6 +31,7 @@ from workbench.views.style import (
     ColourScale,
     colour_stops,
     hidden_bar,
+    layer_labels,
     log_colour_bar,
     pattern_heatmap,
     scale_colorbar,
@@ -233,7 +234,7 @@ def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
                "ticktext": [str(h) for h in range(rec.n_heads)]},
         yaxis={"title": "layer", "autorange": "reversed",
                "tickvals": [layer + centre for layer in range(rec.n_layers)],
-               "ticktext": [str(layer) for layer in range(rec.n_layers)]},
+               "ticktext": layer_labels(rec.model.layer_types)},
     )
     # the heads' numbers sit on top, so the title needs room above them
     return set_title(fig, f"all heads: layers down, heads across (first {n} tokens); click "

@@ -161,13 +161,31 @@ def pattern_heatmap(pattern: Float[np.ndarray, "query key"], tokens: Sequence[st
     return set_title(fig, title)
 
 
+def layer_labels(layer_types: Sequence[str]) -> list[str]:
+    """Each layer's label on a figure's layer axis: its number, with ``global`` beside
+    the global layers of a model that also has sliding-window layers (gemma3's 5, 11 and
+    17 among 15 sliding ones); numbers alone for a model whose layers are all alike.
+
+    Examples:
+        >>> layer_labels(["sliding", "global", "sliding"])
+        ['0', '1 global', '2']
+        >>> layer_labels(["global", "global"])
+        ['0', '1']
+    """
+    mixed = "sliding" in layer_types
+    return [f"{i} global" if mixed and kind == "global" else str(i)
+            for i, kind in enumerate(layer_types)]
+
+
 def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
                  zmin: float | None = None, zmax: float | None = None,
-                 colorscale: str = "Viridis") -> go.Figure:
+                 colorscale: str = "Viridis",
+                 layer_types: Sequence[str] | None = None) -> go.Figure:
     """A layer x head heatmap of one metric from a long-format ``head_scores`` table.
 
     Hover shows the score and, when the table has them, its 95% interval. Click data
-    carries ``x`` = head and ``y`` = layer.
+    carries ``x`` = head and ``y`` = layer. With the model's ``layer_types``, a model's
+    global layers among sliding-window ones are labelled so (:func:`layer_labels`).
     """
     df = scores[scores.metric == metric]
     n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
@@ -202,6 +220,9 @@ def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
                              "autorange": False},
                       yaxis={"title": "layer", "dtick": 1, "range": [n_layers - 0.5, -0.5],
                              "autorange": False})
+    if layer_types is not None and "sliding" in layer_types:
+        fig.update_yaxes(tickvals=list(range(n_layers)),
+                         ticktext=layer_labels(layer_types)[:n_layers])
     return set_title(fig, title or metric, width=60)
 
 
