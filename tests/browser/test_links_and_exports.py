@@ -208,6 +208,19 @@ def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     points = next(t for t in drawn["data"] if t["name"] == "one random draw"
                   and t["xaxis"] == "x")
     assert len(points["x"]) == int((patch.condition == "random").sum())
+    # each panel lists what it draws in a legend of its own: the random draws' loss is
+    # not measured, so the loss panel's legend names the previous-token heads alone
+    assert patch[patch.condition == "random"].second_repeat_loss.isna().all()
+    listed: dict[str, set[tuple[str, str]]] = {}
+    for trace in drawn["data"]:
+        if trace.get("showlegend", True):
+            listed.setdefault(trace["xaxis"], set()).add(
+                (trace.get("legend", "legend"), trace["name"]))
+    assert {panel: {name for _, name in entries} for panel, entries in listed.items()} == {
+        "x": {"previous-token heads", "random same-layer heads (mean)", "one random draw"},
+        "x2": {"previous-token heads"}}
+    legends = {panel: {legend for legend, _ in entries} for panel, entries in listed.items()}
+    assert all(len(v) == 1 for v in legends.values()) and legends["x"] != legends["x2"]
 
 
 def within(page, graph_id: str) -> tuple[dict, dict]:
