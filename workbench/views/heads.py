@@ -197,9 +197,10 @@ def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
     n_draws = draws.draw.nunique()
     fig.update_layout(barmode="group", height=540, margin={**MARGIN, "b": 100})
     fig.update_xaxes(title_text="the one input of the tracked heads patched")
-    for legend, axis in zip(PANEL_LEGENDS, ("xaxis", "xaxis2"), strict=True):
-        fig.update_layout(**{legend: {"orientation": "h", "x": fig.layout[axis].domain[0],
-                                    "xanchor": "left", "y": -0.2, "yanchor": "top"}})
+    axes = fig.to_plotly_json()["layout"]
+    under = [{"orientation": "h", "x": axes[axis]["domain"][0], "xanchor": "left",
+              "y": -0.2, "yanchor": "top"} for axis in ("xaxis", "xaxis2")]
+    fig.update_layout(legend=under[0], legend2=under[1])  # PANEL_LEGENDS, under each panel
     # the panels' own titles sit above them, in the top margin too
     return set_title(fig, f"path patch: previous-token heads "
                           f"{heads if heads != '-' else 'none'} removed from only the key, "
