@@ -189,7 +189,13 @@ def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     assert list(bar["x"]) == ["previous-token", "random"]
     np.testing.assert_allclose(as_array(bar["y"])[1], random_zero.induction_tracked.mean(),
                                rtol=1e-6)
-    # the path patch: the previous-token heads out of only K, Q or V, against random draws
+
+
+def test_the_path_patch_draws_each_path_and_lists_each_panels_traces(page, served):
+    url, made = served
+    run = made["induction-heads"]
+    page.goto(f"{url}/heads?run={run.id}")
+    # the previous-token heads out of only K, Q or V, against random draws
     patch = run.table("path_patch")
     drawn = figure(page, "heads-path-patch", title_contains="path patch")
     ours = next(t for t in drawn["data"] if t["name"] == "previous-token heads"
