@@ -62,21 +62,31 @@ def class_names(table: pd.DataFrame | None) -> list[str]:
     return [] if table is None else list(dict.fromkeys(table.head_class))
 
 
-def default_class(names: list[str], metric: str | None, current: str | None) -> str | None:
-    """The class shown for ``metric``: the one that tests it, else the one shown before,
-    else the first of ``names`` (``None`` when there are none)."""
+def default_class(names: list[str], metric: str | None, current: str | None, *,
+                  any_class: bool = True) -> str | None:
+    """The class shown for ``metric``: the one that tests it, else (with ``any_class``)
+    the one shown before, else the first of ``names``; ``None`` when there is none."""
     matching = [c.name for c in classes.for_metrics([metric] if metric else [])]
-    for name in [*matching, current]:
+    for name in [*matching, current if any_class else None]:
         if name in names:
             return name
-    return names[0] if names else None
+    return names[0] if names and any_class else None
 
 
-def follow(page: str, *, shows: list[str]) -> None:
+def follow(page: str, *, shows: list[str], any_class: bool = True) -> None:
     """Fill ``{page}-class`` with the classes of the run in ``{page}-run`` (following
     ``{page}-metric``), and ``{page}-fdr`` with the run's declared rate.
 
-    Call it once, at the page's import, beside its callbacks."""
+    Call it once, at the page's import, beside its callbacks.
+
+    Args:
+        page: the page's id prefix.
+        shows: the run kinds the page shows.
+        any_class: when the metric shown tests no class, outline the class shown before
+            (or the first); ``False`` outlines none, for a page whose heatmap and outlines
+            read as one metric and its class (the Heads page: ``next_token`` outlined with
+            the previous-token class read as next-token heads).
+    """
 
     @callback(Output(f"{page}-class", "options"), Output(f"{page}-class", "value"),
               Output(f"{page}-class-error", "children"),
@@ -85,7 +95,7 @@ def follow(page: str, *, shows: list[str]) -> None:
     @safe
     def choose_class(run_id: RunId, metric: Name, current: ClassName):
         names = class_names(table_of(data.get_run(run_id, shows=shows)))
-        return names, default_class(names, metric, current), None
+        return names, default_class(names, metric, current, any_class=any_class), None
 
     @callback(Output(f"{page}-fdr", "value"), Output(f"{page}-fdr-error", "children"),
               Input(f"{page}-run", "value"))

@@ -147,7 +147,7 @@ def layout(run: str | None = None, compare: str | None = None, **_: str) -> html
 
 
 exports.follow("heads-run", page="heads", graphs=GRAPHS)
-head_classes.follow("heads", shows=SHOWS)
+head_classes.follow("heads", shows=SHOWS, any_class=False)
 
 
 @callback(Output("heads-metric", "options"), Output("heads-metric", "value"),

@@ -238,12 +238,14 @@ def draw_scores(run_id: RunId, metric: Name):
     if run_id is None or metric is None:
         return no_update
     among("metric", metric, PATTERN_METRICS, "the pattern metrics")
-    table = scores(data.recording(run_id), metric)
+    rec = data.recording(run_id)
+    table = scores(rec, metric)
     meaning = metrics.get(metric).meaning
     bounded = metrics.get(metric).bounded
     return style.head_heatmap(table, metric, title=f"{metric}: {meaning}<br>click a head "
                                 "to open it", zmin=0 if bounded else None,
-                                zmax=1 if bounded else None)
+                                zmax=1 if bounded else None,
+                                layer_types=rec.model.layer_types)
 
 
 @callback(Output("live-pattern", "figure"), Output("live-row", "figure"),

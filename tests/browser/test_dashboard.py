@@ -48,6 +48,30 @@ def test_recording_viewer_opens_on_the_strongest_sink(page, served):
     assert fig["data"][0]["colorscale"] != linear
     np.testing.assert_allclose(as_array(fig["data"][0]["z"]), rec.pattern(0, layer, head),
                                atol=1e-6)
+    # one colour bar, ticked at the weights a decade apart (not linearly from 0 to 1), each
+    # tick beside the colour the heatmap gives that weight (between two of the colour
+    # stops the heatmap blends linearly in the weight and the bar in its log: a few of 255)
+    labels = page.evaluate("""() => [...document.querySelectorAll(
+        '#recording-pattern g.colorbar text')].map(t => t.textContent)""")
+    assert labels == ["weight (log)", "0.0001", "0.001", "0.01", "0.1", "1"] or \
+        labels == ["0.0001", "0.001", "0.01", "0.1", "1", "weight (log)"]
+    bars = [t["marker"] for t in fig["data"] if t.get("marker", {}).get("showscale")]
+    assert len(bars) == 1 and fig["data"][0].get("showscale") is False
+    bar = bars[0]
+    for tick, text in zip(bar["colorbar"]["tickvals"], bar["colorbar"]["ticktext"],
+                          strict=True):
+        at = (tick - bar["cmin"]) / (bar["cmax"] - bar["cmin"])
+        assert colour_at(bar["colorscale"], at) == pytest.approx(
+            colour_at(fig["data"][0]["colorscale"], float(text)), abs=4.0)
+
+
+def colour_at(stops, at: float) -> np.ndarray:
+    """The RGB colour a Plotly colorscale gives the fraction ``at`` of its range."""
+    import plotly.colors
+
+    rgb = np.array([plotly.colors.unlabel_rgb(plotly.colors.convert_colors_to_same_type(c)[0][0])
+                    for _, c in stops], dtype=float)
+    return np.array([np.interp(at, [p for p, _ in stops], rgb[:, i]) for i in range(3)])
 
 
 def test_recording_viewer_draws_the_selected_head(page, served):

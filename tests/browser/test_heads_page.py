@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from experiments.previous_token_heads.tables import HEAD_SCORES
+from experiments.previous_token_heads.tables import HEAD_SCORES, TABLES
 from tests.browser.conftest import as_array, choose, class_marks, figure, serve, stop
 from workbench.harness.experiment import run_experiment
 from workbench.recording.reader import Recording
 from workbench.scores import classes
+from workbench.store.runs import RunStore
 
 SMALL = {"n_prompts": 4, "n_repeated": 4, "n_tokens": 32, "seq_len": 8, "n_boot": 50}
+
+
+DEEP = 15
+"""The deep run repeats the tiny model's 2 layers this many times: 30 layers, as smollm2."""
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +27,26 @@ def served(tmp_path_factory, llama, bert):
     runs = tmp_path_factory.mktemp("runs")
     first = run_experiment("previous-token-heads", llama, SMALL, runs_dir=runs)
     second = run_experiment("previous-token-heads", bert, SMALL, runs_dir=runs)
+    deep_run(runs, first)
     proc, url = serve(runs)
     yield url, first, second
     stop(proc)
+
+
+def deep_run(runs, run):
+    """A stored run of a 30-layer model: ``run``'s tables with its layers repeated
+    ``DEEP`` times (the best head stays in the first copy, so its example is ``run``'s)."""
+    info = run.meta.model.model_copy(update={"n_layers": 2 * DEEP, "name": "tiny-deep",
+                                             "layer_types": ("global",) * 2 * DEEP,
+                                             "checksum": "deep"})
+    with RunStore(runs).start("previous-token-heads", info, run.config,
+                              tables=TABLES) as deep:
+        for name in ("head_scores", "head_classes"):
+            table = run.table(name)
+            deep.save_table(name, pd.concat(
+                [table.assign(layer=table.layer + 2 * i) for i in range(DEEP)],
+                ignore_index=True))
+        shutil.copytree(run.path / "example", deep.dir / "example")
 
 
 def grid(scores, metric, n_layers, n_heads):
@@ -107,3 +132,52 @@ def test_head_classes_are_marked_at_the_stored_rate_and_at_a_typed_one(page, ser
     duplicate = stored[stored.head_class == "duplicate-token"]
     assert class_marks(page, "heads-heatmap", name=f"duplicate-token at FDR {other:g}") == \
         cells(duplicate[duplicate.q <= other])
+
+
+def axis_ranges(page, graph_id: str) -> tuple[list[float], list[float]]:
+    """The x and y ranges Plotly drew ``graph_id`` with (after any autorange)."""
+    ranges = page.evaluate("""(id) => {
+        const full = document.querySelector(`#${id} .js-plotly-plot`)._fullLayout;
+        return [full.xaxis.range, full.yaxis.range];
+    }""", graph_id)
+    return ranges[0], ranges[1]
+
+
+def test_outlined_heads_do_not_widen_the_heatmap_beyond_its_layers_and_heads(page, served):
+    url = served[0]
+    deep = next(r for r in RunStore(page_runs(served)).runs() if r.model_name == "tiny-deep")
+    stored = deep.table("head_classes")
+    rows = stored[stored.head_class == "previous-token"]
+    page.goto(f"{url}/heads?run={deep.id}")
+    rate = float(rows.fdr.iloc[0])
+    class_marks(page, "heads-heatmap", name=f"previous-token at FDR {rate:g}")
+    page.fill("#heads-fdr", "1")  # every head: marks on every edge of the grid
+    page.press("#heads-fdr", "Enter")
+    assert class_marks(page, "heads-heatmap", name="previous-token at FDR 1") == cells(rows)
+    x_range, y_range = axis_ranges(page, "heads-heatmap")
+    # 30 layers and 4 heads: cells centred on 0..29 and 0..3, layer 0 on top
+    assert x_range == pytest.approx([-0.5, 3.5]) and y_range == pytest.approx([29.5, -0.5])
+
+
+def page_runs(served):
+    """The run store the served dashboard reads (the folder that holds its runs)."""
+    return served[1].path.parent
+
+
+def test_a_metric_no_class_tests_outlines_no_class(page, served):
+    url, _, encoder = served
+    assert "next_token" in set(encoder.table("head_scores").metric)
+    page.goto(f"{url}/heads?run={encoder.id}")
+    figure(page, "heads-heatmap", title_contains="tiny-bert")
+    choose(page, "heads-metric", "next_token")
+    # the next_token heatmap is drawn with its note, whatever class it outlines
+    page.wait_for_function("""() => {
+        const el = document.querySelector('#heads-heatmap .js-plotly-plot');
+        const note = document.querySelector('#heads-classes-note')?.innerText || '';
+        return el && el.layout && el.layout.title.text.includes('next_token')
+            && (note.startsWith('no head class') || el.data.length > 1);
+    }""")
+    names = page.evaluate("() => document.querySelector('#heads-heatmap .js-plotly-plot')"
+                          ".data.map(t => t.name || '')")
+    assert not [n for n in names if "at FDR" in n]
+    assert page.inner_text("#heads-classes-note").startswith("no head class")

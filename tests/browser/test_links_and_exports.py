@@ -167,11 +167,15 @@ def test_comparing_a_metric_the_other_run_lacks_offers_the_shared_ones(page, ser
 def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     url, made = served
     run = made["induction-heads"]
+    page.set_viewport_size({"width": 1280, "height": 1100})  # a laptop's browser window
     page.goto(f"{url}/heads?run={run.id}")
     repeat = figure(page, "heads-repeat-loss", title_contains="loss on each repeat")
     table = run.table("repeat_loss").sort_values("repeat")
     np.testing.assert_allclose(as_array(repeat["data"][0]["y"]), table.loss, rtol=1e-6)
     icl = figure(page, "heads-icl", title_contains="in-context learning")
+    title, plot = within(page, "heads-icl")  # the whole title is drawn inside the figure
+    assert plot["left"] <= title["left"] and title["right"] <= plot["right"]
+    assert plot["top"] <= title["top"]
     by_position = run.table("loss_by_position").sort_values("position")
     np.testing.assert_allclose(as_array(icl["data"][0]["y"]), by_position.loss, rtol=1e-6)
     exact = run.table("icl").set_index("metric").loc["icl_score"]
@@ -185,7 +189,13 @@ def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     assert list(bar["x"]) == ["previous-token", "random"]
     np.testing.assert_allclose(as_array(bar["y"])[1], random_zero.induction_tracked.mean(),
                                rtol=1e-6)
-    # the path patch: the previous-token heads out of only K, Q or V, against random draws
+
+
+def test_the_path_patch_draws_each_path_and_lists_each_panels_traces(page, served):
+    url, made = served
+    run = made["induction-heads"]
+    page.goto(f"{url}/heads?run={run.id}")
+    # the previous-token heads out of only K, Q or V, against random draws
     patch = run.table("path_patch")
     drawn = figure(page, "heads-path-patch", title_contains="path patch")
     ours = next(t for t in drawn["data"] if t["name"] == "previous-token heads"
@@ -204,6 +214,29 @@ def test_induction_runs_plot_repeat_loss_icl_and_ablation(page, served):
     points = next(t for t in drawn["data"] if t["name"] == "one random draw"
                   and t["xaxis"] == "x")
     assert len(points["x"]) == int((patch.condition == "random").sum())
+    # each panel lists what it draws in a legend of its own: the random draws' loss is
+    # not measured, so the loss panel's legend names the previous-token heads alone
+    assert patch[patch.condition == "random"].second_repeat_loss.isna().all()
+    listed: dict[str, set[tuple[str, str]]] = {}
+    for trace in drawn["data"]:
+        if trace.get("showlegend", True):
+            listed.setdefault(trace["xaxis"], set()).add(
+                (trace.get("legend", "legend"), trace["name"]))
+    assert {panel: {name for _, name in entries} for panel, entries in listed.items()} == {
+        "x": {"previous-token heads", "random same-layer heads (mean)", "one random draw"},
+        "x2": {"previous-token heads"}}
+    legends = {panel: {legend for legend, _ in entries} for panel, entries in listed.items()}
+    assert all(len(v) == 1 for v in legends.values()) and legends["x"] != legends["x2"]
+
+
+def within(page, graph_id: str) -> tuple[dict, dict]:
+    """The drawn boxes of ``graph_id``'s title and of its figure, in page pixels."""
+    return page.evaluate("""(id) => {
+        const box = (el) => { const r = el.getBoundingClientRect();
+            return {left: r.left, right: r.right, top: r.top}; };
+        const graph = document.querySelector(`#${id} .js-plotly-plot`);
+        return [box(graph.querySelector('.gtitle')), box(graph.querySelector('.main-svg'))];
+    }""", graph_id)
 
 
 def test_previous_token_runs_hide_the_induction_section(page, served):

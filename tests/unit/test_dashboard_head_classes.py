@@ -81,6 +81,11 @@ def test_the_class_shown_follows_the_metric_when_one_tests_it():
     assert head_classes.default_class(names, "entropy", "previous-token") == "previous-token"
     assert head_classes.default_class(names, "first_token", None) == "induction"
     assert head_classes.default_class([], "induction", None) is None
+    # a page that outlines only the shown metric's class: none for a metric without one
+    assert head_classes.default_class(names, "previous_token", None,
+                                      any_class=False) == "previous-token"
+    assert head_classes.default_class(names, "next_token", "previous-token",
+                                      any_class=False) is None
 
 
 def test_the_rate_is_a_number_in_the_unit_interval_and_the_class_a_known_name():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from tests.tiny import cli
@@ -26,7 +27,12 @@ def calls(monkeypatch):
 
     def reproduce(store, chosen, *, model=None, fresh=False, device="cpu"):
         seen["claims"].append(([c.id for c in chosen], model))
-        return SimpleNamespace(meta=SimpleNamespace(summary=("checked",)), id="reproduce-run")
+        # the reproductions undecided, the invariants passed
+        table = pd.DataFrame({"claim": [c.id for c in chosen], "model": model or "-",
+                              "verdict": ["undecided" if c.kind == "reproduction" else "pass"
+                                          for c in chosen]})
+        return SimpleNamespace(meta=SimpleNamespace(summary=("checked",)), id="reproduce-run",
+                               table=lambda name: table)
 
     monkeypatch.setattr(demo, "load_model", load)
     monkeypatch.setattr(demo, "run_experiment", run)
@@ -47,7 +53,28 @@ def test_models_limit_the_experiments_the_training_and_the_claims(calls, runs_di
     assert all("minilm" in by_id[c].models for c in chosen)
     # every claim about minilm is among them, and none about the other models alone
     assert set(chosen) == {c.id for c in by_id.values() if "minilm" in c.models}
-    assert lines[-1].startswith("claims on minilm: ")
+    assert lines[-2].startswith("claims on minilm: ")
+    # the undecided claims are named, and said to rest on the demo config
+    undecided = [f"{c} (minilm)" for c in chosen if by_id[c].kind == "reproduction"]
+    assert undecided and all(by_id[c].base_config == "demo" for c in chosen)
+    assert lines[-1] == ("  undecided on the demo config, which the default config's larger "
+                         f"samples may decide: {', '.join(undecided)}")
+
+
+def test_undecided_claims_are_told_apart_by_the_config_they_were_checked_on():
+    loaded = {c.id: c for c in claims.load_claims()}
+    on_demo = loaded["clark2019-attention-to-sep"]
+    assert on_demo.config == "demo"
+    on_default = on_demo.model_copy(update={"id": "on-default", "config": {"eps": 0.3}})
+    other = on_demo.model_copy(update={"id": "decided", "config": "default"})
+    table = pd.DataFrame({"claim": ["clark2019-attention-to-sep", "on-default", "decided"],
+                          "model": ["minilm", "minilm", "minilm"],
+                          "verdict": ["undecided", "undecided", "fail"]})
+    assert claims.undecided_lines(table, [on_demo, on_default, other]) == [
+        "undecided on the demo config, which the default config's larger samples may "
+        "decide: clark2019-attention-to-sep (minilm)",
+        "undecided on the default config: on-default (minilm)"]
+    assert claims.undecided_lines(table.assign(verdict="pass"), [on_demo]) == []
 
 
 def test_the_full_demo_trains_and_checks_every_claim(calls, runs_dir):

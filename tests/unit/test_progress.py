@@ -68,10 +68,13 @@ def test_inner_bars_nest_under_the_steps_of_an_outer_bar(recorder):
     assert outer[-1][3] == 2.0 and outer[-1][4] == 2  # both steps done
     positions = [e[3] for e in outer]
     assert positions == sorted(positions)  # never goes back
-    # a quarter of the first step's inner bar done is a quarter of a step done outside
-    assert 0.25 in positions and 0.5 in positions
-    # the second step: one of two conditions, and a third of the next one's inner bar
-    assert 1.5 in positions and pytest.approx(1.5 + 0.5 / 3) in positions
+    # the first step's one inner bar fills half of it (another bar may follow): a quarter
+    # of the bar done is an eighth of the step
+    assert list(dict.fromkeys(p for p in positions if p < 1)) == [0, 0.125, 0.25, 0.375, 0.5]
+    # the second step: "conditions" fills half of it; its first condition ran one "deep"
+    # bar, so the second condition's deep bar fills that condition: a third of it done is
+    # 1 1/3 conditions of 2, a third of the step
+    assert pytest.approx(1 + 1 / 3) in positions and 1.5 in positions
     assert [e[0] for e in recorder.of("deep")].count("open") == 2
 
 
@@ -223,7 +226,9 @@ def test_the_time_left_of_the_steps_counts_each_step_by_its_weight():
     finally:
         progress.render_with(None)
     assert seen[0] == (0.0, None)
-    assert (0.25, 300.0) in seen and (0.5, 200.0) in seen and (0.75, 100.0) in seen
+    # the long step's one inner bar fills half of it (another could follow): both halves
+    # done at 300 s are half the run, not half of it at 200 s
+    assert (0.25, 300.0) in seen and (0.5, 300.0) in seen and (0.75, 100.0) in seen
     assert seen[-1] == (1.0, 0.0)
     lines = stream.getvalue().splitlines()
     assert lines[1] == "exp [step 2/3: long] (1 min 40 s elapsed, about 5 min 00 s left)"
@@ -266,3 +271,60 @@ def test_a_log_record_of_several_lines_stays_lines_and_inert():
     _PlainBars(stream, Clock()).write("Dash is running\n")
     _PlainBars(stream, Clock()).write("Traceback:\n  line 1\x1b[2J\n")
     assert stream.getvalue() == "Dash is running\nTraceback:\n  line 1\\x1b[2J\n"
+
+
+def test_a_bar_of_items_says_the_percent_of_its_count():
+    """'conditions 4/8 62%' (the fifth condition under way) read as a contradiction: the
+    percent beside a count is that count's."""
+    from workbench.cli.render import _PlainBars
+
+    stream, clock = FakeStream(), Clock()
+    progress.render_with(_PlainBars(stream, clock))
+    try:
+        for _ in progress.track(range(8), desc="conditions"):
+            for _ in progress.track(range(10), desc="passes"):
+                clock.now += 7  # 70 s a condition: lines fall inside conditions
+    finally:
+        progress.render_with(None)
+    counts = re.findall(r"^conditions (\d+)/(\d+) (\d+)%", stream.getvalue(), re.M)
+    assert len(counts) == 8  # a line a minute (every 63 s: the first update past 60 s)
+    for done, total, percent in counts:
+        assert int(percent) == round(100 * int(done) / int(total))
+    # 4 of 8 done after 280 s; the line at 315 s, half into the fifth, says 50%, not 56%
+    assert ("4", "8", "50") in counts
+
+
+def test_an_item_is_not_done_when_its_first_inner_bar_is(recorder):
+    """"3/4 100%": the fourth item's first inner bar finished made the whole bar look done
+    while the item's second bar still ran."""
+    for _ in progress.track(range(4), desc="conditions"):
+        for _ in progress.track(range(2), desc="score"):
+            pass
+        for _ in progress.track(range(2), desc="loss"):
+            pass
+    positions = list(dict.fromkeys(e[3] for e in recorder.of("conditions")))
+    # the first item: each bar fills 1/(k+1) of it until it is known to run two; then each
+    # of the two fills half of its item
+    later = [i + q for i in (1, 2, 3) for q in (0.25, 0.5, 0.75, 1.0)]
+    assert positions == pytest.approx([0, 0.25, 0.5, 2 / 3, 1.0, *later])
+    # while the fourth item's second bar runs, the bar is below its end
+    fourth = [e for e in recorder.of("conditions") if e[4] == 3]
+    assert max(e[3] for e in fourth[:-1]) < 4
+
+
+def test_a_step_is_not_done_when_its_first_inner_bar_is(recorder):
+    """A step that computes means (100 s), then ablates conditions (100 s), before a last
+    step (200 s): when the means are done, a quarter of the run is, and 300 s are left.
+    Counting the whole step done there said 100 s left, far too low."""
+    seen: list[progress.Bar] = []
+    progress.render_with(type("Keep", (Recorder,), {
+        "open": lambda self, bar: seen.append(bar)})())
+    with progress.stages("exp", 2) as stage:
+        stage("ablation")
+        for _ in progress.track(range(2), desc="means"):
+            pass
+        outer = seen[0]
+        assert progress.time_left(outer, 100.0) == pytest.approx(300.0)
+        for _ in progress.track(range(4), desc="conditions"):
+            pass
+        stage("in-context learning")

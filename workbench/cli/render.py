@@ -121,7 +121,11 @@ class _TqdmBars:
         if bar.steps:
             step = min(bar.finished + 1, bar.total or bar.finished + 1)
             return f"{bar.desc} [step {step}/{bar.total}: {bar.stage}]"
-        return bar.desc if bar.total is None else f"{bar.desc} {bar.finished}/{bar.total}"
+        if bar.total is None:
+            return bar.desc
+        # the percent of the count beside it: "4/8 62%" (the fifth item under way) read as
+        # a contradiction; the bar's fill and its time left still count the part done
+        return f"{bar.desc} {bar.finished}/{bar.total} {100 * bar.finished / bar.total:.0f}%"
 
     @staticmethod
     def _position(bar: progress.Bar) -> tuple[float | None, float]:
@@ -135,9 +139,11 @@ class _TqdmBars:
     def open(self, bar: progress.Bar) -> None:
         from tqdm import tqdm
 
-        # a bar's n is fractional (its inner bar's share), so the counts are in the label
+        # a bar's n is fractional (its inner bar's share), so the counts are in the label,
+        # with their own percent for a bar of items
         fmt = None if bar.total is None else (
-            "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+            "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]" if bar.steps else
+            "{desc}|{bar}| [{elapsed}<{remaining}]")
         self._bars[id(bar)] = tqdm(
             total=self._position(bar)[0], desc=self._label(bar), position=bar.depth,
             bar_format=fmt, leave=bar.steps and bar.depth == 0, dynamic_ncols=True,
@@ -211,8 +217,7 @@ class _PlainBars:
                 self._line(bar, label, now)
             return
         if now - self._shown[id(bar)] >= self.EVERY:
-            percent = "" if bar.fraction is None else f" {100 * bar.fraction:.0f}%"
-            self._line(bar, _TqdmBars._label(bar) + percent, now)
+            self._line(bar, _TqdmBars._label(bar), now)
 
     def close(self, bar: progress.Bar) -> None:
         opened = self._opened.pop(id(bar), None)

@@ -8,8 +8,14 @@ told when a bar opens, moves and closes; with none installed, :func:`track` is a
 loop and :func:`counting` and :func:`stages` do nothing.
 
 Bars nest: a bar opened while another is open sits one level under it (``depth``), and a
-bar's position counts its finished items plus the fraction done of the bar under it, so an
-outer bar moves smoothly and its time left is estimated from all the work done so far.
+bar's position counts its finished items plus the share done of its current item, read from
+the bars under it, so an outer bar moves smoothly and its time left is estimated from all
+the work done so far. An item may run several inner bars one after another (a step that
+computes means, then loops over conditions), and how many is known only once an item has
+ended: so the ``k``-th inner bar of an item fills ``1 / (k + 1)`` of it, leaving room for
+one more, until an item of the bar has ended; after that each item is expected to run as
+many inner bars as the most any ended item ran (:func:`item_share`). A finished inner bar
+never makes its item look finished while more work of the item may follow.
 
 The steps of a run are rarely equal: one may take most of it. :func:`stages` takes each
 step's expected share of the run (``weights=``, in the order the steps start, measured on
@@ -56,6 +62,13 @@ class Bar:
     """The name of the current step, for a bar opened by :func:`stages`."""
     weights: tuple[float, ...] = ()
     """Each step's expected share of a stages bar's time (empty: equal steps)."""
+    inner: int = 0
+    """Inner bars opened during the current item (or step)."""
+    per_item: int = 0
+    """The most inner bars an ended item opened (0: none has ended, or a stages bar,
+    whose steps differ)."""
+    ordinal: int = 0
+    """Which inner bar of its parent's current item this is (1 for the first)."""
 
     @property
     def fraction(self) -> float | None:
@@ -70,6 +83,22 @@ class Bar:
         if whole < self.total:
             done += self.weights[whole] * (self.n - whole)
         return min(done / sum(self.weights), 1.0)
+
+
+def item_share(ordinal: int, done: float, per_item: int) -> float:
+    """The share of an item done when its ``ordinal``-th inner bar is ``done`` (0 to 1)
+    through: the bars before it are whole, and the item is expected to run ``per_item``
+    inner bars, or one more than this one when that is unknown (``per_item`` 0) or
+    already passed.
+
+    Examples:
+        >>> item_share(1, 1.0, 0)  # the first bar done: maybe more follow
+        0.5
+        >>> item_share(2, 0.5, 2)  # items run two bars: half of the second is 3/4
+        0.75
+    """
+    expected = per_item if per_item >= ordinal else ordinal + 1
+    return (ordinal - 1 + min(done, 1.0)) / expected
 
 
 def time_left(bar: Bar, elapsed: float) -> float | None:
@@ -118,6 +147,9 @@ def _push(desc: str, total: int | None, *, steps: bool = False,
           weights: tuple[float, ...] = ()) -> Bar:
     parent = _open[-1] if _open else None
     bar = Bar(desc, total, depth=len(_open), parent=parent, steps=steps, weights=weights)
+    if parent is not None:
+        parent.inner += 1
+        bar.ordinal = parent.inner
     _open.append(bar)
     if _renderer is not None:
         _renderer.open(bar)
@@ -138,15 +170,27 @@ def _moved(bar: Bar) -> None:
         parent = bar.parent
         if parent is None or not bar.total or parent.total is None:
             return
-        position = parent.finished + min(bar.n / bar.total, 1.0)
+        position = parent.finished + item_share(bar.ordinal, bar.n / bar.total,
+                                                parent.per_item)
         if position <= parent.n:
             return
         parent.n = position
         bar = parent
 
 
-def _finish(bar: Bar, finished: int) -> None:
+def _next_item(bar: Bar, finished: int) -> None:
+    """``bar``'s items up to ``finished`` have ended: what their inner bars were is
+    learned (not for a stages bar: its steps differ), and the next item starts with
+    none."""
+    if finished > bar.finished:
+        if not bar.steps:
+            bar.per_item = max(bar.per_item, bar.inner)
+        bar.inner = 0
     bar.finished = finished
+
+
+def _finish(bar: Bar, finished: int) -> None:
+    _next_item(bar, finished)
     bar.n = max(bar.n, float(finished))
     _moved(bar)
 
@@ -234,7 +278,7 @@ def stages(desc: str, total: int,
     def stage(name: str) -> None:
         nonlocal started
         if started:
-            bar.finished = started
+            _next_item(bar, started)
             bar.n = max(bar.n, float(started))
         started += 1
         if bar.total is not None and started > bar.total:

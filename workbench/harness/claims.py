@@ -200,6 +200,12 @@ class Claim(Record):
     _file: str = PrivateAttr(default="")
 
     @property
+    def base_config(self) -> str:
+        """The named config the claim's pins sit on: ``"default"`` or ``"demo"``."""
+        return self.config if isinstance(self.config, str) else str(
+            self.config.get("base", "default"))
+
+    @property
     def file(self) -> str:
         """The claims file it was read from (``""`` for one made in Python)."""
         return self._file
@@ -423,6 +429,34 @@ def counts(verdicts: pd.Series) -> str:
     """``"3 pass, 1 undecided"``: how many of each verdict, in sorted order."""
     tally = verdicts.value_counts().to_dict()
     return ", ".join(f"{v} {k}" for k, v in sorted(tally.items())) or "none"
+
+
+def undecided_lines(table: pd.DataFrame, claims: Sequence[Claim]) -> list[str]:
+    """What a verdict count leaves unsaid: which claims are undecided, and whether each
+    was checked on its experiment's demo config, whose smaller samples a larger config
+    may decide, or on the default config already.
+
+    Args:
+        table: a claims table (:data:`CLAIMS_TABLE`).
+        claims: the claims it judged (each row's config is read from its claim).
+
+    Returns:
+        Up to two lines, none when no claim is undecided.
+    """
+    by_id = {c.id: c for c in claims}
+    rows = table[table.verdict == "undecided"]
+    on: dict[str, list[str]] = {"demo": [], "default": []}
+    for claim_id, model in zip(rows.claim, rows.model, strict=True):
+        claim = by_id.get(claim_id)
+        base = claim.base_config if claim is not None else "default"
+        on[base].append(claim_id if model in ("", "-") else f"{claim_id} ({model})")
+    lines = []
+    if on["demo"]:
+        lines.append(f"undecided on the demo config, which the default config's larger "
+                     f"samples may decide: {', '.join(on['demo'])}")
+    if on["default"]:
+        lines.append(f"undecided on the default config: {', '.join(on['default'])}")
+    return lines
 
 
 def summary(table: pd.DataFrame) -> str:

@@ -38,7 +38,7 @@ from workbench.models.load import load_model
 from workbench.models.zoo import MODELS
 from workbench.recording.writer import record
 from workbench.store import provenance
-from workbench.store.runs import RunStore
+from workbench.store.runs import Run, RunStore
 
 
 def demo_recording(model: Model, store: RunStore, fresh: bool) -> str:
@@ -277,12 +277,22 @@ def _run_step(step: DemoStep, model: Model | None, store: RunStore,
     elif step.kind == "sweep":
         yield from demo_sweep(store, runs_dir)
     elif step.model is None:
-        run = claims.reproduce_run(store, claims.load_claims(), device=device)
+        chosen = claims.load_claims()
+        run = claims.reproduce_run(store, chosen, device=device)
         yield f"claims: {run.meta.summary[0]} ({run.id})"
+        yield from _undecided(run, chosen)
     else:  # only the claims about the chosen model, checked on it
         chosen = [c for c in claims.load_claims() if step.model in c.models]
         run = claims.reproduce_run(store, chosen, model=step.model, device=device)
         yield f"claims on {step.model}: {run.meta.summary[0]} ({run.id})"
+        yield from _undecided(run, chosen)
+
+
+def _undecided(run: Run, chosen: Sequence[claims.Claim]) -> Iterator[str]:
+    """The undecided claims of a claims run, named, each group on a line of its own
+    under the counts, and which of them rest on the demo config."""
+    for line in claims.undecided_lines(run.table("claims"), chosen):
+        yield f"  {line}"
 
 
 DEMO_SWEEP = """\

@@ -92,12 +92,17 @@ def icl_figure(by_position: pd.DataFrame, icl: pd.DataFrame) -> go.Figure:
         row = exact.iloc[0]
         fig.add_scatter(x=[50, 500], y=[row.loss_at_50, row.loss_at_500], mode="markers",
                         name="positions 50 and 500", marker={"size": 10, "color": "#dc2626"})
-    scores = "; ".join(f"{r.metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-                       for r in icl.itertuples())
-    fig.update_layout(title=f"in-context learning: {scores}",
-                      xaxis={"title": "position"}, yaxis={"title": "loss (nats)"},
+    scores = [f"{r.metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+              for r in icl.itertuples()]
+    fig.update_layout(xaxis={"title": "position"}, yaxis={"title": "loss (nats)"},
                       height=420, margin=MARGIN)
-    return fig
+    # a score a line: on one line the two scores ran past a half-width figure's edge
+    return set_title(fig, "<br>".join(["in-context learning", *scores]), width=ICL_CHARS)
+
+
+ICL_CHARS = 50
+"""Characters a title line of the ICL figure holds: it shares a row with the repeat loss,
+each figure at least 28em (448 px) wide."""
 
 
 ABLATION_PANELS = (("induction_tracked", "tracked heads' induction score"),
@@ -142,6 +147,9 @@ PATHS = ("key", "query", "value")
 
 PATH_PANELS = (("induction_tracked", "tracked heads' induction score"),
                ("second_repeat_loss", "second-repeat loss (nats)"))
+PANEL_LEGENDS = ("legend", "legend2")
+"""Each panel of the path patch lists what it draws in a legend of its own, under it: the
+random draws' loss is not measured, and one legend beside the loss panel listed them."""
 
 
 def _random_draws(rows: pd.DataFrame, column: str, col: int, fig: go.Figure) -> None:
@@ -150,14 +158,14 @@ def _random_draws(rows: pd.DataFrame, column: str, col: int, fig: go.Figure) -> 
     stats = rows.groupby("path", sort=False)[column].agg(["mean", "min", "max", "count"])
     stats = stats.reindex([p for p in PATHS if p in stats.index])
     fig.add_bar(x=stats.index, y=stats["mean"], name="random same-layer heads (mean)",
-                marker_color="#9ca3af", showlegend=col == 1, legendgroup="random",
+                marker_color="#9ca3af", legend=PANEL_LEGENDS[col - 1], legendgroup="random",
                 error_y={"type": "data", "symmetric": False, "array": stats["max"] - stats["mean"],
                          "arrayminus": stats["mean"] - stats["min"]},
                 customdata=stats["count"],
                 hovertemplate="%{x}: mean %{y:.3f} over %{customdata} draws<extra></extra>",
                 row=1, col=col)
     fig.add_scatter(x=rows.path, y=rows[column], mode="markers", name="one random draw",
-                    marker={"color": "#4b5563", "size": 5}, showlegend=col == 1,
+                    marker={"color": "#4b5563", "size": 5}, legend=PANEL_LEGENDS[col - 1],
                     legendgroup="draws", hovertemplate="%{x}: %{y:.3f}<extra></extra>",
                     row=1, col=col)
 
@@ -175,7 +183,7 @@ def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
     draws = patch[patch.condition == "random"]
     for col, (column, _) in enumerate(PATH_PANELS, start=1):
         fig.add_bar(x=ours.index, y=ours[column], name="previous-token heads",
-                    marker_color="#dc2626", showlegend=col == 1, legendgroup="prev",
+                    marker_color="#dc2626", legend=PANEL_LEGENDS[col - 1], legendgroup="prev",
                     hovertemplate="%{x}: %{y:.3f}<extra></extra>", row=1, col=col)
         if draws[column].notna().any():
             _random_draws(draws.dropna(subset=[column]), column, col, fig)
@@ -187,8 +195,12 @@ def path_patch_figure(patch: pd.DataFrame) -> go.Figure:
     heads = ours.heads.iloc[0] if len(ours) else "-"
     tracked = patch.tracked.iloc[0] if len(patch) else "-"
     n_draws = draws.draw.nunique()
-    fig.update_layout(barmode="group", height=480, margin={**MARGIN, "b": 40})
+    fig.update_layout(barmode="group", height=540, margin={**MARGIN, "b": 100})
     fig.update_xaxes(title_text="the one input of the tracked heads patched")
+    axes = fig.to_plotly_json()["layout"]
+    under = [{"orientation": "h", "x": axes[axis]["domain"][0], "xanchor": "left",
+              "y": -0.2, "yanchor": "top"} for axis in ("xaxis", "xaxis2")]
+    fig.update_layout(legend=under[0], legend2=under[1])  # PANEL_LEGENDS, under each panel
     # the panels' own titles sit above them, in the top margin too
     return set_title(fig, f"path patch: previous-token heads "
                           f"{heads if heads != '-' else 'none'} removed from only the key, "

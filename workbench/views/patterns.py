@@ -31,6 +31,9 @@ from workbench.views.style import (
     COLOUR_SCALES,
     ColourScale,
     colour_stops,
+    hidden_bar,
+    layer_labels,
+    log_colour_bar,
     pattern_heatmap,
     scale_colorbar,
     set_title,
@@ -65,7 +68,7 @@ def pooled_heatmap(pooled: Pooled, tokens: Sequence[str], title: str,
     f, grid = pooled.factor, pooled.grid
     top = 1 if pooled.how == "max" else None
     heat = go.Heatmap(z=grid, colorscale=colour_stops(scale), zmin=0, zmax=top,
-                      colorbar=scale_colorbar(scale, pooled.how))
+                      colorbar=scale_colorbar(scale, pooled.how), **hidden_bar(scale))
     if f == 1:
         # categorical axes of "position 'token'": labels and hover with no per-cell data
         def names(a: int, b: int) -> list[str]:
@@ -82,6 +85,8 @@ def pooled_heatmap(pooled: Pooled, tokens: Sequence[str], title: str,
                                   f"{f // 2}<br>{pooled.how} %{{z:.4f}}<extra></extra>")
         axes = {"xaxis": {"title": "key"}, "yaxis": {"title": "query", "autorange": "reversed"}}
     fig = go.Figure(heat)
+    if scale == "log":  # the colours span 0 to the grid's top when no top is fixed
+        fig.add_trace(log_colour_bar(pooled.how, top or float(np.nanmax(grid))))
     fig.update_layout(height=660, width=700, margin={"l": 10, "r": 10, "b": 10}, **axes)
     return set_title(fig, title, size=13)
 
@@ -252,7 +257,7 @@ def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
                "ticktext": [str(h) for h in range(rec.n_heads)]},
         yaxis={"title": "layer", "autorange": "reversed",
                "tickvals": [layer + centre for layer in range(rec.n_layers)],
-               "ticktext": [str(layer) for layer in range(rec.n_layers)]},
+               "ticktext": layer_labels(rec.model.layer_types)},
     )
     # the heads' numbers sit on top, so the title needs room above them
     return set_title(fig, f"all heads: layers down, heads across (first {n} tokens); click "

@@ -59,9 +59,38 @@ def colour_stops(scale: ColourScale | None, base: str = "Blues") -> list[list]:
 
 def scale_colorbar(scale: ColourScale | None, title: str) -> dict:
     """The colour bar of a heatmap painted by :func:`colour_stops`, its title naming the
-    scale. Its axis stays linear in the weight, so on the log scale most of the bar is
-    dark: the colours a small weight gets."""
+    scale. Its axis is linear in the weight; on the log scale the heatmap hides it and
+    :func:`log_colour_bar` draws one ticked at the weights instead."""
     return {"title": title if scale in (None, "linear") else f"{title} ({scale})"}
+
+
+def hidden_bar(scale: ColourScale | None) -> dict:
+    """``showscale=False`` for a heatmap on the log scale (its bar is
+    :func:`log_colour_bar`'s), nothing for the others (their own bar is right)."""
+    return {"showscale": False} if scale == "log" else {}
+
+
+def log_colour_bar(title: str, top: float, base: str = "Blues") -> go.Scatter:
+    """The colour bar of a heatmap painted on the log scale (:func:`colour_stops`, from
+    0 to ``top``), as a trace with no points: a bar laid out by the colours, one tick a
+    decade from ``LOG_FLOOR * top`` to ``top``, each labelled with the weight whose
+    colour sits beside it (a bar linear in the weight puts every decade but the last in
+    its lowest tenth).
+
+    Examples:
+        >>> log_colour_bar("weight", 1.0).marker.colorbar.ticktext
+        ('0.0001', '0.001', '0.01', '0.1', '1')
+    """
+    low = float(np.log10(LOG_FLOOR))
+    decades = np.arange(round(low), 1)
+    # colour c sits at the fraction LOG_FLOOR ** (1 - c): linear in log10 of the fraction
+    return go.Scatter(
+        x=[None], y=[None], mode="markers", name="colour bar", showlegend=False,
+        hoverinfo="skip",
+        marker={"color": [low, 0.0], "cmin": low, "cmax": 0.0, "showscale": True,
+                "colorscale": colour_stops("linear", base),
+                "colorbar": {"title": f"{title} (log)", "tickvals": decades.tolist(),
+                             "ticktext": [f"{top * 10.0 ** d:.2g}" for d in decades]}})
 
 
 def discrete_levels(values: np.ndarray) -> list[int] | None:
@@ -121,8 +150,10 @@ def pattern_heatmap(pattern: Float[np.ndarray, "query key"], tokens: Sequence[st
     fig = go.Figure(go.Heatmap(
         z=pattern, x=labels, y=labels, colorscale=colour_stops(scale), zmin=0, zmax=1,
         hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
-        colorbar=scale_colorbar(scale, "weight"),
+        colorbar=scale_colorbar(scale, "weight"), **hidden_bar(scale),
     ))
+    if scale == "log":
+        fig.add_trace(log_colour_bar("weight", 1.0))
     side = min(900, 160 + 14 * len(tokens))
     fig.update_layout(height=side + 80, margin={"l": 10, "r": 10, "b": 10},
                       xaxis={"title": "key", "tickangle": -60, "side": "bottom"},
@@ -130,13 +161,31 @@ def pattern_heatmap(pattern: Float[np.ndarray, "query key"], tokens: Sequence[st
     return set_title(fig, title)
 
 
+def layer_labels(layer_types: Sequence[str]) -> list[str]:
+    """Each layer's label on a figure's layer axis: its number, with ``global`` beside
+    the global layers of a model that also has sliding-window layers (gemma3's 5, 11 and
+    17 among 15 sliding ones); numbers alone for a model whose layers are all alike.
+
+    Examples:
+        >>> layer_labels(["sliding", "global", "sliding"])
+        ['0', '1 global', '2']
+        >>> layer_labels(["global", "global"])
+        ['0', '1']
+    """
+    mixed = "sliding" in layer_types
+    return [f"{i} global" if mixed and kind == "global" else str(i)
+            for i, kind in enumerate(layer_types)]
+
+
 def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
                  zmin: float | None = None, zmax: float | None = None,
-                 colorscale: str = "Viridis") -> go.Figure:
+                 colorscale: str = "Viridis",
+                 layer_types: Sequence[str] | None = None) -> go.Figure:
     """A layer x head heatmap of one metric from a long-format ``head_scores`` table.
 
     Hover shows the score and, when the table has them, its 95% interval. Click data
-    carries ``x`` = head and ``y`` = layer.
+    carries ``x`` = head and ``y`` = layer. With the model's ``layer_types``, a model's
+    global layers among sliding-window ones are labelled so (:func:`layer_labels`).
     """
     df = scores[scores.metric == metric]
     n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
@@ -163,10 +212,17 @@ def head_heatmap(scores: pd.DataFrame, metric: str, *, title: str | None = None,
         customdata=np.stack([low, high], axis=-1), zmin=zmin, zmax=zmax,
         colorscale=scale, hovertemplate=hover + "<extra></extra>", colorbar=bar,
     ))
+    # the axes span the grid's cells and no more: marks drawn over it (outlined heads)
+    # would otherwise pad an autorange by 5% a side, a row and a half on 30 layers
     fig.update_layout(height=min(900, 160 + 22 * n_layers),
                       margin={"l": 10, "r": 10, "b": 10},
-                      xaxis={"title": "head", "dtick": 1},
-                      yaxis={"title": "layer", "autorange": "reversed", "dtick": 1})
+                      xaxis={"title": "head", "dtick": 1, "range": [-0.5, n_heads - 0.5],
+                             "autorange": False},
+                      yaxis={"title": "layer", "dtick": 1, "range": [n_layers - 0.5, -0.5],
+                             "autorange": False})
+    if layer_types is not None and "sliding" in layer_types:
+        fig.update_yaxes(tickvals=list(range(n_layers)),
+                         ticktext=layer_labels(layer_types)[:n_layers])
     return set_title(fig, title or metric, width=60)
 
 
