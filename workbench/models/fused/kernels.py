@@ -80,11 +80,20 @@ def _key_range(q_start, shift, n_keys, window, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _wanted(rows_abs, lag, targets):
+    """``[BLOCK_M, 4]``: each row's first, previous, lag and target key (-1 or less: none)."""
+    which = tl.arange(0, 4)[None, :]
+    at = rows_abs[:, None]
+    return tl.where(which == 0, 0, tl.where(which == 1, at - 1,
+                                            tl.where(which == 2, at - lag, targets[:, None])))
+
+
+@triton.jit
 def _pick(s, cols, want):
-    """Each row's raw score at key ``want[row]`` in this tile (0 where absent), and
-    whether the tile held that key and the row sees it (0 or 1)."""
-    hit = (cols[None, :] == want[:, None]) & (s > float("-inf"))
-    return tl.sum(tl.where(hit, s, 0.0), 1), tl.max(hit.to(tl.int32), 1)
+    """Each row's raw scores ``[BLOCK_M, 4]`` at its wanted keys in this tile (0 where
+    absent), and whether the tile held each and the row sees it (0 or 1)."""
+    hit = (cols[None, None, :] == want[:, :, None]) & (s[:, None, :] > float("-inf"))
+    return tl.sum(tl.where(hit, s[:, None, :], 0.0), 2), tl.max(hit.to(tl.int32), 2)
 
 
 @triton.jit
@@ -104,10 +113,37 @@ def _top_insert(top_s, top_i, s, start, cols, slots, TOPK: tl.constexpr):
 
 
 @triton.jit
-def _weight(stats_ptr, plane, rows, row_ok, raw, hit, lse, live):
-    """Store the weight of a picked key: exp(raw score - lse), 0 where no key was picked."""
-    w = tl.where((hit > 0) & live, tl.exp(raw - tl.where(live, lse, 0.0)), 0.0)
-    tl.store(stats_ptr + plane + rows, w, mask=row_ok)
+def _store_rows(stats_ptr, plane, rows_at, row_ok, m, l_sum, ent, dist, raw, hit):
+    """Every row statistic from the final sums; returns the lse. A row that saw no key
+    (``l_sum == 0``) gets lse -inf and 0 for everything else."""
+    live = l_sum > 0.0
+    safe_l = tl.where(live, l_sum, 1.0)
+    m_ref = tl.where(live, m, 0.0)
+    lse = tl.where(live, m_ref + tl.log(safe_l), float("-inf"))
+    tl.store(stats_ptr + rows_at, lse, mask=row_ok)
+    for which in tl.static_range(4):
+        column = tl.arange(0, 4)[None, :] == which
+        seen = tl.sum(tl.where(column, hit, 0), 1) > 0
+        w = tl.exp(tl.sum(tl.where(column, raw, 0.0), 1) - (m_ref + tl.log(safe_l)))
+        tl.store(stats_ptr + (1 + which) * plane + rows_at, tl.where(seen & live, w, 0.0),
+                 mask=row_ok)
+    # H = -sum w log w = log l - sum p (s - m) / l with p = exp(s - m): no large lse cancels
+    tl.store(stats_ptr + 5 * plane + rows_at,
+             tl.where(live, tl.log(safe_l) - ent / safe_l, 0.0), mask=row_ok)
+    tl.store(stats_ptr + 6 * plane + rows_at, tl.where(live, dist / safe_l, 0.0), mask=row_ok)
+    return lse
+
+
+@triton.jit
+def _store_top(top_w_ptr, top_i_ptr, rows_at, row_ok, top_s, top_i, slots, lse,
+               TOPK: tl.constexpr):
+    """The kept keys of each row and their weights (0 where fewer keys were seen)."""
+    at = rows_at[:, None] * TOPK + slots[None, :]
+    keep = row_ok[:, None] & (slots[None, :] < TOPK)
+    finite = tl.where(lse > float("-inf"), lse, 0.0)
+    tl.store(top_w_ptr + at, tl.where(top_i >= 0, tl.exp(top_s - finite[:, None]), 0.0),
+             mask=keep)
+    tl.store(top_i_ptr + at, top_i, mask=keep)
 
 
 @triton.jit
@@ -127,7 +163,7 @@ def _rescale(m, m_tile, l_sum, ent):
 
 
 @triton.jit
-def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_s_ptr,
+def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_w_ptr,
             top_i_ptr, n_heads, group, n_queries, n_keys, d_head, scale, softcap, window, lag,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
             CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
@@ -135,8 +171,7 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
             TOPK_PAD: tl.constexpr):
     """One tile of query rows of one (batch, head): the output and every row statistic,
     keys visited one tile at a time with FlashAttention's running-max rescaling."""
-    q_start = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
+    q_start, bh = tl.program_id(0) * BLOCK_M, tl.program_id(1)
     b = bh // n_heads
     kv = b * (n_heads // group) + (bh % n_heads) // group
     shift = n_keys - n_queries
@@ -150,12 +185,10 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
     targets = tl.full([BLOCK_M], -1, tl.int32)
     if TARGETS:
         targets = tl.load(target_ptr + b * n_queries + rows, mask=row_ok, other=-1)
+    want = _wanted(rows_abs, lag, targets)
     zero = tl.zeros([BLOCK_M], tl.float32)
-    m = zero + float("-inf")
-    l_sum, ent, dist = zero, zero, zero
-    raw0, raw1, raw2, raw3 = zero, zero, zero, zero
-    hit0, hit1, hit2, hit3 = (tl.zeros([BLOCK_M], tl.int32), tl.zeros([BLOCK_M], tl.int32),
-                              tl.zeros([BLOCK_M], tl.int32), tl.zeros([BLOCK_M], tl.int32))
+    m, l_sum, ent, dist = zero + float("-inf"), zero, zero, zero
+    raw, hit = tl.zeros([BLOCK_M, 4], tl.float32), tl.zeros([BLOCK_M, 4], tl.int32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     slots = tl.arange(0, TOPK_PAD)
     top_s = tl.where(slots[None, :] < TOPK, float("-inf"), float("inf")) + zero[:, None]
@@ -176,39 +209,18 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
         v = tl.load(v_ptr + (kv * n_keys + cols)[:, None] * d_head + dims[None, :],
                     mask=(cols < n_keys)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        r, h = _pick(s, cols, zero.to(tl.int32))
-        raw0, hit0 = raw0 + r, hit0 + h
-        r, h = _pick(s, cols, rows_abs - 1)
-        raw1, hit1 = raw1 + r, hit1 + h
-        r, h = _pick(s, cols, rows_abs - lag)
-        raw2, hit2 = raw2 + r, hit2 + h
-        r, h = _pick(s, cols, targets)
-        raw3, hit3 = raw3 + r, hit3 + h
+        tile_raw, tile_hit = _pick(s, cols, want)
+        raw, hit = raw + tile_raw, hit + tile_hit
         if TOPK > 0:
             top_s, top_i = _top_insert(top_s, top_i, s, start, cols, slots, TOPK)
-    live = l_sum > 0.0
-    safe_l = tl.where(live, l_sum, 1.0)
-    lse = tl.where(live, tl.where(m == float("-inf"), 0.0, m) + tl.log(safe_l), float("-inf"))
-    out = acc / safe_l[:, None]
+    out = acc / tl.where(l_sum > 0.0, l_sum, 1.0)[:, None]
     tl.store(out_ptr + (bh * n_queries + rows)[:, None] * d_head + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    plane = n_queries * tl.num_programs(1)
     rows_at = bh * n_queries + rows
-    tl.store(stats_ptr + rows_at, lse, mask=row_ok)
-    _weight(stats_ptr, 1 * plane, rows_at, row_ok, raw0, hit0, lse, live)
-    _weight(stats_ptr, 2 * plane, rows_at, row_ok, raw1, hit1, lse, live)
-    _weight(stats_ptr, 3 * plane, rows_at, row_ok, raw2, hit2, lse, live)
-    _weight(stats_ptr, 4 * plane, rows_at, row_ok, raw3, hit3, lse, live)
-    # H = -sum w log w = log l - sum p (s - m) / l with p = exp(s - m): no large lse cancels
-    tl.store(stats_ptr + 5 * plane + rows_at,
-             tl.where(live, tl.log(safe_l) - ent / safe_l, 0.0), mask=row_ok)
-    tl.store(stats_ptr + 6 * plane + rows_at, tl.where(live, dist / safe_l, 0.0), mask=row_ok)
+    lse = _store_rows(stats_ptr, n_queries * tl.num_programs(1), rows_at, row_ok, m, l_sum,
+                      ent, dist, raw, hit)
     if TOPK > 0:
-        at = rows_at[:, None] * TOPK + slots[None, :]
-        keep = row_ok[:, None] & (slots[None, :] < TOPK)
-        top_w = tl.where(top_i >= 0, tl.exp(top_s - tl.where(live, lse, 0.0)[:, None]), 0.0)
-        tl.store(top_s_ptr + at, top_w, mask=keep)
-        tl.store(top_i_ptr + at, top_i, mask=keep)
+        _store_top(top_w_ptr, top_i_ptr, rows_at, row_ok, top_s, top_i, slots, lse, TOPK)
 
 
 @triton.jit
