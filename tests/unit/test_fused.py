@@ -28,12 +28,14 @@ relative), received 9.5e-7 | 9.5e-7, output 1.2e-6 | 1.6e-2 (7.7e-3 relative).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -52,6 +54,8 @@ from hypothesis import strategies as st
 from workbench.core.errors import WorkbenchError
 from workbench.models import fused
 from workbench.models.fused import Statistics, Variant, attention_statistics
+from workbench.recording.reductions import BlockReduction, PatternContext
+from workbench.scores import metrics, patterns
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STATISTIC_BOUND = 1e-5
@@ -331,3 +335,47 @@ def test_the_library_imports_without_triton() -> None:
                           check=True, env={**os.environ, "TRITON_INTERPRET": "1"},
                           cwd=Path(__file__).resolve().parents[2])
     assert "triton is not installed (the 'fused' extra: pip install -e '.[fused]')" in done.stdout
+
+
+# ---- the metrics that declare kernel statistics -------------------------------------------
+
+def test_declared_statistics_are_the_kernels() -> None:
+    declared = {s for _, m in metrics.METRICS.items() for s in m.statistics}
+    assert declared <= set(get_args(fused.Statistic))
+    assert set(get_args(fused.Statistic)) <= {f.name for f in dataclasses.fields(Statistics)}
+    reading = {m.name: m.statistics for _, m in metrics.METRICS.items()
+               if m.kind == "pattern" and m.statistics}
+    assert reading == {"first_token": ("first",), "previous_token": ("previous",),
+                       "entropy": ("entropy",), "mean_distance": ("distance",),
+                       "induction": ("target",)}
+
+
+def test_each_pattern_metric_averages_the_statistic_it_declares() -> None:
+    """On a padded batch of repeated random tokens, each declaring metric's per-query value
+    (over the queries it counts) is the kernel's statistic of that row."""
+    gen = torch.Generator().manual_seed(3)
+    half = torch.randint(5, 60, (2, 20), generator=gen)
+    ids = torch.cat([half, half], 1)  # [2, 40]: the second repeat has induction targets
+    lengths = torch.tensor([40, 33])
+    query_mask = torch.arange(40)[None, :] < lengths[:, None]
+    ctx = PatternContext(ids, lengths, query_mask, layer=0, causal=True)
+    second = patterns.second_repeat_targets(ctx)
+    targets = torch.where(second.any(-1), second.int().argmax(-1), -1)
+    case = Case("metrics", n_q=40, n_k=40, kv_heads=2, lengths=(40, 33))
+    q, k, v = case.tensors(seed=3)
+    got = attention_statistics(q, k, v, key_mask=case.key_mask(), targets=targets.to(DEVICE),
+                               block=BLOCK)
+    pattern = eager(q, k, v, Variant(), case.key_mask(), targets)["weights"]
+    checked = 0
+    for _, metric in metrics.METRICS.items():
+        if metric.kind != "pattern" or not metric.statistics:
+            continue
+        assert isinstance(metric.reduction, BlockReduction)
+        values, counted = metric.reduction.part.__wrapped__(pattern, ctx)
+        mine = getattr(got, metric.statistics[0]).cpu()
+        where = counted[:, None, :].expand_as(values)
+        assert bool(where.any()), metric.name
+        torch.testing.assert_close(mine[where], values[where].float(), rtol=1e-5, atol=1e-5,
+                                   msg=metric.name)
+        checked += 1
+    assert checked == 5

@@ -77,6 +77,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 from types import ModuleType
+from typing import Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -97,6 +98,10 @@ BFLOAT16_OUTPUT_RELATIVE = 2.0 ** -7
 """The output's bound relative to its size for bfloat16 inputs: one step of bfloat16's 8
 significant bits (the float32 result is converted once, on the store; Triton's interpreter
 converts by truncation, so a full step rather than the half step of rounding)."""
+Statistic = Literal["first", "previous", "lag", "target", "entropy", "distance", "received"]
+"""A statistic of the kernel that a head metric can read, by its :class:`Statistics` field
+(each pattern metric declares those it reads: ``Metric.statistics`` in
+:mod:`workbench.scores.metrics`)."""
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """The input dtypes the kernel takes."""
 
