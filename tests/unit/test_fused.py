@@ -305,6 +305,8 @@ def test_inputs_that_do_not_fit_are_refused() -> None:
         attention_statistics(q, k.double(), v)
     with pytest.raises(WorkbenchError, match="top_k must be 0 to 16"):
         attention_statistics(q, k, v, top_k=17)
+    with pytest.raises(WorkbenchError, match="two powers of two of at least 16"):
+        attention_statistics(q, k, v, block=(16, 24))
     with pytest.raises(WorkbenchError, match=r"key_mask must be \[batch, key\]"):
         attention_statistics(q, k, v, key_mask=torch.ones(2, 7, dtype=torch.bool))
     with pytest.raises(WorkbenchError, match="heads of 1 to 256 dimensions"):

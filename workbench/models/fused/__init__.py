@@ -207,7 +207,7 @@ def support(device: torch.device | str, dtype: torch.dtype, d_head: int, *,
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
-           targets: Tensor | None, top_k: int) -> None:
+           targets: Tensor | None, top_k: int, block: tuple[int, int]) -> None:
     """Refuse shapes, dtypes and options the kernel cannot take, one line each."""
     if q.ndim != 4 or k.shape != v.shape or k.ndim != 4:
         raise WorkbenchError("q must be [batch, head, query, d_head] and k, v the same "
@@ -231,6 +231,9 @@ def _check(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
                              f"got {tuple(targets.shape)}")
     if not 0 <= top_k <= MAX_TOP_K:
         raise WorkbenchError(f"top_k must be 0 to {MAX_TOP_K}, got {top_k}")
+    if any(n < 16 or n & (n - 1) for n in block):
+        # tl.dot takes tiles of at least 16 rows and columns, tl.arange powers of two
+        raise WorkbenchError(f"block must be two powers of two of at least 16, got {block}")
 
 
 def _pow2(n: int) -> int:
@@ -305,7 +308,7 @@ def attention_statistics(q: Float[Tensor, "batch head_index query_pos d_head"],
     from workbench.models.fused import kernels
 
     variant.check()
-    _check(q, k, v, key_mask, targets, top_k)
+    _check(q, k, v, key_mask, targets, top_k, block)
     run = _Launch.of(q, k, variant, key_mask, block)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     batch = q.shape[0]
