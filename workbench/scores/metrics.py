@@ -48,6 +48,8 @@ from workbench.store.schema import LEGACY_METRIC_NAMES
 if TYPE_CHECKING:
     import pandas as pd
 
+    from workbench.models.fused import Statistic
+
 Kind = Literal["pattern", "received", "ov", "importance"]
 
 
@@ -64,6 +66,11 @@ class Metric:
         kind: see the module docstring.
         reduction: the pattern reduction (``pattern`` metrics only).
         bounded: the score lies in [0, 1] (weights, shares), so a page draws it on that scale.
+        statistics: the fused kernel's statistics it reads
+            (:class:`workbench.models.fused.Statistics`): a pattern metric's per-query value
+            is the one row statistic named, averaged over the same queries; a ``received``
+            metric is a function of the keys' received weight. Empty: it needs the pattern
+            itself (the blocked path).
     """
 
     name: str
@@ -73,6 +80,7 @@ class Metric:
     kind: Kind = "pattern"
     reduction: Reduction | None = None
     bounded: bool = True
+    statistics: tuple[Statistic, ...] = ()
 
 
 METRICS: Registry[Metric] = Registry("head metric")
@@ -148,38 +156,41 @@ MICHEL = "Michel et al. 2019, Are Sixteen Heads Really Better than One?"
 NO_EFFECT = "0: a head the model's output does not depend on"
 
 
-def _pattern(reduction: Reduction, meaning: str, source: str, *, bounded: bool = True) -> None:
-    _declare(Metric(reduction.__name__, meaning, UNIFORM, source, "pattern", reduction, bounded))
+def _pattern(reduction: Reduction, meaning: str, source: str, *, bounded: bool = True,
+             statistics: tuple[Statistic, ...] = ()) -> None:
+    _declare(Metric(reduction.__name__, meaning, UNIFORM, source, "pattern", reduction, bounded,
+                    statistics))
 
 
 _pattern(patterns.entropy, "mean entropy (nats) of each query's attention", CLARK,
-         bounded=False)
+         bounded=False, statistics=("entropy",))
 _pattern(patterns.normalized_entropy, "entropy over log(keys the query sees): 1 uniform, "
          "0 all weight on one key", CLARK)
 _pattern(patterns.mean_distance, "expected |query - key| in tokens under the attention",
          "Vig & Belinkov 2019, Analyzing the Structure of Attention in a Transformer "
-         "Language Model", bounded=False)
+         "Language Model", bounded=False, statistics=("distance",))
 _pattern(patterns.self_attention, "mean weight a token puts on itself", CLARK)
 _pattern(patterns.previous_token, "mean weight on the token just before the query",
-         f"{OLSSON}; {CLARK}")
+         f"{OLSSON}; {CLARK}", statistics=("previous",))
 _pattern(patterns.next_token, "mean weight on the token just after the query (encoders)",
          CLARK)
 _pattern(patterns.duplicate_token, "weight on earlier occurrences of the query's own token",
          "Wang et al. 2022, Interpretability in the Wild")
 _pattern(patterns.induction, "prefix matching: weight on the token after the query token's "
-         "one earlier occurrence (the second repeat)", OLSSON)
+         "one earlier occurrence (the second repeat)", OLSSON, statistics=("target",))
 _pattern(patterns.induction_pooled, "total weight on the tokens after every earlier "
          "occurrence of the query token", OLSSON)
 _pattern(patterns.induction_stripe_sum, "the induction stripe's total weight divided by all "
          "queries (unnormalised)", "TransformerLens head_detector ('mul' induction score)")
 _pattern(patterns.first_token, "alpha_1: mean weight on the first position over all queries",
-         GU)
+         GU, statistics=("first",))
 for _type in TOKEN_TYPES:
     _declare(Metric(f"share_{_type}", f"share of attention received by {_type} tokens "
-                    "(r_j summed over them)", UNIFORM, f"{GU}; {CLARK}", "received"))
+                    "(r_j summed over them)", UNIFORM, f"{GU}; {CLARK}", "received",
+                    statistics=("received",)))
 for _rank in (1, 2, 3):
     _declare(Metric(f"top{_rank}_share", f"weight r_j received by the key ranked {_rank} by "
-                    "received weight", UNIFORM, GU, "received"))
+                    "received weight", UNIFORM, GU, "received", statistics=("received",)))
 _declare(Metric("copying", "direct-path z-score of the attended token's own logit (the OV "
                 "circuit)", "exactly 0: the mean over a token drawn uniformly from the "
                 "vocabulary", "Elhage et al. 2021, A Mathematical Framework for Transformer "
