@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from workbench.core.errors import WorkbenchError
@@ -133,6 +133,17 @@ class QKLayer:
             s = torch.tanh(s / self.softcap) * self.softcap
         seen = self.mask.visible(rows, keys, self.length)
         return s if seen is None else s.masked_fill(~seen, float("-inf"))
+
+    def score_at(self, rows: Int[Tensor, " query"], keys: Int[Tensor, "head_index query"]
+                 ) -> Float[Tensor, "head_index query"]:
+        """Each head's score of query ``rows[i]`` on key ``keys[h, i]`` (unmasked: the key
+        must be one the row sees), one dot product each."""
+        groups = self.n_heads // self.keys.shape[0]
+        kv = torch.div(torch.arange(self.n_heads), groups, rounding_mode="floor")
+        q = self.queries[:, rows].float()                          # [head, query, d_head]
+        k = self.keys.float()[kv[:, None], keys]                   # [head, query, d_head]
+        s = (q * k).sum(-1) * self.scale
+        return s if self.softcap is None else torch.tanh(s / self.softcap) * self.softcap
 
     def tile(self, head: int, queries: slice = slice(None), keys: slice = slice(None)
              ) -> Float[Tensor, "query key"]:

@@ -125,6 +125,7 @@ class _Writer:
         self.batch: Batch | None = None
         self._pending: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
         self.masks: list[Mask] = []
+        self._layer_qk: dict[int, QKLayer] = {}
         self.facts: dict[str, list[Any]] = {"scale": [None] * shape["layers"],
                                             "softcap": [None] * shape["layers"]}
 
@@ -197,9 +198,9 @@ class _Writer:
             array[index, :, c0:stop] = block
 
     def take_scores(self, inputs: ScoreInputs) -> None:
-        """Write one layer's queries and keys for each prompt of the batch (its own tokens),
-        with each row's log-sum-exp computed from them under the layer's :class:`Mask`,
-        once that mask is checked against the pass's own."""
+        """Write one layer's queries and keys for each prompt of the batch (its own
+        tokens), once the layer's :class:`Mask` is checked against the pass's own; each
+        row's log-sum-exp follows from the layer's blocks (:meth:`take_lse`)."""
         scale, cap = self.facts["scale"], self.facts["softcap"]
         if scale[inputs.layer] is not None and (scale[inputs.layer], cap[inputs.layer]) != (
                 inputs.scale, inputs.softcap):
@@ -207,12 +208,36 @@ class _Writer:
                                  "batches; the qk format stores one per layer")
         scale[inputs.layer], cap[inputs.layer] = inputs.scale, inputs.softcap
         mask = self.masks[inputs.layer]
+        self._layer_qk = {}
         for row, (index, n) in self._rows():
             _check_mask(inputs, mask, row, n)
             q, k = inputs.queries[row, :, :n].float(), inputs.keys[row, :, :n].float()
-            layer = QKLayer.of(q, k, scale=inputs.scale, softcap=inputs.softcap, mask=mask)
-            for kind, value in (("q", q), ("k", k), ("lse", layer.lse)):
-                self._write_tokens(kind, inputs.layer, index, value.numpy())
+            self._layer_qk[row] = QKLayer(q, k, torch.empty(q.shape[:2]), inputs.scale,
+                                          inputs.softcap, mask)
+            self._write_tokens("q", inputs.layer, index, q.numpy())
+            self._write_tokens("k", inputs.layer, index, k.numpy())
+
+    def take_lse(self, block: PatternBlock) -> None:
+        """Each real row's log-sum-exp from the pass's own weights: at the row's largest
+        weight ``w`` on key ``j``, ``lse = s_ij - log w`` with ``s_ij`` the score of the
+        stored query and key (one dot product a row, where computing the sum anew would
+        take the pass's whole ``T x T`` work again); a prompt's row is written when its
+        last block is in."""
+        for row, (index, n) in self._rows():
+            stop = min(block.q1, n)
+            if block.q0 >= stop:
+                continue
+            layer = self._layer_qk[row]
+            weights = block.weights[row, :, : stop - block.q0, : min(block.k1, n) - block.k0]
+            if weights.dtype != torch.float32:  # a weight's log would be as coarse as it
+                layer.lse[:, block.q0:stop] = torch.logsumexp(
+                    layer.scores(slice(None), slice(block.q0, stop)), -1)
+            else:
+                best, at = weights.max(-1)  # [head, rows]
+                rows = torch.arange(block.q0, stop)
+                layer.lse[:, block.q0:stop] = layer.score_at(rows, at + block.k0) - best.log()
+            if stop == n:
+                self._write_tokens("lse", block.layer, index, layer.lse.numpy())
 
     def _write_tokens(self, kind: str, layer: int, index: int, values: np.ndarray) -> None:
         """Write one prompt's ``[head, pos, ...]`` values, padded to the longest prompt."""
@@ -360,11 +385,11 @@ def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: Atte
     if storage == "none":
         return contextlib.nullcontext()
     if storage == "qk":
-        def take(inputs: ScoreInputs) -> None:
-            writer.take_scores(inputs)
-            advance(int(inputs.queries.shape[-2]))
+        def take(block: PatternBlock) -> None:
+            writer.take_lse(block)
+            advance(block.q1 - block.q0)
 
-        return blocked.blocked(model, None, scores=take)
+        return blocked.blocked(model, take, scores=writer.take_scores)
 
     def consume(block: PatternBlock) -> None:
         writer.consume(block)
