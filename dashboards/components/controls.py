@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from dash import Input, Output, State, callback, dcc, html
+from dash import Input, Output, State, callback, dcc, html, no_update
 
 from dashboards.components import data, messages
 from dashboards.components.messages import message, one_line
@@ -107,14 +107,18 @@ def run_search(component_id: str, shows: Sequence[str]) -> None:
     Called once by each page that has such a dropdown, beside its layout."""
     kinds = tuple(shows)
 
-    @callback(Output(component_id, "options"), Input(component_id, "search_value"),
-              State(component_id, "value"), prevent_initial_call=True)
+    page = component_id.rsplit("-", 1)[0]
+
+    @callback(Output(component_id, "options"),
+              Output(f"{page}-error", "children", allow_duplicate=True),
+              Input(component_id, "search_value"), State(component_id, "value"),
+              prevent_initial_call=True)
     @messages.safe
-    def search(typed: Name, shown: RunId) -> list[dict[str, Any]]:
+    def search(typed: Name, shown: RunId) -> tuple[list[dict[str, Any]], Any]:
         runs = [run for run in data.runs() if run.experiment in kinds]
         if not typed:
-            return run_options(runs, shown)
-        return matching_options(runs, typed, shown)
+            return run_options(runs, shown), no_update
+        return matching_options(runs, typed, shown), no_update
 
 
 def run_dropdown(component_id: str, runs: Sequence[Run], value: str | None) -> dcc.Dropdown:
