@@ -37,12 +37,15 @@ def test_typing_finds_an_older_run_and_opens_it(page, served):
     page.goto(f"{url}/recording")
     page.wait_for_selector("#recording-run")
     page.click("#recording-run")
-    options = page.locator("[role=listbox] [role=option]")
+    opened = page.locator(".dash-dropdown-content")  # the open dropdown's popover
+    options = opened.locator("[role=option]")
     options.first.wait_for()
     assert not options.filter(has_text=old[-4:]).count()  # not among the newest
     # 12 runs: the newest 10 offered, the older two (the recording and other-00) searched
     assert options.filter(has_text="type to search 2 older runs").count() == 1
-    page.keyboard.type("tiny")
+    # typed into the popover's own search box: the keyboard's focus reaches it only once
+    # the popover has finished opening, which a loaded machine can leave until after typing
+    opened.locator("input[type=search]").press_sequentially("tiny")
     found = options.filter(has_text=old[-4:])
     found.first.wait_for()
     found.first.click()
