@@ -19,7 +19,8 @@ Scores (per layer and query head; definitions in :mod:`workbench.scores.patterns
   puts on earlier occurrences of its own token, over queries that have one.
 
 Natural text is ``n_prompts`` windows of ``n_tokens`` tokens of the Python documentation's
-prose (:mod:`workbench.inputs.corpus`), or any named prompt set (``--set text=NAME``); the
+prose (the ``corpus`` prompt set, :mod:`workbench.inputs.corpus`), or any other named prompt
+set (``--set prompt_set=NAME``; ``text=`` is its old name and still read); the
 ``inputs`` column says which (``natural text`` or ``prompt set NAME``), and so does the
 progress bar. Each score has a 95% bootstrap interval over prompts and a null baseline
 (``null``): its value for a head whose attention is uniform over the keys it can see, on
@@ -44,7 +45,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 
@@ -52,7 +55,6 @@ from experiments.previous_token_heads.tables import TABLES
 from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
-from workbench.inputs.corpus import python_docs, token_chunks
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording.writer import record
@@ -63,7 +65,7 @@ from workbench.store.schema import with_layer_types
 
 @dataclass(frozen=True)
 class Config:
-    text: str = param("corpus", "natural text: 'corpus' (Python docs prose) or a prompt-set name")
+    prompt_set: str = param("corpus", "natural text: a prompt set ('corpus': Python docs prose)")
     n_prompts: int = param(32, "natural-text prompts (corpus)", min=2, max=MAX_PROMPTS)
     n_tokens: int = param(128, "tokens per corpus prompt", min=2, max=MAX_SEQUENCE)
     n_repeated: int = param(32, "repeated random sequences", min=2, max=MAX_PROMPTS)
@@ -74,9 +76,11 @@ class Config:
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
 
+    # old field names still read (workbench.harness.config.current_names)
+    RENAMED: ClassVar[Mapping[str, str]] = {"text": "prompt_set"}
+
     def __post_init__(self) -> None:
-        if self.text != "corpus":
-            check_prompt_set(self.text)
+        check_prompt_set(self.prompt_set)
         testing(self)
 
 
@@ -88,15 +92,14 @@ def testing(cfg: Config) -> classes.Testing:
 def text_label(cfg: Config) -> str:
     """What the positional scores were measured on, for the ``inputs`` column and the
     progress bar: the label names what was used, never a default it replaced."""
-    return "natural text" if cfg.text == "corpus" else f"prompt set {cfg.text}"
+    return "natural text" if cfg.prompt_set == "corpus" else f"prompt set {cfg.prompt_set}"
 
 
 def natural_prompts(model: Model, cfg: Config) -> list[Prompt]:
     """The natural text: corpus windows, or the named prompt set."""
-    if cfg.text == "corpus":
-        return token_chunks(model, python_docs(), n_chunks=cfg.n_prompts,
-                            n_tokens=min(cfg.n_tokens, model.info.n_ctx), label="docs")
-    return load_prompt_set(cfg.text, model)
+    if cfg.prompt_set == "corpus":
+        return load_prompt_set("corpus", model, n_prompts=cfg.n_prompts, n_tokens=cfg.n_tokens)
+    return load_prompt_set(cfg.prompt_set, model)
 
 
 @dataclass

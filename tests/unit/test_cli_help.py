@@ -181,6 +181,9 @@ def no_model_loads(monkeypatch):
     (["run", "head-overveiw", "--model", "{folder}"], "(did you mean 'head-overview'?)"),
     (["run", "head-overview", "--model", "{folder}", "--set", "n_bot=3"],
      "(did you mean 'n_boot'?)"),
+    (["run", "previous-token-heads", "--model", "{folder}", "--set", "prompt_set=poems"],
+     "unknown prompt set 'poems'"),
+    # the field's old name is still read, and still checked
     (["run", "previous-token-heads", "--model", "{folder}", "--set", "text=poems"],
      "unknown prompt set 'poems'"),
     (["run", "head-overview", "--model", "{folder}", "--set", "n_boot=0"], "n_boot"),

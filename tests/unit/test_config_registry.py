@@ -148,3 +148,26 @@ def test_a_name_that_is_not_a_string_is_unknown_in_one_line(name):
     assert name not in reg
     with pytest.raises(UnknownNameError, match=r"is named by a string, got .*known widgets: one"):
         reg.get(name)
+
+
+def test_a_renamed_field_reads_under_its_old_name_with_a_warning():
+    from experiments.previous_token_heads import Config
+
+    with pytest.warns(DeprecationWarning, match="text is now named prompt_set"):
+        cfg = apply_overrides(Config, ["text=natural"])
+    assert cfg.prompt_set == "natural"
+    assert apply_overrides(Config, {"prompt_set": "natural"}) == cfg
+
+
+def test_every_experiment_names_its_text_source_prompt_set():
+    """One name per idea: a config field that picks prompts from the prompt sets is
+    ``prompt_set`` in every experiment, and its default is a prompt set."""
+    from workbench.inputs.prompts import prompt_set_names
+
+    known = prompt_set_names()
+    for exp in all_experiments():
+        names = {f.name for f in dataclasses.fields(exp.config)}
+        assert not names & {"text", "text_source", "prompts_set", "source"}, exp.name
+        if "prompt_set" in names:
+            default = exp.config().prompt_set
+            assert default in known or default == "auto", (exp.name, default)

@@ -37,7 +37,7 @@ def bars():
     ("corpus", "natural text"),
 ])
 def test_inputs_name_the_text_used(llama, bars, text, label):
-    cfg = Config(text=text, n_prompts=2, n_tokens=16, n_repeated=2, seq_len=6, n_boot=10)
+    cfg = Config(prompt_set=text, n_prompts=2, n_tokens=16, n_repeated=2, seq_len=6, n_boot=10)
     scores = run(llama, cfg).head_scores
     inputs = scores.groupby("metric").inputs.unique()
     assert list(inputs["previous_token"]) == [label]

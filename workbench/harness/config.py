@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,9 @@ EXTRA_EXPERIMENTS = "WORKBENCH_EXPERIMENTS"
 A sweep passes it to its Ray workers, so their cells see the same experiments."""
 
 __all__ = ["SHARED", "FieldInfo", "Shared", "apply_overrides", "check_config",
-           "check_declared", "check_layers", "check_value", "describe_range", "describe_type",
-           "fields", "literal_choices", "param", "parse_value", "shared", "split_overrides"]
+           "check_declared", "check_layers", "check_value", "current_names", "describe_range",
+           "describe_type", "fields", "literal_choices", "param", "parse_value", "shared",
+           "split_overrides"]
 
 
 MAX_LAYER = (1 << 16) - 1
@@ -229,6 +231,7 @@ def apply_overrides(cls: type, overrides: Iterable[str] | Mapping[str, Any] = ()
     hints = typing.get_type_hints(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     pairs = overrides if isinstance(overrides, Mapping) else split_overrides(overrides)
+    pairs = current_names(cls, pairs, warn=True)
     values = {}
     for key, value in pairs.items():
         if key not in by_name:
@@ -243,6 +246,25 @@ def apply_overrides(cls: type, overrides: Iterable[str] | Mapping[str, Any] = ()
         return dataclasses.replace(start, **values)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def current_names(cls: type, values: Mapping[str, Any], *, warn: bool = False) -> dict[str, Any]:
+    """``values`` with each field's old name replaced by its name now, as the config class
+    ``cls`` declares them in its ``RENAMED`` (``{old: new}``), so that an old ``--set``, a
+    claim file or a stored run's config still reads.
+
+    Args:
+        warn: say so with a :class:`DeprecationWarning` (an old name given by a user).
+    """
+    renamed: Mapping[str, str] = getattr(cls, "RENAMED", {})
+    out = {}
+    for key, value in values.items():
+        new = renamed.get(key)
+        if new is not None and warn:
+            warnings.warn(f"config field {key} is now named {new}; {key} stops being read "
+                          "in a later release", DeprecationWarning, stacklevel=3)
+        out[new or key] = value
+    return out
 
 
 def check_config(cfg: Any) -> Any:

@@ -5,6 +5,7 @@ Functions that need a model (random token ids from its vocabulary, framing with 
 special tokens) take one as an argument; this layer never loads one.
 """
 
+from workbench.inputs import corpus as _corpus  # noqa: F401 (registers the corpus prompt set)
 from workbench.inputs import ioi as _ioi  # noqa: F401 (registers the ioi prompt set)
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt, load_prompt_set, prompts_from_text

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from workbench.core.errors import WorkbenchError
-from workbench.inputs.prompts import Prompt
+from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE, Range
+from workbench.inputs.prompts import Prompt, prompt_set
 
 if TYPE_CHECKING:
     from workbench.inputs.tokenizing import TokenizingModel
@@ -90,3 +91,13 @@ def token_chunks(model: TokenizingModel, texts: Sequence[str], *, n_chunks: int,
         chunk = stream[i * body: (i + 1) * body]
         prompts.append(Prompt(token_ids=tuple(model.frame(chunk)), label=f"{label}[{i}]"))
     return prompts
+
+
+@prompt_set("corpus")
+def corpus(model: TokenizingModel, n_prompts: Annotated[int, Range(min=1, max=MAX_PROMPTS)] = 32,
+           n_tokens: Annotated[int, Range(min=2, max=MAX_SEQUENCE)] = 128) -> Iterator[Prompt]:
+    """Natural text: consecutive ``n_tokens``-token windows of the prose of the Python
+    reference documentation (:func:`python_docs`), framed for the model, at most its
+    context (:func:`token_chunks`)."""
+    yield from token_chunks(model, python_docs(), n_chunks=n_prompts,
+                            n_tokens=min(n_tokens, model.info.n_ctx), label="docs")
