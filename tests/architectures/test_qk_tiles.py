@@ -5,8 +5,7 @@ bridge's eager pattern). Each prompt of a right-padded batch is rebuilt from its
 tokens' queries and keys (:class:`~workbench.recording.qk.QKLayer`), with the mask the
 model's facts describe (causal or not, each layer's window), and every weight of every
 head must agree within 1e-6 (float32): rows that mix seen and unseen keys, the window's
-edge, soft-capped and grouped-query families included. A family whose scores are not
-``scale * q . k`` (ALiBi) is refused before the pass.
+edge, soft-capped, grouped-query and ALiBi (Bloom) families included.
 """
 
 from __future__ import annotations
@@ -16,12 +15,8 @@ import torch
 
 from tests.architectures.families import BUILDERS
 from tests.architectures.test_blocked import FAMILIES, _batch
-from workbench.core.errors import ModelCapabilityError
 from workbench.models import blocked as blocked_attention
 from workbench.recording.qk import Mask, QKLayer
-
-NOT_QK = {"bloom": "ALiBi"}
-"""Families whose scores add more than ``scale * q . k``, and the reason given."""
 
 
 def _pass(model, ids, mask) -> tuple[list, list[torch.Tensor]]:
@@ -41,11 +36,6 @@ def _pass(model, ids, mask) -> tuple[list, list[torch.Tensor]]:
 def test_every_weight_is_rebuilt_from_queries_and_keys(families, family):
     model = families.model(family)
     ids, mask = _batch(21, len(families.tokenizer(family)), seed=3)
-    if family in NOT_QK:
-        assert NOT_QK[family] in (blocked_attention.scores_support(model) or "")
-        with pytest.raises(ModelCapabilityError, match=NOT_QK[family]):
-            _pass(model, ids, mask)
-        return
     assert blocked_attention.scores_support(model) is None
     given, dense = _pass(model, ids, mask)
     assert [g.layer for g in given] == list(range(model.info.n_layers))
@@ -54,7 +44,8 @@ def test_every_weight_is_rebuilt_from_queries_and_keys(families, family):
         layer_mask = Mask(causal=bool(model.info.causal), window=model.info.window(inputs.layer))
         for b, n in enumerate(lengths):
             layer = QKLayer.of(inputs.queries[b, :, :n], inputs.keys[b, :, :n],
-                               scale=inputs.scale, softcap=inputs.softcap, mask=layer_mask)
+                               scale=inputs.scale, softcap=inputs.softcap, mask=layer_mask,
+                               slopes=inputs.slopes)
             for head in range(model.info.n_heads):
                 torch.testing.assert_close(layer.tile(head), dense[inputs.layer][b, head, :n, :n],
                                            atol=1e-6, rtol=0,

@@ -9,9 +9,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from tests.tiny import wrap
-from workbench.core.errors import ChecksumError, ModelCapabilityError, WorkbenchError
+from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
 from workbench.recording import zarr_store
 from workbench.recording.reader import Recording
@@ -23,11 +24,18 @@ TEXTS = ["the cat sat on the mat and the cat sat on the mat again",
          "a quick brown fox", "one two three four five six seven eight nine ten eleven"]
 
 
-@pytest.fixture(scope="module", params=["llama", "bert"])
+@pytest.fixture(scope="module", params=["llama", "bert", "bloom"])
 def both(request, tmp_path_factory):
-    """A model (grouped-query causal llama, bidirectional bert), and its dense float32
-    and qk recordings of prompts of three lengths (one batch, right-padded)."""
-    model = request.getfixturevalue(request.param)
+    """A model (grouped-query causal llama, bidirectional bert, Bloom with its ALiBi
+    biases), and its dense float32 and qk recordings of prompts of three lengths (one
+    batch, right-padded)."""
+    if request.param == "bloom":
+        from tests.architectures.families import build
+
+        tokenizer = request.getfixturevalue("tokenizer")
+        model = wrap(build("bloom", len(tokenizer)), tokenizer, "tiny-bloom")
+    else:
+        model = request.getfixturevalue(request.param)
     prompts = [Prompt(text=t) for t in TEXTS]
     root = tmp_path_factory.mktemp(f"qk-{request.param}")
     dense = record(model, prompts, root / "dense", patterns="dense", store_dtype="float32",
@@ -122,15 +130,24 @@ def test_an_index_whose_qk_facts_disagree_is_refused(both, tmp_path):
         Recording.open(copy)
 
 
-def test_a_family_qk_cannot_describe_is_refused_before_any_work(tmp_path, tokenizer):
-    from tests.architectures.families import build
+def test_alibi_slopes_are_stored_per_layer_and_head(both):
+    model, _, qk = both
+    alibi = qk.index.qk.alibi
+    if model.info.name != "tiny-bloom":
+        assert alibi is None
+        return
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-    bloom = wrap(build("bloom", len(tokenizer)), tokenizer, "tiny-bloom")
-    with pytest.raises(ModelCapabilityError, match="ALiBi"):
-        record(bloom, [Prompt(text="hello")], tmp_path / "out", patterns="qk")
-    assert not (tmp_path / "out").exists()
+    # Press et al.'s geometric slopes, as Hugging Face builds them: the bias on key 1
+    expected = build_alibi_tensor(torch.ones(1, 2), model.info.n_heads, torch.float32)[:, 0, 1]
+    assert len(alibi) == model.info.n_layers
+    for slopes in alibi:
+        np.testing.assert_allclose(slopes, expected.numpy(), rtol=1e-6)
+
+
+def test_a_path_qk_cannot_come_from_is_refused_before_any_work(tmp_path, llama):
     with pytest.raises(WorkbenchError, match="taken from the blocked attention path"):
-        record(bloom, [Prompt(text="hello")], tmp_path / "out", patterns="qk",
+        record(llama, [Prompt(text="hello")], tmp_path / "out", patterns="qk",
                attention="dense")
     assert not (tmp_path / "out").exists()
 

@@ -129,6 +129,9 @@ class ScoreInputs:
         visible: ``visible(r0, r1)``: which keys rows ``r0 .. r1`` see
             (``[batch, 1, rows, key_pos]``), or ``None`` when every row sees every key.
         offset: the position of the first query (keys before it come from a cache).
+        slopes: ALiBi's slope per head (``[head_index]``): head ``h``'s score on key ``j``
+            gains ``slopes[h] * j``, ``j`` counted from the prompt's first token; ``None``
+            without ALiBi.
     """
 
     layer: int
@@ -138,6 +141,7 @@ class ScoreInputs:
     softcap: float | None
     visible: Callable[[int, int], Bool[Tensor, "batch 1 query_pos key_pos"] | None]
     offset: int = 0
+    slopes: Float[Tensor, " head_index"] | None = None
 
 
 ScoreConsumer = Callable[[ScoreInputs], None]
@@ -293,12 +297,12 @@ class _Layer:
     scores: ScoreConsumer | None = None
 
     def hand_scores(self, rows: _Rows, q: Tensor, k: Tensor, scale: float,
-                    softcap: float | None) -> None:
+                    softcap: float | None, slopes: Tensor | None = None) -> None:
         """Give the layer's :class:`ScoreInputs` to its score consumer, if it has one."""
         if self.scores is not None:
             self.scores(ScoreInputs(self.layer, q, k, float(scale),
                                     None if softcap is None else float(softcap),
-                                    rows.visible, rows.offset))
+                                    rows.visible, rows.offset, slopes))
 
     def run(self, rows: _Rows, batch: int, heads: int, out_axis: int,
             block_fn: BlockFn) -> Tensor:
@@ -523,6 +527,10 @@ def _bloom_reconstruct(attn: Any, plan: _Layer, q: Tensor, k: Tensor, v: Tensor,
     alibi = kwargs.get("alibi")
     if alibi is not None and alibi.shape[-1] < n_k:
         raise WorkbenchError("a blocked pass does not extend ALiBi biases over a cache")
+    rows = _Rows(kwargs.get("attention_mask"), n_q, n_k, causal=False)
+    if plan.scores is not None:
+        plan.hand_scores(rows, q, k, inv_norm, None,
+                         None if alibi is None else _alibi_slopes(alibi, batch, n_heads))
 
     def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
         keys = k_bh[:, k0:k1].transpose(-1, -2)
@@ -540,10 +548,26 @@ def _bloom_reconstruct(attn: Any, plan: _Layer, q: Tensor, k: Tensor, v: Tensor,
         mixed = torch.bmm(weights.reshape(batch * n_heads, r1 - r0, -1), v_bh[:, k0:k1])
         return mixed.view(batch, n_heads, r1 - r0, head_dim), pattern
 
-    rows = _Rows(kwargs.get("attention_mask"), n_q, n_k, causal=False)
     z = plan.run(rows, batch, n_heads, -2, block_fn)
     return _joint_output(attn, attn._reshape_attn_output(z, batch, n_q, n_heads, head_dim),
                          batch, n_q, n_heads, head_dim), None
+
+
+def _alibi_slopes(alibi: Tensor, batch: int, n_heads: int) -> Tensor:
+    """Each head's ALiBi slope, read from the pass's own biases ``[batch * heads, 1, key]``
+    (Bloom's ``build_alibi_tensor``: ``slope * position``, 0 on padding), which must be
+    ``slope * j`` at every key ``j`` a prompt has, counted from its first token.
+
+    Raises:
+        WorkbenchError: biases of another form (left padding shifts every position).
+    """
+    bias = alibi.float().reshape(batch, n_heads, -1)
+    j = torch.arange(bias.shape[-1], dtype=torch.float32)
+    slopes = (bias / j.clamp(min=1)).amax(dim=(0, 2))  # Bloom's slopes are positive
+    fits = torch.isclose(bias, slopes[None, :, None] * j, rtol=1e-5, atol=1e-6)
+    if not (fits | (bias == 0)).all():
+        raise WorkbenchError("ALiBi biases that are not slope x key position (left padding?)")
+    return slopes
 
 
 # ---- bridges that hand attention to the Hugging Face module -----------------------------
@@ -691,8 +715,6 @@ def scores_support(model: Model) -> str | None:
         kind, why, _ = _kind(block.attn)
         if kind is None:
             return f"layer {layer}: {why}"
-        if kind == "bloom":
-            return f"layer {layer}: its scores add ALiBi position biases"
     return None
 
 

@@ -70,6 +70,9 @@ class QKFacts(Record):
     scale: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...]
     softcap: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)] | None, ...]
     window: tuple[PositiveInt | None, ...]
+    alibi: tuple[tuple[Annotated[float, Field(allow_inf_nan=False)], ...] | None, ...] | None = None
+    """Each layer's ALiBi slopes, one per head (``None``: the family has no ALiBi; recordings
+    made before ALiBi was stored have none)."""
 
 
 class RecordingIndex(Record):
@@ -111,6 +114,10 @@ class RecordingIndex(Record):
         if self.qk is not None and not (len(self.qk.scale) == len(self.qk.softcap)
                                         == len(self.qk.window) == self.n_layers):
             raise ValueError("'qk' needs a scale, a soft-cap and a window for every layer")
+        if self.qk is not None and self.qk.alibi is not None and (
+                len(self.qk.alibi) != self.n_layers
+                or any(s is not None and len(s) != self.n_heads for s in self.qk.alibi)):
+            raise ValueError("'qk.alibi' needs a slope per head for every layer")
         if self.qk is not None and self.n_heads % self.qk.kv_heads:
             raise ValueError("'qk.kv_heads' does not divide the heads")
         if self.longest != max(len(p.token_ids) for p in self.prompts):

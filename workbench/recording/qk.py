@@ -2,7 +2,8 @@
 
 A layer's weight of head ``h``, query ``i`` on key ``j`` is ``exp(s_hij - lse_hi)``, where
 ``s_hij = scale * q_hi . k_gj`` (``g = h // (heads / kv_heads)``: grouped-query heads share
-a key head), soft-capped as ``cap * tanh(s / cap)`` where the family caps it, and ``lse_hi``
+a key head), plus ``slope_h * j`` where the family adds ALiBi biases (Bloom), soft-capped as
+``cap * tanh(s / cap)`` where the family caps it, and ``lse_hi``
 is the log-sum-exp of row ``i``'s scores over the keys it sees (:class:`Mask`). The
 queries and keys are taken exactly as the attention computes its scores (after q/k norms
 and rotary, :class:`~workbench.models.blocked.ScoreInputs`), so what grows with the prompt
@@ -70,6 +71,8 @@ class QKLayer:
         scale: the factor on ``q . k``.
         softcap: the soft-cap, or ``None``.
         mask: which keys each query sees.
+        slopes: ALiBi's slope per head (``[head_index]``; head ``h``'s score on key ``j``
+            gains ``slopes[h] * j``), or ``None``.
     """
 
     queries: Float[Tensor, "head_index query_pos d_head"]
@@ -78,11 +81,13 @@ class QKLayer:
     scale: float
     softcap: float | None
     mask: Mask
+    slopes: Float[Tensor, " head_index"] | None = None
 
     @classmethod
     def of(cls, queries: Float[Tensor, "head_index query_pos d_head"],
            keys: Float[Tensor, "kv_head key_pos d_head"], *, scale: float,
-           softcap: float | None, mask: Mask) -> QKLayer:
+           softcap: float | None, mask: Mask,
+           slopes: Float[Tensor, " head_index"] | None = None) -> QKLayer:
         """The layer of ``queries`` and ``keys``, with each row's log-sum-exp computed from
         them (float32), one block of rows at a time.
 
@@ -94,7 +99,7 @@ class QKLayer:
             raise WorkbenchError(f"queries {tuple(queries.shape)} and keys "
                                  f"{tuple(keys.shape)} do not fit one prompt's layer")
         lse = torch.empty(heads, n, dtype=torch.float32)
-        layer = cls(queries, keys, lse, scale, softcap, mask)
+        layer = cls(queries, keys, lse, scale, softcap, mask, slopes)
         for r0, r1 in layer.blocks(heads):
             lse[:, r0:r1] = torch.logsumexp(layer.scores(slice(None), slice(r0, r1)), -1)
         return layer
@@ -129,6 +134,9 @@ class QKLayer:
         q = self.queries[heads, rows].float()
         k = self.keys[torch.div(heads, groups, rounding_mode="floor"), keys].float()
         s = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        if self.slopes is not None:
+            j = torch.arange(self.length, dtype=torch.float32)[keys]
+            s = s + self.slopes.float()[heads][..., None, None] * j
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         seen = self.mask.visible(rows, keys, self.length)
@@ -143,6 +151,8 @@ class QKLayer:
         q = self.queries[:, rows].float()                          # [head, query, d_head]
         k = self.keys.float()[kv[:, None], keys]                   # [head, query, d_head]
         s = (q * k).sum(-1) * self.scale
+        if self.slopes is not None:
+            s = s + self.slopes.float()[:, None] * keys
         return s if self.softcap is None else torch.tanh(s / self.softcap) * self.softcap
 
     def tile(self, head: int, queries: slice = slice(None), keys: slice = slice(None)

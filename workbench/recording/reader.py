@@ -330,8 +330,10 @@ class Recording:
         q, k, lse = (torch.from_numpy(self._read(zarr_store.array_name(kind, layer),
                                                  (prompt, slice(None), slice(0, n))))
                      for kind in ("q", "k", "lse"))
+        slopes = None if facts.alibi is None else facts.alibi[layer]
         made = QKLayer(q, k, lse, facts.scale[layer], facts.softcap[layer],
-                       Mask(causal=facts.causal, window=facts.window[layer]))
+                       Mask(causal=facts.causal, window=facts.window[layer]),
+                       None if slopes is None else torch.tensor(slopes, dtype=torch.float32))
         if len(self._qk_layers) >= QK_LAYERS_KEPT:  # the oldest goes
             self._qk_layers.pop(next(iter(self._qk_layers)))
         self._qk_layers[(prompt, layer)] = made

@@ -127,7 +127,8 @@ class _Writer:
         self.masks: list[Mask] = []
         self._layer_qk: dict[int, QKLayer] = {}
         self.facts: dict[str, list[Any]] = {"scale": [None] * shape["layers"],
-                                            "softcap": [None] * shape["layers"]}
+                                            "softcap": [None] * shape["layers"],
+                                            "alibi": [None] * shape["layers"]}
 
     def _add(self, kind: str, layer: int, shape: tuple[int, ...], dtype: Any) -> None:
         self.arrays[(kind, layer)] = zarr_store.create(self.group, kind, layer, shape, dtype)
@@ -201,19 +202,21 @@ class _Writer:
         """Write one layer's queries and keys for each prompt of the batch (its own
         tokens), once the layer's :class:`Mask` is checked against the pass's own; each
         row's log-sum-exp follows from the layer's blocks (:meth:`take_lse`)."""
-        scale, cap = self.facts["scale"], self.facts["softcap"]
-        if scale[inputs.layer] is not None and (scale[inputs.layer], cap[inputs.layer]) != (
-                inputs.scale, inputs.softcap):
-            raise WorkbenchError(f"layer {inputs.layer}'s scale or soft-cap changed between "
-                                 "batches; the qk format stores one per layer")
-        scale[inputs.layer], cap[inputs.layer] = inputs.scale, inputs.softcap
+        layer_facts = (inputs.scale, inputs.softcap,
+                       None if inputs.slopes is None else inputs.slopes.tolist())
+        stored = tuple(self.facts[key][inputs.layer] for key in ("scale", "softcap", "alibi"))
+        if stored[0] is not None and stored != layer_facts:
+            raise WorkbenchError(f"layer {inputs.layer}'s scale, soft-cap or ALiBi slopes "
+                                 "changed between batches; the qk format stores one per layer")
+        for key, value in zip(("scale", "softcap", "alibi"), layer_facts, strict=True):
+            self.facts[key][inputs.layer] = value
         mask = self.masks[inputs.layer]
         self._layer_qk = {}
         for row, (index, n) in self._rows():
             _check_mask(inputs, mask, row, n)
             q, k = inputs.queries[row, :, :n].float(), inputs.keys[row, :, :n].float()
             self._layer_qk[row] = QKLayer(q, k, torch.empty(q.shape[:2]), inputs.scale,
-                                          inputs.softcap, mask)
+                                          inputs.softcap, mask, inputs.slopes)
             self._write_tokens("q", inputs.layer, index, q.numpy())
             self._write_tokens("k", inputs.layer, index, k.numpy())
 
@@ -375,7 +378,9 @@ def _qk_facts(model: Model, writer: _Writer) -> dict[str, Any]:
     return QKFacts.from_data({
         "kv_heads": info.n_kv_heads, "d_head": info.d_head, "causal": bool(info.causal),
         "scale": writer.facts["scale"], "softcap": writer.facts["softcap"],
-        "window": [m.window for m in writer.masks]}, what="the qk facts").to_data()
+        "window": [m.window for m in writer.masks],
+        "alibi": writer.facts["alibi"] if any(writer.facts["alibi"]) else None},
+        what="the qk facts").to_data()
 
 
 def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: AttentionPath,
