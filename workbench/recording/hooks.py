@@ -271,7 +271,7 @@ def attention_path(model: Model, attention: AttentionPath) -> Literal["blocked",
                              f"got {attention!r}")
     if attention == "dense":
         return "dense"
-    why = blocked.support(model)
+    why = blocked.support(model)  # "fused" serves only statistics: a pattern reader's is auto
     if why is None:
         return "blocked"
     if attention == "blocked":
@@ -305,7 +305,10 @@ def patterns_fed(model: Model, consume: PatternConsumer, *, attention: Attention
     """
     from workbench.models import blocked
 
+    from workbench.core import attention as run_attention
+
     path = attention_path(model, attention)
+    run_attention.note("blocked" if path == "blocked" else "eager")
     wanted = range(model.info.n_layers) if layers is None else layers
     if path == "blocked":
         with blocked.blocked(model, consume, layers=set(wanted), block=block):
