@@ -30,11 +30,11 @@ from tests.architectures import families
 from workbench.core import attention as notes
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import experiment, run_experiment
-from workbench.store.schema import head_scores, tables
 from workbench.inputs.prompts import Prompt
 from workbench.recording import fused_scan
 from workbench.recording.reductions import PatternContext, reduce_patterns
 from workbench.scores import metrics, patterns
+from workbench.store.schema import head_scores, tables
 
 BOUND = 1e-5
 DECLARING = sorted(name for name, m in metrics.METRICS.items()

@@ -303,9 +303,8 @@ def patterns_fed(model: Model, consume: PatternConsumer, *, attention: Attention
     Yields:
         The path taken.
     """
-    from workbench.models import blocked
-
     from workbench.core import attention as run_attention
+    from workbench.models import blocked
 
     path = attention_path(model, attention)
     run_attention.note("blocked" if path == "blocked" else "eager")

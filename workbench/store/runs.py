@@ -557,7 +557,7 @@ def _peaks() -> dict[str, float | None]:
     must still be written)."""
     try:
         return provenance.peak_memory()
-    except Exception:  # noqa: BLE001 - whatever CUDA raises, the failure is the run's own
+    except Exception:  # whatever CUDA raises: the failure to record is the run's own
         return {}
 
 
