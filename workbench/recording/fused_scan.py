@@ -23,7 +23,6 @@ Examples:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
@@ -108,6 +107,13 @@ def induction_target_keys(ctx: PatternContext) -> Int[Tensor, "batch query_pos"]
     return out[:, ctx.q0:ctx.q1]
 
 
+def target_keys(ctx: PatternContext) -> Int[Tensor, "batch query_pos"]:
+    """:func:`induction_target_keys` of the batch, computed once per context (every layer
+    of a pass reads the same)."""
+    return ctx.shared("induction_target_keys", ctx.input_ids,
+                      lambda _: induction_target_keys(ctx))
+
+
 class FusedScan:
     """The ``fused`` callback of a scan's blocked pass (see the module docstring).
 
@@ -119,16 +125,20 @@ class FusedScan:
         last: the deepest layer read (the pass stops after it).
     """
 
-    def __init__(self, model: Model, readers: Mapping[str, StatisticsPart],
+    def __init__(self, model: Model, readers: Mapping[str, StatisticsPart | None],
                  context: Callable[[], PatternContext],
                  take: Callable[[int, str, Partial], None], last: int) -> None:
-        self.model, self.readers, self.context = model, readers, context
+        self.model, self.readers, self.context = model, dict(readers), context
         self.take, self.last = take, last
         self.fell_back = False
 
+    def path(self, attention: AttentionPath) -> ScanPath:
+        """The path of this scan for ``attention`` (:func:`scan_path`)."""
+        return scan_path(self.model, self.readers, attention)
+
     def __call__(self, inputs: FusedInputs) -> Tensor | None:
         s = inputs.scores
-        ctx = dataclasses.replace(self.context(), layer=s.layer)
+        ctx = self.context()  # the batch's, whole rows (a reader needs no layer)
         variant = self.variant(s)
         device = s.queries.device
         key_mask = None if bool(ctx.query_mask.all()) else ctx.query_mask.to(device)
@@ -139,11 +149,11 @@ class FusedScan:
             self.fell_back = True
             return None
         stats = attention_statistics(s.queries, s.keys, inputs.values, variant,
-                                     key_mask=key_mask,
-                                     targets=induction_target_keys(ctx).to(device),
+                                     key_mask=key_mask, targets=target_keys(ctx).to(device),
                                      received=False)
         for metric, read in self.readers.items():
-            self.take(s.layer, metric, read(stats, ctx))
+            if read is not None:
+                self.take(s.layer, metric, read(stats, ctx))
         if s.layer == self.last:
             hooks.stop_pass()  # nothing after the deepest layer read is needed
         return stats.output

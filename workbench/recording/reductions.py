@@ -30,7 +30,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 import pandas as pd
@@ -44,10 +44,13 @@ from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
-from workbench.models.blocked import FusedAttention, PatternBlock
+from workbench.models.blocked import PatternBlock
 from workbench.models.blocked import PatternConsumer as PatternBlockConsumer
 from workbench.models.fused import Statistics
 from workbench.recording import hooks
+
+if TYPE_CHECKING:  # fused_scan imports this module's types: imported where it runs
+    from workbench.recording.fused_scan import FusedScan
 
 
 @dataclass
@@ -271,9 +274,6 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
     from workbench.recording import fused_scan
 
     whole = not all(isinstance(fn, BlockReduction) for fn in reductions.values())
-    readers = {name: fn.from_statistics if isinstance(fn, BlockReduction) else None
-               for name, fn in reductions.items()}
-    path = fused_scan.scan_path(model, readers, "dense" if whole else attention)
     batches = model.batches(prompts, max_tokens=max_batch_tokens)
     layers = sorted(set(range(model.info.n_layers) if layers is None else layers))
     frames: list[pd.DataFrame] = []
@@ -292,11 +292,12 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         if block.layer == layers[-1] and block.q0 + block.weights.shape[-2] == block.n_keys:
             hooks.stop_pass()  # the deepest layer's last rows: nothing after them is read
 
-    fused = fused_scan.FusedScan(model, {k: v for k, v in readers.items() if v is not None},
-                                 lambda: state["ctx"], take, layers[-1])
-    with torch.inference_mode(), _fed(model, consume, path, layers,
-                                      max(b.input_ids.shape[1] for b in batches) if whole
-                                      else block, fused):
+    scan = fused_scan.FusedScan(model, {name: getattr(fn, "from_statistics", None)
+                                        for name, fn in reductions.items()},
+                                lambda: state["ctx"], take, layers[-1])
+    with torch.inference_mode(), _fed(model, consume, scan, "dense" if whole else attention,
+                                      layers, max(b.input_ids.shape[1] for b in batches)
+                                      if whole else block):
         for batch in progress.track(batches, desc=desc):
             state["ctx"] = PatternContext(
                 input_ids=batch.input_ids if read is None else _batch_ids(batch, read),
@@ -307,23 +308,26 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
                              stop_after=hooks.after(layers[-1], model.info.n_layers))
             scores = {key: part.result().detach().float().cpu() for key, part in parts.items()}
             frames.append(_to_frame(scores, batch.indices))
-    if path == "fused":  # the other paths are noted where patterns_fed takes them
-        attention_notes.note("blocked" if fused.fell_back else "fused")
     return pd.concat(frames, ignore_index=True).sort_values(
         ["prompt", "layer", "head", "metric"], ignore_index=True)
 
 
 @contextlib.contextmanager
-def _fed(model: Model, consume: PatternBlockConsumer, path: str, layers: Sequence[int],
-         block: int | None, fused: FusedAttention) -> Iterator[None]:
-    """The scan's pass: blocks of weights to ``consume`` on the path ``path`` (``fused``:
-    the blocked pass with the kernel's statistics in place of each layer's blocks)."""
+def _fed(model: Model, consume: PatternBlockConsumer, scan: FusedScan,
+         attention: AttentionPath, layers: Sequence[int], block: int | None
+         ) -> Iterator[None]:
+    """The scan's pass: on the fused path (:meth:`FusedScan.path`) the blocked pass with
+    the kernel's statistics in place of each layer's blocks, else blocks of weights to
+    ``consume``; the path taken is noted for the run (:mod:`workbench.core.attention`)."""
     from workbench.models import blocked
 
+    path = scan.path(attention)
     if path == "fused":
-        with blocked.blocked(model, consume, layers=set(layers), block=block, fused=fused):
+        with blocked.blocked(model, consume, layers=set(layers), block=block, fused=scan):
             yield
+        attention_notes.note("blocked" if scan.fell_back else "fused")
         return
+    # patterns_fed notes its own path
     with hooks.patterns_fed(model, consume, attention="dense" if path == "dense" else "blocked",
                             layers=layers, block=block):
         yield

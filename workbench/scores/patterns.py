@@ -64,7 +64,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from workbench.recording.fused_scan import induction_target_keys
+from workbench.recording.fused_scan import target_keys
 from workbench.recording.reductions import (
     BlockReduction,
     PatternContext,
@@ -287,4 +287,4 @@ _reads(entropy, "entropy", _real)
 _reads(mean_distance, "distance", _real)
 _reads(first_token, "first", _real)
 _reads(previous_token, "previous", lambda ctx: ctx.real_queries & (ctx.queries >= 1))
-_reads(induction, "target", lambda ctx: induction_target_keys(ctx) >= 0)
+_reads(induction, "target", lambda ctx: target_keys(ctx) >= 0)

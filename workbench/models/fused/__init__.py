@@ -50,8 +50,9 @@ blocked path stays the path. The kernel is exercised here only under Triton's in
 (``TRITON_INTERPRET=1``, set before triton is first imported), by
 ``tests/unit/test_fused.py`` against an eager float32 reference and by
 ``tests/unit/test_fused_scan.py`` against the blocked path's head scores; nothing of it has
-been measured on a GPU (``benchmarks/gpu.py`` is ready to). Triton is an optional dependency (the ``fused`` extra,
-pinned to 3.9.0, which ``dev`` pulls in) imported only when a kernel is launched.
+been measured on a GPU (``benchmarks/gpu.py`` is ready to). Triton is an optional
+dependency (the ``fused`` extra, pinned to 3.9.0, which ``dev`` pulls in) imported only
+when a kernel is launched.
 
 Tolerances, checked by ``tests/unit/test_fused.py`` against an eager float32 softmax of
 the whole ``[batch, head, query, key]`` scores at T <= 70, d_head 12 and 16: every
