@@ -275,21 +275,16 @@ def run_experiment(name: str, model: str | Model | None,
         heads_mask: a :class:`~workbench.interventions.HeadMask` applied for the whole run.
         device: torch device to load a model named by ``model`` on (checked by
             :func:`workbench.core.devices.check_device`); a loaded model stays where it is.
-        attention: the path of the run's scans left to ``auto``
-            (:data:`~workbench.core.options.AttentionPath`): ``fused`` reads every head
-            score whose metric declares kernel statistics off the fused kernel (on CUDA,
-            ``auto`` already does; on CPU only under ``TRITON_INTERPRET=1``); a scan or a
-            model it cannot serve keeps the blocked path. ``run.json`` records the path
-            taken (``attention``).
+        attention: the path of the run's head-score scans (``fused`` forces the kernel
+            where it serves a scan: :mod:`workbench.recording.fused_scan`); ``run.json``
+            records the path taken.
 
     Returns:
         The finished run. If the experiment raises, the run is stored as failed (with the
         error) and the exception propagates.
     """
     exp = get(name)
-    if attention not in get_args(AttentionPath):
-        raise WorkbenchError(f"attention must be one of {', '.join(get_args(AttentionPath))}, "
-                             f"got {attention!r}")
+    _check_attention(attention)
     model_name = model if isinstance(model, str) else model.info.name if model else None
     cfg = _built_config(exp, model_name, overrides)
     if exp.needs_model and model is None:
@@ -317,6 +312,12 @@ def run_experiment(name: str, model: str | Model | None,
             active.save_table(table_name, df)
         active.update(summary=result.summary())
     return store.get(active.final)
+
+
+def _check_attention(attention: str) -> None:
+    if attention not in get_args(AttentionPath):
+        raise WorkbenchError(f"attention must be one of {', '.join(get_args(AttentionPath))}, "
+                             f"got {attention!r}")
 
 
 def _built_config(exp: Experiment, model_name: str | None,
