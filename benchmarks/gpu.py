@@ -15,7 +15,10 @@ model it measures:
 
 - ``throughput``: tokens/s of the scan and of the same model's SDPA forward (FlashAttention
   where PyTorch picks it) at 8k, 32k and 128k tokens, one process, the ratio beside them
-  (target: the scan at least 0.8x SDPA at 32k on the 8B shape);
+  (target: the scan at least 0.8x SDPA at 32k on the 8B shape). For the Gemma shape's
+  sliding layers transformers builds SDPA a boolean ``[T, T]`` mask (16 GiB at 128k),
+  and SDPA with a mask does not take its FlashAttention kernel: that is the baseline a
+  user of transformers gets, and the scan builds no mask;
 - ``memory``: the scan's peak GPU memory (``torch.cuda.max_memory_allocated``) against the
   weights' size (target at 128k: at most the weights plus 10 GiB);
 - ``eager``: the shortest length, doubling from 4k, at which eager attention (the whole

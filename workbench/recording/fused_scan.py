@@ -59,9 +59,10 @@ def scan_path(model: Model, readers: Mapping[str, StatisticsPart | None],
     from workbench.core import attention as run_attention
 
     attention = run_attention.resolved(attention)
-    if attention in ("fused", "auto"):
+    # auto off CUDA is decided without looking at the layers: the CPU path stays as it was
+    if attention == "fused" or (attention == "auto" and _device(model).type == "cuda"):
         why = _fused_refusal(model, readers)
-        if why is None and (attention == "fused" or _device(model).type == "cuda"):
+        if why is None:
             return "fused"
         if attention == "fused":
             log.info("%s: the scan keeps the blocked path: %s", model.info.name, why)
