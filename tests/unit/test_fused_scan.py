@@ -111,6 +111,18 @@ def test_auto_keeps_the_blocked_path_on_cpu(models) -> None:
     assert path == "blocked"
 
 
+def test_auto_takes_the_kernel_on_cuda(models, monkeypatch) -> None:
+    """The device is all ``auto`` reads: reported as CUDA, the scan takes the kernel (which
+    the interpreter runs on the CPU tensors)."""
+    monkeypatch.setattr(fused_scan, "_device", lambda model: torch.device("cuda"))
+    model = models("llama")
+    frame, path = _scan(model, ["previous_token", "first_token"], "auto")
+    blocked, _ = _scan(model, ["previous_token", "first_token"], "blocked")
+    assert path == "fused" and float((frame.score - blocked.score).abs().max()) <= BOUND
+    _, path = _scan(model, ["previous_token", "normalized_entropy"], "auto")
+    assert path == "blocked"
+
+
 def test_dense_is_recorded_as_eager(models) -> None:
     _, path = _scan(models("llama"), ["previous_token"], "dense")
     assert path == "eager"
