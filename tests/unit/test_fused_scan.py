@@ -106,6 +106,21 @@ def test_a_family_the_kernel_lacks_keeps_the_blocked_path(models) -> None:
     assert path == "blocked" and frame.score.notna().all()
 
 
+def test_a_layer_whose_mask_is_not_the_kernels_keeps_its_blocks(models, monkeypatch,
+                                                                 caplog) -> None:
+    """A variant that disagrees with the model's own mask (here a window the model does
+    not have) is caught on the checked rows: that layer's scores come from its blocks."""
+    from workbench.models.fused import Variant
+
+    model = models("llama")
+    blocked, _ = _scan(model, DECLARING, "blocked")
+    monkeypatch.setattr(fused_scan.FusedScan, "variant",
+                        lambda self, s: Variant(window=4, scale=s.scale))
+    fused, path = _scan(model, DECLARING, "fused")
+    assert path == "blocked" and "keeps the blocked path: the model's mask" in caplog.text
+    assert float((blocked.score - fused.score).abs().max()) <= BOUND
+
+
 def test_auto_keeps_the_blocked_path_on_cpu(models) -> None:
     _, path = _scan(models("llama"), ["previous_token"], "auto")
     assert path == "blocked"
