@@ -258,7 +258,9 @@ def attention_kwargs(bridge: Any, layer: int, input_ids: Any, *,
 
 
 def attention_path(model: Model, attention: AttentionPath) -> Literal["blocked", "dense"]:
-    """The path a pass takes for ``attention`` (see :data:`AttentionPath`) on ``model``.
+    """The path a pass that reads patterns takes for ``attention`` (see
+    :data:`AttentionPath`) on ``model``. ``fused`` serves only scans of kernel statistics
+    (:mod:`workbench.recording.fused_scan`): for a pattern reader it means ``auto``.
 
     Raises:
         WorkbenchError: ``attention`` is not one of :data:`AttentionPath`.
@@ -271,7 +273,7 @@ def attention_path(model: Model, attention: AttentionPath) -> Literal["blocked",
                              f"got {attention!r}")
     if attention == "dense":
         return "dense"
-    why = blocked.support(model)  # "fused" serves only statistics: a pattern reader's is auto
+    why = blocked.support(model)
     if why is None:
         return "blocked"
     if attention == "blocked":
