@@ -240,8 +240,8 @@ def test_show_prints_the_path_and_the_peaks(llama, runs_dir, capsys) -> None:
 @pytest.mark.parametrize("patterns", ["topk", "qk"])
 def test_a_recording_keeps_the_blocked_path_and_says_so(llama_folder, runs_dir, capsys,
                                                         patterns) -> None:
-    code, lines, err = tiny.cli(capsys, "record", str(llama_folder), "--text", "one two one two",
-                                "--patterns", patterns, "--out", str(runs_dir))
+    code, _, err = tiny.cli(capsys, "record", str(llama_folder), "--text", "one two one two",
+                            "--patterns", patterns, "--out", str(runs_dir))
     assert code == 0, err
     (run_json,) = runs_dir.glob("*/run.json")
     assert json.loads(run_json.read_text())["attention"] == "blocked"
