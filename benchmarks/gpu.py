@@ -29,7 +29,11 @@ model it measures:
   ``max(1, |reference|)``).
 
 It prints a markdown table (``--json`` too). One command of at most 8 minutes on one
-H100/H200; ``--smoke`` runs every part on the CPU at tiny shapes under Triton's interpreter
+H100/H200: the throughput runs share a budget (``--budget``, default 360 s), and a length
+whose time, predicted from the last one measured, would end past it is skipped and shown
+as skipped; a forward that runs out of memory is shown as such. The kernel computes its
+dot products in float32 (``input_precision="ieee"``, for exactness), not on bfloat16
+tensor cores, so its speed at long contexts is what this measures first. ``--smoke`` runs every part on the CPU at tiny shapes under Triton's interpreter
 (``TRITON_INTERPRET=1``, set by this script before triton is imported), so that
 ``tests/unit/test_benchmarks.py`` checks that it runs; its timings mean nothing.
 
@@ -64,6 +68,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = (8192, 32768, 131072)
 EAGER_FROM, EAGER_TO = 4096, 131072
 EXACT_TOKENS, EXACT_BOUND = 2048, 1e-5
+BUDGET_S = 360.0
+"""Seconds the throughput runs of every model may take, so that the whole command (model
+builds, eager's search and the exactness checks besides) ends within 8 minutes."""
 FUSED = "workbench_fused_scan"
 STATS = ("first", "previous", "entropy", "distance")
 
@@ -229,17 +236,53 @@ def timed_forward(model: Any, ids: Any, device: str) -> tuple[float, float | Non
 
 
 def throughput(model: Any, length: int, device: str, seed: int = 0) -> dict[str, Any]:
-    """The scan and the SDPA forward at ``length`` tokens: tokens/s, their ratio, the
-    scan's peak GPU memory."""
+    """The scan and the SDPA forward at ``length`` tokens: tokens/s, their ratio, their
+    peak GPU memory (``None`` for a forward that ran out of memory)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (1, length), generator=gen).to(device)
-    sdpa_s, sdpa_peak = timed_forward(model, ids, device)
-    with implementation(model, FUSED):
-        scan_s, scan_peak = timed_forward(model, ids, device)
-    return {"tokens": length, "sdpa_tok_s": length / sdpa_s, "scan_tok_s": length / scan_s,
-            "ratio": sdpa_s / scan_s, "scan_peak": scan_peak, "sdpa_peak": sdpa_peak}
+    sdpa_s, sdpa_peak = _unless_out_of_memory(model, ids, device, "sdpa")
+    scan_s, scan_peak = _unless_out_of_memory(model, ids, device, FUSED)
+    return {"tokens": length, "sdpa_s": sdpa_s, "scan_s": scan_s,
+            "sdpa_tok_s": length / sdpa_s if sdpa_s else None,
+            "scan_tok_s": length / scan_s if scan_s else None,
+            "ratio": sdpa_s / scan_s if sdpa_s and scan_s else None,
+            "scan_peak": scan_peak, "sdpa_peak": sdpa_peak}
+
+
+def _unless_out_of_memory(model: Any, ids: Any, device: str, name: str
+                          ) -> tuple[float | None, float | None]:
+    import torch
+
+    try:
+        with implementation(model, name):
+            return timed_forward(model, ids, device)
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        return None, None
+
+
+def within_budget(model: Any, lengths: list[int], device: str, deadline: float) -> list[dict]:
+    """:func:`throughput` at each length, shortest first, skipping a length whose time,
+    predicted from the last one measured (attention grows as the square of the length),
+    would end past ``deadline`` (``time.monotonic()``)."""
+    rows: list[dict] = []
+    last: dict | None = None
+    for n in sorted(lengths):
+        if last is not None:
+            took = (last["sdpa_s"] or 0.0) + (last["scan_s"] or 0.0)
+            predicted = took * (n / last["tokens"]) ** 2
+            if time.monotonic() + predicted > deadline:
+                rows.append({"tokens": n, "skipped": f"predicted {predicted:.0f} s, past the "
+                                                     "time budget"})
+                continue
+        last = throughput(model, n, device)
+        rows.append(last)
+    return rows
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -323,7 +366,7 @@ def measure_model(name: str, fused: types.ModuleType, args: argparse.Namespace) 
     model = build(config(name, smoke=args.smoke), args.device, dtype)
     register(Scan(fused))
     throughput(model, min(args.lengths), args.device)  # warm-up: kernels compile
-    rows = [throughput(model, n, args.device) for n in args.lengths]
+    rows = within_budget(model, args.lengths, args.device, args.deadline)
     limit = eager_limit(model, args.device, args.eager_from, args.eager_to)
     out = {"model": name, "weights": weight_bytes(model), "rows": rows, "eager_oom": limit,
            "eager_to": args.eager_to}
@@ -348,12 +391,23 @@ def markdown(results: list[dict], header: str) -> str:
         eager = (f"{res['eager_oom']:,}" if res["eager_oom"] is not None
                  else f"none to {res['eager_to']:,}")
         for row in res["rows"]:
+            if "skipped" in row:
+                lines.append(f"| {res['model']} | {row['tokens']:,} | skipped: "
+                             f"{row['skipped']} | | | | {gib(res['weights'])} | | {eager} | "
+                             f"{res['exact']:.1e} |")
+                continue
             over = None if row["scan_peak"] is None else row["scan_peak"] - res["weights"]
             lines.append(
-                f"| {res['model']} | {row['tokens']:,} | {row['sdpa_tok_s']:,.0f} | "
-                f"{row['scan_tok_s']:,.0f} | {row['ratio']:.2f} | {gib(row['scan_peak'])} | "
-                f"{gib(res['weights'])} | {gib(over)} | {eager} | {res['exact']:.1e} |")
+                f"| {res['model']} | {row['tokens']:,} | {_rate(row['sdpa_tok_s'])} | "
+                f"{_rate(row['scan_tok_s'])} | "
+                f"{'-' if row['ratio'] is None else format(row['ratio'], '.2f')} | "
+                f"{gib(row['scan_peak'])} | {gib(res['weights'])} | {gib(over)} | {eager} | "
+                f"{res['exact']:.1e} |")
     return "\n".join(lines)
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "out of memory" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
 
 
 def environment(device: str) -> str:
@@ -378,12 +432,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny shapes, Triton's interpreter (a check that it runs)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    p.add_argument("--budget", type=float, default=BUDGET_S,
+                   help=f"seconds the throughput runs may take in all (default {BUDGET_S:g}): "
+                   "a length predicted to end past it is skipped, and the table says so")
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(args.models) - set(SHAPES))
     if unknown:
         p.error(f"unknown model shape {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     args.lengths = [int(n) for n in args.lengths.split(",") if n]
+    args.deadline = time.monotonic() + args.budget
     args.eager_from, args.eager_to, args.exact_tokens = EAGER_FROM, EAGER_TO, EXACT_TOKENS
     if args.smoke:
         args.device, args.lengths = "cpu", [32, 48]
