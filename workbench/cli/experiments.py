@@ -21,7 +21,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     device = chosen_device(args.device)
     run = run_experiment(args.experiment, args.model, args.set or [], runs_dir=args.out,
                          dtype=args.dtype, reuse=args.reuse, heads_mask=_heads_mask(args),
-                         device=device)
+                         device=device, attention=args.attention)
     for line in run.meta.summary:  # a reused run's, as stored
         _out(_cell(line))
     _out(_cell(run.path))

@@ -32,7 +32,7 @@ from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
 from workbench.core.devices import DEVICE_ENV, DEVICE_FORMS, parse_device
 from workbench.core.errors import ConfigError, WorkbenchError
-from workbench.core.options import PatternStorage, Status, StoreDtype
+from workbench.core.options import AttentionPath, PatternStorage, Status, StoreDtype
 from workbench.core.values import Range, check_declaration, shown
 from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
 from workbench.harness.sweeps.cluster import (
@@ -256,6 +256,11 @@ def _add_experiment_commands(sub: Subparsers) -> None:
                    help="override a config field (repeatable); see `workbench experiments`")
     p.add_argument("--reuse", action="store_true",
                    help="return a matching complete run instead of running again")
+    p.add_argument("--attention", default="auto", choices=get_args(AttentionPath),
+                   help="the path of the run's head-score scans (default auto: the fused "
+                   "kernel on CUDA where every metric reads its statistics, else blocked); "
+                   "fused forces the kernel where it serves the scan; run.json records the "
+                   "path taken")
     _mask_option(p)
     _dtype_option(p)
     _device_option(p)

@@ -99,6 +99,15 @@ def _inert_lines(text: str) -> str:
     return "\n".join(printable(line) for line in text.rstrip("\r\n").split("\n"))
 
 
+def _gpu_note() -> str:
+    """``peak GPU 12.3 GiB`` (``torch.cuda.max_memory_allocated`` of the run so far) where
+    this process uses CUDA, else empty."""
+    from workbench.store.provenance import peak_memory
+
+    peak = peak_memory()["peak_gpu_mib"]
+    return "" if peak is None else f"peak GPU {peak / 1024:.1f} GiB"
+
+
 class _TqdmBars:
     """Draws :mod:`workbench.core.progress` bars with tqdm on stderr, one line per open bar,
     nested by depth (``position=``). Only an outermost stages bar stays (``leave=``) to show
@@ -162,6 +171,9 @@ class _TqdmBars:
         # a new step is drawn at once; counts may wait for tqdm's next refresh
         new_step = bar.steps and label != shown.desc
         shown.set_description_str(label, refresh=False)
+        gpu = _gpu_note()
+        if gpu:
+            shown.set_postfix_str(gpu, refresh=False)
         shown.update(n - shown.n)
         if new_step:
             shown.refresh()
@@ -200,6 +212,8 @@ class _PlainBars:
         elapsed = now - self._opened[id(bar)]
         left = progress.time_left(bar, elapsed)
         about = "" if left is None else f", {'' if left < 1 else 'about '}{_duration(left)} left"
+        gpu = _gpu_note()
+        about += f", {gpu}" if gpu else ""
         self.write(f"{'  ' * bar.depth}{label} ({_duration(elapsed)} elapsed{about})")
         self._shown[id(bar)] = now
 

@@ -139,6 +139,13 @@ def _model_line(meta: Any) -> str:
             f"sha256 {_cell(model.checksum[:16]) or '-'})")
 
 
+def _memory_line(meta: Any) -> str:
+    """``peak RSS 1.2 GiB, peak GPU 3.4 GiB`` from what the run recorded (empty: nothing)."""
+    parts = [f"peak {what} {mib / 1024:.1f} GiB" for what, mib in
+             (("RSS", meta.peak_rss_mib), ("GPU", meta.peak_gpu_mib)) if mib is not None]
+    return ", ".join(parts)
+
+
 def cmd_show(args: argparse.Namespace) -> None:
     import json
 
@@ -163,6 +170,11 @@ def cmd_show(args: argparse.Namespace) -> None:
         _out(f"wall time  {duration_text(run.seconds)}  ({meta.load_note})")
     if meta.error:
         _out(f"error      {_cell(meta.error)}")
+    if meta.attention is not None:
+        _out(f"attention  {meta.attention}")
+    memory = _memory_line(meta)
+    if memory:
+        _out(f"memory     {memory}")
     commit, dirty = (meta.git.commit, meta.git.dirty) if meta.git else (None, False)
     _out(f"code       workbench {_cell(meta.workbench_version)}, git "
          f"{_cell((commit or '-')[:12])}{' (dirty)' if dirty else ''}")

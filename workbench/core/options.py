@@ -20,11 +20,18 @@ plus exact first-token, diagonal, previous-token and left-out weights, each laye
 queries, keys and row log-sum-exps (every weight exactly, on demand), or not at all;
 ``auto`` is dense up to 1,024 tokens and topk above."""
 
-AttentionPath = Literal["auto", "blocked", "dense"]
+AttentionPath = Literal["auto", "blocked", "dense", "fused"]
 """How a pass hands attention patterns to what reads them: ``blocked`` (the model's
 attention computed one block of query rows at a time, :mod:`workbench.models.blocked`; no
 ``[head, T, T]`` pattern exists), ``dense`` (the bridge's whole pattern at ``hook_pattern``,
-cut into blocks), or ``auto`` (blocked where the model's family has it, else dense)."""
+cut into blocks), ``fused`` (a scan whose metrics all read the fused kernel's statistics,
+:mod:`workbench.models.fused`, takes them from the kernel, no weight ever in memory; any
+other reader, or a model the kernel cannot serve, keeps ``auto``'s path), or ``auto``
+(fused for such a scan on CUDA, else blocked where the model's family has it, else dense)."""
+
+TakenPath = Literal["fused", "blocked", "eager"]
+"""The path a run's attention took, as ``run.json`` records it: the fused kernel, the
+blocked torch pass, or the bridge's eager attention (the ``dense`` path)."""
 
 Status = Literal["running", "complete", "failed", "interrupted", "damaged"]
 """How a run ended: ``running`` while it is written, ``interrupted`` when its process died,

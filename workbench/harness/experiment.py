@@ -24,13 +24,14 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import pandas as pd
 
+from workbench.core import attention as run_attention
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
-from workbench.core.options import Dtype
+from workbench.core.options import AttentionPath, Dtype
 from workbench.core.registry import Registry
 from workbench.harness.config import (
     EXTRA_EXPERIMENTS,
@@ -255,7 +256,7 @@ def run_experiment(name: str, model: str | Model | None,
                    overrides: Iterable[str] | Mapping[str, Any] = (), *,
                    runs_dir: str | Path | None = None, dtype: Dtype = "float32",
                    reuse: bool = False, heads_mask: HeadMask | None = None,
-                   device: str = "cpu") -> Run:
+                   device: str = "cpu", attention: AttentionPath = "auto") -> Run:
     """Run a registered experiment and store it as a run.
 
     The config is checked before the model loads, so a bad override fails at once.
@@ -274,12 +275,16 @@ def run_experiment(name: str, model: str | Model | None,
         heads_mask: a :class:`~workbench.interventions.HeadMask` applied for the whole run.
         device: torch device to load a model named by ``model`` on (checked by
             :func:`workbench.core.devices.check_device`); a loaded model stays where it is.
+        attention: the path of the run's head-score scans (``fused`` forces the kernel
+            where it serves a scan: :mod:`workbench.recording.fused_scan`); ``run.json``
+            records the path taken.
 
     Returns:
         The finished run. If the experiment raises, the run is stored as failed (with the
         error) and the exception propagates.
     """
     exp = get(name)
+    _check_attention(attention)
     model_name = model if isinstance(model, str) else model.info.name if model else None
     cfg = _built_config(exp, model_name, overrides)
     if exp.needs_model and model is None:
@@ -298,7 +303,8 @@ def run_experiment(name: str, model: str | Model | None,
     planned = exp.plan(loaded, cfg) if exp.plan is not None else None  # refusals: no run
     with store.start(name, info, cfg, tables=exp.tables,
                      extra={"interventions": interventions}) as active:
-        with applied(loaded, heads_mask) if loaded is not None else nullcontext():
+        with applied(loaded, heads_mask) if loaded is not None else nullcontext(), \
+                run_attention.preferring(attention):
             result = exp.run(loaded, cfg, Context(workdir=active.dir, store=store,
                                                   planned=planned))
         for table_name, df in result.tables().items():
@@ -306,6 +312,12 @@ def run_experiment(name: str, model: str | Model | None,
             active.save_table(table_name, df)
         active.update(summary=result.summary())
     return store.get(active.final)
+
+
+def _check_attention(attention: str) -> None:
+    if attention not in get_args(AttentionPath):
+        raise WorkbenchError(f"attention must be one of {', '.join(get_args(AttentionPath))}, "
+                             f"got {attention!r}")
 
 
 def _built_config(exp: Experiment, model_name: str | None,

@@ -148,6 +148,27 @@ ScoreConsumer = Callable[[ScoreInputs], None]
 """Called with each layer's :class:`ScoreInputs`, before its blocks."""
 
 
+@dataclass(frozen=True)
+class FusedInputs:
+    """What one layer's fused attention is computed from (:mod:`workbench.models.fused`):
+    the :class:`ScoreInputs` and the values, keys and values not repeated over grouped
+    heads.
+
+    Attributes:
+        scores: the layer's queries, keys, scale, soft-cap and mask.
+        values: ``[batch, kv_head, key_pos, d_head]``.
+    """
+
+    scores: ScoreInputs
+    values: Float[Tensor, "batch kv_head key_pos d_head"]
+
+
+FusedAttention = Callable[[FusedInputs], Tensor | None]
+"""Computes one layer's attention output ``[batch, head_index, query_pos, d_head]`` (and
+whatever statistics it keeps) in place of its blocks, or returns ``None`` to keep the
+blocked path for that layer."""
+
+
 def rows_per_block(batch: int, heads: int, n_keys: int, block_bytes: int = BLOCK_BYTES) -> int:
     """The query rows of a block: the most whose float32 ``[batch, head, rows, key]``
     scores fit in ``block_bytes``, rounded down to a power of two (at least 1)."""
@@ -295,6 +316,7 @@ class _Layer:
     block: int | None
     block_bytes: int
     scores: ScoreConsumer | None = None
+    fused: FusedAttention | None = None
 
     def hand_scores(self, rows: _Rows, q: Tensor, k: Tensor, scale: float,
                     softcap: float | None, slopes: Tensor | None = None) -> None:
@@ -303,6 +325,17 @@ class _Layer:
             self.scores(ScoreInputs(self.layer, q, k, float(scale),
                                     None if softcap is None else float(softcap),
                                     rows.visible, rows.offset, slopes))
+
+    def fuse(self, rows: _Rows, q: Tensor, k: Tensor, v: Tensor, scale: float,
+             softcap: float | None) -> Tensor | None:
+        """The layer's ``[batch, head, query, d_head]`` output from its fused attention, or
+        ``None`` where it has none (or it keeps the blocked path)."""
+        if self.fused is None:
+            return None
+        inputs = ScoreInputs(self.layer, q, k, float(scale),
+                             None if softcap is None else float(softcap), rows.visible,
+                             rows.offset)
+        return self.fused(FusedInputs(inputs, v))
 
     def run(self, rows: _Rows, batch: int, heads: int, out_axis: int,
             block_fn: BlockFn) -> Tensor:
@@ -446,6 +479,10 @@ def _rotary_forward(attn: Any, plan: _Layer, *args: Any, **kwargs: Any) -> tuple
     softcap = getattr(hf, "attn_logit_softcapping", None)
     rows = _Rows(mask, q.shape[-2], k.shape[-2], attn.is_causal and not attn.is_cross_attention)
     plan.hand_scores(rows, q, k, scaling, softcap)
+    z = None if attn.training else plan.fuse(rows, q, k, v, scaling, softcap)
+    if z is not None:
+        z = z.transpose(1, 2).contiguous().reshape(*input_shape, -1)
+        return _rotary_output(attn, z, tuple(input_shape), hf.head_dim), None
     groups = getattr(hf, "num_key_value_groups", 1)
     if groups > 1:
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
@@ -484,6 +521,10 @@ def _joint_reconstruct(attn: Any, plan: _Layer, rotary: bool, q: Tensor, k: Tens
     rows = _Rows(kwargs.get("attention_mask"), n_q, k.shape[-2],
                  attn.is_causal and not attn.is_cross_attention)
     plan.hand_scores(rows, q, k, scale, None)
+    z = None if attn.training else plan.fuse(rows, q, k, v, scale, None)
+    if z is not None:
+        return _joint_output(attn, attn._reshape_attn_output(z, batch, n_q, n_heads, head_dim),
+                             batch, n_q, n_heads, head_dim), None
     if n_kv != n_heads:
         k, v = (x.repeat_interleave(n_heads // n_kv, dim=1) for x in (k, v))
     upcast = not rotary and getattr(attn, "_reorder_and_upcast_attn", False)
@@ -718,6 +759,31 @@ def scores_support(model: Model) -> str | None:
     return None
 
 
+FUSED_KINDS = ("rotary", "joint", "joint_rotary")
+"""The blocked bridges whose attention the fused kernel computes as it is (scale, soft-cap,
+grouped-query heads, a causal, sliding or padded mask): not BLOOM's ALiBi, GPT-Neo's
+unscaled float32 step, nor a Hugging Face module's own attention function."""
+
+
+def fused_support(model: Model) -> str | None:
+    """Why the fused kernel (:mod:`workbench.models.fused`) cannot compute ``model``'s
+    attention, or ``None`` when it can, every layer (its device and dtype included)."""
+    from workbench.models import fused
+
+    why = support(model)
+    if why is not None:
+        return why
+    param = next(model.bridge.parameters())
+    for layer, block in enumerate(model.bridge.blocks):
+        kind, _, _ = _kind(block.attn)
+        if kind not in FUSED_KINDS:
+            return f"layer {layer}: the kernel does not compute {kind} attention"
+        why = fused.support(param.device, param.dtype, model.info.d_head)
+        if why is not None:
+            return f"layer {layer}: {why}"
+    return None
+
+
 def _install(kind: str, attn: Any, module: Any, plan: _Layer) -> Callable[[], object]:
     """Swap one layer's attention for its blocked form; returns what undoes it."""
     if kind == "interface":
@@ -752,7 +818,8 @@ def _lock_of(module: Any) -> threading.RLock:
 @contextlib.contextmanager
 def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int | None = None,
             block_bytes: int = BLOCK_BYTES, layers: Collection[int] | None = None,
-            scores: ScoreConsumer | None = None) -> Iterator[None]:
+            scores: ScoreConsumer | None = None,
+            fused: FusedAttention | None = None) -> Iterator[None]:
     """Run every forward pass of ``model`` inside the block with blocked attention.
 
     Args:
@@ -765,6 +832,9 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
             are blocked too, and hand nothing over.
         scores: called with the :class:`ScoreInputs` of each layer in ``layers``, before
             its blocks (a family whose scores they cannot describe: :func:`scores_support`).
+        fused: called in place of the blocks of each layer in ``layers`` whose bridge is
+            one of :data:`FUSED_KINDS` (outside training): the layer's output, or ``None``
+            to keep its blocks (:func:`fused_support` says whether the kernel serves the model).
 
     The block holds the model's lock: another thread's :func:`blocked` on the same weights
     waits until it ends (a plain pass of the model in another thread meanwhile would run
@@ -792,7 +862,8 @@ def blocked(model: Model, consume: PatternConsumer | None = None, *, block: int 
                 kind, _, module = _kind(stack.attn)
                 wanted = layers is None or layer in layers
                 plan = _Layer(layer, consume if wanted else None, block, block_bytes,
-                              scores if wanted else None)
+                              scores if wanted else None,
+                              fused if wanted and kind in FUSED_KINDS else None)
                 undo.append(_install(str(kind), stack.attn, module, plan))
             config._attn_implementation = IMPLEMENTATION
             yield

@@ -258,7 +258,9 @@ def attention_kwargs(bridge: Any, layer: int, input_ids: Any, *,
 
 
 def attention_path(model: Model, attention: AttentionPath) -> Literal["blocked", "dense"]:
-    """The path a pass takes for ``attention`` (see :data:`AttentionPath`) on ``model``.
+    """The path a pass that reads patterns takes for ``attention`` (see
+    :data:`AttentionPath`) on ``model``. ``fused`` serves only scans of kernel statistics
+    (:mod:`workbench.recording.fused_scan`): for a pattern reader it means ``auto``.
 
     Raises:
         WorkbenchError: ``attention`` is not one of :data:`AttentionPath`.
@@ -303,9 +305,11 @@ def patterns_fed(model: Model, consume: PatternConsumer, *, attention: Attention
     Yields:
         The path taken.
     """
+    from workbench.core import attention as run_attention
     from workbench.models import blocked
 
     path = attention_path(model, attention)
+    run_attention.note("blocked" if path == "blocked" else "eager")
     wanted = range(model.info.n_layers) if layers is None else layers
     if path == "blocked":
         with blocked.blocked(model, consume, layers=set(wanted), block=block):

@@ -25,11 +25,12 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 import pandas as pd
@@ -37,13 +38,19 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from workbench.core import attention as attention_notes
 from workbench.core import progress
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.models.base import Model
 from workbench.models.blocked import PatternBlock
+from workbench.models.blocked import PatternConsumer as PatternBlockConsumer
+from workbench.models.fused import Statistics
 from workbench.recording import hooks
+
+if TYPE_CHECKING:  # fused_scan imports this module's types: imported where it runs
+    from workbench.recording.fused_scan import FusedScan
 
 
 @dataclass
@@ -120,7 +127,7 @@ class QueryMean:
     def of(cls, values: Float[Tensor, "batch head_index query_pos"],
            counted: Bool[Tensor, "batch query_pos"]) -> QueryMean:
         """The share of ``values`` at the ``counted`` rows (float32 sums)."""
-        weight = counted[:, None, :].to(torch.float32)
+        weight = counted[:, None, :].to(device=values.device, dtype=torch.float32)
         return cls((values.float() * weight).sum(-1), weight.sum(-1))
 
     def __add__(self, other: QueryMean) -> QueryMean:
@@ -174,6 +181,11 @@ class _Whole:
         return self.value
 
 
+StatisticsPart = Callable[[Statistics, PatternContext], Partial]
+"""A layer's :class:`Partial` from its fused :class:`~workbench.models.fused.Statistics`
+and the context of its whole rows."""
+
+
 class BlockReduction:
     """A pattern reduction computed block by block.
 
@@ -187,6 +199,14 @@ class BlockReduction:
         self.part = part
         self.__name__ = name
         self.__doc__ = doc
+        self.from_statistics: StatisticsPart | None = None
+        """The layer's score from the fused kernel's statistics (the whole layer's rows at
+        once), where the metric is a function of them; ``None``: it needs the pattern."""
+
+    def reads(self, part: StatisticsPart) -> BlockReduction:
+        """Declare how the score is read off the fused kernel's statistics (returns self)."""
+        self.from_statistics = part
+        return self
 
     def __call__(self, pattern: Float[Tensor, "batch head_index query_pos key_pos"],
                  ctx: PatternContext) -> Float[Tensor, "batch head_index"]:
@@ -238,7 +258,9 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         layers: only these layers (the pass stops once the deepest one's pattern is
             read: before that layer's MLP); default all.
         attention: how patterns are computed (:data:`~workbench.core.options.AttentionPath`;
-            a plain function among ``reductions`` needs whole patterns: ``dense``).
+            a plain function among ``reductions`` needs whole patterns: ``dense``; ``fused``
+            and, on CUDA, ``auto`` read every score off the fused kernel's statistics where
+            each reduction declares how: :mod:`workbench.recording.fused_scan`).
         block: query rows per block (default: from the blocked path's memory budget).
         reference: the prompts whose token ids the reductions read, one per prompt and as
             long as it (default: the prompts themselves). A structured null input
@@ -249,6 +271,8 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
         Long format, one row per (prompt, layer, head, metric): ``prompt, layer, head,
         metric, score``. ``workbench.scores.stats.summarize`` turns it into means with intervals.
     """
+    from workbench.recording import fused_scan
+
     whole = not all(isinstance(fn, BlockReduction) for fn in reductions.values())
     batches = model.batches(prompts, max_tokens=max_batch_tokens)
     layers = sorted(set(range(model.info.n_layers) if layers is None else layers))
@@ -257,18 +281,23 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
     parts: dict[tuple[int, str], Partial] = {}
     read = None if reference is None else _reference_ids(model, prompts, reference)
 
+    def take(layer: int, metric: str, part: Partial) -> None:
+        key = (layer, metric)
+        parts[key] = part if key not in parts else parts[key] + part
+
     def consume(block: PatternBlock) -> None:
         ctx = state["ctx"].block(block)
         for metric, fn in reductions.items():
-            part = _part(fn, block.weights, ctx)
-            key = (block.layer, metric)
-            parts[key] = part if key not in parts else parts[key] + part
+            take(block.layer, metric, _part(fn, block.weights, ctx))
         if block.layer == layers[-1] and block.q0 + block.weights.shape[-2] == block.n_keys:
             hooks.stop_pass()  # the deepest layer's last rows: nothing after them is read
 
-    with torch.inference_mode(), hooks.patterns_fed(
-            model, consume, attention="dense" if whole else attention, layers=layers,
-            block=max(b.input_ids.shape[1] for b in batches) if whole else block):
+    scan = fused_scan.FusedScan(model, {name: getattr(fn, "from_statistics", None)
+                                        for name, fn in reductions.items()},
+                                lambda: state["ctx"], take, layers[-1])
+    with torch.inference_mode(), _fed(model, consume, scan, "dense" if whole else attention,
+                                      layers, max(b.input_ids.shape[1] for b in batches)
+                                      if whole else block):
         for batch in progress.track(batches, desc=desc):
             state["ctx"] = PatternContext(
                 input_ids=batch.input_ids if read is None else _batch_ids(batch, read),
@@ -277,10 +306,31 @@ def reduce_patterns(model: Model, prompts: Sequence[Prompt],
             parts.clear()
             hooks.run_hooked(model.bridge, batch, [],
                              stop_after=hooks.after(layers[-1], model.info.n_layers))
-            scores = {key: part.result().detach().float() for key, part in parts.items()}
+            scores = {key: part.result().detach().float().cpu() for key, part in parts.items()}
             frames.append(_to_frame(scores, batch.indices))
     return pd.concat(frames, ignore_index=True).sort_values(
         ["prompt", "layer", "head", "metric"], ignore_index=True)
+
+
+@contextlib.contextmanager
+def _fed(model: Model, consume: PatternBlockConsumer, scan: FusedScan,
+         attention: AttentionPath, layers: Sequence[int], block: int | None
+         ) -> Iterator[None]:
+    """The scan's pass: on the fused path (:meth:`FusedScan.path`) the blocked pass with
+    the kernel's statistics in place of each layer's blocks, else blocks of weights to
+    ``consume``; the path taken is noted for the run (:mod:`workbench.core.attention`)."""
+    from workbench.models import blocked
+
+    path = scan.path(attention)
+    if path == "fused":
+        with blocked.blocked(model, consume, layers=set(layers), block=block, fused=scan):
+            yield
+        attention_notes.note("blocked" if scan.fell_back else "fused")
+        return
+    # patterns_fed notes its own path
+    with hooks.patterns_fed(model, consume, attention="dense" if path == "dense" else "blocked",
+                            layers=layers, block=block):
+        yield
 
 
 def _reference_ids(model: Model, prompts: Sequence[Prompt], reference: Sequence[Prompt]

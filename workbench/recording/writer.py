@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import zarr
 
+from workbench.core import attention as run_attention
 from workbench.core import durable, progress
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
@@ -394,6 +395,7 @@ def _fed(model: Model, writer: _Writer, storage: PatternStorage, attention: Atte
             writer.take_lse(block)
             advance(block.q1 - block.q0)
 
+        run_attention.note("blocked")
         return blocked.blocked(model, take, scores=writer.take_scores)
 
     def consume(block: PatternBlock) -> None:

@@ -58,11 +58,19 @@ TransformerLens' ``head_detector``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from workbench.recording.reductions import PatternContext, QueryMean, query_mean
+from workbench.recording.fused_scan import target_keys
+from workbench.recording.reductions import (
+    BlockReduction,
+    PatternContext,
+    QueryMean,
+    query_mean,
+)
 
 PerQuery = tuple[Float[Tensor, "batch head_index query_pos"], Bool[Tensor, "batch query_pos"]]
 """A block's value at each query row, and which rows count towards the mean."""
@@ -260,3 +268,23 @@ def received_by(r: Float[Tensor, "batch head_index key_pos"],
     """The share of attention received by the keys where ``keys`` is true: the sum of
     :func:`received` over them (e.g. over every [SEP], or every punctuation token)."""
     return (r * keys[:, None, :]).sum(-1)
+
+
+# ---- the same scores from the fused kernel's statistics ---------------------------------
+# Each metric that declares statistics (``Metric.statistics`` in workbench.scores.metrics)
+# averages its statistic over the very queries its pattern function counts.
+
+def _reads(reduction: BlockReduction, statistic: str,
+           counted: Callable[[PatternContext], Bool[Tensor, "batch query_pos"]]) -> None:
+    reduction.reads(lambda stats, ctx: QueryMean.of(getattr(stats, statistic), counted(ctx)))
+
+
+def _real(ctx: PatternContext) -> Bool[Tensor, "batch query_pos"]:
+    return ctx.real_queries
+
+
+_reads(entropy, "entropy", _real)
+_reads(mean_distance, "distance", _real)
+_reads(first_token, "first", _real)
+_reads(previous_token, "previous", lambda ctx: ctx.real_queries & (ctx.queries >= 1))
+_reads(induction, "target", lambda ctx: target_keys(ctx) >= 0)

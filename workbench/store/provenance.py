@@ -69,6 +69,38 @@ def load_average() -> list[float] | None:
         return None
 
 
+def _cuda() -> Any:
+    """``torch.cuda`` where this process has already started CUDA, else ``None`` (a run
+    that never touched a GPU does not import torch or start CUDA for this)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    return cuda if cuda is not None and cuda.is_initialized() else None
+
+
+def reset_gpu_peak() -> None:
+    """Start counting the peak GPU memory afresh (for the run that begins)."""
+    cuda = _cuda()
+    if cuda is not None:
+        cuda.reset_peak_memory_stats()
+
+
+def peak_memory() -> dict[str, float | None]:
+    """``peak_rss_mib`` (the process's peak resident memory) and ``peak_gpu_mib``
+    (``torch.cuda.max_memory_allocated`` since :func:`reset_gpu_peak`; ``None`` without
+    CUDA), as ``run.json`` records them."""
+    try:
+        import resource
+
+        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    except (ImportError, OSError):
+        rss = None
+    cuda = _cuda()
+    gpu = cuda.max_memory_allocated() / 2**20 if cuda is not None else None
+    return {"peak_rss_mib": None if rss is None else round(rss, 1),
+            "peak_gpu_mib": None if gpu is None else round(gpu, 1)}
+
+
 def collect() -> dict[str, Any]:
     """Everything above, as stored in ``run.json``."""
     return {"versions": package_versions(), "git": git_revision(), "machine": machine()}

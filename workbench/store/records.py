@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from workbench.core.errors import WorkbenchError
-from workbench.core.options import Ablation, Status
+from workbench.core.options import Ablation, Status, TakenPath
 from workbench.core.records import Count, Hex64, Json, Matching, Record, RelPath
 
 RUN_ID_PATTERN = r"[0-9]{8}-[0-9]{6}-[\w.-]{1,81}-[0-9a-f]{4}"
@@ -272,6 +272,17 @@ class RunMeta(Record):
     written before this field, or a platform without ``os.getloadavg``)."""
     load_at_end: LoadAverage | None = None
     """The machine's load average as the run ended (complete or failed)."""
+    attention: TakenPath | None = None
+    """The path the run's attention took: the fused kernel, the blocked torch pass, or the
+    bridge's eager attention (``None``: no scan noted one, or a run written before this
+    field)."""
+    peak_rss_mib: Annotated[float, Field(ge=0)] | None = None
+    """The process's peak resident memory (MiB) when the run ended: the process's whole
+    life, so a second run in one process reports at least the first's (``None``: not
+    recorded)."""
+    peak_gpu_mib: Annotated[float, Field(ge=0)] | None = None
+    """``torch.cuda.max_memory_allocated`` (MiB) over the run, on the current CUDA device
+    (``None``: CUDA was not used, or not recorded)."""
 
     @model_validator(mode="after")
     def _facts_agree(self) -> RunMeta:

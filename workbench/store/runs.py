@@ -67,11 +67,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from workbench.core import checksums, durable
+from workbench.core import attention, checksums, durable
 from workbench.core.checksums import RACY_NS
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.core.files import read_bounded
-from workbench.core.options import Status
+from workbench.core.options import Status, TakenPath
 from workbench.core.records import RecordError
 from workbench.store import index as store_index
 from workbench.store import provenance, validate
@@ -528,7 +528,37 @@ def _load_tuple() -> tuple[float, float, float] | None:
 
 
 def _describe(error: BaseException) -> str:
+    if _out_of_gpu_memory(error):
+        return _gpu_memory_advice(error)
     return f"{type(error).__name__}: {error}".rstrip(": ")
+
+
+def _out_of_gpu_memory(error: BaseException) -> bool:
+    """``torch.cuda.OutOfMemoryError`` (known by name: the store does not import torch)."""
+    return any(cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch")
+               for cls in type(error).__mro__)
+
+
+def _gpu_memory_advice(error: BaseException) -> str:
+    """The failed run's line for a CUDA out-of-memory error: what was asked for, and what
+    to change."""
+    text = str(error)
+    asked = re.search(r"[Tt]ried to allocate ([0-9.]+ ?[KMGT]?i?B)", text)
+    what = f"asked for {asked.group(1)} more than the GPU had free" if asked else \
+        "asked for more memory than the GPU had free"
+    return (f"CUDA out of memory: the run {what}; run it again with a smaller "
+            f"max_batch_tokens (--set max_batch_tokens=N; the run's config holds the one "
+            f"it used), fewer layers, or in bfloat16 ({type(error).__name__}: "
+            f"{text.strip()[:2000]})")
+
+
+def _peaks() -> dict[str, float | None]:
+    """:func:`provenance.peak_memory`, or nothing where it fails (a failing run's record
+    must still be written)."""
+    try:
+        return provenance.peak_memory()
+    except Exception:  # whatever CUDA raises: the failure to record is the run's own
+        return {}
 
 
 class ActiveRun:
@@ -596,7 +626,8 @@ class ActiveRun:
         or a complete run whose every byte is on disk."""
         self.meta = self.meta.replace(status="complete", ended_at=_now(),
                                       load_at_end=provenance.load_average(),
-                                      recordings=_recording_indexes(self._at))
+                                      recordings=_recording_indexes(self._at),
+                                      **provenance.peak_memory())
         self._write()
         durable.remove_quietly(self._at / RESERVE)
         durable.fsync_tree(self._at)
@@ -610,7 +641,7 @@ class ActiveRun:
         """
         self.meta = self.meta.model_copy(update=dict(
             status="failed", ended_at=_now(), load_at_end=_load_tuple(),
-            error=_describe(error)[:100_000],
+            error=_describe(error)[:100_000], **_peaks(),
             traceback="".join(traceback.format_exception(error))[-8000:]))
         try:
             self._write()
@@ -760,19 +791,26 @@ class RunStore:
             staging.rmdir()
             raise
         active = ActiveRun(staging, self.root / run_id, meta, tables or {})
+        provenance.reset_gpu_peak()
         try:
             durable.reserve(staging / RESERVE, RESERVE_BYTES)
             active._write()
         except BaseException:  # no room even to start: leave no trace of a run
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        paths_taken: set[TakenPath] = set()
         try:
-            yield active
+            with attention.collecting() as paths_taken:
+                yield active
         except BaseException as exc:  # Ctrl-C and SystemExit too: never leave it "running"
+            active.meta = active.meta.model_copy(update={"attention": attention.taken(
+                paths_taken)})
             active._fail(exc)
             log.error("run %s failed: %s", active.id, active.meta.error)
             raise
         try:
+            active.meta = active.meta.model_copy(update={"attention": attention.taken(
+                paths_taken)})
             active._complete()
         except BaseException as exc:  # the disk filled up or went read-only while finishing
             active._fail(exc)

@@ -43,11 +43,16 @@ other additive biases, learned sink logits, attention dropout, the family-specif
 arithmetic of :mod:`workbench.models.blocked` (GPT-Neo's unscaled float32 step, BLOOM's
 ``baddbmm``).
 
-Where it runs: on CPU the torch blocked path stays the path. The kernel is exercised here
-only under Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is first
-imported), by ``tests/unit/test_fused.py`` against an eager float32 reference; nothing of
-it has been measured on a GPU. Triton is an optional dependency (the ``fused`` extra,
-pinned to 3.9.0, which ``dev`` pulls in) imported only when a kernel is launched.
+Where it runs: a head-score scan whose metrics all read its statistics takes it on CUDA,
+or wherever ``attention="fused"`` forces it (:mod:`workbench.recording.fused_scan`, through
+the ``fused`` callback of :func:`workbench.models.blocked.blocked`); on CPU the torch
+blocked path stays the path. The kernel is exercised here only under Triton's interpreter
+(``TRITON_INTERPRET=1``, set before triton is first imported), by
+``tests/unit/test_fused.py`` against an eager float32 reference and by
+``tests/unit/test_fused_scan.py`` against the blocked path's head scores; nothing of it has
+been measured on a GPU (``benchmarks/gpu.py`` is ready to). Triton is an optional
+dependency (the ``fused`` extra, pinned to 3.9.0, which ``dev`` pulls in) imported only
+when a kernel is launched.
 
 Tolerances, checked by ``tests/unit/test_fused.py`` against an eager float32 softmax of
 the whole ``[batch, head, query, key]`` scores at T <= 70, d_head 12 and 16: every
