@@ -1,4 +1,4 @@
-"""What tells stored runs apart: the config values a run changed from its experiment's
+"""What tells stored runs apart: its interventions and the config values a run changed from its experiment's
 defaults, the sweep it was a cell of, and its wall time with the machine's load.
 
 ``workbench runs``, the Runs page and every page's run dropdown show these, so six cells
@@ -136,9 +136,12 @@ def _value(value: Any) -> str:
 
 
 def varies_text(run: Run) -> str:
-    """:func:`varies` as ``key=value, key=value`` (``-`` for none)."""
+    """What tells a run apart from a default run of its kind: its interventions in a few
+    words (:func:`workbench.store.records.interventions_text`), then :func:`varies` as
+    ``key=value, key=value`` (``-`` for neither)."""
     changed = varies(run)
-    return ", ".join(f"{k}={_value(v)}" for k, v in changed.items()) or "-"
+    parts = [run.interventions_text, *(f"{k}={_value(v)}" for k, v in changed.items())]
+    return ", ".join(part for part in parts if part) or "-"
 
 
 def sweep_name(run: Run) -> str | None:
