@@ -247,7 +247,9 @@ def draw_compare(compare_id: RunId, metric: Name, run_id: RunId):
         return {}, HIDDEN, {}, HIDDEN, note
     zmin, zmax = shared_range([scores, theirs], metric) or (None, None)
     title = f"{metric} · {other.model_name} · {other.experiment} (compared)"
-    compared = style.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax)
+    compared = style.with_interventions(
+        style.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax),
+        other.interventions_text)
     if _grid_shape(scores) != _grid_shape(theirs):
         return compared, {}, {}, HIDDEN, note
     diff = difference_figure(scores, theirs, metric, f"{metric}: this run minus the compared")

@@ -198,7 +198,8 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
         (["--ablate", "class:copying", "--from", source],
          "has no head class 'copying'; its head classes: induction, sink"),
         (["--ablate", "class:sink", "--from", source], "has no head in sink at its FDR 0.05"),
-        (["--ablate", "top:induction:9", "--from", source], "has induction scores for only 7 heads"),
+        (["--ablate", "top:induction:9", "--from", source],
+         "has induction scores for only 7 heads"),
         (["--ablate", "top:induction:2", "--from", "20990101-000000-nothing-0000"],
          "no run '20990101-000000-nothing-0000'"),
         (["--ablate", "top:induction:2", "--from", other], "ran on tiny (3 x 4 heads), not"),
@@ -240,3 +241,18 @@ def test_runs_show_and_the_run_label_show_the_interventions(capsys, runs_dir, ll
     for run in store.runs():  # from the listing index as from run.json
         assert (short in run_label(run)) == (run.id == masked_id)
     assert short in run_html(store.get(masked_id))
+
+
+def test_a_masked_runs_figures_and_summary_say_so(capsys, runs_dir, llama_folder):
+    from workbench.views.catalog import figure
+
+    status, out, _ = tiny.cli(capsys, *OVERVIEW, "--model", str(llama_folder), "--ablate",
+                              "L0H1,L1H3")
+    assert status == 0
+    run = RunStore(runs_dir).get(out[-1])
+    title = figure(run, "head_scores").layout.title.text.replace("<br>", " ")
+    assert title.endswith("2 heads zero-ablated (L0H1, L1H3)")
+    named = [line for line in run.meta.summary if "L0H1" in line or "L1H3" in line]
+    assert named  # head-overview names the most focused and broadest heads
+    for line in named:
+        assert line.count("L0H1") + line.count("L1H3") == line.count("(ablated in this run)")

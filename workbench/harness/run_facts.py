@@ -1,5 +1,6 @@
-"""What tells stored runs apart: its interventions and the config values a run changed from its experiment's
-defaults, the sweep it was a cell of, and its wall time with the machine's load.
+"""What tells stored runs apart: a run's interventions and the config values it changed from
+its experiment's defaults, the sweep it was a cell of, and its wall time with the machine's
+load.
 
 ``workbench runs``, the Runs page and every page's run dropdown show these, so six cells
 of one sweep no longer list as six identical rows.
@@ -8,7 +9,7 @@ Examples:
     >>> from workbench.store.runs import RunStore
     >>> store = RunStore("data/runs")                                # doctest: +SKIP
     >>> [varies_text(run) for run in store.runs()]                   # doctest: +SKIP
-    ['-', 'n_boot=50', 'seed=2, n_prompts=64']
+    ['-', 'n_boot=50', 'seed=2, n_prompts=64', '9 heads mean-ablated (L17H3, L17H4, L18H6, ...)']
 """
 
 from __future__ import annotations
