@@ -83,6 +83,18 @@ def test_model_heads_are_known_before_the_model_loads(llama_folder):
     assert model_heads(str(llama_folder)) == (2, 4)
 
 
+def test_a_cached_hub_models_heads_come_from_its_config(monkeypatch, llama_folder):
+    from workbench.models import reference
+
+    # a hub id in the local cache reads its config.json as a folder's is read
+    monkeypatch.setattr(reference, "parse_model",
+                        lambda text: reference.Hub(str(llama_folder), cached=True))
+    assert model_heads("org/tiny-llama") == (2, 4)
+    monkeypatch.setattr(reference, "parse_model",
+                        lambda text: reference.Hub("org/tiny-llama", cached=False))
+    assert model_heads("org/tiny-llama") is None  # known once it loads
+
+
 # ---- the command line ----------------------------------------------------------------
 
 @pytest.fixture

@@ -114,8 +114,8 @@ def model_heads(model: str) -> tuple[int, int] | None:
             return spec.n_layers, spec.n_heads
         case reference.Folder(path=path):
             return config_heads(path)
-        case reference.Hub(name=name, cached=True):
-            return config_heads(name)
+        case reference.Hub(id=hub_id, cached=True):
+            return config_heads(hub_id)
         case _:
             return None
 
