@@ -191,6 +191,7 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
     other = _stand_in_run(store, {"head_scores": SCORES}, n_layers=3)
     bare = _stand_in_run(store, {})
     HeadMask.ones(2, 4).save(tmp_path / "m.json")
+    HeadMask.ones(3, 4).save(tmp_path / "wrong.json")
     record = ["record", str(llama_folder), *TEXT]
     run = [*OVERVIEW, "--model", str(llama_folder)]
     cases = [
@@ -200,6 +201,8 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
          "expected one of zero, mean, got 'resample'"),
         (["--ablate", "L0H1", "--heads-mask", str(tmp_path / "m.json")],
          "not allowed with argument"),
+        (["--heads-mask", str(tmp_path / "wrong.json")],  # a file is checked as early
+         f"head mask is 3 layers x 4 heads; {llama_folder} has 2 x 4 query heads"),
         (["--ablation", "mean"], "--ablation goes with --ablate HEADS"),
         (["--from", source], "--from goes with --ablate HEADS"),
         (["--ablate", "L0H1", "--from", source], "--from RUN goes with --ablate top:"),

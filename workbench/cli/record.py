@@ -78,9 +78,13 @@ def _heads_mask(args: argparse.Namespace) -> Any:
                              from_run=args.from_run, runs_dir=args.out)
     if not getattr(args, "heads_mask", None):
         return None
+    from workbench.harness.ablate import model_heads
     from workbench.interventions.masks import HeadMask
 
-    return HeadMask.load(args.heads_mask)
+    mask = HeadMask.load(args.heads_mask)
+    if args.model is not None and (shape := model_heads(args.model)) is not None:
+        mask.check_shape(shape, args.model)  # and again once it loads, where not known here
+    return mask
 
 
 def cmd_record(args: argparse.Namespace) -> None:
