@@ -194,8 +194,9 @@ def draw_run(run_id: RunId, metric: Name, top_k: TopK, compare_id: RunId,
     top = scores[scores.metric == metric].nlargest(top_k or 10, "score")
     rows = top.reindex(columns=shown).round(4).to_dict("records")
     tips = {c: declared.column(c).meaning for c in shown}
-    heatmap = head_scores_figure(scores, metric, run.model_name, run.experiment,
-                                 metrics.get(metric).meaning, zrange)
+    heatmap = style.with_interventions(
+        head_scores_figure(scores, metric, run.model_name, run.experiment,
+                           metrics.get(metric).meaning, zrange), run.interventions_text)
     note = head_classes.mark(heatmap, run, head_class, fdr)
     return heatmap, rows, [{"name": c, "id": c} for c in shown], tips, note
 
@@ -246,7 +247,9 @@ def draw_compare(compare_id: RunId, metric: Name, run_id: RunId):
         return {}, HIDDEN, {}, HIDDEN, note
     zmin, zmax = shared_range([scores, theirs], metric) or (None, None)
     title = f"{metric} · {other.model_name} · {other.experiment} (compared)"
-    compared = style.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax)
+    compared = style.with_interventions(
+        style.head_heatmap(theirs, metric, title=title, zmin=zmin, zmax=zmax),
+        other.interventions_text)
     if _grid_shape(scores) != _grid_shape(theirs):
         return compared, {}, {}, HIDDEN, note
     diff = difference_figure(scores, theirs, metric, f"{metric}: this run minus the compared")
@@ -341,7 +344,9 @@ def draw_induction(run_id: RunId):
         return HIDDEN, no_update, no_update, no_update, no_update, HIDDEN
     repeat, by_position, icl, ablation = (data.table(run, t.name) for t in wanted)
     patch, patch_style = {}, HIDDEN  # runs written before the path patch have no table
+    changed = run.interventions_text  # a head-masked run's figures say so in their titles
     if PATH_PATCH.name in names and len(table := data.table(run, PATH_PATCH.name)):
-        patch, patch_style = path_patch_figure(table), {}
-    return ({}, repeat_loss_figure(repeat), icl_figure(by_position, icl),
-            ablation_figure(ablation), patch, patch_style)
+        patch, patch_style = style.with_interventions(path_patch_figure(table), changed), {}
+    return ({}, *(style.with_interventions(fig, changed) for fig in (
+        repeat_loss_figure(repeat), icl_figure(by_position, icl), ablation_figure(ablation))),
+        patch, patch_style)

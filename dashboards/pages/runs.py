@@ -207,7 +207,10 @@ def detail(run: Run) -> list:
         "run_id", "experiment", "status", "started_at", "ended_at", "workbench_version",
         "git", "seed", "model", "config", "tables", "load_at_start", "load_at_end"})
     took = run_facts.duration_text(run.seconds)
-    children += [html.P(f"wall time {took}; {meta.load_note}", id="runs-wall-time",
+    changed = run.interventions_text or "none"
+    children += [html.P(f"interventions: {changed}", id="runs-interventions",
+                        className="wb-note"),
+                 html.P(f"wall time {took}; {meta.load_note}", id="runs-wall-time",
                         className="wb-note"),
                  html.Ul([html.Li(line) for line in meta.summary]),
                  html.Pre(json.dumps(shown, indent=2), className="wb-pre")]

@@ -254,7 +254,8 @@ def test_a_run_dropdown_offers_the_newest_runs_and_the_one_shown():
     from dashboards.components import controls
 
     runs = [SimpleNamespace(id=f"20260101-000000-exp-x-{i:04x}", experiment="exp",
-                            model_name="x", config={}, started_at="2026-01-01T00:00:00")
+                            model_name="x", config={}, started_at="2026-01-01T00:00:00",
+                            interventions_text="")
             for i in range(controls.MAX_RUN_CHOICES + 5)]
     options = controls.run_options(runs, runs[-1].id)
     values = [o["value"] for o in options]

@@ -32,7 +32,7 @@ from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
 from workbench.core.devices import DEVICE_ENV, DEVICE_FORMS, parse_device
 from workbench.core.errors import ConfigError, WorkbenchError
-from workbench.core.options import AttentionPath, PatternStorage, Status, StoreDtype
+from workbench.core.options import Ablation, AttentionPath, PatternStorage, Status, StoreDtype
 from workbench.core.values import Range, check_declaration, shown
 from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
 from workbench.harness.sweeps.cluster import (
@@ -185,9 +185,33 @@ def _device_option(p: argparse.ArgumentParser) -> None:
                    "refused before a model loads if this machine does not have it")
 
 
+def _ablation(text: str) -> str:
+    """An argparse type: what replaces an ablated head, one of :data:`Ablation`'s kinds."""
+    kinds = get_args(Ablation)
+    if text not in kinds:
+        why = (" (a head mask replaces a head's output by zero or by its mean over a "
+               "reference prompt set; resampling from other inputs is not supported)"
+               if text == "resample" else "")
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(kinds)}, got "
+                                         f"{shown(text)}{why}")
+    return text
+
+
 def _mask_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
-                   "workbench.interventions) to every forward pass")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--heads-mask", metavar="FILE", help="apply a head mask (JSON, see "
+                       "workbench.interventions) to every forward pass")
+    which.add_argument("--ablate", metavar="HEADS", help="ablate these heads in every "
+                       "forward pass: L17H3,L18H6; top:METRIC:N (the N best heads of a "
+                       "stored run's METRIC, with --from); class:NAME (a stored run's head "
+                       "class at its FDR, with --from); stored as the same head mask as "
+                       "--heads-mask")
+    p.add_argument("--ablation", type=_ablation, metavar="|".join(get_args(Ablation)),
+                   help="with --ablate: what replaces an ablated head: zero, or its mean "
+                   "output over the natural prompt set (default zero)")
+    p.add_argument("--from", dest="from_run", metavar="RUN", help="with --ablate top:... or "
+                   "class:...: the run (id, unique id prefix or folder) whose scores or "
+                   "head classes name the heads")
 
 
 def _add_model_commands(sub: Subparsers) -> None:

@@ -63,12 +63,28 @@ def _check_topk(topk: int, model: Any) -> None:
 
 
 def _heads_mask(args: argparse.Namespace) -> Any:
-    """The ``--heads-mask`` file, read and checked (before any model loads), or ``None``."""
+    """The head mask of ``--heads-mask FILE`` or ``--ablate HEADS`` (with ``--ablation``
+    and ``--from``), read and checked before any model loads, or ``None``."""
+    ablate = getattr(args, "ablate", None)
+    if ablate is None:
+        for given, option in ((getattr(args, "ablation", None), "--ablation"),
+                              (getattr(args, "from_run", None), "--from")):
+            if given is not None:
+                raise WorkbenchError(f"{option} goes with --ablate HEADS")
+    if ablate is not None:
+        from workbench.harness.ablate import ablation_mask, parse_ablate
+
+        return ablation_mask(parse_ablate(ablate), args.ablation or "zero", model=args.model,
+                             from_run=args.from_run, runs_dir=args.out)
     if not getattr(args, "heads_mask", None):
         return None
+    from workbench.harness.ablate import model_heads
     from workbench.interventions.masks import HeadMask
 
-    return HeadMask.load(args.heads_mask)
+    mask = HeadMask.load(args.heads_mask)
+    if args.model is not None and (shape := model_heads(args.model)) is not None:
+        mask.check_shape(shape, args.model)  # and again once it loads, where not known here
+    return mask
 
 
 def cmd_record(args: argparse.Namespace) -> None:

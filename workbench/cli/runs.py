@@ -162,6 +162,8 @@ def cmd_show(args: argparse.Namespace) -> None:
     _out(f"run        {_cell(run.id)}")
     _out(f"experiment {_cell(run.experiment)}")
     _out(f"model      {_model_line(meta)}")
+    if run.interventions_text:
+        _out(f"intervened {_cell(run.interventions_text)}")
     _out(f"status     {_status(run)}  ({_cell(meta.started_at)} -> "
          f"{_cell(meta.ended_at) or '...'})")
     if run.seconds is not None:

@@ -45,7 +45,7 @@ from workbench.models import zoo
 from workbench.models.base import Capabilities, Model, require
 from workbench.models.load import load_model
 from workbench.scores import metrics
-from workbench.store.records import Interventions
+from workbench.store.records import Interventions, marked_summary
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table
 
@@ -310,7 +310,7 @@ def run_experiment(name: str, model: str | Model | None,
         for table_name, df in result.tables().items():
             metrics.check_table(df)
             active.save_table(table_name, df)
-        active.update(summary=result.summary())
+        active.update(summary=marked_summary(result.summary(), interventions))
     return store.get(active.final)
 
 

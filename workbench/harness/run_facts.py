@@ -1,5 +1,6 @@
-"""What tells stored runs apart: the config values a run changed from its experiment's
-defaults, the sweep it was a cell of, and its wall time with the machine's load.
+"""What tells stored runs apart: a run's interventions and the config values it changed from
+its experiment's defaults, the sweep it was a cell of, and its wall time with the machine's
+load.
 
 ``workbench runs``, the Runs page and every page's run dropdown show these, so six cells
 of one sweep no longer list as six identical rows.
@@ -8,7 +9,7 @@ Examples:
     >>> from workbench.store.runs import RunStore
     >>> store = RunStore("data/runs")                                # doctest: +SKIP
     >>> [varies_text(run) for run in store.runs()]                   # doctest: +SKIP
-    ['-', 'n_boot=50', 'seed=2, n_prompts=64']
+    ['-', 'n_boot=50', 'seed=2, n_prompts=64', '9 heads mean-ablated (L17H3, L17H4, L18H6, ...)']
 """
 
 from __future__ import annotations
@@ -136,9 +137,12 @@ def _value(value: Any) -> str:
 
 
 def varies_text(run: Run) -> str:
-    """:func:`varies` as ``key=value, key=value`` (``-`` for none)."""
+    """What tells a run apart from a default run of its kind: its interventions in a few
+    words (:func:`workbench.store.records.interventions_text`), then :func:`varies` as
+    ``key=value, key=value`` (``-`` for neither)."""
     changed = varies(run)
-    return ", ".join(f"{k}={_value(v)}" for k, v in changed.items()) or "-"
+    parts = [run.interventions_text, *(f"{k}={_value(v)}" for k, v in changed.items())]
+    return ", ".join(part for part in parts if part) or "-"
 
 
 def sweep_name(run: Run) -> str | None:

@@ -198,13 +198,17 @@ class HeadMask:
     def check(self, model: Model) -> None:
         """Raise unless the mask fits ``model``'s layers and query heads (and a ``mean``
         mask's reference prompt set exists): call it before a run is created."""
-        want = (model.info.n_layers, model.info.n_heads)
+        self.check_shape((model.info.n_layers, model.info.n_heads), model.info.name)
+        self.check_reference()
+
+    def check_shape(self, want: tuple[int, int], name: str) -> None:
+        """Raise unless the mask is ``want`` = (layers, query heads), those of model
+        ``name`` (known before it loads, or read off the loaded model)."""
         if self.shape != want:
             raise WorkbenchError(
                 f"head mask is {self.shape[0]} layers x {self.shape[1]} heads"
-                f"{f' (made for {self.model})' if self.model else ''}; {model.info.name} "
+                f"{f' (made for {self.model})' if self.model else ''}; {name} "
                 f"has {want[0]} x {want[1]} query heads")
-        self.check_reference()
 
 
 def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int = 2048

@@ -204,18 +204,39 @@ def config_facts(src: str | Path, *, local_files_only: bool = True) -> tuple[str
     Raises:
         WorkbenchError: the config cannot be read as a model config.
     """
+    config = _read_config(src, local_files_only)
+    archs = getattr(config, "architectures", None) or []
+    return (archs[0] if archs and isinstance(archs[0], str) else None,
+            _whole(getattr(config, "num_hidden_layers", None)))
+
+
+def config_heads(src: str | Path) -> tuple[int, int] | None:
+    """The layers and query heads a model's config gives (``None`` where it does not say
+    both), without loading the weights: a head mask is checked against them before the
+    model loads.
+
+    Raises:
+        WorkbenchError: the config cannot be read as a model config.
+    """
+    config = _read_config(src, True)
+    layers = _whole(getattr(config, "num_hidden_layers", None))
+    heads = _whole(getattr(config, "num_attention_heads", None))
+    return (layers, heads) if layers and heads else None
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _read_config(src: str | Path, local_files_only: bool) -> Any:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(src), local_files_only=local_files_only)
+        return AutoConfig.from_pretrained(str(src), local_files_only=local_files_only)
     except _BAD_FOLDER_ERRORS as exc:
         said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise WorkbenchError(f"{src} could not be read as a Hugging Face model config "
                              f"({type(exc).__name__}: {said[:300]})") from None
-    archs = getattr(config, "architectures", None) or []
-    layers = getattr(config, "num_hidden_layers", None)
-    return (archs[0] if archs and isinstance(archs[0], str) else None,
-            layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
 
 
 def folder_checksum(path: Path) -> str:

@@ -46,7 +46,7 @@ from workbench.core.checksums import RACY_NS, sources_key
 from workbench.core.errors import WorkbenchError
 from workbench.core.files import read_bounded
 from workbench.core.records import Count, Json, Record, RecordError
-from workbench.store.records import RunId, RunMeta, Text, Timestamp
+from workbench.store.records import Interventions, RunId, RunMeta, Text, Timestamp
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class Listing(Record):
     error: Text | None
     tables: tuple[Annotated[str, Field(max_length=200)], ...]
     """The names of its tables, sorted."""
+    interventions: Interventions | None = None
+    """What was changed in the model for the whole run (its head mask)."""
 
     @classmethod
     def of(cls, meta: RunMeta, st: os.stat_result, read_ns: int) -> Listing:
@@ -91,7 +93,7 @@ class Listing(Record):
             seconds=meta.seconds,
             model=meta.model.name if meta.model else None, config=meta.config,
             busy=meta.busy, cells=meta.cells, error=meta.error,
-            tables=tuple(sorted(meta.tables)))
+            tables=tuple(sorted(meta.tables)), interventions=meta.interventions)
 
     def current(self, st: os.stat_result) -> bool:
         """Whether a ``run.json`` of status ``st`` is the file this row was read from."""

@@ -18,6 +18,8 @@ Examples:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
@@ -204,10 +206,84 @@ class HeadMaskFile(Record):
         return self
 
 
+    def removed(self) -> tuple[tuple[int, int], ...]:
+        """The (layer, head) pairs whose value is 0, in order."""
+        return tuple((layer, head) for layer, row in enumerate(self.mask)
+                     for head, value in enumerate(row) if value == 0)
+
+    def scaled(self) -> tuple[tuple[int, int], ...]:
+        """The (layer, head) pairs whose value is strictly between 0 and 1, in order."""
+        return tuple((layer, head) for layer, row in enumerate(self.mask)
+                     for head, value in enumerate(row) if 0 < value < 1)
+
+
 class Interventions(Record):
     """What was changed in the model for a whole run."""
 
     heads_mask: HeadMaskFile | None = None
+
+
+SHOWN_HEADS = 3
+"""The heads a short form names before ``...``."""
+
+
+def head_name(layer: int, head: int) -> str:
+    """A head as every summary and label names it: ``L17H3``."""
+    return f"L{layer}H{head}"
+
+
+def _heads_text(heads: tuple[tuple[int, int], ...]) -> str:
+    names = [head_name(layer, head) for layer, head in heads[:SHOWN_HEADS]]
+    return ", ".join(names + (["..."] if len(heads) > SHOWN_HEADS else []))
+
+
+def interventions_text(interventions: Interventions | None) -> str:
+    """A run's interventions in a few words, as every listing, label, card and title shows
+    them: ``9 heads mean-ablated (L17H3, L17H4, L17H5, ...)``; ``""`` for a run without any.
+
+    A mask's heads scaled between 0 and 1 are named apart (``2 heads scaled (L0H1,
+    L1H0)``); a mask that changes nothing says so (``head mask of all ones``).
+
+    Examples:
+        >>> mask = HeadMaskFile(format="workbench-heads-mask", n_layers=2, n_heads=2,
+        ...                     ablation="mean", mask=((1, 0), (0, 1)))
+        >>> interventions_text(Interventions(heads_mask=mask))
+        '2 heads mean-ablated (L0H1, L1H0)'
+    """
+    mask = interventions.heads_mask if interventions is not None else None
+    if mask is None:
+        return ""
+    removed, scaled = mask.removed(), mask.scaled()
+    parts = [f"{len(heads)} head{'' if len(heads) == 1 else 's'} {what} ({_heads_text(heads)})"
+             for heads, what in ((removed, f"{mask.ablation}-ablated"), (scaled, "scaled"))
+             if heads]
+    return "; ".join(parts) or "head mask of all ones"
+
+
+_HEAD_MENTION = re.compile(r"\bL(?P<layer>\d+)H(?P<head>\d+)\b(?P<tail> \([^()]*\)"
+                           r"| [+-]?\d[\w.+-]*(?: \[[^\]]*\])?)?")
+"""A head named in a summary line (``L18H6``), with the score and interval or the
+parenthesis that follow it (``L18H6 0.94 [0.91, 0.96]``, ``L18H6 (0.94)``)."""
+
+
+def marked_summary(lines: Iterable[str], interventions: Interventions | None) -> list[str]:
+    """Summary lines in which every head the run's own mask removed or scaled says so:
+    ``top induction heads: L18H6 0.94 (ablated in this run), L17H3 0.91``.
+
+    A mask acting on a head's output leaves what is measured of its pattern unchanged,
+    so a line ranking heads by their patterns would otherwise read as if none was ablated.
+    """
+    mask = interventions.heads_mask if interventions is not None else None
+    if mask is None:
+        return list(lines)
+    said = {head: "ablated in this run" for head in mask.removed()}
+    said |= {head: "scaled in this run" for head in mask.scaled()}
+
+    def mark(found: re.Match[str]) -> str:
+        note = said.get((int(found["layer"]), int(found["head"])))
+        return f"{found[0]} ({note})" if note else found[0]
+
+    return [_HEAD_MENTION.sub(mark, line) for line in lines]
 
 
 def busy_load(loads: list[Any], cores: int | None) -> bool | None:

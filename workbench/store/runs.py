@@ -83,6 +83,7 @@ from workbench.store.records import (
     ModelInfo,
     RunMeta,
     TableEntry,
+    interventions_text,
 )
 from workbench.store.schema import SchemaError, Table, current_metric_names
 
@@ -351,6 +352,18 @@ class Run:
         """A sweep's cells' run ids (:attr:`RunMeta.cells`)."""
         row = self.listing
         return row.cells if row else self.meta.cells
+
+    @property
+    def interventions(self) -> Interventions | None:
+        """What was changed in the model for the whole run (:attr:`RunMeta.interventions`)."""
+        row = self.listing
+        return row.interventions if row else self.meta.interventions
+
+    @property
+    def interventions_text(self) -> str:
+        """The run's interventions in a few words (``""``: none), as every view names them
+        (:func:`workbench.store.records.interventions_text`)."""
+        return interventions_text(self.interventions)
 
     def table_names(self) -> list[str]:
         row = self.listing

@@ -126,6 +126,9 @@ def run_html(run: Run) -> str:
                       f"{html.cell(model)} · {html.code(run.status)}"
                       + (f" · {html.link(link, 'open in the dashboard')}" if link else ""))
     parts: list[html.Safe | str] = [*problems(run)]
+    if run.interventions_text:
+        parts.append(html.Safe(f"<div><b>interventions</b> "
+                               f"{html.cell(run.interventions_text)}</div>"))
     if run.seconds is not None:
         parts.append(f"started {run.meta.started_at}, took {run.seconds:.0f} s")
     parts += [html.Safe(f'<div style="color:#334155">{html.cell(line)}</div>')

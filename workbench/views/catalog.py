@@ -29,7 +29,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.registry import Registry
 from workbench.scores.metrics import meaning
 from workbench.store.runs import Run
-from workbench.views import curves, heads, qk
+from workbench.views import curves, heads, qk, style
 
 T = TypeVar("T")
 
@@ -88,7 +88,7 @@ def figure(run: Run, name: str, **options: Any) -> go.Figure:
     if missing:
         raise WorkbenchError(f"figure '{name}' reads table '{missing[0]}', which run {run.id} "
                              f"({run.experiment}, {run.status}) does not have")
-    return entry.draw(run, **options)
+    return style.with_interventions(entry.draw(run, **options), run.interventions_text)
 
 
 def choice(name: str, value: T | None, known: Sequence[T], what: str) -> T:

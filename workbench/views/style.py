@@ -137,6 +137,18 @@ def set_title(fig: go.Figure, title: str, width: int = TITLE_CHARS, size: int = 
     return fig
 
 
+def with_interventions(fig: go.Figure, interventions: str) -> go.Figure:
+    """``fig`` with the run's interventions in a few words (``Run.interventions_text``)
+    as its title's last line, so a figure of a head-masked run never reads as a clean
+    run's; ``""`` leaves it as it is."""
+    if not interventions:
+        return fig
+    title = fig.layout.title
+    old = title.text or ""
+    size = int(title.font.size or 14)
+    return set_title(fig, f"{old}<br>{interventions}" if old else interventions, size=size)
+
+
 def unique_labels(tokens: Sequence[str]) -> list[str]:
     """Axis labels must be unique, so each token gets its position."""
     return [f"{i}: {t!r}"[:24] for i, t in enumerate(tokens)]

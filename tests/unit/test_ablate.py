@@ -1,0 +1,273 @@
+"""Interventions as part of a run's identity (the short form everywhere a run is named, the
+summary lines that name a head the run ablated) and ``--ablate`` on the command line:
+every form resolved to the head mask a hand-written ``--heads-mask`` file holds, and every
+refusal one line, before any model loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests import tiny
+from workbench.core.errors import WorkbenchError
+from workbench.harness.ablate import InClass, Listed, Top, model_heads, parse_ablate
+from workbench.interventions.masks import HeadMask
+from workbench.store.records import (
+    HeadMaskFile,
+    Interventions,
+    interventions_text,
+    marked_summary,
+)
+from workbench.store.runs import RunStore
+
+TEXT = ["--text", "the cat sat on the mat and the dog sat on the rug"]
+OVERVIEW = ["run", "head-overview", "--set", "n_boot=20"]
+
+
+def _mask(rows, ablation="zero") -> Interventions:
+    return Interventions(heads_mask=HeadMaskFile(
+        format="workbench-heads-mask", n_layers=len(rows), n_heads=len(rows[0]),
+        ablation=ablation, mask=tuple(tuple(row) for row in rows)))
+
+
+# ---- the short form ------------------------------------------------------------------
+
+def test_the_short_form_names_the_heads_and_the_ablation():
+    assert interventions_text(None) == ""
+    assert interventions_text(Interventions()) == ""
+    one = _mask([[1, 1, 0], [1, 1, 1]])
+    assert interventions_text(one) == "1 head zero-ablated (L0H2)"
+    nine = _mask([[0, 0, 0], [0, 0, 0], [0, 0, 0]], "mean")
+    assert interventions_text(nine) == "9 heads mean-ablated (L0H0, L0H1, L0H2, ...)"
+    mixed = _mask([[0.5, 1, 0], [1, 0.25, 1]])
+    assert interventions_text(mixed) == "1 head zero-ablated (L0H2); 2 heads scaled (L0H0, L1H1)"
+    assert interventions_text(_mask([[1, 1], [1, 1]])) == "head mask of all ones"
+
+
+def test_a_summary_line_says_which_heads_the_run_ablated():
+    mask = _mask([[1, 1, 1, 1], [1, 1, 0, 1], [0.5, 1, 1, 1]])
+    lines = ["top induction heads: L1H2 0.94 [0.91, 0.96], L0H0 0.50 [0.4, 0.6]",
+             "heads: L1H2 (0.94), L2H0 (0.3)", "L1H2: rank 1; L1H22 is another head",
+             "no head here"]
+    assert marked_summary(lines, mask) == [
+        "top induction heads: L1H2 0.94 [0.91, 0.96] (ablated in this run), L0H0 0.50 [0.4, 0.6]",
+        "heads: L1H2 (0.94) (ablated in this run), L2H0 (0.3) (scaled in this run)",
+        "L1H2 (ablated in this run): rank 1; L1H22 is another head",
+        "no head here"]
+    assert marked_summary(lines, None) == lines
+
+
+# ---- parsing -------------------------------------------------------------------------
+
+def test_ablate_forms_parse():
+    assert parse_ablate("L17H3,L18H6") == Listed(((17, 3), (18, 6)))
+    assert parse_ablate("l0h1, L0H1 ,L1H0") == Listed(((0, 1), (1, 0)))  # repeats once
+    assert parse_ablate("top:induction:9") == Top("induction", 9)
+    assert parse_ablate("class:previous-token") == InClass("previous-token")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("L1H", "'L1H' is not a head"), ("L1H2,,L0H0", "'' is not a head"),
+    ("heads", "'heads' is not a head"), ("top:induction", "expected top:METRIC:N"),
+    ("top:induction:0", "expected top:METRIC:N"), ("top::3", "expected top:METRIC:N"),
+    ("class:", "expected class:NAME")])
+def test_ablate_text_of_no_form_is_refused(text, said):
+    with pytest.raises(WorkbenchError, match=said):
+        parse_ablate(text)
+
+
+def test_model_heads_are_known_before_the_model_loads(llama_folder):
+    assert model_heads("smollm2") == (30, 9)
+    assert model_heads("minilm") == (6, 12)
+    assert model_heads(str(llama_folder)) == (2, 4)
+
+
+def test_a_cached_hub_models_heads_come_from_its_config(monkeypatch, llama_folder):
+    from workbench.models import reference
+
+    # a hub id in the local cache reads its config.json as a folder's is read
+    monkeypatch.setattr(reference, "parse_model",
+                        lambda text: reference.Hub(str(llama_folder), cached=True))
+    assert model_heads("org/tiny-llama") == (2, 4)
+    monkeypatch.setattr(reference, "parse_model",
+                        lambda text: reference.Hub("org/tiny-llama", cached=False))
+    assert model_heads("org/tiny-llama") is None  # known once it loads
+
+
+# ---- the command line ----------------------------------------------------------------
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Any model load fails the test: a refusal must come before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("workbench.harness.experiment.load_model", refuse)
+    monkeypatch.setattr("workbench.models.load.load_model", refuse)
+
+
+def _stored_mask(out: list[str]) -> HeadMaskFile:
+    from workbench.core import paths
+
+    run = RunStore(paths.runs_dir()).get(out[-1])
+    assert run.meta.interventions is not None and run.meta.interventions.heads_mask
+    return run.meta.interventions.heads_mask
+
+
+def test_ablate_heads_stores_the_mask_a_heads_mask_file_holds(capsys, runs_dir, llama_folder,
+                                                              tmp_path):
+    path = HeadMask.ones(2, 4, ablation="mean").without([(0, 1), (1, 3)]).save(
+        tmp_path / "mask.json")
+    model = ["--model", str(llama_folder)]
+    status, by_file, _ = tiny.cli(capsys, *OVERVIEW, *model, "--heads-mask", str(path))
+    assert status == 0
+    status, by_ablate, _ = tiny.cli(capsys, *OVERVIEW, *model, "--ablate", "L1H3,L0H1",
+                                    "--ablation", "mean")
+    assert status == 0
+    stored, wanted = _stored_mask(by_ablate), _stored_mask(by_file)
+    assert stored == wanted
+    assert stored.mask == ((1, 0, 1, 1), (1, 1, 1, 0)) and stored.ablation == "mean"
+    # the two runs measured the same thing
+    first = RunStore(runs_dir).get(by_file[-1]).table("head_scores")
+    second = RunStore(runs_dir).get(by_ablate[-1]).table("head_scores")
+    pd.testing.assert_frame_equal(first, second)
+
+    status, out, _ = tiny.cli(capsys, "record", str(llama_folder), *TEXT, "--ablate", "L0H2")
+    assert status == 0 and _stored_mask(out).mask == ((1, 1, 0, 1), (1, 1, 1, 1))
+    assert _stored_mask(out).ablation == "zero"  # the default
+
+
+def _stand_in_run(store: RunStore, tables: dict[str, pd.DataFrame], name: str = "tiny",
+                  **model) -> str:
+    """A run of ``record`` holding ``tables``, as the head-scoring experiments declare them."""
+    from workbench.store.schema import head_classes, head_scores
+
+    declared = {"head_scores": head_scores("scores"), "head_classes": head_classes()}
+    with store.start("record", tiny.fake_info(name, **model), {"source": "text"},
+                     tables={k: declared[k] for k in tables}) as run:
+        for table_name, frame in tables.items():
+            run.save_table(table_name, frame)
+    return run.final.name
+
+
+SCORES = pd.DataFrame({  # 2 layers x 4 heads of one metric, and another metric
+    "layer": [0, 0, 0, 0, 1, 1, 1, 1] * 2, "head": [0, 1, 2, 3] * 4,
+    "metric": ["induction"] * 8 + ["entropy"] * 8,
+    "score": [0.1, 0.9, 0.3, 0.3, 0.8, 0.2, np.nan, 0.05] + [1.0] * 8,
+    "inputs": "repeated"}).assign(layer_type="global", ci_low=0.0, ci_high=1.0, n_prompts=4,
+                                  null=0.1)
+CLASSES = pd.DataFrame({
+    "layer": [0, 0, 1, 1, 0, 1], "head": [1, 3, 0, 2, 0, 3],
+    "head_class": ["induction"] * 4 + ["sink"] * 2, "metric": "induction",
+    "score": [0.9, 0.3, 0.8, 0.1, 0.5, 0.5], "q": [0.01, 0.2, 0.04, np.nan, 0.5, 0.6],
+    "fdr": 0.05, "in_class": [True, False, True, False, False, False]}).assign(
+        ci_low=0.0, ci_high=1.0, null_mean=0.1, chance=0.1, p=0.01, n_prompts=4, n_draws=99,
+        inputs="repeated", null="shuffled")
+
+
+def test_ablate_top_and_class_read_a_stored_run(capsys, runs_dir, llama_folder):
+    store = RunStore(runs_dir)
+    source = _stand_in_run(store, {"head_scores": SCORES, "head_classes": CLASSES})
+    record = ["record", str(llama_folder), *TEXT]
+    # induction by score: L0H1 0.9, L1H0 0.8, then L0H2 and L0H3 tie at 0.3 (lower head first)
+    status, out, _ = tiny.cli(capsys, *record, "--ablate", "top:induction:3", "--from", source)
+    assert status == 0
+    stored = _stored_mask(out)
+    assert stored.mask == ((1, 0, 0, 1), (0, 1, 1, 1))
+    assert stored.note == f"top:induction:3 of run {source}"
+    # the induction class at its FDR 0.05: L0H1 (q 0.01) and L1H0 (q 0.04)
+    status, out, _ = tiny.cli(capsys, *record, "--ablate", "class:induction", "--from",
+                              source[:-2], "--ablation", "mean")
+    assert status == 0
+    stored = _stored_mask(out)
+    assert stored.mask == ((1, 0, 1, 1), (0, 1, 1, 1)) and stored.ablation == "mean"
+
+
+def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, llama_folder,
+                                                             tmp_path, no_load):
+    store = RunStore(runs_dir)
+    source = _stand_in_run(store, {"head_scores": SCORES, "head_classes": CLASSES})
+    other = _stand_in_run(store, {"head_scores": SCORES}, n_layers=3)
+    bare = _stand_in_run(store, {})
+    HeadMask.ones(2, 4).save(tmp_path / "m.json")
+    HeadMask.ones(3, 4).save(tmp_path / "wrong.json")
+    record = ["record", str(llama_folder), *TEXT]
+    run = [*OVERVIEW, "--model", str(llama_folder)]
+    cases = [
+        (["--ablate", "L2H0"], "L2H0: " + str(llama_folder) + " has layers 0..1 and heads 0..3"),
+        (["--ablate", "L0H4"], "has layers 0..1 and heads 0..3"),
+        (["--ablate", "L0H1", "--ablation", "resample"],
+         "expected one of zero, mean, got 'resample'"),
+        (["--ablate", "L0H1", "--heads-mask", str(tmp_path / "m.json")],
+         "not allowed with argument"),
+        (["--heads-mask", str(tmp_path / "wrong.json")],  # a file is checked as early
+         f"head mask is 3 layers x 4 heads; {llama_folder} has 2 x 4 query heads"),
+        (["--ablation", "mean"], "--ablation goes with --ablate HEADS"),
+        (["--from", source], "--from goes with --ablate HEADS"),
+        (["--ablate", "L0H1", "--from", source], "--from RUN goes with --ablate top:"),
+        (["--ablate", "top:induction:2"], "read a stored run: give --from RUN"),
+        (["--ablate", "top:inductoin:2", "--from", source],
+         "has no metric 'inductoin' (did you mean 'induction'?); its metrics: induction, "
+         "entropy"),
+        (["--ablate", "class:copying", "--from", source],
+         "has no head class 'copying'; its head classes: induction, sink"),
+        (["--ablate", "class:sink", "--from", source], "has no head in sink at its FDR 0.05"),
+        (["--ablate", "top:induction:9", "--from", source],
+         "has induction scores for only 7 heads"),
+        (["--ablate", "top:induction:2", "--from", "20990101-000000-nothing-0000"],
+         "no run '20990101-000000-nothing-0000'"),
+        (["--ablate", "top:induction:2", "--from", other], "ran on tiny (3 x 4 heads), not"),
+        (["--ablate", "class:induction", "--from", bare], "has no head_classes table"),
+    ]
+    for extra, said in cases:
+        for args in (record, run):
+            status, _, err = tiny.cli(capsys, *args, *extra)
+            assert status == 2, (extra, err)
+            assert said in err and err.count("\n") == 1, (extra, err)
+    assert len(store.runs()) == 3  # no run was created
+    status, _, err = tiny.cli(capsys, "run", "head-overview", "--ablate", "L0H1")
+    assert status == 2 and "--ablate needs --model" in err
+
+
+# ---- where a run is named ------------------------------------------------------------
+
+def test_runs_show_and_the_run_label_show_the_interventions(capsys, runs_dir, llama_folder):
+    from dashboards.components.controls import run_label
+    from workbench.views.cards import run_html
+
+    model = ["--model", str(llama_folder)]
+    status, plain, _ = tiny.cli(capsys, *OVERVIEW, *model)
+    status, masked, _ = tiny.cli(capsys, *OVERVIEW, *model, "--ablate", "L0H1,L1H3",
+                                 "--ablation", "mean")
+    assert status == 0
+    short = "2 heads mean-ablated (L0H1, L1H3)"
+    status, out, _ = tiny.cli(capsys, "runs")
+    assert status == 0
+    masked_id, plain_id = masked[-1].split("/")[-1], plain[-1].split("/")[-1]
+    row = next(line for line in out if line.startswith(masked_id))
+    assert short in row and "n_boot=20" in row
+    assert short not in next(line for line in out if line.startswith(plain_id))
+    status, out, _ = tiny.cli(capsys, "show", masked_id)
+    assert f"intervened {short}" in out
+    status, out, _ = tiny.cli(capsys, "show", plain_id)
+    assert not any(line.startswith("intervened") for line in out)
+    store = RunStore(runs_dir)
+    for run in store.runs():  # from the listing index as from run.json
+        assert (short in run_label(run)) == (run.id == masked_id)
+    assert short in run_html(store.get(masked_id))
+
+
+def test_a_masked_runs_figures_and_summary_say_so(capsys, runs_dir, llama_folder):
+    from workbench.views.catalog import figure
+
+    status, out, _ = tiny.cli(capsys, *OVERVIEW, "--model", str(llama_folder), "--ablate",
+                              "L0H1,L1H3")
+    assert status == 0
+    run = RunStore(runs_dir).get(out[-1])
+    title = figure(run, "head_scores").layout.title.text.replace("<br>", " ")
+    assert title.endswith("2 heads zero-ablated (L0H1, L1H3)")
+    named = [line for line in run.meta.summary if "L0H1" in line or "L1H3" in line]
+    assert named  # head-overview names the most focused and broadest heads
+    for line in named:
+        assert line.count("L0H1") + line.count("L1H3") == line.count("(ablated in this run)")
