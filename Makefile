@@ -13,13 +13,13 @@ PYTEST_ARGS ?=
 # MkDocs' own banner about its next major version is not about this site
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup fetch demo demo-quick dashboard test unit notebooks lint docs docs-serve fuzz bench clean
+.PHONY: setup fetch demo demo-quick dashboard test unit notebooks tutorials lint docs docs-serve fuzz bench clean
 
 $(BIN)/workbench: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev,ray,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,ray,docs,notebooks]"
 	touch $@
 
 setup: $(BIN)/workbench
@@ -63,6 +63,11 @@ unit: setup
 # environment at the test's sizes, with its runs in a temporary folder (as `make test` does).
 notebooks: fetch
 	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
+
+# The executed copies of the notebooks that the documentation site shows, at the notebooks'
+# own sizes (about 25 minutes on 2 cores); tests/notebooks checks that they are current.
+tutorials: fetch
+	$(BIN)/python notebooks/execute.py $(NOTEBOOKS)
 
 # A longer fuzzing run for before a release: many more examples than `make test` tries.
 fuzz: fetch

@@ -9,8 +9,9 @@ rendered: ``<!-- generated: cli -->``, ``<!-- generated: experiment NAME -->`` (
 tables and docstring), ``<!-- generated: figures NAME -->`` (the dashboard pages that show
 its runs), ``<!-- generated: walltimes NAME -->`` (its rows of the wall-time tables),
 ``<!-- generated: claims -->``, ``<!-- generated: schemas -->``. The notebooks of
-``notebooks/*.ipynb`` are brought in as pages of the Tutorials section (rendered by
-mkdocs-jupyter, not executed); the build passes with none.
+``notebooks/*.ipynb`` are brought in as pages of the Tutorials section, from their executed
+copies in ``docs/notebooks/`` (rendered by mkdocs-jupyter, not executed again); the build
+passes with none.
 """
 
 from __future__ import annotations
@@ -313,10 +314,13 @@ def on_config(config: Any) -> Any:
 
 @event_priority(100)  # before mkdocs-jupyter's on_files, which converts the notebooks
 def on_files(files: Any, config: Any) -> Any:
-    """Every notebook as a page at ``notebooks/NAME.ipynb``, read from the checkout's
-    ``notebooks/``. A File rooted there rather than ``File.generated``: mkdocs-jupyter
+    """Every notebook as a page at ``notebooks/NAME.ipynb``: its executed copy, which the
+    site's sources hold at that path (outputs and figures included), else the notebook of
+    ``notebooks/`` as it is committed. A File rooted there rather than ``File.generated``: mkdocs-jupyter
     reads a notebook by its ``src_dir``, which a generated file lacks."""
     for path in notebooks():
+        if files.get_file_from_path(f"notebooks/{path.name}") is not None:
+            continue  # its executed copy, docs/notebooks/NAME.ipynb (notebooks/execute.py)
         files.append(File(f"notebooks/{path.name}", src_dir=str(ROOT),
                           dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))

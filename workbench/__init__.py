@@ -8,6 +8,7 @@ The public API, imported lazily so that ``workbench --help`` stays fast:
     >>> workbench.figure(run, "head_scores", metric="induction")       # doctest: +SKIP
     >>> rec = workbench.Recording.open(run_dir)                        # doctest: +SKIP
     >>> workbench.show_pattern(rec, 0, layer=1, head=2)                # doctest: +SKIP
+    >>> workbench.static_figures()   # figures also carry PNG and SVG  # doctest: +SKIP
 
 In IPython and Jupyter, ``import workbench`` registers the HTML cards of a run, a
 recording and a model (:mod:`workbench.views.cards`) with IPython's display formatters; a
@@ -36,6 +37,7 @@ _API = {
     "figure": "workbench.views.catalog",
     "show_pattern": "workbench.views.patterns",
     "show_long": "workbench.views.patterns",
+    "static_figures": "workbench.views.static",
 }
 # Modules reachable as ``from workbench import hooks`` (the five-minute tour uses these).
 _MODULES = {
@@ -48,7 +50,7 @@ _CARDS = (("workbench.store.runs", "Run"), ("workbench.recording.reader", "Recor
 
 __all__ = ["Model", "Prompt", "Recording", "RunStore", "WorkbenchError", "check_device",
            "figure", "load_model", "load_prompt_set", "record", "run_experiment",
-           "show_cards", "show_long", "show_pattern"]
+           "show_cards", "show_long", "show_pattern", "static_figures"]
 """The names of :data:`_API` and ``show_cards`` (a test keeps them equal)."""
 
 if TYPE_CHECKING:  # what a type checker sees of the names imported on first use
@@ -64,6 +66,7 @@ if TYPE_CHECKING:  # what a type checker sees of the names imported on first use
     from workbench.store.runs import RunStore
     from workbench.views.catalog import figure
     from workbench.views.patterns import show_long, show_pattern
+    from workbench.views.static import static_figures
 
 
 def __getattr__(name: str) -> Any:

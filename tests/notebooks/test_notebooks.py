@@ -1,5 +1,6 @@
 """The tutorial notebooks in ``notebooks/``: each runs top to bottom in a real Jupyter kernel
-on the bundled models, and each is committed without outputs.
+on the bundled models, each is committed without outputs, and each has a current executed
+copy in ``docs/notebooks/`` for the documentation site.
 
 A notebook's ``parameters`` cell (tagged as papermill tags it) holds the sizes a reader
 runs; the test inserts a cell after it with the smaller sizes of :data:`TEST_SIZES`, as
@@ -67,6 +68,39 @@ def test_has_one_parameters_cell_first(path):
     assert code[0] is tagged[0], f"{path.name}: the parameters cell must be the first code cell"
     for name in TEST_SIZES.get(path.stem, {}):
         assert f"{name} = " in tagged[0].source, f"{path.name} has no parameter {name}"
+
+
+EXECUTED = NOTEBOOKS.parent / "docs" / "notebooks"
+"""The executed copies that the documentation site shows (``notebooks/execute.py``)."""
+
+PLOTLY = "application/vnd.plotly.v1+json"
+STATIC = ("image/png", "image/svg+xml")
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
+def test_the_executed_copy_is_current(path):
+    """The copy the site shows holds the notebook's cells as they are now, every code cell
+    run without error, and every figure with a static PNG and SVG beside its Plotly form
+    (which nbconvert, the site and notebook viewers do not draw)."""
+    copy = EXECUTED / path.name
+    assert copy.is_file(), f"no executed copy of {path.name}: make tutorials NOTEBOOKS={path.stem}"
+    nb, executed = nbformat.read(path, as_version=4), nbformat.read(copy, as_version=4)
+    stale = f"{copy.name} is not the notebook as it is now: make tutorials NOTEBOOKS={path.stem}"
+    assert [(c.cell_type, c.source) for c in executed.cells] == [
+        (c.cell_type, c.source) for c in nb.cells], stale
+    figures = 0
+    for i, cell in enumerate(c for c in executed.cells if c.cell_type == "code"):
+        assert cell.execution_count is not None, f"{copy.name} code cell {i} was not run"
+        for output in cell.outputs:
+            assert output.output_type != "error", f"{copy.name} code cell {i} raised"
+            data = output.get("data", {})
+            if PLOTLY in data:
+                figures += 1
+                missing = [kind for kind in STATIC if kind not in data]
+                assert not missing, f"{copy.name} code cell {i}: a figure without {missing}"
+    plots = sum(c.source.count("figure(") + c.source.count("px.") + c.source.count("show_")
+                for c in nb.cells if c.cell_type == "code")
+    assert figures or not plots, f"{copy.name} shows no figure"
 
 
 def with_test_sizes(nb: nbformat.NotebookNode, sizes: dict[str, object]

@@ -166,3 +166,27 @@ def test_notebooks_join_the_tutorials_only_when_there_are_some(tmp_path, monkeyp
     monkeypatch.setattr(HOOKS, "NOTEBOOKS", tmp_path / "notebooks")
     assert HOOKS.on_config(nav())["nav"][1] == {
         "Tutorials": ["tutorials.md", "notebooks/a.ipynb", "notebooks/b.ipynb"]}
+
+
+def test_a_tutorial_page_is_the_notebooks_executed_copy_where_there_is_one(tmp_path, monkeypatch):
+    from mkdocs.structure.files import File, Files
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    for name in ("a.ipynb", "b.ipynb"):
+        (folder / name).write_text("{}")
+    monkeypatch.setattr(HOOKS, "NOTEBOOKS", folder)
+    site = {"site_dir": str(tmp_path / "site"), "use_directory_urls": True}
+    docs = tmp_path / "docs"
+    (docs / "notebooks").mkdir(parents=True)
+    (docs / "notebooks" / "a.ipynb").write_text("{}")  # a's executed copy, a page of docs/
+    found = Files([File("notebooks/a.ipynb", str(docs), site["site_dir"], True)])
+    read = {f.src_uri: Path(f.abs_src_path) for f in HOOKS.on_files(found, site)}
+    assert read == {"notebooks/a.ipynb": docs / "notebooks" / "a.ipynb",
+                    "notebooks/b.ipynb": HOOKS.ROOT / "notebooks" / "b.ipynb"}
+
+
+def test_the_site_loads_no_font_from_another_host():
+    """Material's default theme loads Google Fonts, which fail offline."""
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    assert config["theme"]["font"] == "false"
