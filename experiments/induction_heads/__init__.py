@@ -110,6 +110,7 @@ from experiments.induction_heads.measure import (
     head_score_table,
     icl_tables,
     path_patch_table,
+    repeat_loss_prompts,
     repeat_loss_table,
 )
 from experiments.induction_heads.tables import TABLES
@@ -179,9 +180,10 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         stage("K-composition path patch")
         path_patch = path_patch_table(model, repeated, head_scores, cfg)
         stage("in-context learning")
-        icl, by_pos = icl_tables(model, cfg)
+        icl, by_pos, by_prompt = icl_tables(model, cfg)
         stage("example patterns")
         if ctx.workdir is not None:
             record(model, repeated[:1], ctx.workdir / "example", include_resid=False)
+    by_prompt["repeat_loss_by_prompt"] = repeat_loss_prompts(losses, repeated)
     return Result(head_scores, repeat_loss_table(losses, cfg), ablation, icl, by_pos,
-                  path_patch, head_classes)
+                  path_patch, head_classes, by_prompt)

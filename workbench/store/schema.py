@@ -246,6 +246,31 @@ HEAD_SCORE_KEYS = ("layer", "head", "metric", "inputs")
 """What names one row of ``head_scores``: a head's score of a metric on some inputs."""
 
 
+PROMPT_COLUMNS = (
+    Column("prompt", "int", "which prompt of the run's inputs, from 0", bounds=(0, None)),
+    Column("tokens", "str", "SHA-256 of the prompt's token ids (first 16 hex digits): two "
+                            "runs' rows of one prompt index hold the same prompt when it "
+                            "agrees"),
+)
+"""The columns of a per-prompt table (declared once): what pairs two runs' values of one
+prompt (:mod:`workbench.harness.compare`). A per-prompt table has ``prompt`` among its keys."""
+PROMPT_KEY = "prompt"
+
+
+def per_prompt(name: str, meaning: str, keys: Iterable[Column], values: Iterable[Column]
+               ) -> Table:
+    """A table of one value per prompt (and per ``keys``): ``prompt, tokens, *keys,
+    *values``, keyed by ``prompt`` and ``keys``, never empty."""
+    keys = tuple(keys)
+    return Table(name, meaning, (*PROMPT_COLUMNS, *keys, *values),
+                 keys=(PROMPT_KEY, *(c.name for c in keys)), min_rows=1)
+
+
+def is_per_prompt(table: Table) -> bool:
+    """Whether ``table`` holds one value per prompt (``prompt`` is among its keys)."""
+    return PROMPT_KEY in table.keys
+
+
 HEAD_CLASS_COLUMNS = columns(
     ("metric", "str", "the head metric tested (workbench.scores.metrics)"),
     ("head_class", "str", "the class tested: previous-token, duplicate-token, induction or "
