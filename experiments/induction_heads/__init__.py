@@ -170,7 +170,8 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     # each step's seconds in a demo run on smollm2 (2 shared cores), for the time left
     with progress.stages("induction-heads", 6, weights=(147, 18, 261, 170, 361, 3)) as stage:
         stage("head scores")
-        head_scores, head_classes = head_score_table(model, repeated, natural, cfg)
+        head_scores, head_classes, scores_by_prompt = head_score_table(model, repeated,
+                                                                       natural, cfg)
         stage("loss on repeats")
         start, _ = first_repeats(repeated, cfg.seq_len, cfg.repeats, keep=cfg.repeats)
         losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats,
@@ -185,5 +186,6 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         if ctx.workdir is not None:
             record(model, repeated[:1], ctx.workdir / "example", include_resid=False)
     by_prompt["repeat_loss_by_prompt"] = repeat_loss_prompts(losses, repeated)
+    by_prompt["head_scores_by_prompt"] = scores_by_prompt
     return Result(head_scores, repeat_loss_table(losses, cfg), ablation, icl, by_pos,
                   path_patch, head_classes, by_prompt)

@@ -25,7 +25,13 @@ from workbench.interventions.paths import path_removed, read_points
 from workbench.models.base import Model
 from workbench.recording.reductions import reduce_patterns
 from workbench.scores import classes, metrics
-from workbench.scores.heads import copying_scores, score_and_classify, summarize_tokens, top_heads
+from workbench.scores.heads import (
+    copying_scores,
+    score_and_classify,
+    scores_by_prompt,
+    summarize_tokens,
+    top_heads,
+)
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.qk_attribution import require_pre_norm
 from workbench.scores.stats import bootstrap_mean_ci
@@ -116,11 +122,12 @@ def _path_line(table: pd.DataFrame, path: str) -> str:
 # ---- head scores -------------------------------------------------------------------------
 
 def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence[Prompt],
-                     cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+                     cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """induction (Olsson et al.'s second-repeat score) and induction_pooled on the
-    repeated sequences, copying on random tokens, previous_token on natural text; and the
+    repeated sequences, copying on random tokens, previous_token on natural text; the
     induction and previous-token classes (the shuffled-repeat twins batched with the
-    repeated sequences)."""
+    repeated sequences); and the ``head_scores_by_prompt`` rows of all but copying (whose
+    "prompts" are single tokens)."""
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens,
               "testing": classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed)}
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -138,8 +145,11 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
                          seed=cfg.seed),
         previous.head_scores,
     ], ignore_index=True), model.info.layer_types)
+    by_prompt = pd.concat([
+        scores_by_prompt(induction.per_prompt, repeated, "repeated random tokens"),
+        scores_by_prompt(previous.per_prompt, natural, "natural text")], ignore_index=True)
     return scores, pd.concat([induction.head_classes, previous.head_classes],
-                             ignore_index=True)
+                             ignore_index=True), by_prompt
 
 
 def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:

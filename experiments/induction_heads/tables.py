@@ -8,6 +8,7 @@ from workbench.store.schema import (
     columns,
     head_classes,
     head_scores,
+    head_scores_by_prompt,
     per_prompt,
     tables,
 )
@@ -101,6 +102,10 @@ LOSS_BY_PROMPT = per_prompt(
     columns(("position", "int", "position of the predicted token (0 is BOS, never "
                                 "predicted)")),
     columns(("loss", "float", "next-token loss (nats)")))
+HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
+    "induction and induction_pooled on each repeated random sequence, previous_token on "
+    "each natural-text window (what head_scores averages; copying, scored per token, is "
+    "not here)")
 
 HEAD_CLASSES = head_classes(
     "every head tested for the induction class (repeated random tokens; null: the repeats "
@@ -109,4 +114,5 @@ HEAD_CLASSES = head_classes(
     "rate fdr")
 
 TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL, PATH_PATCH,
-                HEAD_CLASSES, REPEAT_LOSS_BY_PROMPT, ICL_BY_PROMPT, LOSS_BY_PROMPT)
+                HEAD_CLASSES, REPEAT_LOSS_BY_PROMPT, ICL_BY_PROMPT, LOSS_BY_PROMPT,
+                HEAD_SCORES_BY_PROMPT)

@@ -266,6 +266,19 @@ def per_prompt(name: str, meaning: str, keys: Iterable[Column], values: Iterable
                  keys=(PROMPT_KEY, *(c.name for c in keys)), min_rows=1)
 
 
+def head_scores_by_prompt(meaning: str = "every head's score of each metric on each "
+                                          "prompt (what head_scores averages)") -> Table:
+    """The per-prompt ``head_scores_by_prompt`` table of the experiments that score heads:
+    ``prompt, tokens, layer, head, metric, inputs, score``, one row a head's score of a
+    metric on one prompt of some inputs."""
+    keys = (*HEAD_KEYS, Column("metric", "str", "which score: a head metric of "
+                                                "workbench.scores.metrics"),
+            Column("inputs", "str", "the inputs the score was measured on"))
+    return per_prompt("head_scores_by_prompt", meaning, keys,
+                      columns(("score", "float", "the score on this prompt; NaN where it "
+                                                 "is not defined (nothing to score)")))
+
+
 def is_per_prompt(table: Table) -> bool:
     """Whether ``table`` holds one value per prompt (``prompt`` is among its keys)."""
     return PROMPT_KEY in table.keys
