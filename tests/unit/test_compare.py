@@ -135,6 +135,34 @@ def test_per_prompt_tables_agree_with_their_aggregates(three_runs):
     by_pos = clean.table("loss_by_prompt").groupby("position").loss.mean().to_numpy()
     np.testing.assert_allclose(by_pos, clean.table("loss_by_position").loss.to_numpy(),
                                rtol=1e-5)
+    keys = ["layer", "head", "metric", "inputs"]
+    per_head = clean.table("head_scores_by_prompt").groupby(keys).score.mean()
+    scores = clean.table("head_scores").set_index(keys).score
+    assert set(per_head.index) == set(scores[scores.index.get_level_values("metric")
+                                             != "copying"].index)
+    np.testing.assert_allclose(per_head.to_numpy(), scores.loc[per_head.index].to_numpy(),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("experiment, table", [
+    ("previous-token-heads", "head_scores_by_prompt"), ("head-overview", "per_prompt_scores")])
+def test_head_scoring_experiments_pair_their_heads_by_prompt(llama, tmp_path, experiment,
+                                                             table):
+    from workbench.harness.experiment import run_experiment
+
+    config = CONFIGS.get(experiment, {"n_boot": 20})
+    clean = run_experiment(experiment, llama, config, runs_dir=tmp_path)
+    mask = HeadMask.for_model(llama).without([(0, 1)])
+    masked = run_experiment(experiment, llama, config, runs_dir=tmp_path, heads_mask=mask)
+    itself = compare(clean, clean, only=table).differences
+    assert (itself.pairing == "same prompts").all() and (itself.p.dropna() == 1).all()
+    assert (itself.difference.dropna() == 0).all()
+    rows = compare(clean, masked, only=table).differences
+    assert (rows.pairing == "same prompts").all()
+    # the mask acts on layer 0's output: layer 0's patterns, and so its scores, stay put
+    layer0 = rows[rows.key.str.startswith("layer=0 ")]
+    assert len(layer0) and (layer0.difference.dropna() == 0).all()
+    assert (rows[rows.key.str.startswith("layer=1 ")].difference.abs() > 0).any()
 
 
 def test_a_run_compared_with_itself(three_runs):

@@ -149,7 +149,9 @@ def _table(a: Run, b: Run, name: str, table: Table | None, **stats: int
         return pd.DataFrame(), [f"table {name}: not declared by {a.experiment}; not compared"]
     fa, fb = tables.read(a, name), tables.read(b, name)
     if is_per_prompt(table):
-        return _per_prompt(name, table, fa, fb, **stats)
+        # without token digests the prompts are known the same only from equal configs
+        same = same_prompts(fa, fb) and ("tokens" in fa or a.config == b.config)
+        return _per_prompt(name, table, fa, fb, same, **stats)
     return _aggregate(name, table, fa, fb)
 
 
@@ -176,38 +178,67 @@ def _wide(frame: pd.DataFrame, group: list[str], column: str) -> pd.DataFrame:
 
 
 def same_prompts(fa: pd.DataFrame, fb: pd.DataFrame) -> bool:
-    """Whether two per-prompt tables hold the same prompts: the same prompt indices, each
-    with the same ``tokens`` digest."""
-    pa = fa[[PROMPT_KEY, "tokens"]].drop_duplicates().sort_values(PROMPT_KEY)
-    pb = fb[[PROMPT_KEY, "tokens"]].drop_duplicates().sort_values(PROMPT_KEY)
-    return (len(pa) == len(pb) and pa[PROMPT_KEY].is_unique
-            and (pa.to_numpy() == pb.to_numpy()).all())
+    """Whether two per-prompt tables hold the same prompts: the same ``(prompt, tokens)``
+    pairs (a table of several inputs numbers each from 0); the same prompt indices in a
+    table that stores no ``tokens`` digest."""
+    def pairs(frame: pd.DataFrame) -> set[tuple[int, str]]:
+        digests = frame.tokens.astype(str) if "tokens" in frame else pd.Series("", frame.index)
+        unique = pd.DataFrame({"p": frame[PROMPT_KEY].astype(int), "t": digests})
+        return set(unique.drop_duplicates().itertuples(index=False, name=None))
+
+    return pairs(fa) == pairs(fb)
 
 
-def _per_prompt(name: str, table: Table, fa: pd.DataFrame, fb: pd.DataFrame, *,
+def _buckets(frame: pd.DataFrame, group: list[str], keys: pd.Index) -> list[pd.Index]:
+    """``keys`` (entries of ``group``) split by the prompts each holds rows for in
+    ``frame``: each bucket is resampled over its own prompts only."""
+    here = _wide(frame.assign(_here=1.0), group, "_here").reindex(columns=keys)
+    patterns: dict[tuple[bool, ...], list[int]] = {}
+    for i, column in enumerate(here.to_numpy().T):
+        patterns.setdefault(tuple(~np.isnan(column)), []).append(i)
+    return [keys[idx] for idx in patterns.values()]
+
+
+def _per_prompt(name: str, table: Table, fa: pd.DataFrame, fb: pd.DataFrame, same: bool, *,
                 n_boot: int, n_flips: int, seed: int) -> tuple[pd.DataFrame, list[str]]:
-    """A per-prompt table's differences: paired where the prompts are the same."""
+    """A per-prompt table's differences: paired where the prompts are ``same``."""
     group = [k for k in table.keys if k != PROMPT_KEY]
-    same = same_prompts(fa, fb)
     frames, notes = [], []
     for column in _value_columns(table):
         wa, wb = _wide(fa, group, column), _wide(fb, group, column)
-        cols = wa.columns.intersection(wb.columns, sort=False)
-        if len(cols) < max(len(wa.columns), len(wb.columns)):
-            notes.append(f"table {name}: {len(wa.columns) - len(cols)} keys of A and "
-                         f"{len(wb.columns) - len(cols)} of B have no partner")
-        va, vb = wa[cols].to_numpy(float), wb[cols].to_numpy(float)
-        out = (paired.paired_differences(va, vb, n_boot=n_boot, n_flips=n_flips, seed=seed)
-               if same else paired.unpaired_differences(va, vb, n_boot=n_boot, seed=seed))
-        out.insert(0, "column", column)
-        out.insert(0, "key", _key_labels(cols, group))
-        out.insert(0, "table", name)
-        out["pairing"] = "same prompts" if same else "different prompts"
-        frames.append(out)
+        keys = wa.columns.intersection(wb.columns, sort=False)
+        if len(keys) < max(len(wa.columns), len(wb.columns)):
+            notes.append(f"table {name}: {len(wa.columns) - len(keys)} keys of A and "
+                         f"{len(wb.columns) - len(keys)} of B have no partner")
+        for bucket in _buckets(fa, group, keys):
+            out = _differences(wa[bucket], wb[bucket], same, n_boot=n_boot, n_flips=n_flips,
+                               seed=seed)
+            out.insert(0, "column", column)
+            out.insert(0, "key", _key_labels(bucket, group))
+            out.insert(0, "table", name)
+            frames.append(out)
     if not same:
         notes.append(f"table {name}: the runs scored different prompts, so its differences "
                      "are unpaired (intervals from each run's prompts alone, no p-values)")
+    elif "tokens" not in fa:
+        notes.append(f"table {name} stores no token digests: its prompts are paired by "
+                     "index (the two configs are equal, so the prompts are the same)")
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), notes
+
+
+def _differences(wa: pd.DataFrame, wb: pd.DataFrame, same: bool, **stats: int
+                 ) -> pd.DataFrame:
+    """The differences of one bucket of keys, over the prompts it has in either run."""
+    wa, wb = wa.dropna(how="all"), wb.dropna(how="all")
+    if same:
+        rows = wa.index.union(wb.index)
+        out = paired.paired_differences(wa.reindex(rows).to_numpy(float),
+                                        wb.reindex(rows).to_numpy(float), **stats)
+    else:
+        out = paired.unpaired_differences(wa.to_numpy(float), wb.to_numpy(float),
+                                          n_boot=stats["n_boot"], seed=stats["seed"])
+    out["pairing"] = "same prompts" if same else "different prompts"
+    return out
 
 
 def _aggregate(name: str, table: Table, fa: pd.DataFrame, fb: pd.DataFrame
