@@ -187,6 +187,8 @@ def test_ablation_against_clean_is_paired_by_prompt(three_runs):
     low, high = reference_bootstrap(d, paired.N_RESAMPLES, paired.SEED)
     assert (second.ci_low, second.ci_high) == (pytest.approx(low), pytest.approx(high))
     assert second.pairing == "same prompts" and 0 < second.p <= 1
+    exact = exact_sign_flip_p(d)  # 4 prompts: all 16 sign patterns
+    assert abs(second.p - exact) < 4 * np.sqrt(exact * (1 - exact) / paired.N_FLIPS) + 2e-4
     labels = ", ".join(f"L{la}H{h}" for la, h in sorted(heads))
     assert result.interventions[0] == "none"
     assert result.interventions[1] == f"2 heads mean-ablated ({labels})"
@@ -252,3 +254,25 @@ def test_differences_frame_has_the_declared_columns(three_runs):
                                    "ci_high", "p", "n_prompts", "pairing"]
     assert set(frame.key) == {"metric=icl_score", "metric=icl_score_window"}
     assert isinstance(frame, pd.DataFrame)
+
+
+@pytest.mark.parametrize("experiment, table", [
+    ("logit-lens", "lens"), ("logit-lens", "direct_per_prompt"), ("ioi", "prompts"),
+    ("attention-sinks", "sink_per_prompt")])
+def test_per_prompt_tables_without_digests_pair_by_index_under_equal_configs(
+        llama, tmp_path, experiment, table):
+    from workbench.harness.experiment import run_experiment
+
+    clean = run_experiment(experiment, llama, CONFIGS[experiment], runs_dir=tmp_path)
+    masked = run_experiment(experiment, llama, CONFIGS[experiment], runs_dir=tmp_path,
+                            heads_mask=HeadMask.for_model(llama).without([(0, 1)]))
+    itself = compare(clean, clean, only=table).differences
+    assert (itself.pairing == "same prompts").all() and (itself.p.dropna() == 1).all()
+    assert (itself.difference.dropna() == 0).all()
+    result = compare(clean, masked, only=table)
+    assert (result.differences.pairing == "same prompts").all()
+    assert any("paired by index" in note for note in result.notes)
+    other = run_experiment(experiment, llama, {**CONFIGS[experiment], "seed": 1},
+                           runs_dir=tmp_path)
+    # another config: the prompts may differ, so nothing is paired by index
+    assert (compare(clean, other, only=table).differences.pairing == "different prompts").all()
