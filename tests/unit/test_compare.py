@@ -276,3 +276,63 @@ def test_per_prompt_tables_without_digests_pair_by_index_under_equal_configs(
                            runs_dir=tmp_path)
     # another config: the prompts may differ, so nothing is paired by index
     assert (compare(clean, other, only=table).differences.pairing == "different prompts").all()
+
+
+def _stored(store, losses: np.ndarray, *, info=None, digests=None, mask=None):
+    """An induction-heads run holding only ``repeat_loss_by_prompt`` (``[prompt, repeat]``
+    losses), on the fake model ``info``, with a head mask's interventions."""
+    from experiments.induction_heads.tables import REPEAT_LOSS_BY_PROMPT
+    from tests.tiny import fake_info
+
+    n, repeats = losses.shape
+    digests = digests or [f"{i:016x}" for i in range(n)]
+    table = pd.DataFrame({"prompt": np.repeat(np.arange(n), repeats),
+                          "tokens": np.repeat(digests, repeats),
+                          "repeat": np.tile(np.arange(1, repeats + 1), n),
+                          "loss": losses.reshape(-1)})
+    extra = {"interventions": {"heads_mask": mask.to_json()}} if mask else None
+    with store.start("induction-heads", info or fake_info(), {"n_prompts": n},
+                     tables={"repeat_loss_by_prompt": REPEAT_LOSS_BY_PROMPT},
+                     extra=extra) as run:
+        run.save_table("repeat_loss_by_prompt", table)
+    return store.get(run.id)
+
+
+def test_a_known_shift_is_found_and_its_interval_excludes_zero(tmp_path):
+    """B's second-repeat loss is A's plus 1 (and noise) on every prompt: the interval is
+    near [1 - noise, 1 + noise], far from 0, and p is the smallest 16 prompts allow."""
+    store = RunStore(tmp_path)
+    rng = np.random.default_rng(0)
+    clean = rng.normal(3.0, 1.0, size=(16, 2))
+    shifted = clean + np.array([0.0, 1.0]) + rng.normal(0, 0.05, size=(16, 2))
+    a = _stored(store, clean)
+    b = _stored(store, shifted, mask=HeadMask.ones(2, 4).without([(1, 3)]))
+    result = compare(a, b)
+    rows = result.differences.set_index("key")
+    second = rows.loc["repeat=2"]
+    assert 0.9 < second.ci_low < 1 < second.ci_high < 1.1
+    assert second.p == pytest.approx(1 / (1 + paired.N_FLIPS), abs=3e-4)  # 2 / 2^16 exact
+    assert rows.loc["repeat=1"].ci_low < 0 < rows.loc["repeat=1"].ci_high
+    assert result.interventions == ("none", "1 heads zero-ablated (L1H3)")
+    assert any("no per-prompt tables" in n for n in result.notes)  # the others are missing
+    # other prompts (other digests): unpaired, no p-value, the same point difference
+    c = _stored(store, shifted, digests=[f"{i:016x}" for i in range(100, 116)])
+    other = compare(a, c).differences.set_index("key").loc["repeat=2"]
+    assert other.pairing == "different prompts" and np.isnan(other.p)
+    assert other.difference == pytest.approx(second.difference)
+
+
+def test_runs_on_other_weights_are_refused(tmp_path):
+    from tests.tiny import fake_info
+    from workbench.core.errors import WorkbenchError
+    from workbench.harness.compare import check_comparable
+
+    store = RunStore(tmp_path)
+    losses = np.ones((3, 2))
+    a = _stored(store, losses)
+    b = _stored(store, losses, info=fake_info(checksum="def"))
+    c = _stored(store, losses, info=fake_info(name="other"))
+    with pytest.raises(WorkbenchError, match=r"differ in model weights \(sha256 abc vs def\)"):
+        check_comparable(a, b)
+    with pytest.raises(WorkbenchError, match=r"differ in model \(tiny vs other\)"):
+        compare(a, c)
