@@ -336,3 +336,22 @@ def test_runs_on_other_weights_are_refused(tmp_path):
         check_comparable(a, b)
     with pytest.raises(WorkbenchError, match=r"differ in model \(tiny vs other\)"):
         compare(a, c)
+
+
+def test_induction_distance_stores_and_pairs_its_losses_per_prompt(llama, tmp_path):
+    from workbench.harness.experiment import run_experiment
+
+    config = CONFIGS["induction-distance"]
+    clean = run_experiment("induction-distance", llama, config, runs_dir=tmp_path)
+    by_prompt = clean.table("distance_losses_by_prompt")
+    means = by_prompt.groupby("distance")[["first_loss", "second_loss", "drop"]].mean()
+    stored = clean.table("distance_losses").set_index("distance")
+    np.testing.assert_allclose(means.to_numpy(), stored.loc[means.index, means.columns]
+                               .to_numpy(), rtol=1e-6)
+    masked = run_experiment("induction-distance", llama, config, runs_dir=tmp_path,
+                            heads_mask=HeadMask.for_model(llama).without([(0, 1)]))
+    itself = compare(clean, clean, only="distance_losses_by_prompt").differences
+    assert (itself.difference == 0).all() and (itself.p == 1).all()
+    rows = compare(clean, masked, only="distance_losses_by_prompt").differences
+    assert (rows.pairing == "same prompts").all()
+    assert set(rows.key) == {f"distance={d}" for d in by_prompt.distance.unique()}
