@@ -62,7 +62,7 @@ SINK_PER_PROMPT = Table("sink_per_prompt", "alpha_1 of every head on every seque
              ("head", "int", "query head index within the layer, from 0", (0, "n_heads")),
              ("metric", "str", "always first_token"),
              ("score", "float", "alpha_1: mean weight on position 0 over the real queries")),
-    INPUT, LAYER_TYPE))
+    INPUT, LAYER_TYPE), keys=("prompt", "input", "layer", "head"))
 
 MASSIVE_ACTIVATIONS = Table(
     "massive_activations",

@@ -14,7 +14,7 @@ PER_PROMPT_SCORES = Table("per_prompt_scores", "the same scores on each prompt, 
     *HEAD_KEYS,
     Column("metric", "str", "which score: a head metric of workbench.scores.metrics"),
     Column("score", "float", "the score on this prompt"),
-))
+), keys=("prompt", "layer", "head", "metric"))
 
 HEAD_CLASSES = head_classes(
     "every head tested for the previous-token class (null: its own total weight on the "

@@ -54,7 +54,7 @@ from workbench.harness.experiment import Context, experiment
 from workbench.inputs.batching import Batch
 from workbench.inputs.corpus import python_docs
 from workbench.inputs.nulls import body_start
-from workbench.inputs.prompts import Prompt, random_token_ids
+from workbench.inputs.prompts import Prompt, random_token_ids, tokens_digest
 from workbench.models.base import Model
 from workbench.recording import hooks
 from workbench.recording.reductions import BlockReduction, PatternContext, query_mean
@@ -219,10 +219,15 @@ class Result:
     distance_scores: pd.DataFrame
     distance_losses: pd.DataFrame
     sliding_window: int | None
+    losses_by_prompt: pd.DataFrame | None = None
+    """The ``distance_losses_by_prompt`` rows (``None``: not kept)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {"distance_scores": self.distance_scores,
-                "distance_losses": self.distance_losses}
+        out = {"distance_scores": self.distance_scores,
+               "distance_losses": self.distance_losses}
+        if self.losses_by_prompt is not None:
+            out["distance_losses_by_prompt"] = self.losses_by_prompt
+        return out
 
     def summary(self) -> list[str]:
         scores, losses = self.distance_scores, self.distance_losses
@@ -331,7 +336,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Every head's induction score, and the loss drop, as the earlier copy moves away."""
     planned = ctx.planned if ctx is not None and ctx.planned is not None else plan(model, cfg)
     frame, distances, seqs = planned.frame, planned.distances, planned.seqs
-    frames, losses = [], []
+    frames, losses, digests = [], [], []
     # a step's time grows with its prompts' length: on smollm2 (2 prompts, loaded cores)
     # 4,129 tokens took 6 min 15 s and 8,192 about 10 min, so length is the weight
     weights = [frame + d + cfg.seq_len for d in distances]
@@ -339,6 +344,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         for distance in distances:
             stage(f"D={distance}")
             prompts = [seqs.prompt(model, i, distance) for i in range(cfg.n_prompts)]
+            digests += [(i, distance, tokens_digest(p)) for i, p in enumerate(prompts)]
             for batch in progress.track(model.batches(prompts, max_tokens=cfg.max_batch_tokens),
                                         desc=f"scoring D={distance}"):
                 part, rows = _long(measure(model, batch, distance, cfg.seq_len),
@@ -347,4 +353,16 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                 losses += rows
     scores, loss_table = _tables(model, cfg, pd.concat(frames, ignore_index=True),
                                  pd.DataFrame(losses))
-    return Result(scores, loss_table, model.info.sliding_window)
+    return Result(scores, loss_table, model.info.sliding_window,
+                  losses_by_prompt(pd.DataFrame(losses), digests))
+
+
+def losses_by_prompt(losses: pd.DataFrame, digests: Sequence[tuple[int, int, str]]
+                     ) -> pd.DataFrame:
+    """The ``distance_losses_by_prompt`` rows from the ``prompt, distance, first_loss,
+    second_loss`` rows and each ``(prompt, distance)``'s token digest."""
+    tokens = pd.DataFrame(digests, columns=["prompt", "distance", "tokens"])
+    out = losses.merge(tokens, on=["prompt", "distance"], validate="one_to_one")
+    out["drop"] = out.first_loss - out.second_loss
+    out = out.astype({"prompt": "int64", "distance": "int64"})
+    return out[["prompt", "tokens", "distance", "first_loss", "second_loss", "drop"]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, LAYER_TYPE, Table, columns, tables
+from workbench.store.schema import HEAD_KEYS, LAYER_TYPE, Table, columns, per_prompt, tables
 
 DISTANCE_SCORES = Table(
     "distance_scores", "every head's Olsson induction score at each distance D between the "
@@ -28,4 +28,13 @@ DISTANCE_LOSSES = Table(
         ("n_prompts", "int", "prompts"),
     ), keys=("distance",), min_rows=1)
 
-TABLES = tables(DISTANCE_SCORES, DISTANCE_LOSSES)
+DISTANCE_LOSSES_BY_PROMPT = per_prompt(
+    "distance_losses_by_prompt", "each prompt's losses at each distance D (what "
+    "distance_losses averages; a prompt's filler differs with D, so its tokens do too)",
+    columns(("distance", "int", "D: tokens from a token's first occurrence to its second")),
+    columns(("first_loss", "float", "mean next-token loss (nats) on the first occurrence, "
+                                    "its first token left out"),
+            ("second_loss", "float", "the same on the second occurrence"),
+            ("drop", "float", "first_loss - second_loss")))
+
+TABLES = tables(DISTANCE_SCORES, DISTANCE_LOSSES, DISTANCE_LOSSES_BY_PROMPT)

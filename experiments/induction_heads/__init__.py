@@ -110,6 +110,7 @@ from experiments.induction_heads.measure import (
     head_score_table,
     icl_tables,
     path_patch_table,
+    repeat_loss_prompts,
     repeat_loss_table,
 )
 from experiments.induction_heads.tables import TABLES
@@ -169,7 +170,8 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     # each step's seconds in a demo run on smollm2 (2 shared cores), for the time left
     with progress.stages("induction-heads", 6, weights=(147, 18, 261, 170, 361, 3)) as stage:
         stage("head scores")
-        head_scores, head_classes = head_score_table(model, repeated, natural, cfg)
+        head_scores, head_classes, scores_by_prompt = head_score_table(model, repeated,
+                                                                       natural, cfg)
         stage("loss on repeats")
         start, _ = first_repeats(repeated, cfg.seq_len, cfg.repeats, keep=cfg.repeats)
         losses = repeat_losses(token_losses(model, repeated), cfg.seq_len, cfg.repeats,
@@ -179,9 +181,11 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         stage("K-composition path patch")
         path_patch = path_patch_table(model, repeated, head_scores, cfg)
         stage("in-context learning")
-        icl, by_pos = icl_tables(model, cfg)
+        icl, by_pos, by_prompt = icl_tables(model, cfg)
         stage("example patterns")
         if ctx.workdir is not None:
             record(model, repeated[:1], ctx.workdir / "example", include_resid=False)
+    by_prompt["repeat_loss_by_prompt"] = repeat_loss_prompts(losses, repeated)
+    by_prompt["head_scores_by_prompt"] = scores_by_prompt
     return Result(head_scores, repeat_loss_table(losses, cfg), ablation, icl, by_pos,
-                  path_patch, head_classes)
+                  path_patch, head_classes, by_prompt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +17,7 @@ from experiments.induction_heads.tables import PATH_PATCH
 from workbench.core import progress
 from workbench.core.errors import ModelCapabilityError
 from workbench.inputs.corpus import python_docs, token_chunks
-from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids, tokens_digest
 from workbench.interventions import replay
 from workbench.interventions.ablation import Head, ablated, random_same_layer
 from workbench.interventions.masks import head_means
@@ -25,7 +25,13 @@ from workbench.interventions.paths import path_removed, read_points
 from workbench.models.base import Model
 from workbench.recording.reductions import reduce_patterns
 from workbench.scores import classes, metrics
-from workbench.scores.heads import copying_scores, score_and_classify, summarize_tokens, top_heads
+from workbench.scores.heads import (
+    copying_scores,
+    score_and_classify,
+    scores_by_prompt,
+    summarize_tokens,
+    top_heads,
+)
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.scores.qk_attribution import require_pre_norm
 from workbench.scores.stats import bootstrap_mean_ci
@@ -46,6 +52,9 @@ class Result:
     loss_by_position: pd.DataFrame
     path_patch: pd.DataFrame | None = None
     head_classes: pd.DataFrame | None = None
+    by_prompt: dict[str, pd.DataFrame] = field(default_factory=dict)
+    """The per-prompt tables (``repeat_loss_by_prompt``, ``icl_by_prompt``,
+    ``loss_by_prompt``) by name."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
         out = {"head_scores": self.head_scores, "repeat_loss": self.repeat_loss,
@@ -55,7 +64,7 @@ class Result:
             out["path_patch"] = self.path_patch
         if self.head_classes is not None:
             out["head_classes"] = self.head_classes
-        return out
+        return {**out, **self.by_prompt}
 
     def summary(self) -> list[str]:
         top = self.head_scores[self.head_scores.metric == "induction"].nlargest(3, "score")
@@ -113,11 +122,12 @@ def _path_line(table: pd.DataFrame, path: str) -> str:
 # ---- head scores -------------------------------------------------------------------------
 
 def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence[Prompt],
-                     cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+                     cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """induction (Olsson et al.'s second-repeat score) and induction_pooled on the
-    repeated sequences, copying on random tokens, previous_token on natural text; and the
+    repeated sequences, copying on random tokens, previous_token on natural text; the
     induction and previous-token classes (the shuffled-repeat twins batched with the
-    repeated sequences)."""
+    repeated sequences); and the ``head_scores_by_prompt`` rows of all but copying (whose
+    "prompts" are single tokens)."""
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens,
               "testing": classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed)}
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -135,8 +145,11 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
                          seed=cfg.seed),
         previous.head_scores,
     ], ignore_index=True), model.info.layer_types)
+    by_prompt = pd.concat([
+        scores_by_prompt(induction.per_prompt, repeated, "repeated random tokens"),
+        scores_by_prompt(previous.per_prompt, natural, "natural text")], ignore_index=True)
     return scores, pd.concat([induction.head_classes, previous.head_classes],
-                             ignore_index=True)
+                             ignore_index=True), by_prompt
 
 
 def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:
@@ -146,6 +159,17 @@ def repeat_loss_table(losses: np.ndarray, cfg: Config) -> pd.DataFrame:
     return pd.DataFrame({"repeat": np.arange(1, losses.shape[1] + 1),
                          "loss": losses.mean(0), "ci_low": low, "ci_high": high,
                          "n_prompts": losses.shape[0]})
+
+
+def repeat_loss_prompts(losses: np.ndarray, prompts: Sequence[Prompt]) -> pd.DataFrame:
+    """The ``repeat_loss_by_prompt`` rows: each prompt's loss on each repeat, from
+    ``[prompt, repeat]`` losses."""
+    n_prompts, n_repeats = losses.shape
+    return pd.DataFrame({
+        "prompt": np.repeat(np.arange(n_prompts), n_repeats),
+        "tokens": np.repeat([tokens_digest(p) for p in prompts], n_repeats),
+        "repeat": np.tile(np.arange(1, n_repeats + 1), n_prompts),
+        "loss": losses.reshape(-1).astype(float)})
 
 
 # ---- K-composition ablation --------------------------------------------------------------
@@ -310,13 +334,23 @@ def path_patch_table(model: Model, prompts: Sequence[Prompt], head_scores: pd.Da
 
 # ---- in-context learning -----------------------------------------------------------------
 
+def _bands(losses: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each window's mean loss at positions ``50 +- w`` and ``500 +- w``, from ``[prompt,
+    position - 1]`` per-token losses (entry t - 1 of a loss vector is the loss on the token
+    at position t)."""
+    return losses[:, 50 - w - 1: 50 + w].mean(1), losses[:, 500 - w - 1: 500 + w].mean(1)
+
+
+ESTIMATORS = (("icl_score", False), ("icl_score_window", True))
+"""The two ICL estimators: the single tokens, and the bands of ``icl_halfwidth``."""
+
+
 def icl_rows(losses: np.ndarray, halfwidth: int, *, n_boot: int, seed: int) -> pd.DataFrame:
     """ICL scores from ``[prompt, position - 1]`` per-token losses (both estimators)."""
     rows = []
-    for metric, w in (("icl_score", 0), ("icl_score_window", halfwidth)):
-        # entry t - 1 of a loss vector is the loss on the token at position t
-        early = losses[:, 50 - w - 1: 50 + w].mean(1)
-        late = losses[:, 500 - w - 1: 500 + w].mean(1)
+    for metric, banded in ESTIMATORS:
+        w = halfwidth if banded else 0
+        early, late = _bands(losses, w)
         diff = late - early
         low, high = bootstrap_mean_ci(diff[:, None], n_boot=n_boot, seed=seed)
         rows.append({"metric": metric, "value": float(diff.mean()), "ci_low": float(low[0]),
@@ -327,16 +361,50 @@ def icl_rows(losses: np.ndarray, halfwidth: int, *, n_boot: int, seed: int) -> p
     return pd.DataFrame(rows)
 
 
-def icl_tables(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The in-context-learning scores and the mean loss at every position."""
+def icl_prompt_rows(losses: np.ndarray, halfwidth: int, digests: Sequence[str], *,
+                    applies: bool = True) -> pd.DataFrame:
+    """The ``icl_by_prompt`` rows: each window's score by both estimators (NaN where the
+    score does not apply: the context is too short)."""
+    frames = []
+    for metric, banded in ESTIMATORS:
+        if applies:
+            early, late = _bands(losses, halfwidth if banded else 0)
+        else:
+            early = late = np.full(len(losses), np.nan)
+        frames.append(pd.DataFrame({
+            "prompt": np.arange(len(losses)), "tokens": list(digests), "metric": metric,
+            "value": late - early, "loss_at_50": early, "loss_at_500": late}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def loss_prompt_rows(losses: np.ndarray, digests: Sequence[str]) -> pd.DataFrame:
+    """The ``loss_by_prompt`` rows from ``[prompt, position - 1]`` per-token losses."""
+    n_prompts, n_positions = losses.shape
+    return pd.DataFrame({
+        "prompt": np.repeat(np.arange(n_prompts), n_positions),
+        "tokens": np.repeat(list(digests), n_positions),
+        "position": np.tile(np.arange(1, n_positions + 1), n_prompts),
+        "loss": losses.reshape(-1).astype(float)})
+
+
+def icl_tables(model: Model, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                   dict[str, pd.DataFrame]]:
+    """The in-context-learning scores, the mean loss at every position, and the
+    per-prompt tables of both (``icl_by_prompt``, ``loss_by_prompt``)."""
     windows = token_chunks(model, python_docs(), n_chunks=cfg.icl_prompts,
                            n_tokens=min(cfg.icl_tokens, model.info.n_ctx), label="docs")
     losses = torch.stack(token_losses(model, windows, desc="icl loss")).numpy()  # [P, T-1]
     by_pos = pd.DataFrame({"position": np.arange(1, losses.shape[1] + 1),
                            "loss": losses.mean(0)})
-    if (why := icl_not_applicable(model.info.name, losses.shape[1] + 1, cfg.icl_halfwidth)):
-        return icl_unavailable(why, len(losses)), by_pos
-    return icl_rows(losses, cfg.icl_halfwidth, n_boot=cfg.n_boot, seed=cfg.seed), by_pos
+    digests = [tokens_digest(w) for w in windows]
+    why = icl_not_applicable(model.info.name, losses.shape[1] + 1, cfg.icl_halfwidth)
+    by_prompt = {"icl_by_prompt": icl_prompt_rows(losses, cfg.icl_halfwidth, digests,
+                                                  applies=why is None),
+                 "loss_by_prompt": loss_prompt_rows(losses, digests)}
+    if why:
+        return icl_unavailable(why, len(losses)), by_pos, by_prompt
+    return (icl_rows(losses, cfg.icl_halfwidth, n_boot=cfg.n_boot, seed=cfg.seed), by_pos,
+            by_prompt)
 
 
 def icl_not_applicable(name: str, n_tokens: int, halfwidth: int) -> str | None:

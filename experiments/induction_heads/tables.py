@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import Column, Table, columns, head_classes, head_scores, tables
+from workbench.store.schema import (
+    Column,
+    Table,
+    columns,
+    head_classes,
+    head_scores,
+    head_scores_by_prompt,
+    per_prompt,
+    tables,
+)
 
 METRIC_MEANING = (
     "induction: Olsson et al.'s prefix-matching score, the mean weight from each query "
@@ -29,7 +38,7 @@ LOSS_BY_POSITION = Table("loss_by_position", "mean next-token loss at every posi
                          "the natural-text ICL windows", columns(
     ("position", "int", "position of the predicted token (0 is BOS, never predicted)"),
     ("loss", "float", "mean loss (nats) over the ICL windows"),
-))
+), keys=("position",))
 ABLATION = Table("ablation", "K-composition: the tracked induction heads with "
                  "previous-token heads, or random same-layer heads, ablated", columns(
     ("condition", "str", "clean, previous-token (the chosen heads) or random (the control)"),
@@ -41,7 +50,7 @@ ABLATION = Table("ablation", "K-composition: the tracked induction heads with "
      "tracked heads"),
     ("first_repeat_loss", "float", "mean loss (nats) on the first repeat"),
     ("second_repeat_loss", "float", "mean loss (nats) on the second repeat"),
-))
+), keys=("condition", "kind", "draw"))
 PATH_PATCH = Table("path_patch", "K-composition, path-specific: the previous-token heads "
                    "(or random same-layer heads) removed from only the key, query or value "
                    "input of the tracked induction heads", columns(
@@ -56,7 +65,7 @@ PATH_PATCH = Table("path_patch", "K-composition, path-specific: the previous-tok
     ("first_repeat_loss", "float", "mean loss (nats) on the first repeat; NaN for the random "
      "draws (their control is on the induction score)"),
     ("second_repeat_loss", "float", "mean loss (nats) on the second repeat; NaN for random"),
-))
+), keys=("condition", "path", "draw"))
 ICL = Table("icl", "in-context learning score (Olsson et al. 2022): loss late in the "
             "context minus loss early, by two estimators", columns(
     ("metric", "str", "icl_score (single tokens) or icl_score_window (mean over a band)"),
@@ -68,7 +77,35 @@ ICL = Table("icl", "in-context learning score (Olsson et al. 2022): loss late in
     ("n_prompts", "int", "natural-text windows"),
     ("definition", "str", "the estimator, in words; 'n/a: why' when the context is too "
                           "short for it (the values are then NaN)"),
-))
+), keys=("metric",))
+
+# per-prompt values of the scalars above, so that two runs can be paired prompt by prompt
+# (workbench compare); the aggregate tables stay as they were
+REPEAT_LOSS_BY_PROMPT = per_prompt(
+    "repeat_loss_by_prompt", "next-token loss on each repeat of each random sequence (the "
+    "prompts and losses repeat_loss averages)",
+    columns(("repeat", "int", "which repeat, from 1 (the first occurrence)")),
+    columns(("loss", "float", "mean next-token loss (nats) over the repeat, its first token "
+                              "left out")))
+ICL_BY_PROMPT = per_prompt(
+    "icl_by_prompt", "each natural-text window's in-context learning score (the windows "
+    "icl averages)",
+    columns(("metric", "str", "icl_score (single tokens) or icl_score_window (mean over a "
+                              "band)")),
+    columns(("value", "float", "loss late minus loss early in this window (nats); NaN when "
+                               "the context is too short (see icl's definition)"),
+            ("loss_at_50", "float", "loss (nats) at position 50 (or the band around it)"),
+            ("loss_at_500", "float", "loss (nats) at position 500 (or the band around it)")))
+LOSS_BY_PROMPT = per_prompt(
+    "loss_by_prompt", "next-token loss at every position of every natural-text ICL window "
+    "(what loss_by_position averages)",
+    columns(("position", "int", "position of the predicted token (0 is BOS, never "
+                                "predicted)")),
+    columns(("loss", "float", "next-token loss (nats)")))
+HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
+    "induction and induction_pooled on each repeated random sequence, previous_token on "
+    "each natural-text window (what head_scores averages; copying, scored per token, is "
+    "not here)")
 
 HEAD_CLASSES = head_classes(
     "every head tested for the induction class (repeated random tokens; null: the repeats "
@@ -77,4 +114,5 @@ HEAD_CLASSES = head_classes(
     "rate fdr")
 
 TABLES = tables(HEAD_SCORES, REPEAT_LOSS, LOSS_BY_POSITION, ABLATION, ICL, PATH_PATCH,
-                HEAD_CLASSES)
+                HEAD_CLASSES, REPEAT_LOSS_BY_PROMPT, ICL_BY_PROMPT, LOSS_BY_PROMPT,
+                HEAD_SCORES_BY_PROMPT)

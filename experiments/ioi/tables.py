@@ -21,7 +21,7 @@ PROMPTS = Table("prompts", "every prompt of the behavioural measurement", column
     ("logit_diff", "float", "logit(IO) - logit(S) at the last position (END)"),
     ("corrupted_logit_diff", "float", "the same on the corrupted (ABC) prompt"),
     ("prefers_io", "bool", "logit_diff > 0"),
-))
+), keys=("prompt",))
 BEHAVIOUR = Table("behaviour", "the logit difference IO - S at END, mean over prompts", columns(
     ("scope", "str", "all, ABBA or BABA"),
     ("logit_diff", "float", "mean logit(IO) - logit(S) at END"),

@@ -23,7 +23,7 @@ LENS = Table("lens", "each read position's answer token through the logit lens, 
     ("top_id", "int", "the top token's id"),
     ("top", "str", "the top token, readable"),
     ("top_prob", "float", "the top token's probability"),
-))
+), keys=("prompt", "position", "layer"))
 LENS_LAYERS = Table("lens_layers", "the logit lens per layer boundary, mean over prompts "
                     "(each prompt's read positions averaged first)", columns(
     ("layer", "int", "layer boundary 0 .. n_layers", (0, "n_layers+1")),
@@ -56,7 +56,7 @@ DIRECT_PER_PROMPT = Table("direct_per_prompt", "each component's direct effect o
     ("component", "str", "as in direct_effects"),
     ("effect", "float", "the direct effect, in logits"),
     ("total", "float", "the prompt's centred answer logit (the sum of its effects)"),
-))
+), keys=("prompt", "component"))
 TOKENS = Table("tokens", "the prompts' tokens", columns(
     ("prompt", "int", "index of the prompt"),
     ("position", "int", "position, from 0"),

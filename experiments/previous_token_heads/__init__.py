@@ -59,7 +59,7 @@ from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
 from workbench.models.base import Model
 from workbench.recording.writer import record
 from workbench.scores import classes, metrics
-from workbench.scores.heads import score_and_classify
+from workbench.scores.heads import score_and_classify, scores_by_prompt
 from workbench.store.schema import with_layer_types
 
 
@@ -109,9 +109,14 @@ class Result:
     head_classes: pd.DataFrame
     untested: dict[str, str]
     """The classes whose null could not be made, each with the reason."""
+    by_prompt: pd.DataFrame | None = None
+    """The ``head_scores_by_prompt`` rows (``None``: not kept)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {"head_scores": self.head_scores, "head_classes": self.head_classes}
+        out = {"head_scores": self.head_scores, "head_classes": self.head_classes}
+        if self.by_prompt is not None:
+            out["head_scores_by_prompt"] = self.by_prompt
+        return out
 
     def summary(self) -> list[str]:
         lines = []
@@ -150,4 +155,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                              ignore_index=True), model.info.layer_types),
                   model.info.causal,
                   pd.concat([text.head_classes, dup.head_classes], ignore_index=True),
-                  text.untested | dup.untested)
+                  text.untested | dup.untested,
+                  pd.concat([scores_by_prompt(text.per_prompt, natural, text_label(cfg)),
+                             scores_by_prompt(dup.per_prompt, repeated,
+                                              "repeated random tokens")], ignore_index=True))

@@ -68,9 +68,11 @@ def test_icl_score_is_na_with_the_reason_on_a_short_context(families, tmp_path):
     folder = tiny.save_folder(transformers.GPT2LMHeadModel(cfg).eval(), tokenizer,
                               tmp_path / "short")
     model = load_model(str(folder))
-    icl, by_position = icl_tables(model, InductionConfig(icl_prompts=2, n_boot=10))
+    icl, by_position, by_prompt = icl_tables(model, InductionConfig(icl_prompts=2, n_boot=10))
     assert len(by_position) == 127  # every position of the 128-token windows but BOS
     assert icl.value.isna().all() and icl.definition.str.startswith("n/a").all()
+    assert by_prompt["icl_by_prompt"].value.isna().all()  # per window too, not a made-up score
+    assert len(by_prompt["loss_by_prompt"]) == 2 * 127
     assert "128 tokens" in icl.definition.iloc[0]
     long = icl_tables(families.model("gpt2"), InductionConfig(icl_prompts=2, icl_tokens=501,
                                                               icl_halfwidth=0, n_boot=10))[0]

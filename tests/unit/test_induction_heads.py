@@ -66,7 +66,7 @@ def test_the_ablation_s_clean_row_is_the_clean_measurement(llama):
                                seq_len=SEQ_LEN, repeats=REPEATS, seed=cfg.seed)
     natural = token_chunks(llama, python_docs(), n_chunks=cfg.n_natural, n_tokens=32,
                            label="docs")
-    head_scores, _ = head_score_table(llama, repeated, natural, cfg)
+    head_scores, _, _ = head_score_table(llama, repeated, natural, cfg)
     start, _ = first_repeats(repeated, SEQ_LEN, REPEATS, keep=REPEATS)
     losses = repeat_losses(token_losses(llama, repeated), SEQ_LEN, REPEATS, start=start)
     table = ablation_table(llama, repeated, head_scores, losses, cfg)

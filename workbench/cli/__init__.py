@@ -38,7 +38,8 @@ Where each part lives:
 - one module per group of commands: :mod:`~workbench.cli.models` (``models``, ``fetch``,
   ``verify``, ``prompts``), :mod:`~workbench.cli.record`, :mod:`~workbench.cli.experiments`
   (``run``, ``experiments``, ``demo`` and the experiment help),
-  :mod:`~workbench.cli.runs` (``runs``, ``show``), :mod:`~workbench.cli.reproduce`,
+  :mod:`~workbench.cli.runs` (``runs``, ``show``), :mod:`~workbench.cli.compare`
+  (``compare``), :mod:`~workbench.cli.reproduce`,
   :mod:`~workbench.cli.sweep` and :mod:`~workbench.cli.dashboard`. Their heavy imports stay
   inside the command functions, so the CLI starts fast and refuses bad names before any
   model loads.

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, get_args
 
+from workbench.cli.compare import cmd_compare
 from workbench.cli.dashboard import cmd_dashboard
 from workbench.cli.experiments import (
     cmd_demo,
@@ -340,6 +341,15 @@ def _add_store_commands(sub: Subparsers) -> None:
                    "of its head_classes table (Benjamini-Hochberg q <= the run's fdr)")
     p.add_argument("--fdr", type=_shared_value("fdr"), metavar="RATE", help="with --classes: "
                    "the heads whose q is at most this rate instead (0.0001 .. 0.5)")
+    _out_option(p, store="read")
+    p = _add(sub, "compare", cmd_compare, "compare two runs of one experiment on one model: "
+             "each scalar's difference B - A with a paired bootstrap interval and, on the "
+             "same prompts, a sign-flip p-value; configs and interventions side by side")
+    p.add_argument("a", metavar="A", help="run id, unique id prefix, or folder")
+    p.add_argument("b", metavar="B", help="run id, unique id prefix, or folder")
+    p.add_argument("--table", help="only this table")
+    p.add_argument("--rows", type=COUNT, default=10, help="rows of each table to print "
+                   "(default 10)")
     _out_option(p, store="read")
     p = _add(sub, "clean", cmd_clean, "list (and with --yes remove) the runs that processes "
              "which died left unfinished in the store's .incomplete/")

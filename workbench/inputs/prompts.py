@@ -23,6 +23,7 @@ Examples:
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -72,6 +73,17 @@ class Prompt:
     pair: str | None = None
     token_ids: tuple[int, ...] | None = None
     label: str = ""
+
+
+def tokens_digest(prompt: Prompt) -> str:
+    """The first 16 hex digits of the SHA-256 of a prompt's token ids (of its text where it
+    has no ids): what tells two runs' prompt ``i`` apart when they were drawn differently
+    (a per-prompt table's ``tokens`` column)."""
+    if prompt.token_ids is not None:
+        data = ",".join(map(str, prompt.token_ids)).encode()
+    else:
+        data = f"{prompt.text}\0{prompt.pair or ''}".encode()
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 Generator = Callable[..., Iterable[Prompt]]

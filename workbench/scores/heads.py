@@ -20,13 +20,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.core import progress
-from workbench.inputs.prompts import Prompt
+from workbench.inputs.prompts import Prompt, tokens_digest
 from workbench.models import adapters
 from workbench.models.base import Model
 from workbench.recording.reductions import Reduction, layer_nulls, reduce_patterns
 from workbench.scores import classes
 from workbench.scores.stats import bootstrap_mean_ci, summarize
-from workbench.store.schema import head_classes
+from workbench.store.schema import head_classes, head_scores_by_prompt
 
 
 def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str, Reduction],
@@ -119,6 +119,23 @@ def score_and_classify(model: Model, prompts: Sequence[Prompt],
     found = pd.concat(rows, ignore_index=True) if rows else head_classes().empty()
     kept = real[real.metric.isin(list(reductions))].reset_index(drop=True)
     return Classified(table, found, kept, untested)
+
+
+def scores_by_prompt(per_prompt: pd.DataFrame, prompts: Sequence[Prompt], inputs: str
+                     ) -> pd.DataFrame:
+    """The ``head_scores_by_prompt`` rows (:func:`workbench.store.schema.head_scores_by_prompt`)
+    of :attr:`Classified.per_prompt`: each prompt's token digest and the inputs' name added.
+
+    Args:
+        per_prompt: ``prompt, layer, head, metric, score`` of ``prompts``, numbered from 0.
+        prompts: the prompts scored.
+        inputs: what they are (the ``inputs`` of ``head_scores``).
+    """
+    digests = np.array([tokens_digest(p) for p in prompts])
+    out = per_prompt.reset_index(drop=True)
+    out = out.assign(tokens=digests[out.prompt.to_numpy(dtype=int)], inputs=inputs)
+    return out[head_scores_by_prompt().names].astype({"prompt": "int64", "layer": "int64",
+                                                      "head": "int64", "score": "float64"})
 
 
 def _tested_against(head_class: classes.HeadClass, per_prompt: pd.DataFrame, n: int,

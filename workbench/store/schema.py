@@ -246,6 +246,44 @@ HEAD_SCORE_KEYS = ("layer", "head", "metric", "inputs")
 """What names one row of ``head_scores``: a head's score of a metric on some inputs."""
 
 
+PROMPT_COLUMNS = (
+    Column("prompt", "int", "which prompt of the run's inputs, from 0", bounds=(0, None)),
+    Column("tokens", "str", "SHA-256 of the prompt's token ids (first 16 hex digits): two "
+                            "runs' rows of one prompt index hold the same prompt when it "
+                            "agrees"),
+)
+"""The columns of a per-prompt table (declared once): what pairs two runs' values of one
+prompt (:mod:`workbench.harness.compare`). A per-prompt table has ``prompt`` among its keys."""
+PROMPT_KEY = "prompt"
+
+
+def per_prompt(name: str, meaning: str, keys: Iterable[Column], values: Iterable[Column]
+               ) -> Table:
+    """A table of one value per prompt (and per ``keys``): ``prompt, tokens, *keys,
+    *values``, keyed by ``prompt`` and ``keys``, never empty."""
+    keys = tuple(keys)
+    return Table(name, meaning, (*PROMPT_COLUMNS, *keys, *values),
+                 keys=(PROMPT_KEY, *(c.name for c in keys)), min_rows=1)
+
+
+def head_scores_by_prompt(meaning: str = "every head's score of each metric on each "
+                                          "prompt (what head_scores averages)") -> Table:
+    """The per-prompt ``head_scores_by_prompt`` table of the experiments that score heads:
+    ``prompt, tokens, layer, head, metric, inputs, score``, one row a head's score of a
+    metric on one prompt of some inputs."""
+    keys = (*HEAD_KEYS, Column("metric", "str", "which score: a head metric of "
+                                                "workbench.scores.metrics"),
+            Column("inputs", "str", "the inputs the score was measured on"))
+    return per_prompt("head_scores_by_prompt", meaning, keys,
+                      columns(("score", "float", "the score on this prompt; NaN where it "
+                                                 "is not defined (nothing to score)")))
+
+
+def is_per_prompt(table: Table) -> bool:
+    """Whether ``table`` holds one value per prompt (``prompt`` is among its keys)."""
+    return PROMPT_KEY in table.keys
+
+
 HEAD_CLASS_COLUMNS = columns(
     ("metric", "str", "the head metric tested (workbench.scores.metrics)"),
     ("head_class", "str", "the class tested: previous-token, duplicate-token, induction or "

@@ -51,6 +51,7 @@ PAGES: tuple[Page, ...] = (
     Page("/patching", 12, ("ioi",)),
     Page("/lens", 13, ("logit-lens",)),
     Page("/distance", 14, ("induction-distance",)),
+    Page("/compare", 15, ()),  # two runs of any kind below: compared(), never a run's page
     Page("/live", 20, ("record",)),
 )
 RUNS_PAGE = "/"
@@ -77,6 +78,19 @@ def shows(path: str) -> list[str]:
 def order(path: str) -> int:
     """The nav position of the page at ``path`` (as :func:`shows`)."""
     return _page(path).order
+
+
+NOT_COMPARED = ("record", "reproduce", "sweep")
+"""Run kinds the Compare page does not offer: a recording, a claims check and a sweep hold
+no experiment's tables to pair."""
+
+
+def compared() -> list[str]:
+    """The run kinds the Compare page offers: every experiment another page shows, in nav
+    order."""
+    kinds = [e for page in sorted(PAGES, key=lambda p: (p.order, p.path))
+             for e in page.experiments if e not in NOT_COMPARED]
+    return list(dict.fromkeys(kinds))
 
 
 def page_for(experiment: str) -> str:
