@@ -95,7 +95,8 @@ def _sets(config: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory, llama_folder):
     """Clean, top-heads-ablated and control-ablated induction-heads runs on the tiny
-    model, made through the command line."""
+    model, made through the command line as a researcher would: ``--ablate
+    top:induction:2 --from CLEAN``, then as many other heads of the same layers by name."""
     root = tmp_path_factory.mktemp("compare-runs")
     args = ["run", "induction-heads", "--model", str(llama_folder), "--out", str(root),
             *_sets(CONFIGS["induction-heads"])]
@@ -106,12 +107,14 @@ def three_runs(tmp_path_factory, llama_folder):
     # the control: as many other heads of the same layers
     control = [(layer, h) for layer, _ in ablated for h in range(4)
                if (layer, h) not in ablated][:len(ablated)]
-    runs = [clean]
-    for heads in (ablated, control):
-        mask = HeadMask.ones(2, 4, model="tiny-llama", ablation="mean").without(heads)
-        path = mask.save(root.parent / f"mask-{len(runs)}.json")
-        runs.append(_made(root, [*args, "--heads-mask", str(path)]))
-    return root, runs, ablated
+    top_run = _made(root, [*args, "--ablate", "top:induction:2", "--from", clean.id,
+                           "--ablation", "mean"])
+    named = ",".join(f"L{layer}H{h}" for layer, h in control)
+    control_run = _made(root, [*args, "--ablate", named, "--ablation", "mean"])
+    # the same stored mask as a hand-written head mask of those heads
+    assert top_run.meta.interventions.heads_mask.removed() == tuple(sorted(ablated))
+    assert control_run.meta.interventions.heads_mask.removed() == tuple(sorted(control))
+    return root, [clean, top_run, control_run], ablated
 
 
 def _made(root, args: list[str]):
