@@ -134,7 +134,8 @@ class Result:
 
 
 @experiment("previous-token-heads", config=Config, tables=TABLES,
-            demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500})
+            demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500},
+            bf16_safe=True)  # the bf16 table of docs/performance.md; tests/integration/test_bf16.py
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
     ctx = ctx or Context()

@@ -71,3 +71,21 @@ def test_progress_lines_show_the_gpu_peak_when_there_is_one(cuda) -> None:
         progress.render_with(None)
     assert stream.getvalue().splitlines()[0] == ("exp [step 1/1: scan] (under 1 s elapsed, "
                                                  "peak GPU 3.5 GiB)")
+
+
+def test_a_cuda_run_defaults_to_bfloat16_only_where_the_experiment_keeps_its_bounds():
+    """The bf16 table of docs/performance.md calls previous-token-heads safe in bfloat16
+    (tests/integration/test_bf16.py holds it to its bounds) and nothing else whole: a run
+    on CUDA with no --dtype loads that one in bfloat16, every other in float32, and CPU
+    stays float32."""
+    from workbench.cli import build_parser
+    from workbench.harness.experiment import all_experiments, default_dtype
+
+    safe = {exp.name for exp in all_experiments() if exp.bf16_safe}
+    assert safe == {"previous-token-heads"}
+    for exp in all_experiments():
+        assert default_dtype(exp, "cpu") == "float32"
+        assert default_dtype(exp, "cuda:1") == ("bfloat16" if exp.name in safe else "float32")
+    args = build_parser().parse_args(["run", "ioi", "--model", "smollm2"])
+    assert args.dtype is None  # left to the experiment
+    assert build_parser().parse_args(["record", "smollm2", "--text", "a"]).dtype == "float32"

@@ -165,10 +165,14 @@ def _out_option(p: argparse.ArgumentParser, store: str = "write") -> None:
     p.set_defaults(store=store)
 
 
-def _dtype_option(p: argparse.ArgumentParser) -> None:
+def _dtype_option(p: argparse.ArgumentParser, *, by_experiment: bool = False) -> None:
+    """``--dtype``; ``by_experiment``: its default is the experiment's
+    (:func:`workbench.harness.experiment.default_dtype`)."""
     dtype = SHARED["dtype"]
-    p.add_argument("--dtype", default=dtype.default, choices=literal_choices(dtype.type),
-                   help=f"{dtype.help} (default {dtype.default})")
+    default = ("bfloat16 on CUDA for an experiment that keeps its bounds in it (the bf16 "
+               f"table of the docs), else {dtype.default}") if by_experiment else dtype.default
+    p.add_argument("--dtype", default=None if by_experiment else dtype.default,
+                   choices=literal_choices(dtype.type), help=f"{dtype.help} (default {default})")
 
 
 def _device(text: str) -> str:
@@ -287,7 +291,7 @@ def _add_experiment_commands(sub: Subparsers) -> None:
                    "fused forces the kernel where it serves the scan; run.json records the "
                    "path taken")
     _mask_option(p)
-    _dtype_option(p)
+    _dtype_option(p, by_experiment=True)
     _device_option(p)
     _out_option(p)
     _add(sub, "experiments", cmd_experiments, "list experiments, their config fields and tables")

@@ -104,6 +104,11 @@ class Experiment:
     check_model: Callable[[Model], None] | None = None
     """A further fitness check of the loaded model (raises ``ModelCapabilityError`` with
     the reason), run with ``requires`` before a run is created."""
+    bf16_safe: bool = False
+    """Every number the run stores stays within the bounds of the bf16 table of
+    docs/performance.md when the model runs in bfloat16 (``tests/integration/test_bf16.py``
+    holds it there), so a run on CUDA loads the model in bfloat16 unless told otherwise
+    (:func:`default_dtype`)."""
     plan: Callable[[Any, Any], Any] | None = None
     """``plan(model, cfg)``: every check that needs the model (a distance beyond its
     context, too few one-token names, a prompt longer than it takes), raising
@@ -160,7 +165,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                model_defaults: Mapping[str, Mapping[str, Any]] | None = None,
                requires: Requirement = "any",
                check_model: Callable[[Model], None] | None = None,
-               plan: Callable[[Any, Any], Any] | None = None,
+               plan: Callable[[Any, Any], Any] | None = None, bf16_safe: bool = False,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -180,6 +185,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             post-norm model), before a run exists.
         plan: ``plan(model, cfg)``, the model-dependent checks and the inputs they build,
             before a run exists (:attr:`Experiment.plan`).
+        bf16_safe: its stored numbers keep the bf16 table's bounds in bfloat16
+            (:attr:`Experiment.bf16_safe`): the default dtype on CUDA.
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -202,6 +209,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             requires=requires,
             check_model=check_model,
             plan=plan,
+            bf16_safe=bf16_safe,
         ))
         return fn
 
@@ -252,9 +260,22 @@ def all_experiments() -> list[Experiment]:
     return [exp for _, exp in EXPERIMENTS.items()]
 
 
+def default_dtype(exp: Experiment, device: str) -> Dtype:
+    """The dtype a run loads its model in when none is asked for: bfloat16 on a CUDA
+    device for an experiment that keeps its bounds in it (:attr:`Experiment.bf16_safe`),
+    float32 otherwise.
+
+    Examples:
+        >>> default_dtype(get("previous-token-heads"), "cuda:0"), default_dtype(
+        ...     get("previous-token-heads"), "cpu"), default_dtype(get("ioi"), "cuda")
+        ('bfloat16', 'float32', 'float32')
+    """
+    return "bfloat16" if exp.bf16_safe and device.split(":")[0] == "cuda" else "float32"
+
+
 def run_experiment(name: str, model: str | Model | None,
                    overrides: Iterable[str] | Mapping[str, Any] = (), *,
-                   runs_dir: str | Path | None = None, dtype: Dtype = "float32",
+                   runs_dir: str | Path | None = None, dtype: Dtype | None = None,
                    reuse: bool = False, heads_mask: HeadMask | None = None,
                    device: str = "cpu", attention: AttentionPath = "auto") -> Run:
     """Run a registered experiment and store it as a run.
@@ -269,7 +290,8 @@ def run_experiment(name: str, model: str | Model | None,
             (over the bundled model's own defaults, when it has some:
             :attr:`Experiment.model_defaults`).
         runs_dir: the run store (``--out``); default :func:`workbench.core.paths.runs_dir`.
-        dtype: dtype to load the model in.
+        dtype: dtype to load the model in (``None``: :func:`default_dtype`, bfloat16 on
+            CUDA where the experiment is safe in it, else float32).
         reuse: return an existing complete run with the same experiment, model, config,
             head mask and workbench version instead of running again.
         heads_mask: a :class:`~workbench.interventions.HeadMask` applied for the whole run.
@@ -292,8 +314,8 @@ def run_experiment(name: str, model: str | Model | None,
     root = paths.runs_dir(runs_dir)
     paths.check_store(root, write=True)  # a store that cannot take the run: before the load
     store = RunStore(root)
-    loaded = _fit_model(exp, model, cfg, heads_mask, dtype=dtype, device=device,
-                        runs_dir=runs_dir)
+    loaded = _fit_model(exp, model, cfg, heads_mask, device=device, runs_dir=runs_dir,
+                        dtype=dtype or default_dtype(exp, device))
     info = loaded.info if loaded is not None else None
     interventions = Interventions(heads_mask=heads_mask.to_record()) if heads_mask else None
     if reuse and (found := store.find_matching(name, info, cfg, interventions,
