@@ -1,0 +1,81 @@
+"""What the circuit passes read and write on the bridge: sender outputs, receiver inputs.
+
+A sender's output is what it adds to the residual stream: the embedding
+(``blocks.0.hook_resid_pre``), a head's ``z_h W_O^h`` (``hook_z``), an MLP's output
+(``hook_mlp_out``). A receiver's input is the stream *before* the norm that feeds it: a
+head's q, k or v input is the block's first norm's input (``ln1.hook_in``), read by that
+head alone; an MLP's is its own norm's input (``ln2.hook_in``); the logits' is the final
+norm's input (``ln_final.hook_in``). A q, k or v receiver is reached through the
+projection at ``hook_q`` / ``hook_k`` / ``hook_v`` (before rotary and any per-head norm):
+its input changed by ``d`` changes its projection by ``(n(x + d) - n(x)) W``, with ``n``
+the live norm (not frozen), so the gradient and the edge ablation both see the true norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from workbench.inputs.batching import Batch
+from workbench.interventions.circuits.graph import Graph, Receiver
+from workbench.models.base import Model
+from workbench.recording import hooks
+
+
+def ln_in(layer: int, which: str) -> str:
+    """The input hook of a block's first (``ln1``) or second (``ln2``) norm."""
+    return f"blocks.{layer}.{which}.hook_in"
+
+
+FINAL_IN = "ln_final.hook_in"
+"""The final norm's input: the logits' receiver input."""
+
+
+def norm_module(model: Model, layer: int) -> Any:
+    """The Hugging Face module of the layer's first norm, callable without the bridge's
+    hooks."""
+    ln = model.bridge.blocks[layer].ln1
+    return getattr(ln, "_original_component", ln)
+
+
+def projections(model: Model, which: str, layer: int) -> Tensor:
+    """``W_Q`` (``[head, d_model, d_head]``), or ``W_K`` / ``W_V`` (per key-value head)."""
+    name = {"q": "W_Q", "k": "W_K", "v": "W_V"}[which]
+    return getattr(model.bridge, name)[layer].detach()
+
+
+def sender_names(model: Model) -> list[str]:
+    """The hook points the senders' outputs are read at."""
+    n = model.info.n_layers
+    return [hooks.resid(0, n)] + [name for layer in range(n)
+                                  for name in (hooks.z(layer), hooks.mlp_out(layer))]
+
+
+def stack_outputs(model: Model, kept: dict[str, Tensor]
+                  ) -> Float[Tensor, "sender batch pos d_model"]:
+    """Every sender's output, in the graph's order, from the tensors at
+    :func:`sender_names`."""
+    n = model.info.n_layers
+    w_o = model.bridge.W_O.detach()
+    parts = [kept[hooks.resid(0, n)][None]]
+    for layer in range(n):
+        parts.append(torch.einsum("bthe,hed->hbtd", kept[hooks.z(layer)], w_o[layer]))
+        parts.append(kept[hooks.mlp_out(layer)][None])
+    return torch.cat(parts)
+
+
+def sender_outputs(model: Model, ids: Tensor) -> Float[Tensor, "sender batch pos d_model"]:
+    """Every sender's output on ``ids`` (one pass, no gradient)."""
+    with torch.no_grad():
+        kept = hooks.capture(model, Batch.of(ids), sender_names(model))
+    return stack_outputs(model, kept)
+
+
+def layer_receivers(graph: Graph, layer: int) -> tuple[int, list[Receiver]]:
+    """The index of the layer's first receiver and its receivers (q, k, v, MLP), or the
+    logits' for ``layer == n_layers``."""
+    index = [i for i, r in enumerate(graph.receivers) if r.layer == layer]
+    return index[0], [graph.receivers[i] for i in index]
