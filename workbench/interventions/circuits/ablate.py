@@ -5,8 +5,8 @@ this pass: the receiver's input becomes ``x_r + sum over ablated s of (ref_s - o
 every other receiver sees the stream as it is (Hanna et al.'s edge ablation). The reference
 is the sender's output on the corrupted input (``corrupted``), or its mean over the task's
 clean prompts at each position (``mean``). A receiver's changed input reaches a head through
-its projection and the live first norm (:mod:`workbench.interventions.circuits.flow`), an
-MLP or the logits through their norm's input.
+its projection and the live first norm, an MLP through its live norm
+(:mod:`workbench.interventions.circuits.flow`), the logits at the final norm's input.
 
 With every edge kept the pass is the clean run, untouched; with every edge ablated to the
 corrupted outputs each receiver reads its corrupted input, so the pass is the corrupted run
@@ -115,25 +115,29 @@ class _EdgeAblation:
         self.model, self.graph, self.ref = model, graph, ref
         self.ablated = ablated.to(ref.dtype)
         self.outs: list[Tensor] = []
-        self.x: Tensor | None = None
+        self.inputs: dict[str, Tensor] = {}
         self.w_o = model.bridge.W_O.detach()
 
     def fwd_hooks(self) -> list[tuple[str, Any]]:
         n = self.model.info.n_layers
         fwd: list[tuple[str, Any]] = [(hooks.resid(0, n), self.embed)]
         for layer in range(n):
-            fwd += [(flow.ln_in(layer, "ln1"), self.keep_x),
+            norm_in = flow.mlp_norm(self.model, layer)[0]
+            fwd += [*[(name, self.keep(name)) for name in
+                      dict.fromkeys([flow.ln_in(layer, "ln1"), norm_in])],
                     *[(hooks.qkv(layer, w), self.project(layer, w)) for w in ("q", "k", "v")],
                     (hooks.z(layer), self.heads(layer)),
-                    (flow.ln_in(layer, "ln2"), self.add(layer)),
+                    (flow.mlp_in(layer), self.into_mlp(layer)),
                     (hooks.mlp_out(layer), self.mlp)]
-        return [*fwd, (flow.FINAL_IN, self.add(n))]
+        return [*fwd, (flow.FINAL_IN, self.into_logits(n))]
 
     def embed(self, x: Tensor, hook: Any) -> None:
         self.outs = [x]
 
-    def keep_x(self, x: Tensor, hook: Any) -> None:
-        self.x = x
+    def keep(self, name: str):
+        def hook(x: Tensor, hook: Any) -> None:
+            self.inputs[name] = x
+        return hook
 
     def heads(self, layer: int):
         def hook(z: Tensor, hook: Any) -> None:
@@ -159,20 +163,32 @@ class _EdgeAblation:
         first, receivers = flow.layer_receivers(self.graph, layer)
         index = [first + i for i, r in enumerate(receivers) if r.kind == which]
         weights = flow.projections(self.model, which, layer)
-        norm = flow.norm_module(self.model, layer)
+        norm, name = flow.norm_module(self.model, layer), flow.ln_in(layer, "ln1")
 
         def hook(x: Tensor, hook: Any) -> Tensor:
             added = self.change(index)
-            if added is None or self.x is None:
+            if added is None:
                 return x
-            base = norm(self.x)
-            moved = norm(self.x[None] + added) - base[None]  # [index, B, T, d]
+            inp = self.inputs[name]
+            moved = norm(inp[None] + added) - norm(inp)[None]  # [index, B, T, d]
             return x + torch.einsum("ibtd,ide->btie", moved, weights).to(x.dtype)
         return hook
 
-    def add(self, layer: int):
+    def into_mlp(self, layer: int):
         first, receivers = flow.layer_receivers(self.graph, layer)
-        index = [first + i for i, r in enumerate(receivers) if r.kind in ("mlp", "logits")]
+        index = [first + i for i, r in enumerate(receivers) if r.kind == "mlp"]
+        name, norm = flow.mlp_norm(self.model, layer)
+
+        def hook(x: Tensor, hook: Any) -> Tensor:
+            added = self.change(index)
+            if added is None:
+                return x
+            inp = self.inputs[name]
+            return x + (norm(inp + added[0]) - norm(inp)).to(x.dtype)
+        return hook
+
+    def into_logits(self, n_layers: int):
+        index = [len(self.graph.receivers) - 1]
 
         def hook(x: Tensor, hook: Any) -> Tensor:
             added = self.change(index)

@@ -14,10 +14,10 @@ input embeddings, ``corrupted + (k / m) (clean - corrupted)`` for ``k = 1 .. m``
 
 How: a receiver's input is the sum of the outputs along the stream, so one backward pass
 per point gives every receiver's gradient. The gradient is read at ``hook_q`` /
-``hook_k`` / ``hook_v`` (one head's, or key-value head's, projection), at the MLP's norm
-input and at the final norm's input; a q, k or v gradient is taken back through its
-projection and the live first norm (a vector-Jacobian product of the norm alone, per
-receiver). Scores are contracted layer by layer, so no ``[receiver, batch, pos,
+``hook_k`` / ``hook_v`` (one head's, or key-value head's, projection), at the MLP's input
+and at the final norm's input; a q, k or v gradient is taken back through its projection
+and the live first norm, an MLP's through its norm (a vector-Jacobian product of the norm
+alone, per receiver). Scores are contracted layer by layer, so no ``[receiver, batch, pos,
 d_model]`` tensor of the whole model is held; the autograd graph of the forward pass is.
 
 Examples:
@@ -118,8 +118,9 @@ def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: M
 def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Task,
                        rows: slice) -> dict[str, Tensor]:
     """One forward and one backward pass: the gradient of the summed metric at each
-    layer's ``hook_q`` / ``hook_k`` / ``hook_v``, MLP norm input and the final norm's
-    input, and each first norm's input (for the vector-Jacobian product).
+    layer's ``hook_q`` / ``hook_k`` / ``hook_v``, MLP input and the final norm's
+    input, and the inputs of the norms in front of them (for the vector-Jacobian
+    products).
 
     Args:
         model: the model.
@@ -134,7 +135,9 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
     n = model.info.n_layers
     wanted = [name for layer in range(n) for name in
               (hooks.qkv(layer, "q"), hooks.qkv(layer, "k"), hooks.qkv(layer, "v"),
-               flow.ln_in(layer, "ln2"))] + [flow.FINAL_IN]
+               flow.mlp_in(layer))] + [flow.FINAL_IN]
+    kept = sorted({name for layer in range(n)
+                   for name in (flow.ln_in(layer, "ln1"), flow.mlp_norm(model, layer)[0])})
     leaves: dict[str, Tensor] = {}
     inputs: dict[str, Tensor] = {}
 
@@ -154,7 +157,7 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
         return hook
 
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in wanted],
-           *[(flow.ln_in(layer, "ln1"), keep(flow.ln_in(layer, "ln1"))) for layer in range(n)]]
+           *[(name, keep(name)) for name in kept]]
     with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd):
         logits = model.bridge(ids)
         total = task.metric(logits, rows).sum()
@@ -175,9 +178,11 @@ def _layer_gradients(model: Model, layer: int, raw: dict[str, Tensor]
         torch.einsum("bthe,hde->hbtd", raw[hooks.qkv(layer, which)],
                      flow.projections(model, which, layer))
         for which in ("q", "k", "v")])
-    x = raw[flow.ln_in(layer, "ln1")]
-    through = vjp_norm(flow.norm_module(model, layer), x, cotangents)
-    return torch.cat([through, raw[flow.ln_in(layer, "ln2")][None]])
+    through = vjp_norm(flow.norm_module(model, layer), raw[flow.ln_in(layer, "ln1")],
+                       cotangents)
+    name, module = flow.mlp_norm(model, layer)
+    mlp = vjp_norm(module, raw[name], raw[flow.mlp_in(layer)][None])
+    return torch.cat([through, mlp])
 
 
 def vjp_norm(module: Any, x: Float[Tensor, "batch pos d_model"],

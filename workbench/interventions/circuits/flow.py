@@ -4,11 +4,13 @@ A sender's output is what it adds to the residual stream: the embedding
 (``blocks.0.hook_resid_pre``), a head's ``z_h W_O^h`` (``hook_z``), an MLP's output
 (``hook_mlp_out``). A receiver's input is the stream *before* the norm that feeds it: a
 head's q, k or v input is the block's first norm's input (``ln1.hook_in``), read by that
-head alone; an MLP's is its own norm's input (``ln2.hook_in``); the logits' is the final
-norm's input (``ln_final.hook_in``). A q, k or v receiver is reached through the
-projection at ``hook_q`` / ``hook_k`` / ``hook_v`` (before rotary and any per-head norm):
-its input changed by ``d`` changes its projection by ``(n(x + d) - n(x)) W``, with ``n``
-the live norm (not frozen), so the gradient and the edge ablation both see the true norm.
+head alone; an MLP's is its own norm's input (``ln2.hook_in``, or ``ln1.hook_in`` in a
+parallel block with one norm: GPT-J, Phi, Falcon); the logits' is the final norm's input
+(``ln_final.hook_in``). A q, k or v receiver is reached through the projection at
+``hook_q`` / ``hook_k`` / ``hook_v`` (before rotary and any per-head norm), an MLP through
+its input after the norm (``mlp.hook_in``): the receiver's input changed by ``d`` changes
+what it reads by ``n(x + d) - n(x)`` (times the projection ``W`` for a head), with ``n`` the
+live norm (not frozen), so the gradient and the edge ablation both see the true norm.
 """
 
 from __future__ import annotations
@@ -34,11 +36,23 @@ FINAL_IN = "ln_final.hook_in"
 """The final norm's input: the logits' receiver input."""
 
 
-def norm_module(model: Model, layer: int) -> Any:
-    """The Hugging Face module of the layer's first norm, callable without the bridge's
-    hooks."""
-    ln = model.bridge.blocks[layer].ln1
+def mlp_in(layer: int) -> str:
+    """The MLP's input after its norm."""
+    return f"blocks.{layer}.mlp.hook_in"
+
+
+def norm_module(model: Model, layer: int, which: str = "ln1") -> Any:
+    """The Hugging Face module of the layer's ``ln1`` or ``ln2``, callable without the
+    bridge's hooks."""
+    ln = getattr(model.bridge.blocks[layer], which)
     return getattr(ln, "_original_component", ln)
+
+
+def mlp_norm(model: Model, layer: int) -> tuple[str, Any]:
+    """The input hook and the module of the norm in front of the layer's MLP: ``ln2``, or
+    ``ln1`` where a parallel block has one norm for both sublayers."""
+    which = "ln2" if ln_in(layer, "ln2") in model.bridge.hook_dict else "ln1"
+    return ln_in(layer, which), norm_module(model, layer, which)
 
 
 def projections(model: Model, which: str, layer: int) -> Tensor:
