@@ -164,3 +164,14 @@ def test_target_log_prob_is_the_negative_loss(llama):
     logp = torch.log_softmax(logits, -1)
     want = torch.stack([logp[b, 2:5].gather(1, targets[b, 2:5, None]).mean() for b in range(2)])
     torch.testing.assert_close(metric(logits, slice(None)), want)
+
+
+def test_spearman_by_hand():
+    from workbench.scores.stats import spearman
+
+    assert spearman(np.array([1.0, 2, 3, 4]), np.array([10.0, 20, 30, 40])) == pytest.approx(1)
+    assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1)
+    # ties share their mean rank: ranks (1.5, 1.5, 3) against (1, 2, 3)
+    r = np.corrcoef([1.5, 1.5, 3], [1, 2, 3])[0, 1]
+    assert spearman(np.array([5.0, 5, 7]), np.array([1.0, 2, 3])) == pytest.approx(r)
+    assert np.isnan(spearman(np.array([1.0]), np.array([2.0])))
