@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.architectures.families import ENCODERS
-from tests.architectures.test_matrix import SUPPORTED
+from tests.architectures.test_matrix import ADAPTERS, SUPPORTED
 from workbench.core.errors import ModelCapabilityError
 from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.ablate import circuit_metrics
@@ -39,7 +39,9 @@ def _task(n_vocab: int) -> Task:
 @pytest.mark.parametrize("family", CAUSAL)
 def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch):
     model = families.model(family)
-    if any(output_norm(model, layer) is not None for layer in range(model.info.n_layers)):
+    normed = any(output_norm(model, layer) is not None for layer in range(model.info.n_layers))
+    assert ADAPTERS[family].attn_out_norm == normed  # the matrix's reason is the model's fact
+    if normed:
         with pytest.raises(ModelCapabilityError, match="attention output"):
             build_graph(model)
         return
