@@ -87,8 +87,8 @@ class Config:
     objects: str = param("auto", "ioi: candidate objects ('auto': "
                          "workbench.inputs.ioi.OBJECTS)")
     seq_len: int = param(16, "induction: random tokens in each repeat", min=2, max=4096)
-    fractions: tuple[float, ...] = param(MIB_FRACTIONS, "circuit sizes, fractions of the "
-                                         "edges in (0, 1] (MIB's by default)", min=0.0,
+    fractions: tuple[float, ...] = param((), "circuit sizes, fractions of the edges in "
+                                         "(0, 1]; empty: MIB's ten, 0.001 to 1", min=0.0,
                                          max=1.0)
     ablation: Ablation = param("corrupted", "what an edge outside a circuit carries: its "
                                "corrupted output, or its mean over the clean prompts")
@@ -100,7 +100,12 @@ class Config:
     max_batch_tokens: int = shared("max_batch_tokens")
 
     def __post_init__(self) -> None:
-        check_fractions(self.fractions)
+        if self.fractions:
+            check_fractions(self.fractions)
+
+    def grid(self) -> tuple[float, ...]:
+        """The circuit sizes evaluated."""
+        return self.fractions or MIB_FRACTIONS
 
 
 @dataclass
@@ -157,7 +162,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         exact = edge_patching(model, graph, task, top, ablation=cfg.ablation,
                               max_batch_tokens=cfg.max_batch_tokens) if top else []
         stage("faithfulness")
-        curve = faithfulness_curve(model, graph, task, scores, fractions=cfg.fractions,
+        curve = faithfulness_curve(model, graph, task, scores, fractions=cfg.grid(),
                                    ablation=cfg.ablation, n_boot=cfg.n_boot, seed=cfg.seed,
                                    max_batch_tokens=cfg.max_batch_tokens)
     with torch.no_grad():
