@@ -71,9 +71,9 @@ def _first_order(model, graph, task, scores, patch) -> None:
     ``eps`` of the way to the corrupted outputs) / eps, against the sum of its scores."""
     own = flow.sender_outputs
 
-    def near(model, ids):
-        clean = own(model, task.clean)
-        return clean + EPS * (own(model, ids) - clean)
+    def near(model, ids, w_o=None):
+        clean = own(model, task.clean, w_o)
+        return clean + EPS * (own(model, ids, w_o) - clean)
 
     patch.setattr(flow, "sender_outputs", near)
     keeps = [graph.edges.clone()]

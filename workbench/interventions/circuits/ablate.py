@@ -69,18 +69,19 @@ def circuit_metrics(model: Model, graph: Graph, task: Task,
     """
     check_ablation(ablation)
     mean = mean_outputs(model, task, max_batch_tokens) if ablation == "mean" else None
+    weights = flow.projections(model)
     out = np.full((task.n_prompts, len(keeps)), np.nan)
     chunks = task.chunks(max_batch_tokens)
     for rows in progress.track(chunks, desc=desc):
         ids = task.clean[rows]
         if mean is None:
-            ref = flow.sender_outputs(model, task.corrupted[rows])
+            ref = flow.sender_outputs(model, task.corrupted[rows], weights["o"])
         else:
             ref = mean[:, None].expand(-1, ids.shape[0], -1, -1)
         for c, keep in enumerate(keeps):
             ablated = graph.edges & ~keep
             with torch.no_grad(), model.bridge.hooks(
-                    fwd_hooks=_EdgeAblation(model, graph, ref, ablated).fwd_hooks()):
+                    fwd_hooks=_EdgeAblation(model, graph, ref, ablated, weights).fwd_hooks()):
                 logits = model.bridge(ids)
             out[rows, c] = task.metric(logits, rows).double().numpy()
     return out
@@ -111,12 +112,14 @@ class _EdgeAblation:
     pass computes it and add ``sum (ref - out)`` over a receiver's ablated senders to the
     receiver's input."""
 
-    def __init__(self, model: Model, graph: Graph, ref: Tensor, ablated: Tensor) -> None:
+    def __init__(self, model: Model, graph: Graph, ref: Tensor, ablated: Tensor,
+                 weights: dict[str, Tensor]) -> None:
         self.model, self.graph, self.ref = model, graph, ref
         self.ablated = ablated.to(ref.dtype)
         self.outs: list[Tensor] = []
         self.inputs: dict[str, Tensor] = {}
-        self.w_o = model.bridge.W_O.detach()
+        self.weights = weights
+        self.w_o = weights["o"]
 
     def fwd_hooks(self) -> list[tuple[str, Any]]:
         n = self.model.info.n_layers
@@ -162,7 +165,7 @@ class _EdgeAblation:
     def project(self, layer: int, which: str):
         first, receivers = flow.layer_receivers(self.graph, layer)
         index = [first + i for i, r in enumerate(receivers) if r.kind == which]
-        weights = flow.projections(self.model, which, layer)
+        weights = self.weights[which][layer]
         norm, name = flow.norm_module(self.model, layer), flow.ln_in(layer, "ln1")
 
         def hook(x: Tensor, hook: Any) -> Tensor:

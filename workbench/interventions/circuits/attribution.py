@@ -88,18 +88,19 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
     m = 1 if method == "eap" else steps
     total = torch.zeros(graph.edges.shape, dtype=torch.float64)
     chunks = task.chunks(max_batch_tokens)
+    weights = flow.projections(model)
     for rows in progress.track(chunks, desc=f"{method} scores"):
-        total += _chunk_scores(model, graph, task, rows, method, m)
+        total += _chunk_scores(model, graph, task, rows, method, m, weights)
     total /= m * task.n_prompts
     total[~graph.edges] = 0
     return EdgeScores(graph, total, method, m)
 
 
 def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: Method,
-                  m: int) -> Tensor:
+                  m: int, weights: dict[str, Tensor]) -> Tensor:
     clean_ids, corrupted_ids = task.clean[rows], task.corrupted[rows]
-    clean = flow.sender_outputs(model, clean_ids)
-    corrupted = flow.sender_outputs(model, corrupted_ids)
+    clean = flow.sender_outputs(model, clean_ids, weights["o"])
+    corrupted = flow.sender_outputs(model, corrupted_ids, weights["o"])
     delta = (clean - corrupted).float()  # [S, B, T, d]
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for k in range(1, m + 1):
@@ -109,7 +110,7 @@ def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: M
         raw = receiver_gradients(model, clean_ids, embed, task, rows)
         for layer in range(model.info.n_layers + 1):
             first, receivers = flow.layer_receivers(graph, layer)
-            grads = _layer_gradients(model, layer, raw)  # [R_L, B, T, d]
+            grads = _layer_gradients(model, layer, raw, weights)  # [R_L, B, T, d]
             block = torch.einsum("sbtd,rbtd->sr", delta, grads.float())
             out[:, first: first + len(receivers)] += block.double()
     return out
@@ -168,7 +169,8 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
     return {**out, **inputs}
 
 
-def _layer_gradients(model: Model, layer: int, raw: dict[str, Tensor]
+def _layer_gradients(model: Model, layer: int, raw: dict[str, Tensor],
+                     weights: dict[str, Tensor]
                      ) -> Float[Tensor, "receiver batch pos d_model"]:
     """The gradients at the receiver inputs of ``layer`` (q heads, k and v key-value heads,
     MLP), or at the logits' for ``layer == n_layers``."""
@@ -176,7 +178,7 @@ def _layer_gradients(model: Model, layer: int, raw: dict[str, Tensor]
         return raw[flow.FINAL_IN][None]
     cotangents = torch.cat([
         torch.einsum("bthe,hde->hbtd", raw[hooks.qkv(layer, which)],
-                     flow.projections(model, which, layer))
+                     weights[which][layer])
         for which in ("q", "k", "v")])
     through = vjp_norm(flow.norm_module(model, layer), raw[flow.ln_in(layer, "ln1")],
                        cotangents)
@@ -188,10 +190,15 @@ def _layer_gradients(model: Model, layer: int, raw: dict[str, Tensor]
 def vjp_norm(module: Any, x: Float[Tensor, "batch pos d_model"],
              cotangents: Float[Tensor, "n batch pos d_model"]
              ) -> Float[Tensor, "n batch pos d_model"]:
-    """Each cotangent at the norm's output taken back to its input, at ``x``."""
+    """Each cotangent at the norm's output taken back to its input, at ``x`` (one batched
+    vector-Jacobian product; one at a time where the norm's code cannot be batched)."""
     with torch.enable_grad():
         leaf = x.detach().requires_grad_(True)
         y = module(leaf)
-        back = [torch.autograd.grad(y, leaf, c.to(y.dtype), retain_graph=True)[0]
-                for c in cotangents]
+        try:
+            return torch.autograd.grad(y, leaf, cotangents.to(y.dtype), retain_graph=True,
+                                       is_grads_batched=True)[0]
+        except RuntimeError:
+            back = [torch.autograd.grad(y, leaf, c.to(y.dtype), retain_graph=True)[0]
+                    for c in cotangents]
     return torch.stack(back)

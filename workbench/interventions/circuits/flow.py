@@ -55,10 +55,14 @@ def mlp_norm(model: Model, layer: int) -> tuple[str, Any]:
     return ln_in(layer, which), norm_module(model, layer, which)
 
 
-def projections(model: Model, which: str, layer: int) -> Tensor:
-    """``W_Q`` (``[head, d_model, d_head]``), or ``W_K`` / ``W_V`` (per key-value head)."""
-    name = {"q": "W_Q", "k": "W_K", "v": "W_V"}[which]
-    return getattr(model.bridge, name)[layer].detach()
+def projections(model: Model) -> dict[str, Tensor]:
+    """``{"q": W_Q, "k": W_K, "v": W_V, "o": W_O}``, detached: ``W_Q`` is ``[layer, head,
+    d_model, d_head]``, ``W_K`` and ``W_V`` per key-value head, ``W_O`` ``[layer, head,
+    d_head, d_model]``. Read once per call that needs them: the bridge stacks every
+    layer's weights each time one is read."""
+    bridge = model.bridge
+    return {"q": bridge.W_Q.detach(), "k": bridge.W_K.detach(), "v": bridge.W_V.detach(),
+            "o": bridge.W_O.detach()}
 
 
 def sender_names(model: Model) -> list[str]:
@@ -68,12 +72,11 @@ def sender_names(model: Model) -> list[str]:
                                   for name in (hooks.z(layer), hooks.mlp_out(layer))]
 
 
-def stack_outputs(model: Model, kept: dict[str, Tensor]
+def stack_outputs(model: Model, kept: dict[str, Tensor], w_o: Tensor
                   ) -> Float[Tensor, "sender batch pos d_model"]:
     """Every sender's output, in the graph's order, from the tensors at
-    :func:`sender_names`."""
+    :func:`sender_names` (``w_o``: ``W_O``)."""
     n = model.info.n_layers
-    w_o = model.bridge.W_O.detach()
     parts = [kept[hooks.resid(0, n)][None]]
     for layer in range(n):
         parts.append(torch.einsum("bthe,hed->hbtd", kept[hooks.z(layer)], w_o[layer]))
@@ -81,11 +84,13 @@ def stack_outputs(model: Model, kept: dict[str, Tensor]
     return torch.cat(parts)
 
 
-def sender_outputs(model: Model, ids: Tensor) -> Float[Tensor, "sender batch pos d_model"]:
-    """Every sender's output on ``ids`` (one pass, no gradient)."""
+def sender_outputs(model: Model, ids: Tensor, w_o: Tensor | None = None
+                   ) -> Float[Tensor, "sender batch pos d_model"]:
+    """Every sender's output on ``ids`` (one pass, no gradient; ``w_o``: ``W_O``, read if
+    ``None``)."""
     with torch.no_grad():
         kept = hooks.capture(model, Batch.of(ids), sender_names(model))
-    return stack_outputs(model, kept)
+    return stack_outputs(model, kept, model.bridge.W_O.detach() if w_o is None else w_o)
 
 
 def layer_receivers(graph: Graph, layer: int) -> tuple[int, list[Receiver]]:
