@@ -17,7 +17,7 @@ from workbench.interventions.circuits.graph import build_graph
 from workbench.interventions.circuits.task import LogitDifference, Task
 
 
-def _senders(hf, ids):
+def reference_senders(hf, ids):
     """embed, then per layer each head's ``z_h W_O^h`` and the MLP's output."""
     kept, handles = {}, []
     attn = [layer.self_attn for layer in hf.model.layers]
@@ -105,7 +105,8 @@ def test_eap_scores_equal_plain_huggingface_gradient_times_difference(llama, lla
         at = logits[torch.arange(n), positions]
         return at[torch.arange(n), answer] - at[torch.arange(n), other]
 
-    delta = _senders(llama_hf, clean) - _senders(llama_hf, corrupted)  # [S, B, T, d]
+    # [S, B, T, d]
+    delta = reference_senders(llama_hf, clean) - reference_senders(llama_hf, corrupted)
     grads = reference_receiver_grads(llama_hf, clean, metric)  # [R, B, T, d]
     want = torch.einsum("sbtd,rbtd->sr", delta.double(), grads.double()).detach() / n
     want[~graph.edges] = 0
