@@ -175,3 +175,30 @@ def test_spearman_by_hand():
     r = np.corrcoef([1.5, 1.5, 3], [1, 2, 3])[0, 1]
     assert spearman(np.array([5.0, 5, 7]), np.array([1.0, 2, 3])) == pytest.approx(r)
     assert np.isnan(spearman(np.array([1.0]), np.array([2.0])))
+
+
+def test_blocked_attention_gives_the_dense_scores_and_circuits(llama):
+    """Blocked attention, its blocks of query rows recomputed in the backward pass, gives
+    the dense path's gradients, edge scores and circuit metrics."""
+    from workbench.models.blocked import blocked
+
+    torch.manual_seed(1)
+    n, width = 3, 40
+    clean = torch.randint(6, 300, (n, width))
+    corrupted = clean.clone()
+    corrupted[:, 3:6] = torch.randint(6, 300, (n, 3))
+    task = Task(clean, corrupted, LogitDifference(torch.randint(6, 300, (n,)),
+                                                  torch.randint(6, 300, (n,)),
+                                                  torch.tensor([39, 30, 21])))
+    graph = build_graph(llama)
+    dense = edge_scores(llama, graph, task, method="eap-ig", steps=2, attention="dense")
+    with blocked(llama, block=8):  # five blocks of rows
+        many = edge_scores(llama, graph, task, method="eap-ig", steps=2, attention="dense")
+    auto = edge_scores(llama, graph, task, method="eap-ig", steps=2)
+    scale = float(dense.values.abs().max())
+    for got in (many, auto):
+        torch.testing.assert_close(got.values, dense.values, rtol=1e-5, atol=1e-6 * scale)
+    keeps = [top_edges(dense, 10), torch.zeros_like(graph.edges)]
+    np.testing.assert_allclose(circuit_metrics(llama, graph, task, keeps),
+                               circuit_metrics(llama, graph, task, keeps, attention="dense"),
+                               rtol=1e-5, atol=1e-6)

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
+from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task
@@ -54,7 +55,8 @@ def mean_outputs(model: Model, task: Task, max_batch_tokens: int = 512
 def circuit_metrics(model: Model, graph: Graph, task: Task,
                     keeps: Sequence[Bool[Tensor, "sender receiver"]], *,
                     ablation: Ablation = "corrupted", max_batch_tokens: int = 512,
-                    desc: str = "circuits") -> Float[np.ndarray, "prompt circuit"]:
+                    attention: AttentionPath = "auto", desc: str = "circuits"
+                    ) -> Float[np.ndarray, "prompt circuit"]:
     """The metric of each prompt with every edge outside each circuit ablated.
 
     Args:
@@ -62,12 +64,20 @@ def circuit_metrics(model: Model, graph: Graph, task: Task,
         keeps: each circuit's kept edges, ``[sender, receiver]``.
         ablation: ``corrupted`` or ``mean`` (see the module docstring).
         max_batch_tokens: tokens per pass.
+        attention: ``blocked``, ``dense`` or ``auto`` (see
+            :func:`workbench.interventions.circuits.flow.attention_run`).
         desc: a progress label.
 
     Returns:
         ``[prompt, circuit]`` metrics (float64).
     """
     check_ablation(ablation)
+    with flow.attention_run(model, attention):
+        return _circuit_metrics(model, graph, task, keeps, ablation, max_batch_tokens, desc)
+
+
+def _circuit_metrics(model: Model, graph: Graph, task: Task, keeps: Sequence[Tensor],
+                     ablation: Ablation, max_batch_tokens: int, desc: str) -> np.ndarray:
     mean = mean_outputs(model, task, max_batch_tokens) if ablation == "mean" else None
     weights = flow.projections(model)
     out = np.full((task.n_prompts, len(keeps)), np.nan)
@@ -88,8 +98,8 @@ def circuit_metrics(model: Model, graph: Graph, task: Task,
 
 
 def edge_patching(model: Model, graph: Graph, task: Task, edges: Sequence[int], *,
-                  ablation: Ablation = "corrupted", max_batch_tokens: int = 512
-                  ) -> Float[np.ndarray, " edge"]:
+                  ablation: Ablation = "corrupted", max_batch_tokens: int = 512,
+                  attention: AttentionPath = "auto") -> Float[np.ndarray, " edge"]:
     """Exact edge patching, one run per edge: the clean metric minus the metric with that
     edge alone ablated, averaged over prompts (the quantity EAP approximates).
 
@@ -103,7 +113,8 @@ def edge_patching(model: Model, graph: Graph, task: Task, edges: Sequence[int], 
         keep[s[k], r[k]] = False
         keeps.append(keep)
     got = circuit_metrics(model, graph, task, keeps, ablation=ablation,
-                          max_batch_tokens=max_batch_tokens, desc="edge patching")
+                          max_batch_tokens=max_batch_tokens, attention=attention,
+                          desc="edge patching")
     return (got[:, :1] - got[:, 1:]).mean(0)
 
 

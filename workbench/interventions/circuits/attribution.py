@@ -18,7 +18,10 @@ per point gives every receiver's gradient. The gradient is read at ``hook_q`` /
 and at the final norm's input; a q, k or v gradient is taken back through its projection
 and the live first norm, an MLP's through its norm (a vector-Jacobian product of the norm
 alone, per receiver). Scores are contracted layer by layer, so no ``[receiver, batch, pos,
-d_model]`` tensor of the whole model is held; the autograd graph of the forward pass is.
+d_model]`` tensor of the whole model is held; the autograd graph of the forward pass is,
+and with blocked attention (``attention="auto"`` where the family has it) that graph keeps
+each layer's queries, keys and values, not its weights: each block of query rows is
+recomputed in the backward pass, so no ``[head, T, T]`` tensor exists in either pass.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
@@ -36,6 +39,7 @@ from torch import Tensor
 
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
+from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task, check_steps
@@ -65,7 +69,8 @@ class EdgeScores:
 
 
 def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap-ig",
-                steps: int = 5, max_batch_tokens: int = 512) -> EdgeScores:
+                steps: int = 5, max_batch_tokens: int = 512,
+                attention: AttentionPath = "auto") -> EdgeScores:
     """Score every edge of ``graph`` on ``task``.
 
     Args:
@@ -75,6 +80,8 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
         method: ``eap`` (gradient on the clean input) or ``eap-ig``.
         steps: EAP-IG's ``m`` (ignored by EAP).
         max_batch_tokens: tokens per pass.
+        attention: ``blocked`` (no ``[head, T, T]`` tensor, forward or backward), ``dense``
+            or ``auto`` (blocked where the family has it).
 
     Returns:
         The scores, averaged over prompts.
@@ -89,8 +96,9 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
     total = torch.zeros(graph.edges.shape, dtype=torch.float64)
     chunks = task.chunks(max_batch_tokens)
     weights = flow.projections(model)
-    for rows in progress.track(chunks, desc=f"{method} scores"):
-        total += _chunk_scores(model, graph, task, rows, method, m, weights)
+    with flow.attention_run(model, attention):
+        for rows in progress.track(chunks, desc=f"{method} scores"):
+            total += _chunk_scores(model, graph, task, rows, method, m, weights)
     total /= m * task.n_prompts
     total[~graph.edges] = 0
     return EdgeScores(graph, total, method, m)

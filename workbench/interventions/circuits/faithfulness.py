@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from workbench.core.options import AttentionPath
 from workbench.interventions.circuits.ablate import Ablation, check_ablation, circuit_metrics
 from workbench.interventions.circuits.attribution import EdgeScores
 from workbench.interventions.circuits.graph import Graph
@@ -98,7 +99,7 @@ def faithfulness(values: Float[np.ndarray, "prompt size"], full: Float[np.ndarra
 def faithfulness_curve(model: Model, graph: Graph, task: Task, scores: EdgeScores, *,
                        fractions: Sequence[float] = MIB_FRACTIONS,
                        ablation: Ablation = "corrupted", n_boot: int = 1000, seed: int = 0,
-                       max_batch_tokens: int = 512) -> Curve:
+                       max_batch_tokens: int = 512, attention: AttentionPath = "auto") -> Curve:
     """Evaluate the top-``|score|`` circuit at each size.
 
     Args:
@@ -108,6 +109,7 @@ def faithfulness_curve(model: Model, graph: Graph, task: Task, scores: EdgeScore
         ablation: what an edge outside a circuit carries (``corrupted`` or ``mean``).
         n_boot, seed: the bootstrap over prompts.
         max_batch_tokens: tokens per pass.
+        attention: ``blocked``, ``dense`` or ``auto``.
 
     Raises:
         WorkbenchError: a size outside ``(0, 1]`` or an unknown ablation.
@@ -119,7 +121,8 @@ def faithfulness_curve(model: Model, graph: Graph, task: Task, scores: EdgeScore
     keeps = [graph.edges.clone(), torch.zeros_like(graph.edges)]
     keeps += [top_edges(scores, n) for n in sizes]
     got = circuit_metrics(model, graph, task, keeps, ablation=ablation,
-                          max_batch_tokens=max_batch_tokens, desc="faithfulness")
+                          max_batch_tokens=max_batch_tokens, attention=attention,
+                          desc="faithfulness")
     full, empty, values = got[:, 0], got[:, 1], got[:, 2:]
     low, high = bootstrap_ratio_ci(values - empty[:, None], full - empty, n_boot=n_boot,
                                    seed=seed)

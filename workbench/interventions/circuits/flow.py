@@ -15,14 +15,18 @@ live norm (not frozen), so the gradient and the edge ablation both see the true 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.interventions.circuits.graph import Graph, Receiver
+from workbench.models import blocked
 from workbench.models.base import Model
 from workbench.recording import hooks
 
@@ -98,3 +102,17 @@ def layer_receivers(graph: Graph, layer: int) -> tuple[int, list[Receiver]]:
     logits' for ``layer == n_layers``."""
     index = [i for i, r in enumerate(graph.receivers) if r.layer == layer]
     return index[0], [graph.receivers[i] for i in index]
+
+
+@contextlib.contextmanager
+def attention_run(model: Model, attention: AttentionPath) -> Iterator[str]:
+    """Run the block's passes with blocked attention (:mod:`workbench.models.blocked`: no
+    ``[head, T, T]`` pattern, and under autograd each block of query rows recomputed in
+    the backward pass) where ``attention`` asks for it and the family has it, else dense.
+
+    Yields:
+        ``blocked`` or ``dense``.
+    """
+    path = hooks.attention_path(model, attention)
+    with blocked.blocked(model) if path == "blocked" else contextlib.nullcontext():
+        yield path
