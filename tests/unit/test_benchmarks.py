@@ -25,6 +25,7 @@ SMOKE = {
     "compare_stores.py": ["--smoke", "{model}"],
     "losses.py": ["--smoke", "{model}"],
     "store_scale.py": ["--smoke", "{model}"],
+    "circuit.py": ["--smoke", "--model", "{model}"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 
