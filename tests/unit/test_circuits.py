@@ -202,3 +202,14 @@ def test_blocked_attention_gives_the_dense_scores_and_circuits(llama):
     np.testing.assert_allclose(circuit_metrics(llama, graph, task, keeps),
                                circuit_metrics(llama, graph, task, keeps, attention="dense"),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_scores_contracted_a_few_positions_at_a_time_are_the_same(llama, task, monkeypatch):
+    from workbench.interventions.circuits import attribution
+
+    graph = build_graph(llama)
+    whole = edge_scores(llama, graph, task, method="eap-ig", steps=2)
+    monkeypatch.setattr(attribution, "CONTRACT_BYTES", 4 * 11 * 6 * 32 * 3)  # 3 positions
+    sliced = edge_scores(llama, graph, task, method="eap-ig", steps=2)
+    torch.testing.assert_close(sliced.values, whole.values, rtol=1e-5,
+                               atol=1e-7 * float(whole.values.abs().max()))

@@ -17,15 +17,17 @@ per point gives every receiver's gradient. The gradient is read at ``hook_q`` /
 ``hook_k`` / ``hook_v`` (one head's, or key-value head's, projection), at the MLP's input
 and at the final norm's input; a q, k or v gradient is taken back through its projection
 and the live first norm, an MLP's through its norm (a vector-Jacobian product of the norm
-alone, per receiver). Scores are contracted layer by layer, so no ``[receiver, batch, pos,
-d_model]`` tensor of the whole model is held; the autograd graph of the forward pass is,
-and with blocked attention (``attention="auto"`` where the family has it) that graph keeps
+alone, per receiver). The senders' differences are kept as the hooks give them (a layer's
+heads as one ``z``), and scores are contracted a slice of positions at a time, so no
+``[sender or receiver, batch, pos, d_model]`` tensor of the whole model is held: what is
+kept grows as a few ``[layer, batch, pos, d_model]``, with the autograd graph of the
+forward pass; with blocked attention (``attention="auto"`` where the family has it) that graph keeps
 each layer's queries, keys and values, not its weights: each block of query rows is
 recomputed in the backward pass, so no ``[head, T, T]`` tensor exists in either pass.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
-    >>> scores.top(10)                                                       # doctest: +SKIP
+    >>> scores.ranking()[:10]                                                # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torch import Tensor
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
+from workbench.inputs.batching import Batch
 from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task, check_steps
@@ -107,18 +110,45 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
 def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: Method,
                   m: int, weights: dict[str, Tensor]) -> Tensor:
     clean_ids, corrupted_ids = task.clean[rows], task.corrupted[rows]
-    clean = flow.sender_outputs(model, clean_ids, weights["o"])
-    corrupted = flow.sender_outputs(model, corrupted_ids, weights["o"])
-    delta = (clean - corrupted).float()  # [S, B, T, d]
+    names = flow.sender_names(model)
+    with torch.no_grad():
+        clean = hooks.capture(model, Batch.of(clean_ids), names)
+        corrupted = hooks.capture(model, Batch.of(corrupted_ids), names)
+    # the senders' differences as they are kept (a head's ``z``, not ``z W_O``): a layer's
+    # heads take one [batch, pos, d_model] here, not one per head
+    diff = {name: (clean[name] - corrupted[name]).float() for name in names}
+    start = corrupted[names[0]]
+    lines = clean[names[0]] - start
+    del clean, corrupted
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for k in range(1, m + 1):
-        embed = None
-        if method == "eap-ig":
-            embed = corrupted[0] + (k / m) * (clean[0] - corrupted[0])
+        embed = start + (k / m) * lines if method == "eap-ig" else None
         raw = receiver_gradients(model, clean_ids, embed, task, rows)
+        out += _contract(model, graph, raw, diff, weights)
+    return out
+
+
+CONTRACT_BYTES = 1 << 26
+"""The size of the senders' output differences formed at once, over a slice of positions."""
+
+
+def _contract(model: Model, graph: Graph, raw: dict[str, Tensor], diff: dict[str, Tensor],
+              weights: dict[str, Tensor]) -> Tensor:
+    """``sum over rows and positions of g_r . delta_s`` for every sender and receiver,
+    a slice of positions at a time (the norms act on each position alone, so a receiver's
+    gradient at a position needs only that position)."""
+    batch, width, d_model = diff[flow.sender_names(model)[0]].shape
+    n_senders = len(graph.senders)
+    step = max(1, CONTRACT_BYTES // (4 * n_senders * batch * d_model))
+    out = torch.zeros(graph.edges.shape, dtype=torch.float64)
+    for p0 in range(0, width, step):
+        at = slice(p0, min(p0 + step, width))
+        part = {name: t[:, at] for name, t in diff.items()}
+        delta = flow.stack_outputs(model, part, weights["o"]).float()  # [S, B, P, d]
+        sliced = {name: t[:, at] for name, t in raw.items()}
         for layer in range(model.info.n_layers + 1):
             first, receivers = flow.layer_receivers(graph, layer)
-            grads = _layer_gradients(model, layer, raw, weights)  # [R_L, B, T, d]
+            grads = _layer_gradients(model, layer, sliced, weights)  # [R_L, B, P, d]
             block = torch.einsum("sbtd,rbtd->sr", delta, grads.float())
             out[:, first: first + len(receivers)] += block.double()
     return out
