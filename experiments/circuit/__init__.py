@@ -53,6 +53,7 @@ from experiments.circuit.measure import (
 )
 from experiments.circuit.tables import TABLES
 from workbench.core import progress
+from workbench.core.options import AttentionPath
 from workbench.core.values import MAX_PROMPTS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
@@ -95,6 +96,9 @@ class Config:
     n_exact: int = param(20, "top edges patched exactly, one run each", min=0, max=10000)
     level: float = param(0.8, "the faithfulness the summary's smallest circuit reaches",
                          min=0.0, max=1.0)
+    attention: AttentionPath = param("auto", "attention path (blocked: no [head, T, T] "
+                                     "tensor in the forward or the backward pass; auto: "
+                                     "blocked where the family has it)")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
@@ -156,15 +160,17 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         graph, task = build_graph(model), make_task(model, cfg)
         stage("edge scores")
         scores = edge_scores(model, graph, task, method=cfg.method, steps=cfg.steps,
-                             max_batch_tokens=cfg.max_batch_tokens)
+                             max_batch_tokens=cfg.max_batch_tokens, attention=cfg.attention)
         stage("exact edge patching")
         top = scores.ranking()[: cfg.n_exact].tolist()
         exact = edge_patching(model, graph, task, top, ablation=cfg.ablation,
-                              max_batch_tokens=cfg.max_batch_tokens) if top else []
+                              max_batch_tokens=cfg.max_batch_tokens,
+                              attention=cfg.attention) if top else []
         stage("faithfulness")
         curve = faithfulness_curve(model, graph, task, scores, fractions=cfg.grid(),
                                    ablation=cfg.ablation, n_boot=cfg.n_boot, seed=cfg.seed,
-                                   max_batch_tokens=cfg.max_batch_tokens)
+                                   max_batch_tokens=cfg.max_batch_tokens,
+                                   attention=cfg.attention)
     with torch.no_grad():
         corrupted = float(torch.cat([task.metric(model.bridge(task.corrupted[rows]), rows)
                                      for rows in task.chunks(cfg.max_batch_tokens)]).mean())
