@@ -127,7 +127,8 @@ class _EdgeAblation:
                  weights: dict[str, Tensor]) -> None:
         self.model, self.graph, self.ref = model, graph, ref
         self.ablated = ablated.to(ref.dtype)
-        self.outs: list[Tensor] = []
+        self.diff = torch.empty_like(ref)  # ref - out of each sender run so far
+        self.seen = 0
         self.inputs: dict[str, Tensor] = {}
         self.weights = weights
         self.w_o = weights["o"]
@@ -145,8 +146,16 @@ class _EdgeAblation:
                     (hooks.mlp_out(layer), self.mlp)]
         return [*fwd, (flow.FINAL_IN, self.into_logits(n))]
 
+    def record(self, outs: Tensor) -> None:
+        """``[sender, batch, pos, d_model]`` outputs of the next senders, in order."""
+        n = outs.shape[0]
+        torch.sub(self.ref[self.seen: self.seen + n], outs,
+                  out=self.diff[self.seen: self.seen + n])
+        self.seen += n
+
     def embed(self, x: Tensor, hook: Any) -> None:
-        self.outs = [x]
+        self.seen = 0  # a new pass
+        self.record(x[None])
 
     def keep(self, name: str):
         def hook(x: Tensor, hook: Any) -> None:
@@ -155,11 +164,11 @@ class _EdgeAblation:
 
     def heads(self, layer: int):
         def hook(z: Tensor, hook: Any) -> None:
-            self.outs.extend(torch.einsum("bthe,hed->hbtd", z, self.w_o[layer]).unbind(0))
+            self.record(torch.einsum("bthe,hed->hbtd", z, self.w_o[layer]))
         return hook
 
     def mlp(self, x: Tensor, hook: Any) -> None:
-        self.outs.append(x)
+        self.record(x[None])
 
     def change(self, receivers: list[int]) -> Tensor | None:
         """``[receiver, batch, pos, d_model]``: what each receiver's input gains, or
@@ -167,11 +176,10 @@ class _EdgeAblation:
         cols = self.ablated[:, receivers]
         if not bool(cols.any()):
             return None
-        seen = len(self.outs)
+        seen = self.seen
         if bool(cols[seen:].any()):
             raise WorkbenchError("an ablated edge's sender had not run before its receiver")
-        diff = self.ref[:seen] - torch.stack(self.outs)  # [S_seen, B, T, d]
-        return torch.einsum("sr,sbtd->rbtd", cols[:seen], diff)
+        return torch.einsum("sr,sbtd->rbtd", cols[:seen], self.diff[:seen])
 
     def project(self, layer: int, which: str):
         first, receivers = flow.layer_receivers(self.graph, layer)
