@@ -135,11 +135,19 @@ class Result:
             lines.append(f"smallest circuit at faithfulness >= {self.level:g}: "
                          f"{self.curve.sizes[at]} edges ({self.curve.fractions[at]:g}), "
                          f"f = {self.curve.faithfulness[at]:.3f} [{self.curve.low[at]:.3f}, "
-                         f"{self.curve.high[at]:.3f}]; heads: {' '.join(self.heads) or '-'}")
+                         f"{self.curve.high[at]:.3f}]; {_heads(self.heads)}")
         rho = scores["spearman_exact"]
         lines.append(f"Spearman's rho of scores with exact edge patching (top edges): "
                      f"{rho:.3f}")
         return lines
+
+
+def _heads(heads: list[str], shown: int = 20) -> str:
+    """The circuit's heads, the first ``shown`` of them named."""
+    if not heads:
+        return "no head"
+    more = f" and {len(heads) - shown} more" if len(heads) > shown else ""
+    return f"{len(heads)} heads: {' '.join(heads[:shown])}{more}"
 
 
 def make_task(model: Model, cfg: Config) -> Task:
