@@ -56,6 +56,8 @@ SMALL = {
             "templates": 2, "patch_prompts": 2, "n_receivers": 1, "n_boot": 20},
     "logit-lens": {"prompt_set": "natural", "n_prompts": 2, "n_boot": 20},
     "induction-distance": {"n_prompts": 2, "seq_len": 4, "distances": (4, 12), "n_boot": 20},
+    "circuit": {"task": "induction", "n_prompts": 2, "seq_len": 4, "steps": 2, "n_exact": 2,
+                "fractions": (0.1, 1.0), "n_boot": 20},
 }
 """The smallest config of each experiment that still runs every part of it."""
 PROMPTS = [Prompt(text="the cat sat on the mat and the dog sat"), Prompt(text="bread is made")]

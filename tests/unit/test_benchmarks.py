@@ -26,6 +26,7 @@ SMOKE = {
     "losses.py": ["--smoke", "{model}"],
     "store_scale.py": ["--smoke", "{model}"],
     "gpu.py": ["--smoke"],
+    "circuit.py": ["--smoke", "--model", "{model}"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 

@@ -78,7 +78,16 @@ def _linear_logits(adapter: Adapter) -> str | None:
     return None
 
 
+def _separate_heads(adapter: Adapter) -> str | None:
+    """Why the heads' outputs are not separate senders of the residual stream."""
+    if adapter.attn_out_norm:
+        return ("the attention output is normalized before the residual add, so the heads' "
+                "outputs are not separate senders")
+    return None
+
+
 NEEDS: dict[str, Callable[[Adapter], str | None]] = {
+    "circuit": _separate_heads,
     "qk-attribution": _linear_scores,
     "ioi": _linear_logits,
     "logit-lens": _linear_logits,

@@ -70,6 +70,9 @@ class Adapter:
         norm: where the block's norms sit (before or after the sublayer).
         qk_norm: queries and keys normalized per head, or over every head together.
         softcap: attention scores pass through ``cap * tanh(score / cap)`` (Gemma 2).
+        attn_out_norm: the attention output passes through a norm before the residual add
+            (Gemma 2 and 3's ``post_attention_layernorm``, OLMo 2's post-norm), so the
+            heads' outputs do not join the stream as separate terms.
         logit_softcap: the logits pass through ``cap * tanh(logit / cap)`` after the
             unembedding (Gemma 2), so a logit difference is not linear in the stream.
         encoder_body: attribute of an encoder's masked-LM model holding the body whose
@@ -111,6 +114,7 @@ class Adapter:
     norm: Norm = "pre"
     qk_norm: QKNorm = "none"
     softcap: bool = False
+    attn_out_norm: bool = False
     logit_softcap: bool = False
     encoder_body: str | None = None
     mask_buffer: str | None = None
@@ -263,14 +267,14 @@ for _adapter in (
             head_attrs={**_LLAMA_ATTRS, "num_heads": "heads", "num_key_value_heads": "kv_heads",
                         "hidden_size": "width"}, gguf="stablelm"),
     Adapter("olmo-2", ("Olmo2ForCausalLM",), norm="post", qk_norm="full_width",
-            head_attrs=_LLAMA_ATTRS,
+            attn_out_norm=True, head_attrs=_LLAMA_ATTRS,
             no_removal="OLMo 2 normalizes queries and keys over every head together "
                        "(q_norm, k_norm over the full width), so removing a head changes the "
                        "kept heads' queries; only masking is exact"),
     Adapter("gemma-2", ("Gemma2ForCausalLM",), local_attention=True, softcap=True,
-            logit_softcap=True, head_attrs=_LLAMA_ATTRS, gguf="gemma2"),
+            logit_softcap=True, attn_out_norm=True, head_attrs=_LLAMA_ATTRS, gguf="gemma2"),
     Adapter("gemma-3", ("Gemma3ForCausalLM",), rotary_per_layer=True, local_attention=True,
-            qk_norm="per_head", head_attrs=_LLAMA_ATTRS, gguf="gemma3"),
+            qk_norm="per_head", attn_out_norm=True, head_attrs=_LLAMA_ATTRS, gguf="gemma3"),
     Adapter("qwen3", ("Qwen3ForCausalLM",), qk_norm="per_head", head_attrs=_LLAMA_ATTRS,
             gguf="qwen3"),
     *(Adapter(name, (arch,), head_attrs=_LLAMA_ATTRS, gguf=gguf) for name, arch, gguf in (

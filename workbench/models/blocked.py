@@ -342,6 +342,8 @@ class _Layer:
         """Every block of rows through ``block_fn``; the mixed values written along
         ``out_axis`` (the query axis of the family's output)."""
         step = self.block or rows_per_block(batch, heads, rows.n_keys, self.block_bytes)
+        if torch.is_grad_enabled() and self.consume is None:
+            return self._run_recomputed(rows, step, out_axis, block_fn)
         out: Tensor | None = None
         for r0 in range(0, rows.n_queries, step):
             r1 = min(r0 + step, rows.n_queries)
@@ -361,6 +363,24 @@ class _Layer:
             out.narrow(out_axis, r0, r1 - r0).copy_(mixed)
         assert out is not None
         return out
+
+    def _run_recomputed(self, rows: _Rows, step: int, out_axis: int,
+                        block_fn: BlockFn) -> Tensor:
+        """:meth:`run` under autograd: each block's mixing is checkpointed, so the
+        backward pass recomputes one block's weights at a time from the queries, keys and
+        values it keeps, and no block of weights outlives its own forward or backward
+        step (memory linear in the keys, per block of rows)."""
+        from torch.utils.checkpoint import checkpoint
+
+        parts = []
+        for r0 in range(0, rows.n_queries, step):
+            r1 = min(r0 + step, rows.n_queries)
+            visible = rows.visible(r0, r1)
+            k0, k1 = _window(visible, rows.n_keys)
+            given = rows.given(r0, r1, k0, k1, visible)
+            parts.append(checkpoint(lambda r0=r0, r1=r1, k0=k0, k1=k1, given=given:
+                                    block_fn(r0, r1, k0, k1, given)[0], use_reentrant=False))
+        return torch.cat(parts, out_axis)
 
 
 def _refuse_pattern_hooks(attn: Any) -> None:

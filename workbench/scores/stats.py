@@ -85,3 +85,30 @@ def summarize(per_prompt: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) ->
     out["ci_high"] = high
     out["n_prompts"] = np.isfinite(values).sum(axis=0)
     return out.sort_values(KEYS, ignore_index=True)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties share their
+    mean rank); NaN for fewer than two values or a constant side.
+
+    Args:
+        x, y: ``[n]`` values, paired.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman takes two [n] arrays of one length, got {x.shape}, {y.shape}")
+    if len(x) < 2:
+        return float("nan")
+    rx, ry = _ranks(x), _ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties given their mean rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (np.bincount(inverse, weights=ranks) / counts)[inverse]

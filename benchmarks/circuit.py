@@ -1,0 +1,124 @@
+"""Circuit discovery: EAP-IG time on IOI, and peak memory of edge scores against T.
+
+Each measurement runs in its own subprocess, so that its peak RSS is its own:
+
+- ``ioi``: EAP-IG (``--steps``, default 5) over every edge of ``--model`` on ``--prompts``
+  IOI prompts (default 64; the issue's target on smollm2: under 10 minutes on 2 idle
+  cores), in ``--threads`` threads;
+- ``memory``: EAP edge scores on one induction prompt (``[BOS] A A``) of T tokens for each
+  T of ``--lengths``, dense and blocked attention, each in its own process: peak RSS above
+  the loaded model, and the exponent of that growth fitted against T on a log-log scale
+  (1 is linear, 2 quadratic).
+
+``--smoke`` runs both at a tiny size on ``--model`` (a local folder), in this process.
+
+Usage:
+    python benchmarks/circuit.py --model smollm2 --parts ioi,memory [--json]
+    python benchmarks/circuit.py --model smollm2 --parts memory --lengths 512,1024,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from experiments.circuit.measure import induction_task, ioi_task
+from workbench.core.options import AttentionPath
+from workbench.interventions.circuits.attribution import edge_scores
+from workbench.interventions.circuits.graph import build_graph
+from workbench.models.load import load_model
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def ioi(model_name: str, prompts: int, steps: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    model = load_model(model_name)
+    graph = build_graph(model)
+    task = ioi_task(model, prompts, 15, 0)
+    start = time.perf_counter()
+    edge_scores(model, graph, task, method="eap-ig", steps=steps)
+    return {"part": "ioi", "model": model_name, "prompts": prompts, "steps": steps,
+            "threads": threads, "edges": graph.n_edges,
+            "seconds": round(time.perf_counter() - start, 1), "peak_gib": round(_rss_gib(), 2)}
+
+
+def memory_one(model_name: str, length: int, attention: AttentionPath) -> dict:
+    model = load_model(model_name)
+    graph = build_graph(model)
+    seq = max(2, (length - 1) // 2)
+    task = induction_task(model, 1, seq, 0)
+    loaded = _rss_gib()
+    start = time.perf_counter()
+    edge_scores(model, graph, task, method="eap", attention=attention, max_batch_tokens=length)
+    return {"part": "memory", "T": int(task.clean.shape[1]), "attention": attention,
+            "seconds": round(time.perf_counter() - start, 1),
+            "above_model_gib": round(_rss_gib() - loaded, 3)}
+
+
+def memory(model_name: str, lengths: list[int]) -> list[dict]:
+    rows = []
+    for attention in ("dense", "blocked"):
+        for length in lengths:
+            out = subprocess.run([sys.executable, __file__, "--one", str(length), attention,
+                                  "--model", model_name], capture_output=True, text=True,
+                                 check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        mine = [r for r in rows if r["attention"] == attention]
+        if len(mine) > 1:
+            t = np.log([r["T"] for r in mine])
+            m = np.log([max(r["above_model_gib"], 1e-6) for r in mine])
+            rows.append({"part": "memory_exponent", "attention": attention,
+                         "exponent": round(float(np.polyfit(t, m, 1)[0]), 2)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--parts", default="ioi,memory")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lengths", default="256,512,1024,2048")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.one:
+        attention: AttentionPath = "blocked" if args.one[1] == "blocked" else "dense"
+        print(json.dumps(memory_one(args.model, int(args.one[0]), attention)))
+        return
+    if args.smoke:
+        rows = [_smoke_ioi(args.model), memory_one(args.model, 24, "dense"),
+                memory_one(args.model, 24, "blocked")]
+    else:
+        parts = args.parts.split(",")
+        rows = [ioi(args.model, args.prompts, args.steps, args.threads)] if "ioi" in parts else []
+        if "memory" in parts:
+            rows += memory(args.model, [int(x) for x in args.lengths.split(",")])
+    for row in rows:
+        print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def _smoke_ioi(model_name: str) -> dict:
+    """The ``ioi`` part's passes on induction prompts (a tiny tokenizer has no IOI names)."""
+    model = load_model(model_name)
+    graph = build_graph(model)
+    start = time.perf_counter()
+    edge_scores(model, graph, induction_task(model, 2, 4, 0), method="eap-ig", steps=2)
+    return {"part": "ioi-smoke", "edges": graph.n_edges,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+if __name__ == "__main__":
+    main()

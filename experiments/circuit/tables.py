@@ -1,0 +1,54 @@
+"""The tables of the circuit experiment."""
+
+from __future__ import annotations
+
+from workbench.store.schema import Column, Table, columns, tables
+
+_NODE_MEANING = ("embed, a head LxHy, an MLP LxMLP, or logits")
+EDGES = Table("edges", "every edge of the graph of heads and MLPs, with its attribution score",
+              columns(
+    ("sender", "str", "the sender: embed, LxHy (a head's output) or LxMLP"),
+    ("receiver", "str", "the receiver input: LxHy.q, LxKVg.k, LxKVg.v (per key-value head), "
+                        "LxMLP.in or logits"),
+    ("sender_layer", "int", "the sender's layer; -1 for the embedding", (-1, "n_layers")),
+    ("receiver_layer", "int", "the receiver's layer; n_layers for the logits",
+     (0, "n_layers+1")),
+    ("receiver_input", "str", "q, k, v, mlp or logits"),
+    ("score", "float", "EAP or EAP-IG score: gradient at the receiver input x (clean - "
+                       "corrupted) sender output, summed over positions, mean over prompts"),
+    ("rank", "int", "rank by |score|, from 1", (1, None)),
+    ("exact", "float", "exact edge patching: clean metric minus the metric with this edge "
+                       "alone ablated, mean over prompts; NaN where not patched"),
+), keys=("sender", "receiver"), min_rows=1)
+NODES = Table("nodes", "every node's summed edge scores", (
+    Column("node", "str", _NODE_MEANING),
+    Column("kind", "str", "embed, head, mlp or logits"),
+    Column("layer", "int", "layer; -1 for the embedding, n_layers for the logits",
+           bounds=(-1, "n_layers+1")),
+    Column("head", "int", "query head index; -1 for a node that is not a head",
+           bounds=(-1, "n_heads")),
+    Column("layer_type", "str", "the layer's attention span (sliding or global); '-' for "
+                                "the embedding and the logits"),
+    Column("score_out", "float", "sum of the scores of the edges it sends"),
+    Column("score_in", "float", "sum of the scores of the edges into its inputs (a head: "
+                                "its q input and its key-value head's k and v inputs)"),
+    Column("abs_out", "float", "sum of |score| of the edges it sends"),
+), keys=("node",), min_rows=1)
+FAITHFULNESS = Table("faithfulness", "the faithfulness of the top-|score| circuits over "
+                     "circuit sizes", columns(
+    ("fraction", "float", "circuit size as a fraction of the edges", (0, 1)),
+    ("n_edges", "int", "edges in the circuit"),
+    ("faithfulness", "float", "(m(C) - m(empty)) / (m(full) - m(empty)), m the metric "
+                              "averaged over prompts"),
+    ("ci_low", "float", "95% bootstrap interval over prompts, low end"),
+    ("ci_high", "float", "95% bootstrap interval over prompts, high end"),
+), keys=("fraction",), min_rows=1)
+SCORES = Table("scores", "the curve's scores and the checks", columns(
+    ("name", "str", "cpr (area under the curve), cmd (area between it and 1), spearman_exact "
+                    "(rank correlation of the exactly patched edges' scores with their exact "
+                    "effects), metric_clean, metric_empty (the metric with every edge "
+                    "ablated), metric_corrupted"),
+    ("value", "float", "the value"),
+), keys=("name",), min_rows=1)
+
+TABLES = tables(EDGES, NODES, FAITHFULNESS, SCORES)

@@ -1,0 +1,118 @@
+"""What the circuit passes read and write on the bridge: sender outputs, receiver inputs.
+
+A sender's output is what it adds to the residual stream: the embedding
+(``blocks.0.hook_resid_pre``), a head's ``z_h W_O^h`` (``hook_z``), an MLP's output
+(``hook_mlp_out``). A receiver's input is the stream *before* the norm that feeds it: a
+head's q, k or v input is the block's first norm's input (``ln1.hook_in``), read by that
+head alone; an MLP's is its own norm's input (``ln2.hook_in``, or ``ln1.hook_in`` in a
+parallel block with one norm: GPT-J, Phi, Falcon); the logits' is the final norm's input
+(``ln_final.hook_in``). A q, k or v receiver is reached through the projection at
+``hook_q`` / ``hook_k`` / ``hook_v`` (before rotary and any per-head norm), an MLP through
+its input after the norm (``mlp.hook_in``): the receiver's input changed by ``d`` changes
+what it reads by ``n(x + d) - n(x)`` (times the projection ``W`` for a head), with ``n`` the
+live norm (not frozen), so the gradient and the edge ablation both see the true norm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from workbench.core.options import AttentionPath
+from workbench.inputs.batching import Batch
+from workbench.interventions.circuits.graph import Graph, Receiver
+from workbench.models import blocked
+from workbench.models.base import Model
+from workbench.recording import hooks
+
+
+def ln_in(layer: int, which: str) -> str:
+    """The input hook of a block's first (``ln1``) or second (``ln2``) norm."""
+    return f"blocks.{layer}.{which}.hook_in"
+
+
+FINAL_IN = "ln_final.hook_in"
+"""The final norm's input: the logits' receiver input."""
+
+
+def mlp_in(layer: int) -> str:
+    """The MLP's input after its norm."""
+    return f"blocks.{layer}.mlp.hook_in"
+
+
+def norm_module(model: Model, layer: int, which: str = "ln1") -> Any:
+    """The Hugging Face module of the layer's ``ln1`` or ``ln2``, callable without the
+    bridge's hooks."""
+    ln = getattr(model.bridge.blocks[layer], which)
+    return getattr(ln, "_original_component", ln)
+
+
+def mlp_norm(model: Model, layer: int) -> tuple[str, Any]:
+    """The input hook and the module of the norm in front of the layer's MLP: ``ln2``, or
+    ``ln1`` where a parallel block has one norm for both sublayers."""
+    which = "ln2" if ln_in(layer, "ln2") in model.bridge.hook_dict else "ln1"
+    return ln_in(layer, which), norm_module(model, layer, which)
+
+
+def projections(model: Model) -> dict[str, Tensor]:
+    """``{"q": W_Q, "k": W_K, "v": W_V, "o": W_O}``, detached: ``W_Q`` is ``[layer, head,
+    d_model, d_head]``, ``W_K`` and ``W_V`` per key-value head, ``W_O`` ``[layer, head,
+    d_head, d_model]``. Read once per call that needs them: the bridge stacks every
+    layer's weights each time one is read."""
+    bridge = model.bridge
+    return {"q": bridge.W_Q.detach(), "k": bridge.W_K.detach(), "v": bridge.W_V.detach(),
+            "o": bridge.W_O.detach()}
+
+
+def sender_names(model: Model) -> list[str]:
+    """The hook points the senders' outputs are read at."""
+    n = model.info.n_layers
+    return [hooks.resid(0, n)] + [name for layer in range(n)
+                                  for name in (hooks.z(layer), hooks.mlp_out(layer))]
+
+
+def stack_outputs(model: Model, kept: dict[str, Tensor], w_o: Tensor
+                  ) -> Float[Tensor, "sender batch pos d_model"]:
+    """Every sender's output, in the graph's order, from the tensors at
+    :func:`sender_names` (``w_o``: ``W_O``)."""
+    n = model.info.n_layers
+    parts = [kept[hooks.resid(0, n)][None]]
+    for layer in range(n):
+        parts.append(torch.einsum("bthe,hed->hbtd", kept[hooks.z(layer)], w_o[layer]))
+        parts.append(kept[hooks.mlp_out(layer)][None])
+    return torch.cat(parts)
+
+
+def sender_outputs(model: Model, ids: Tensor, w_o: Tensor | None = None
+                   ) -> Float[Tensor, "sender batch pos d_model"]:
+    """Every sender's output on ``ids`` (one pass, no gradient; ``w_o``: ``W_O``, read if
+    ``None``)."""
+    with torch.no_grad():
+        kept = hooks.capture(model, Batch.of(ids), sender_names(model))
+    return stack_outputs(model, kept, model.bridge.W_O.detach() if w_o is None else w_o)
+
+
+def layer_receivers(graph: Graph, layer: int) -> tuple[int, list[Receiver]]:
+    """The index of the layer's first receiver and its receivers (q, k, v, MLP), or the
+    logits' for ``layer == n_layers``."""
+    index = [i for i, r in enumerate(graph.receivers) if r.layer == layer]
+    return index[0], [graph.receivers[i] for i in index]
+
+
+@contextlib.contextmanager
+def attention_run(model: Model, attention: AttentionPath) -> Iterator[str]:
+    """Run the block's passes with blocked attention (:mod:`workbench.models.blocked`: no
+    ``[head, T, T]`` pattern, and under autograd each block of query rows recomputed in
+    the backward pass) where ``attention`` asks for it and the family has it, else dense.
+
+    Yields:
+        ``blocked`` or ``dense``.
+    """
+    path = hooks.attention_path(model, attention)
+    with blocked.blocked(model) if path == "blocked" else contextlib.nullcontext():
+        yield path

@@ -1,0 +1,128 @@
+"""What a circuit is found for: clean and corrupted inputs of one length and a metric.
+
+The metric is read off the logits, one number per prompt, higher where the model does
+the task: a logit difference (:class:`LogitDifference`: IOI's ``IO - S``) or the mean
+log-probability of target tokens (:class:`TargetLogProb`: the negative loss on the second
+repeat of a repeated random sequence). The checks here (:func:`check_fractions`,
+:func:`check_steps`, :func:`check_lengths`) need no model, so a caller refuses bad input
+with them before one loads.
+
+Examples:
+    >>> task = Task(clean, corrupted, LogitDifference(io, s, positions))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from workbench.core.errors import WorkbenchError
+
+
+class Metric(Protocol):
+    """Per-prompt task metric of a slice of the task's rows, differentiable in the logits."""
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
+                 ) -> Float[Tensor, " batch"]: ...
+
+
+@dataclass(frozen=True)
+class LogitDifference:
+    """``logit(answer) - logit(other)`` at each row's position."""
+
+    answer: Int[Tensor, " n"]
+    other: Int[Tensor, " n"]
+    positions: Int[Tensor, " n"]
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
+                 ) -> Float[Tensor, " batch"]:
+        index = torch.arange(logits.shape[0])
+        at = logits[index, self.positions[rows]]  # [batch, d_vocab]
+        return (at.gather(1, self.answer[rows, None]) - at.gather(1, self.other[rows, None]))[:, 0]
+
+
+@dataclass(frozen=True)
+class TargetLogProb:
+    """The mean log-probability of ``targets[row, t]`` predicted at position ``t``, over the
+    positions where ``mask`` is true (the negative of the loss there)."""
+
+    targets: Int[Tensor, "n pos"]
+    mask: Float[Tensor, "n pos"]
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
+                 ) -> Float[Tensor, " batch"]:
+        logp = torch.log_softmax(logits.float(), -1)
+        got = logp.gather(2, self.targets[rows, :, None])[..., 0]  # [batch, pos]
+        mask = self.mask[rows].to(got.dtype)
+        return (got * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Clean and corrupted token ids, ``[prompt, pos]`` of one shape, and the metric."""
+
+    clean: Int[Tensor, "n pos"]
+    corrupted: Int[Tensor, "n pos"]
+    metric: Metric
+
+    def __post_init__(self) -> None:
+        check_lengths([len(row) for row in self.clean.tolist()],
+                      [len(row) for row in self.corrupted.tolist()])
+        if self.clean.shape != self.corrupted.shape or self.clean.dim() != 2:
+            raise WorkbenchError(f"clean and corrupted ids must be [prompt, pos] of one shape, "
+                                 f"got {tuple(self.clean.shape)} and "
+                                 f"{tuple(self.corrupted.shape)}")
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.clean.shape[0])
+
+    def chunks(self, max_tokens: int) -> list[slice]:
+        """Row slices of at most ``max_tokens`` tokens each (one row at least)."""
+        n, width = self.clean.shape
+        step = max(1, max_tokens // max(1, width))
+        return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def check_fractions(fractions: Sequence[float]) -> None:
+    """Refuse a circuit size grid that is empty or has a size outside ``(0, 1]``.
+
+    Raises:
+        WorkbenchError: one line saying which size.
+    """
+    if not fractions:
+        raise WorkbenchError("the circuit size grid is empty; give fractions in (0, 1]")
+    bad = [f for f in fractions if not (math.isfinite(f) and 0 < f <= 1)]
+    if bad:
+        raise WorkbenchError(f"circuit sizes must be fractions of the edges in (0, 1], got "
+                             f"{bad[0]}")
+
+
+def check_steps(steps: int) -> None:
+    """Refuse an EAP-IG step count below 1.
+
+    Raises:
+        WorkbenchError: one line.
+    """
+    if steps < 1:
+        raise WorkbenchError(f"EAP-IG needs m >= 1 points on the path, got {steps}")
+
+
+def check_lengths(clean: Sequence[int], corrupted: Sequence[int]) -> None:
+    """Refuse prompts whose clean and corrupted versions differ in length (in tokens).
+
+    Raises:
+        WorkbenchError: one line naming the first such prompt.
+    """
+    if len(clean) != len(corrupted):
+        raise WorkbenchError(f"{len(clean)} clean prompts but {len(corrupted)} corrupted ones")
+    for i, (a, b) in enumerate(zip(clean, corrupted, strict=True)):
+        if a != b:
+            raise WorkbenchError(f"prompt {i}: its clean version has {a} tokens and its "
+                                 f"corrupted version {b}; they must be of one length")
