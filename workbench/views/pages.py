@@ -51,6 +51,7 @@ PAGES: tuple[Page, ...] = (
     Page("/patching", 12, ("ioi",)),
     Page("/lens", 13, ("logit-lens",)),
     Page("/distance", 14, ("induction-distance",)),
+    Page("/circuit", 15, ("circuit",)),
     Page("/live", 20, ("record",)),
 )
 RUNS_PAGE = "/"
