@@ -56,6 +56,9 @@ CONFIGS = {
             "n_boot": 20},
     "logit-lens": {"prompt_set": "repeated-random", "n_prompts": 2, "read": "all", "n_boot": 20},
     "induction-distance": {"n_prompts": 2, "seq_len": 4, "distances": (4, 8, 16), "n_boot": 20},
+    "circuit": {"names": "and dog on sat the", "places": "dog", "objects": "sat", "task": "ioi",
+                "n_prompts": 4, "templates": 2, "steps": 2, "n_exact": 3, "n_boot": 20,
+                "fractions": (0.05, 0.5, 1.0)},
 }
 """The experiments run on the tiny Llama, each with a config small enough for a test."""
 FORMATION = {"vocab_size": 320, "d_model": 16, "n_heads": 2, "n_ctx": 40, "steps": 8,

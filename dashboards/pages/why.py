@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dash
 import pandas as pd
-from dash import Input, Output, callback, dcc, html, no_update
+from dash import Input, Output, State, callback, dcc, html, no_update
 
 from dashboards.components import data, exports, links
 from dashboards.components.controls import labelled, run_search
 from dashboards.components.messages import safe, safe_layout
 from dashboards.components.skeleton import run_page
-from dashboards.components.values import Index, NamedHead, RunId, among
+from dashboards.components.values import Index, Name, NamedHead, RunId, among
 from experiments.qk_attribution.tables import (
     ATTRIBUTION,
     PAIR_CONTRIBUTIONS,
@@ -51,9 +51,12 @@ GRAPHS = ["why-strip", "why-key", "why-query", "why-pairs", "why-aggregate"]
 
 
 @safe_layout("Why")
-def layout(run: str | None = None, **_: str) -> html.Div:
+def layout(run: str | None = None, head: str | None = None, **_: str) -> html.Div:
+    """``?head=LxHy`` opens on that head where the run explains it (the Circuit page's
+    links ask for one)."""
     return run_page("why", "Why does this head attend here?", shows=SHOWS, requested=run,
-                    empty=EMPTY, controls=[
+                    empty=EMPTY, after=[dcc.Store(id="why-asked-head", data=head)],
+                    controls=[
         labelled("head", dcc.Dropdown(id="why-head", clearable=False), "10em"),
         labelled("prompt", dcc.Dropdown(id="why-prompt", clearable=False), "10em"),
         labelled("query", dcc.Dropdown(id="why-query-pos", clearable=False), "18em"),
@@ -91,16 +94,17 @@ def _mine(scores: pd.DataFrame, head: tuple[int, int], prompt: int) -> pd.DataFr
 @callback(Output("why-head", "options"), Output("why-head", "value"),
           Output("why-prompt", "options"), Output("why-prompt", "value"),
           Output("why-note", "children"), Output("why-error", "children"),
-          Input("why-run", "value"))
+          Input("why-run", "value"), State("why-asked-head", "data"))
 @safe
-def choose_run(run_id: RunId):
+def choose_run(run_id: RunId, asked: Name):
     if not run_id:
         return (no_update,) * 6
     run = data.get_run(run_id, shows=SHOWS)
     scores = data.table(run, SCORES.name)
     options = _heads(scores)
     prompts = sorted(scores.prompt.unique().tolist())
-    return (options, options[0], [{"label": f"prompt {p}", "value": p} for p in prompts],
+    head = asked if asked in options else options[0]
+    return (options, head, [{"label": f"prompt {p}", "value": p} for p in prompts],
             prompts[0], source_note(run), None)
 
 

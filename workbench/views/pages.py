@@ -51,7 +51,8 @@ PAGES: tuple[Page, ...] = (
     Page("/patching", 12, ("ioi",)),
     Page("/lens", 13, ("logit-lens",)),
     Page("/distance", 14, ("induction-distance",)),
-    Page("/compare", 15, ()),  # two runs of any kind below: compared(), never a run's page
+    Page("/circuit", 15, ("circuit",)),
+    Page("/compare", 16, ()),  # two runs of any kind below: compared(), never a run's page
     Page("/live", 20, ("record",)),
 )
 RUNS_PAGE = "/"
