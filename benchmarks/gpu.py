@@ -33,9 +33,10 @@ H100/H200: the throughput runs share a budget (``--budget``, default 360 s), and
 whose time, predicted from the last one measured, would end past it is skipped and shown
 as skipped; a forward that runs out of memory is shown as such. The kernel computes its
 dot products in float32 (``input_precision="ieee"``, for exactness), not on bfloat16
-tensor cores, so its speed at long contexts is what this measures first. ``--smoke`` runs every part on the CPU at tiny shapes under Triton's interpreter
-(``TRITON_INTERPRET=1``, set by this script before triton is imported), so that
-``tests/unit/test_benchmarks.py`` checks that it runs; its timings mean nothing.
+tensor cores, so its speed at long contexts is what this measures first. ``--smoke`` runs
+every part on the CPU at tiny shapes under Triton's interpreter (``TRITON_INTERPRET=1``,
+set by this script before triton is imported), so that ``tests/unit/test_benchmarks.py``
+checks that it runs; its timings mean nothing.
 
 Dependencies: torch, transformers and triton, and of the workbench only
 ``workbench/models/fused`` (which needs jaxtyping): the script imports that package

@@ -316,8 +316,9 @@ def on_config(config: Any) -> Any:
 def on_files(files: Any, config: Any) -> Any:
     """Every notebook as a page at ``notebooks/NAME.ipynb``: its executed copy, which the
     site's sources hold at that path (outputs and figures included), else the notebook of
-    ``notebooks/`` as it is committed. A File rooted there rather than ``File.generated``: mkdocs-jupyter
-    reads a notebook by its ``src_dir``, which a generated file lacks."""
+    ``notebooks/`` as it is committed. A File rooted there rather than
+    ``File.generated``: mkdocs-jupyter reads a notebook by its ``src_dir``, which a
+    generated file lacks."""
     for path in notebooks():
         if files.get_file_from_path(f"notebooks/{path.name}") is not None:
             continue  # its executed copy, docs/notebooks/NAME.ipynb (notebooks/execute.py)
