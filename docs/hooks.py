@@ -219,6 +219,12 @@ def _dashboard_items() -> list[str]:
     return ["- " + item.strip() for item in re.split(r"^- ", text, flags=re.M)[1:]]
 
 
+def _from_experiments(markdown: str) -> str:
+    """Links of the Dashboard page's text, as ``docs/experiments/*.md`` reach them."""
+    markdown = re.sub(r"\]\(#", "](../dashboard.md#", markdown)
+    return re.sub(r"\]\((?!https?:|\.\./|/|#)", "](../", markdown)
+
+
 def figures(name: str) -> str:
     """How to read the figures of ``name``'s runs: the Dashboard page's entry of every
     dashboard page that shows them."""
@@ -229,7 +235,7 @@ def figures(name: str) -> str:
     parts = []
     for page, path in shown:
         item = next((i for i in _dashboard_items() if i.startswith(f"- **{page}** (`{path}")), "")
-        item = item.split("\n\n")[0]  # the entry alone, not the paragraphs after the list
+        item = _from_experiments(item.split("\n\n")[0])  # the entry alone, not what follows
         parts += [f"The dashboard's **{page}** page (`{path}?run=ID`) shows its runs, as the "
                   f"[Dashboard](../dashboard.md) page says:", "", item.replace("\n", "\n"), ""]
     return "\n".join(parts)

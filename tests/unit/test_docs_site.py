@@ -190,3 +190,13 @@ def test_the_site_loads_no_font_from_another_host():
     """Material's default theme loads Google Fonts, which fail offline."""
     config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
     assert config["theme"]["font"] == "false"
+
+
+def test_a_dashboard_entry_shown_on_an_experiments_page_keeps_its_links():
+    """An experiment's page (docs/experiments/) repeats the Dashboard page's entries of the
+    pages that show its runs; their links are relative to docs/, so they are rewritten."""
+    entry = ("- **Compare**: see [Comparing runs](compare.md), [Live](#the-live-page), "
+             "[up](../x.md) and [site](https://example.org/a.md)")
+    assert HOOKS._from_experiments(entry) == (
+        "- **Compare**: see [Comparing runs](../compare.md), [Live](../dashboard.md#the-live-"
+        "page), [up](../x.md) and [site](https://example.org/a.md)")
