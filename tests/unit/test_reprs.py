@@ -137,7 +137,9 @@ def test_the_pages_register_the_library_page_map(tmp_path):
 
     create_app(tmp_path)
     registered = {p["path"]: list(p.get("experiments", ())) for p in dash.page_registry.values()}
-    assert registered == {p.path: list(p.experiments) for p in pages.PAGES}
+    # the Compare page is offered for every kind it compares, and is no run's own page
+    assert registered == {p.path: list(p.experiments) for p in pages.PAGES} | {
+        "/compare": pages.compared()}
     orders = {p["path"]: p.get("order") for p in dash.page_registry.values()}
     assert orders == {p.path: p.order for p in pages.PAGES}
     assert len(set(orders.values())) == len(orders)  # one nav position a page

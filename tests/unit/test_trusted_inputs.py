@@ -85,9 +85,9 @@ def _options(parser: argparse.ArgumentParser):
             yield parser.prog, action
 
 
-TEXT_OPTIONS = {"--address", "--device", "--allowed-hosts"}
+TEXT_OPTIONS = {"--address", "--device", "--allowed-hosts", "--ablation"}
 """Options whose ``type=`` parses text that is not a number (a cluster address, a torch
-device, host names)."""
+device, host names, an ablation's kind)."""
 
 
 def test_every_numeric_command_line_option_has_declared_bounds():
