@@ -24,7 +24,12 @@ from dashboards.components.values import Index, RunId
 from experiments.circuit.tables import EDGES, FAITHFULNESS, NODES, SCORES
 from workbench.store.runs import Run
 from workbench.views import pages
-from workbench.views.circuit_graph import circuit_edges, faithfulness_figure, graph_figure
+from workbench.views.circuit_graph import (
+    circuit_edges,
+    faithfulness_figure,
+    graph_figure,
+    node_of,
+)
 
 SHOWS = pages.shows("/circuit")
 run_search("circuit-run", SHOWS)
@@ -139,7 +144,7 @@ def draw(run_id: RunId, size: Index):
 def node_table(run: Run, edges: pd.DataFrame, nodes: pd.DataFrame, n_edges: int) -> html.Table:
     """The circuit's nodes, strongest first, each head with links to its other pages."""
     circuit = circuit_edges(edges, n_edges)
-    used = set(circuit.sender) | {r.split(".")[0] for r in circuit.receiver}
+    used = set(circuit.sender) | {node_of(r) for r in circuit.receiver}
     rows = nodes[nodes.node.isin(used)].sort_values("abs_out", ascending=False)
     others = _newest_of_model(run)
     head = ["node", "kind", "layer", "layer type", "out", "in", "pages"]

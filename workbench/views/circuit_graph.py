@@ -77,8 +77,7 @@ def node_position(name: str, n_layers: int, n_heads: int, n_kv_heads: int
         return (n_heads - 1) / 2, -1
     if name == "logits":
         return (n_heads - 1) / 2, n_layers
-    base = name.split(".")[0] if not _KV.match(name) else name
-    if (m := _HEAD.match(base)) is not None:
+    if (m := _HEAD.match(name.split(".")[0])) is not None:  # a head, or its q input
         return float(m.group(2)), int(m.group(1))
     if (m := _KV.match(name)) is not None:
         group = n_heads // n_kv_heads
@@ -99,7 +98,7 @@ def graph_figure(edges: pd.DataFrame, nodes: pd.DataFrame, *, n_edges: int, n_la
     circuit = circuit_edges(edges, n_edges)
     drawn = circuit.head(MAX_DRAWN)
     fig = go.Figure()
-    _add_nodes(fig, nodes, set(circuit.sender) | {_node_of(r) for r in circuit.receiver},
+    _add_nodes(fig, nodes, set(circuit.sender) | {node_of(r) for r in circuit.receiver},
                n_layers, n_heads, n_kv_heads)
     top = float(drawn.score.abs().max()) if len(drawn) else 1.0
     for sign, colour in ((1, POSITIVE), (-1, NEGATIVE)):
@@ -120,7 +119,7 @@ def graph_figure(edges: pd.DataFrame, nodes: pd.DataFrame, *, n_edges: int, n_la
     return fig
 
 
-def _node_of(receiver: str) -> str:
+def node_of(receiver: str) -> str:
     """The node a receiver input belongs to (a key-value input stays its group's)."""
     return receiver if _KV.match(receiver) else receiver.split(".")[0]
 
