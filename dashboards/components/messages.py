@@ -10,6 +10,11 @@ titled with the message (no bare axes), a ``children`` a ``wb-error`` line. Othe
 are left as they were. :func:`safe_layout` does the same for a page's ``layout``. Any other
 exception is a bug and still raises.
 
+A callback that draws one run (exactly one parameter typed ``RunId``) has the run's
+interventions added to the title of every figure it returns
+(:func:`workbench.views.style.with_interventions`), so no page can draw a head-masked run
+as if it were clean.
+
 Examples:
     >>> @callback(Output("x-graph", "figure"), Input("x-run", "value"))  # doctest: +SKIP
     ... @safe
@@ -28,8 +33,9 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html, no_update
 
-from dashboards.components import values
+from dashboards.components import data, values
 from workbench.core.errors import WorkbenchError
+from workbench.views.style import with_interventions
 
 log = logging.getLogger(__name__)
 
@@ -111,16 +117,44 @@ def _guarded(fn: F, label: str, on_error: Callable[[str], Any],
     return cast(F, wrapper)
 
 
+def _figures_marked(out: Any, interventions: str) -> Any:
+    """``out`` (one output or a tuple of them) with ``interventions`` in each figure's
+    title; other outputs as they are."""
+    if isinstance(out, go.Figure):
+        return with_interventions(out, interventions)
+    if isinstance(out, tuple | list):
+        return type(out)(_figures_marked(o, interventions) for o in out)
+    return out
+
+
+def _marked(fn: F, run_at: int) -> F:
+    """``fn``, whose argument ``run_at`` names the run it draws, with that run's
+    interventions in the title of every figure it returns."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        out = fn(*args)
+        if out is no_update or not args[run_at]:
+            return out
+        # the run is opened once a request (flask.g), so this costs no second read
+        text = data.listed_run(args[run_at]).interventions_text
+        return _figures_marked(out, text) if text else out
+    return cast(F, wrapper)
+
+
 def safe(fn: F) -> F:
     """Check the callback's arguments against the types its parameters declare
     (:mod:`.values`), and show a refused one, or a failure to read a run, in the
-    callback's outputs instead of raising.
+    callback's outputs instead of raising. A callback that draws one run has its
+    interventions added to its figures' titles.
 
     Raises:
         TypeError: at import, a parameter of ``fn`` declares no type.
     """
     specs = values.declared(fn)
-    wrapper = _guarded(fn, fn.__qualname__, failed, lambda args: values.checked(specs, args))
+    runs = [i for i, (_, spec) in enumerate(specs) if isinstance(spec, values.RunText)]
+    drawn = _marked(fn, runs[0]) if len(runs) == 1 else fn
+    wrapper = _guarded(drawn, fn.__qualname__, failed,
+                       lambda args: values.checked(specs, args))
     wrapper.declared = specs  # type: ignore[attr-defined]  # read by the tests
     return wrapper
 

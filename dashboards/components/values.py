@@ -183,6 +183,13 @@ class Text(Spec):
 
 
 @dataclass(frozen=True)
+class RunText(Text):
+    """A run's id as a run dropdown sends it: one line of text, like :class:`Text`. A
+    callback with exactly one such parameter draws that run, so :func:`~.messages.safe`
+    adds the run's interventions to the title of every figure it returns."""
+
+
+@dataclass(frozen=True)
 class Passage(Spec):
     """Text of at most ``max_chars`` characters over any number of lines (typed or pasted
     into a text area): line breaks and tabs, but no other control characters."""
@@ -404,7 +411,7 @@ class JsonPair(Spec):
 
 # ---- the types callbacks declare ---------------------------------------------------------
 
-RunId = Annotated[str | None, Text()]
+RunId = Annotated[str | None, RunText()]
 """A run dropdown's value (the store decides whether it names a run)."""
 Index = Annotated[int | None, Whole()]
 """A prompt, a position, a seed, a checkpoint: a whole number from 0."""

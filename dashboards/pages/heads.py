@@ -344,9 +344,7 @@ def draw_induction(run_id: RunId):
         return HIDDEN, no_update, no_update, no_update, no_update, HIDDEN
     repeat, by_position, icl, ablation = (data.table(run, t.name) for t in wanted)
     patch, patch_style = {}, HIDDEN  # runs written before the path patch have no table
-    changed = run.interventions_text  # a head-masked run's figures say so in their titles
     if PATH_PATCH.name in names and len(table := data.table(run, PATH_PATCH.name)):
-        patch, patch_style = style.with_interventions(path_patch_figure(table), changed), {}
-    return ({}, *(style.with_interventions(fig, changed) for fig in (
-        repeat_loss_figure(repeat), icl_figure(by_position, icl), ablation_figure(ablation))),
-        patch, patch_style)
+        patch, patch_style = path_patch_figure(table), {}
+    return ({}, repeat_loss_figure(repeat), icl_figure(by_position, icl),
+            ablation_figure(ablation), patch, patch_style)

@@ -140,11 +140,11 @@ def set_title(fig: go.Figure, title: str, width: int = TITLE_CHARS, size: int = 
 def with_interventions(fig: go.Figure, interventions: str) -> go.Figure:
     """``fig`` with the run's interventions in a few words (``Run.interventions_text``)
     as its title's last line, so a figure of a head-masked run never reads as a clean
-    run's; ``""`` leaves it as it is."""
-    if not interventions:
-        return fig
+    run's; ``""``, or a title that already ends with them, leaves it as it is."""
     title = fig.layout.title
     old = title.text or ""
+    if not interventions or old.replace("<br>", " ").endswith(interventions):
+        return fig
     size = int(title.font.size or 14)
     return set_title(fig, f"{old}<br>{interventions}" if old else interventions, size=size)
 
