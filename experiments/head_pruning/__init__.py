@@ -93,6 +93,7 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 from experiments.head_pruning import checks  # noqa: F401 (registers the claim checks)
 from experiments.head_pruning.measure import (
@@ -112,11 +113,12 @@ from experiments.head_pruning.summary import Result
 from experiments.head_pruning.survival import kind_scores, survival_table
 from experiments.head_pruning.tables import TABLES
 from workbench.core import progress
+from workbench.core.options import FixedAblation
 from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.interventions.importance import Accumulation
-from workbench.interventions.masks import Ablation, head_means
+from workbench.interventions.masks import head_means
 from workbench.models.base import Model
 
 MIN_SPEED_REPEATS = 5
@@ -166,8 +168,9 @@ class Config:
                                  min=0.001, max=1)
     max_fraction: float = param(1.0, "stop once this fraction of all heads is removed",
                                 min=0.001, max=1)
-    ablation: Ablation = param(
-        "zero", "what a removed head becomes: zero, or its mean output on the fit text")
+    ablation: FixedAblation = param(
+        "zero", "what a removed head becomes: zero, or its mean output on the fit text (not "
+                "resample: importance batches copies of one prompt, which has no donor)")
     normalize: bool = param(
         True, "rank by gradient importance normalised per layer (Michel et al.) or raw")
     accumulate: Accumulation = param(
@@ -209,8 +212,9 @@ class Config:
                              f"speed-up has a median and range; got {self.speed_repeats}")
 
 
+# importance batches copies of one prompt: a resampled head's donor would be the prompt
 @experiment("head-pruning", config=Config, tables=TABLES, demo=DEMO,
-            model_defaults=MODEL_DEFAULTS)
+            model_defaults=MODEL_DEFAULTS, ablations=get_args(FixedAblation))
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Importance of every head, iterative pruning curves, and the heads that survive."""
     ctx = ctx or Context()

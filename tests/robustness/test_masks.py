@@ -93,10 +93,10 @@ BAD_MASKS = [
                  id="string-size"),
     pytest.param(edit(n_layers=True), "'n_layers': expected a valid integer, got true",
                  id="boolean-size"),
-    pytest.param(edit(ablation="resample"), "'ablation': expected 'zero' or 'mean', got "
-                 '"resample"', id="unknown-ablation"),
-    pytest.param(edit(ablation=["zero"]), "'ablation': expected 'zero' or 'mean', got "
-                 '["zero"]', id="ablation-not-a-string"),
+    pytest.param(edit(ablation="shuffle"), "'ablation': expected 'zero', 'mean' or "
+                 "'resample', got \"shuffle\"", id="unknown-ablation"),
+    pytest.param(edit(ablation=["zero"]), "'ablation': expected 'zero', 'mean' or "
+                 "'resample', got [\"zero\"]", id="ablation-not-a-string"),
     pytest.param(edit(ablation="mean", reference="poems"), "the mean ablation's reference "
                  "'poems' is not a prompt set; known prompt sets: ", id="mean-unknown-reference"),
     pytest.param(edit(reference=3), "'reference': expected a valid string, got 3",

@@ -197,8 +197,8 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
     cases = [
         (["--ablate", "L2H0"], "L2H0: " + str(llama_folder) + " has layers 0..1 and heads 0..3"),
         (["--ablate", "L0H4"], "has layers 0..1 and heads 0..3"),
-        (["--ablate", "L0H1", "--ablation", "resample"],
-         "expected one of zero, mean, got 'resample'"),
+        (["--ablate", "L0H1", "--ablation", "shuffle"],
+         "expected one of zero, mean, resample, got 'shuffle'"),
         (["--ablate", "L0H1", "--heads-mask", str(tmp_path / "m.json")],
          "not allowed with argument"),
         (["--heads-mask", str(tmp_path / "wrong.json")],  # a file is checked as early
@@ -225,6 +225,15 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
             status, _, err = tiny.cli(capsys, *args, *extra)
             assert status == 2, (extra, err)
             assert said in err and err.count("\n") == 1, (extra, err)
+    # head-pruning's importance batches copies of one prompt: no donor to resample from
+    pruning = ["run", "head-pruning", "--model", str(llama_folder)]
+    for extra, said in ((["--set", "ablation=resample"],
+                         "ablation: expected one of 'zero' | 'mean', got 'resample'"),
+                        (["--ablate", "L0H1", "--ablation", "resample"],
+                         "head-pruning' takes a head mask of zero or mean ablation, not "
+                         "resample")):
+        status, _, err = tiny.cli(capsys, *pruning, *extra)
+        assert status == 2 and said in err and err.count("\n") == 1, (extra, err)
     assert len(store.runs()) == 3  # no run was created
     status, _, err = tiny.cli(capsys, "run", "head-overview", "--ablate", "L0H1")
     assert status == 2 and "--ablate needs --model" in err

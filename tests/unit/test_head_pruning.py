@@ -444,6 +444,7 @@ def test_a_survival_table_stored_before_runs_read_reads_back_with_it_empty(llama
     ({"budgets": (0.3, 0.0)}, "budgets: expected at least"),
     ({"eval_tokens": 16}, "at least chunk_tokens"),
     ({"n_random": -1}, "n_random: expected at least 0"),
+    ({"ablation": "resample"}, "ablation: expected one of 'zero' \\| 'mean', got 'resample'"),
 ])
 def test_bad_configs_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):

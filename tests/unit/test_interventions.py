@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from tests import tiny
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.prompts import Prompt
-from workbench.interventions.masks import HeadMask, applied, head_means
+from workbench.interventions.masks import HeadMask, applied, donors, head_means
 
 PROMPTS = [Prompt(text="the cat sat on the mat"), Prompt(text="bread is made from flour")]
 
@@ -141,7 +142,7 @@ def test_save_load_and_shape_checks(llama, bert, tmp_path):
     with pytest.raises(WorkbenchError, match=r"bad\.json has no 'format'"):
         HeadMask.load(tmp_path / "bad.json")
     with pytest.raises(WorkbenchError, match="unknown ablation"):
-        HeadMask.ones(2, 4, ablation="resample")
+        HeadMask.ones(2, 4, ablation="shuffle")
     assert copy.deepcopy(mask).removed() == mask.removed()
 
 
@@ -185,3 +186,79 @@ def test_heads_mask_on_the_command_line(capsys, runs_dir, llama_folder, tmp_path
     status, _, err = tiny.cli(capsys, *args, "--heads-mask", str(tmp_path / "missing.json"))
     assert status == 2 and "cannot read head mask" in err
     assert len(RunStore(runs_dir).runs()) == n_runs  # bad masks create no run
+
+
+@pytest.mark.parametrize("batch", [2, 3, 5, 8])
+def test_resample_donors_are_a_derangement_fixed_by_the_seed(batch):
+    for seed in range(20):
+        d = donors(batch, seed)
+        assert sorted(d.tolist()) == list(range(batch))  # a permutation
+        assert bool((d != torch.arange(batch)).all())  # no prompt is its own donor
+        seen, b = set(), 0
+        while b not in seen:  # one cycle through the whole batch
+            seen.add(b)
+            b = int(d[b])
+        assert len(seen) == batch
+        assert torch.equal(d, donors(batch, seed))
+    if batch > 3:
+        assert len({tuple(donors(batch, s).tolist()) for s in range(20)}) > 1
+    with pytest.raises(WorkbenchError, match="this batch holds 1 prompt"):
+        donors(1, 0)
+
+
+def _z(model, ids, layers=(0, 1)):
+    """Every layer's ``hook_z`` of ``ids``, as the pass (with any hooks already on) gives it."""
+    with torch.inference_mode():
+        _, cache = model.bridge.run_with_cache(ids, names_filter=lambda n: "hook_z" in n)
+    return [cache[f"blocks.{layer}.attn.hook_z"] for layer in layers]
+
+
+def test_a_resampled_head_takes_its_donors_clean_output(llama):
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, llama.info.d_vocab, (3, 7), generator=gen)  # one length: no padding
+    clean = [_z(llama, ids[b:b + 1]) for b in range(3)]  # each prompt alone
+    seed = 4
+    donor = donors(3, seed).tolist()
+    mask = HeadMask.for_model(llama, ablation="resample", seed=seed).without([(0, 1)])
+    with applied(llama, mask):
+        z0, z1 = _z(llama, ids)
+    for b in range(3):
+        # by hand: head 1 of prompt b is head 1 of its donor, alone and unablated
+        want = clean[b][0][0].clone()
+        want[:, 1] = clean[donor[b]][0][0][:, 1]
+        torch.testing.assert_close(z0[b], want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(z1, torch.cat([c[1] for c in clean]), atol=1e-4)
+
+    # two layers: the layer-1 donor's output is the one of the pass already ablated below
+    both = HeadMask.for_model(llama, ablation="resample", seed=seed).without([(0, 1), (1, 2)])
+    with applied(llama, both):
+        _, y1 = _z(llama, ids)
+    for b in range(3):
+        want = z1[b].clone()
+        want[:, 2] = z1[donor[b]][:, 2]
+        torch.testing.assert_close(y1[b], want, atol=1e-5, rtol=1e-5)
+
+
+def test_resample_with_an_all_ones_mask_changes_nothing(llama):
+    ids = torch.randint(5, llama.info.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = llama.bridge(ids)
+    with applied(llama, HeadMask.for_model(llama, ablation="resample", seed=7)):
+        with torch.inference_mode():
+            assert torch.equal(llama.bridge(ids), before)
+
+
+def test_resample_masks_save_their_seed_and_old_files_load_as_seed_0(llama, tmp_path):
+    mask = HeadMask.for_model(llama, ablation="resample", seed=11).without([(1, 1)])
+    loaded = HeadMask.load(mask.save(tmp_path / "r.json"))
+    assert (loaded.ablation, loaded.seed, loaded.removed()) == ("resample", 11, [(1, 1)])
+    old = {"format": "workbench-heads-mask", "version": 1, "model": "tiny-llama",
+           "n_layers": 2, "n_heads": 4, "ablation": "zero", "reference": "natural",
+           "note": "", "mask": [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]}
+    (tmp_path / "old.json").write_text(json.dumps(old))  # written before masks had a seed
+    assert HeadMask.load(tmp_path / "old.json").seed == 0
+    assert HeadMask.from_json({**old, "ablation": "resample"}).seed == 0
+    with pytest.raises(WorkbenchError, match="seed"):
+        HeadMask.from_json({**old, "seed": -1})
+    with pytest.raises(WorkbenchError, match="only with one seed"):
+        mask.compose(HeadMask.for_model(llama, ablation="resample", seed=12))

@@ -194,11 +194,8 @@ def _ablation(text: str) -> str:
     """An argparse type: what replaces an ablated head, one of :data:`Ablation`'s kinds."""
     kinds = get_args(Ablation)
     if text not in kinds:
-        why = (" (a head mask replaces a head's output by zero or by its mean over a "
-               "reference prompt set; resampling from other inputs is not supported)"
-               if text == "resample" else "")
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(kinds)}, got "
-                                         f"{shown(text)}{why}")
+                                         f"{shown(text)}")
     return text
 
 
@@ -212,8 +209,9 @@ def _mask_option(p: argparse.ArgumentParser) -> None:
                        "class at its FDR, with --from); stored as the same head mask as "
                        "--heads-mask")
     p.add_argument("--ablation", type=_ablation, metavar="|".join(get_args(Ablation)),
-                   help="with --ablate: what replaces an ablated head: zero, or its mean "
-                   "output over the natural prompt set (default zero)")
+                   help="with --ablate: what replaces an ablated head: zero, its mean "
+                   "output over the natural prompt set, or its output on another prompt "
+                   "of the same batch (resample, donors drawn with seed 0; default zero)")
     p.add_argument("--from", dest="from_run", metavar="RUN", help="with --ablate top:... or "
                    "class:...: the run (id, unique id prefix or folder) whose scores or "
                    "head classes name the heads")

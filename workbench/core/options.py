@@ -37,6 +37,12 @@ Status = Literal["running", "complete", "failed", "interrupted", "damaged"]
 """How a run ended: ``running`` while it is written, ``interrupted`` when its process died,
 ``damaged`` when its stored files fail their checks (the run's ``error`` says which)."""
 
-Ablation = Literal["zero", "mean"]
-"""What a removed head is replaced by: nothing (``zero``), or its mean output over a
-reference prompt set (``mean``)."""
+Ablation = Literal["zero", "mean", "resample"]
+"""What a removed head is replaced by: nothing (``zero``), its mean output over a
+reference prompt set (``mean``), or its output on another prompt of the same forward
+batch (``resample``, the donor drawn by the mask's seed)."""
+
+FixedAblation = Literal["zero", "mean"]
+"""The ablations whose replacement does not depend on the other prompts of a batch: what
+an experiment offers whose passes batch copies of one prompt (head-pruning's importance),
+where a donor from the same batch would be the prompt itself."""

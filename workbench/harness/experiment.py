@@ -31,7 +31,7 @@ import pandas as pd
 from workbench.core import attention as run_attention
 from workbench.core import paths
 from workbench.core.errors import UnknownNameError, WorkbenchError
-from workbench.core.options import AttentionPath, Dtype
+from workbench.core.options import Ablation, AttentionPath, Dtype
 from workbench.core.registry import Registry
 from workbench.harness.config import (
     EXTRA_EXPERIMENTS,
@@ -115,6 +115,9 @@ class Experiment:
     ``WorkbenchError``, and the inputs it builds; called before a run is created, so a
     refused input leaves no failed run. ``run`` finds what it returned in
     :attr:`Context.planned`."""
+    ablations: tuple[Ablation, ...] = get_args(Ablation)
+    """The ablations a head mask applied to its runs may have (``--heads-mask``,
+    ``--ablate``); another is refused before the model loads."""
 
     def defaults_for(self, model: str | None) -> dict[str, Any]:
         """The config overrides of ``model``'s own defaults (:attr:`model_defaults`; none
@@ -166,6 +169,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                requires: Requirement = "any",
                check_model: Callable[[Model], None] | None = None,
                plan: Callable[[Any, Any], Any] | None = None, bf16_safe: bool = False,
+               ablations: Iterable[Ablation] = get_args(Ablation),
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -187,6 +191,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             before a run exists (:attr:`Experiment.plan`).
         bf16_safe: its stored numbers keep the bf16 table's bounds in bfloat16
             (:attr:`Experiment.bf16_safe`): the default dtype on CUDA.
+        ablations: the ablations of the head masks its runs take
+            (:attr:`Experiment.ablations`).
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -210,6 +216,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             check_model=check_model,
             plan=plan,
             bf16_safe=bf16_safe,
+            ablations=tuple(ablations),
         ))
         return fn
 
@@ -311,6 +318,10 @@ def run_experiment(name: str, model: str | Model | None,
     cfg = _built_config(exp, model_name, overrides)
     if exp.needs_model and model is None:
         raise WorkbenchError(f"experiment '{name}' needs --model")
+    if heads_mask is not None and heads_mask.ablation not in exp.ablations:
+        raise WorkbenchError(f"experiment '{name}' takes a head mask of "
+                             f"{' or '.join(exp.ablations)} ablation, not "
+                             f"{heads_mask.ablation}")
     root = paths.runs_dir(runs_dir)
     paths.check_store(root, write=True)  # a store that cannot take the run: before the load
     store = RunStore(root)

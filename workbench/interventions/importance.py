@@ -39,6 +39,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from workbench.core import progress
+from workbench.core.errors import WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt
 from workbench.interventions import replay
@@ -186,6 +187,10 @@ def ablation_importance(model: Model, prompts: Sequence[Prompt], degradation: Ro
         means: per-head means, for a ``mean`` mask.
         max_batch_tokens: tokens per forward pass, copies included.
     """
+    if mask.ablation == "resample":
+        # every copy of a batch is the same prompt: each would be its own donor
+        raise WorkbenchError("ablation importance batches copies of one prompt, so it "
+                             "cannot resample a head from another prompt; use zero or mean")
     n_layers, n_heads = mask.shape
     remaining = [(layer, head) for layer in range(n_layers) for head in range(n_heads)
                  if mask.values[layer, head] != 0]

@@ -13,6 +13,14 @@ Ablation kinds:
   everywhere nothing changes, bit for bit.
 - ``mean``: ``z_h -> xi_h z_h + (1 - xi_h) mean(z_h)``, the head's output replaced by its
   mean over every real token of a reference batch (:func:`head_means`).
+- ``resample``: ``z_h[b] -> xi_h z_h[b] + (1 - xi_h) z_h[donor(b)]``, each prompt's output
+  of the head replaced, position by position, by its output on a donor prompt of the same
+  forward batch: a random cyclic permutation of the batch drawn from the mask's ``seed``
+  (:func:`donors`), so no prompt is its own donor. The hooks run in the pass they change,
+  so where heads of several layers are resampled, a donor's output at a higher layer is
+  that of the already-ablated pass. Batches are right-padded: a prompt longer than its
+  donor takes, past the donor's end, the donor's values at padding positions, so resample
+  prompts of one length (repeated random tokens, fixed windows).
 
 Masks compose by multiplication, save to and load from a small JSON file, and apply to
 any run or recording (``--heads-mask FILE``).
@@ -33,7 +41,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.core import progress
@@ -59,9 +67,10 @@ class HeadMask:
 
     Attributes:
         values: ``[n_layers, n_heads]``; 1 keeps a head, 0 removes it.
-        ablation: what a removed head is replaced by (``zero`` or ``mean``).
+        ablation: what a removed head is replaced by (``zero``, ``mean`` or ``resample``).
         reference: for ``mean``: the prompt set whose mean head outputs are used.
         model: the model the mask was made for (checked when it is applied).
+        seed: for ``resample``: the seed of the donor permutation (:func:`donors`).
     """
 
     values: Float[Tensor, "layer head_index"]
@@ -70,11 +79,15 @@ class HeadMask:
     model: str | None = None
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.ablation not in ABLATIONS:
             raise WorkbenchError(
                 f"unknown ablation '{self.ablation}'; expected one of {', '.join(ABLATIONS)}")
+        if not 0 <= self.seed < 1 << 63:
+            raise WorkbenchError(f"a head mask's seed is a whole number in [0, 2**63); got "
+                                 f"{self.seed}")
         if self.values.ndim != 2:
             raise WorkbenchError(f"a head mask is [layer, head]; got shape "
                                  f"{tuple(self.values.shape)}")
@@ -110,20 +123,24 @@ class HeadMask:
         for layer, head in heads:
             values[layer, head] = 0.0
         return HeadMask(values, self.ablation, self.reference, self.model, self.note,
-                        dict(self.extra))
+                        dict(self.extra), self.seed)
 
     def compose(self, other: HeadMask) -> HeadMask:
-        """Both masks at once: the elementwise product (ablation kinds must agree)."""
+        """Both masks at once: the elementwise product (ablation kinds, and a resample's
+        seeds, must agree)."""
         if other.shape != self.shape or other.ablation != self.ablation:
             raise WorkbenchError("only masks of the same shape and ablation kind compose")
+        if self.ablation == "resample" and other.seed != self.seed:
+            raise WorkbenchError(f"resample masks compose only with one seed; got {self.seed} "
+                                 f"and {other.seed}")
         return HeadMask(self.values * other.values, self.ablation, self.reference,
-                        self.model or other.model)
+                        self.model or other.model, seed=self.seed)
 
     def to_record(self) -> HeadMaskFile:
         """The mask as its file's record (also what a run keeps in ``interventions``)."""
         return HeadMaskFile(format=FORMAT, model=self.model, n_layers=self.shape[0],
                             n_heads=self.shape[1], ablation=self.ablation,
-                            reference=self.reference, note=self.note,
+                            reference=self.reference, seed=self.seed, note=self.note,
                             mask=tuple(tuple(row) for row in self.values.tolist()),
                             extra=self.extra)
 
@@ -143,7 +160,8 @@ class HeadMask:
             UnknownNameError: the mean ablation's reference is not a prompt set.
         """
         mask = cls(torch.tensor(record.mask, dtype=torch.float32), record.ablation,
-                   record.reference, record.model, record.note, dict(record.extra))
+                   record.reference, record.model, record.note, dict(record.extra),
+                   record.seed)
         mask.check_reference(source)
         return mask
 
@@ -236,23 +254,61 @@ def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int
     return (sums / max(count, 1)).float()
 
 
+def donors(batch: int, seed: int) -> Int[Tensor, " batch"]:
+    """Which prompt of a forward batch each prompt takes a resampled head's output from:
+    ``donors(B, seed)[b]`` is ``b``'s donor. A random cyclic permutation (one cycle through
+    the whole batch, its order drawn from ``seed``), so no prompt is its own donor, and the
+    same batch size and seed give the same donors.
+
+    Raises:
+        WorkbenchError: a batch of fewer than 2 prompts, which has no other prompt to give.
+
+    Examples:
+        >>> d = donors(5, seed=0)
+        >>> sorted(d.tolist()), bool((d != torch.arange(5)).all())
+        ([0, 1, 2, 3, 4], True)
+    """
+    if batch < 2:
+        raise WorkbenchError(f"resample ablation takes a head's output from another prompt of "
+                             f"the same forward batch; this batch holds {batch} prompt (give "
+                             "at least 2 prompts, within max_batch_tokens of one batch)")
+    order = torch.randperm(batch, generator=torch.Generator().manual_seed(seed))
+    out = torch.empty(batch, dtype=torch.long)
+    out[order] = order.roll(-1)  # order[i] takes from order[i + 1]: a single cycle
+    return out
+
+
 def mask_hooks(values: Float[Tensor, "layer head_index"],
-               means: Float[Tensor, "layer head_index d_head"] | None = None
-               ) -> list[tuple[str, Any]]:
+               means: Float[Tensor, "layer head_index d_head"] | None = None, *,
+               resample_seed: int | None = None) -> list[tuple[str, Any]]:
     """Forward hooks on every layer's ``hook_z`` that apply ``values``.
 
     ``values`` may require grad (Michel et al.'s gradient importance differentiates the
     loss with respect to it). Layers whose mask is all ones get no hook at all.
+
+    Args:
+        values: the mask.
+        means: a removed head becomes its mean (``mean`` ablation).
+        resample_seed: a removed head becomes its output on a donor prompt of the same
+            batch (``resample`` ablation, :func:`donors`); ``means`` must be ``None``.
     """
+    if means is not None and resample_seed is not None:
+        raise ValueError("a mask ablates to means or resamples, not both")
+    fixed = means is None and resample_seed is None
     fwd = []
     for layer in range(values.shape[0]):
-        if means is None and not values.requires_grad and bool((values[layer] == 1).all()):
+        if (means is None and not values.requires_grad
+                and bool((values[layer] == 1).all())):
             continue
 
         def hook(z: Tensor, hook: Any, layer: int = layer) -> Tensor:
             xi = values[layer].to(z.dtype)[None, None, :, None]  # [1, 1, H, 1]
-            if means is None:
+            if fixed:
                 return z * xi
+            if resample_seed is not None:
+                donor = donors(z.shape[0], resample_seed).to(z.device)
+                return z * xi + (1 - xi) * z[donor]  # the donor's output in this pass
+            assert means is not None
             return z * xi + (1 - xi) * means[layer].to(z.dtype)[None, None]
 
         fwd.append((hooks.z(layer), hook))
@@ -265,15 +321,16 @@ def applied(model: Model, mask: HeadMask | None, *,
     """Apply ``mask`` to ``model`` for the duration of the block (``None``: no-op).
 
     For a ``mean`` mask the head means are computed on the mask's reference prompt set
-    unless ``means`` is given; a ``zero`` mask ignores ``means``.
+    unless ``means`` is given; a ``zero`` or ``resample`` mask ignores ``means``.
     """
     if mask is None:
         yield
         return
     mask.check(model)
-    if mask.ablation == "zero":
+    seed = mask.seed if mask.ablation == "resample" else None
+    if mask.ablation != "mean":
         means = None
     elif means is None:
         means = head_means(model, load_prompt_set(mask.reference, model))
-    with model.bridge.hooks(fwd_hooks=mask_hooks(mask.values, means)):
+    with model.bridge.hooks(fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed)):
         yield

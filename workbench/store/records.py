@@ -189,6 +189,8 @@ class HeadMaskFile(Record):
     ablation: Ablation = "zero"
     reference: str = "natural"
     """For ``mean``: the prompt set whose mean head outputs replace a removed head."""
+    seed: Annotated[int, Field(ge=0, le=(1 << 63) - 1)] = 0
+    """For ``resample``: the seed of the donor draw (a file written before it reads as 0)."""
     note: str = ""
     mask: tuple[tuple[Weight, ...], ...]
     """``n_layers`` rows of ``n_heads`` values in [0, 1]."""
