@@ -15,14 +15,19 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from experiments.induction_formation.tables import CHECKPOINTS, COMPOSITION, PHASE_CHANGE
+from experiments.induction_formation.tables import (
+    CHECKPOINTS,
+    COMPOSITION,
+    HEAD_SCORES_BY_PROMPT,
+    PHASE_CHANGE,
+)
 from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
 from workbench.interventions.ablation import ablated
 from workbench.models import checkpoints, native
 from workbench.models.base import Model
 from workbench.recording.capture import head_patterns, pattern_rows
 from workbench.scores import metrics, phase_change
-from workbench.scores.heads import score_heads
+from workbench.scores.heads import Scored, score_heads_by_prompt
 from workbench.scores.losses import repeat_losses, token_losses
 from workbench.store.schema import Table
 from workbench.training import data as training_data
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 # induction is Olsson et al.'s second-repeat score; the probes repeat twice, so the pooled
 # variant (induction_pooled) would equal it and is not written
 REDUCTIONS = metrics.reductions("previous_token", "induction")
+INPUTS = "repeated random tokens"
 TAG = ["model", "n_layers", "step", "tokens"]
 
 
@@ -100,24 +106,27 @@ def copy_losses(model: Model, prompts: Sequence[Prompt], repeat_len: int
     return {"first_repeat_loss": float(first), "second_repeat_loss": float(second)}
 
 
-def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> pd.DataFrame:
-    """previous_token and induction of every head, summarised over prompts, with nulls."""
-    table = score_heads(model, prompts, REDUCTIONS, inputs="repeated random tokens",
-                        n_boot=cfg.n_boot, seed=cfg.seed)
-    return table.drop(columns="inputs")  # every score here is on the same probes
+def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> Scored:
+    """previous_token and induction of every head, summarised over prompts, with nulls,
+    and each prompt's scores."""
+    scored = score_heads_by_prompt(model, prompts, REDUCTIONS, inputs=INPUTS,
+                                   n_boot=cfg.n_boot, seed=cfg.seed)
+    # every score here is on the same probes: the aggregate does not repeat their name
+    return Scored(scored.head_scores.drop(columns="inputs"), scored.by_prompt)
 
 
 def measure(model: Model, probes: Probes, cfg: Config, train_loss: float) -> tuple[
-        dict[str, Any], pd.DataFrame, pd.DataFrame]:
-    """One checkpoint: its curve row, head scores and display patterns."""
-    table = head_scores(model, probes.repeated, cfg)
-    best = table.groupby("metric").score.max()
+        dict[str, Any], Scored, pd.DataFrame]:
+    """One checkpoint: its curve row, head scores (with each prompt's) and display
+    patterns."""
+    scored = head_scores(model, probes.repeated, cfg)
+    best = scored.head_scores.groupby("metric").score.max()
     row = {"train_loss": train_loss, **heldout_metrics(model, probes.heldout, cfg),
            **heldout_metrics(model, probes.natural, cfg, prefix="natural_"),
            **copy_losses(model, probes.repeated, cfg.repeat_len),
            "max_induction": float(best["induction"]),
            "max_previous_token": float(best["previous_token"])}
-    return row, table, pattern_rows(head_patterns(model, probes.display))
+    return row, scored, pattern_rows(head_patterns(model, probes.display))
 
 
 # ---- training one model --------------------------------------------------------------------
@@ -128,12 +137,16 @@ class Measured:
 
     curve: list[dict[str, Any]] = field(default_factory=list)
     scores: list[pd.DataFrame] = field(default_factory=list)
+    by_prompt: list[pd.DataFrame] = field(default_factory=list)
     patterns: list[pd.DataFrame] = field(default_factory=list)
 
-    def add(self, tag: dict[str, Any], row: dict[str, Any], head_table: pd.DataFrame,
+    def add(self, tag: dict[str, Any], row: dict[str, Any], scored: Scored,
             pattern_table: pd.DataFrame) -> None:
         self.curve.append({**tag, **row})
-        self.scores.append(head_table.assign(**tag))
+        self.scores.append(scored.head_scores.assign(**tag))
+        # the per-prompt table's ``tokens`` is each prompt's digest, not the tokens trained
+        self.by_prompt.append(scored.by_prompt.assign(
+            **{k: v for k, v in tag.items() if k != "tokens"}))
         self.patterns.append(pattern_table.assign(**tag))
 
 
@@ -246,7 +259,7 @@ def composition(model: Model, table: pd.DataFrame, prompts: Sequence[Prompt],
     rows = []
     for head in range(model.info.n_heads):
         with ablated(model, [(0, head)]):
-            after = head_scores(model, prompts, cfg)
+            after = head_scores(model, prompts, cfg).head_scores
         hit = after[(after.metric == "induction") & (after.layer == layer)
                     & (after["head"] == head_)].score.iloc[0]
         rows.append({"ablated_layer": 0, "ablated_head": head,
@@ -268,9 +281,14 @@ class Result:
     checkpoints: pd.DataFrame
     composition: pd.DataFrame
     corpus: pd.DataFrame
+    head_scores_by_prompt: pd.DataFrame | None = None
+    """Each probe's head scores at every checkpoint (``None``: not kept)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
+        by_prompt = ({} if self.head_scores_by_prompt is None else
+                     {"head_scores_by_prompt": self.head_scores_by_prompt})
         return {"training_curve": self.training_curve, "head_scores": self.head_scores,
+                **by_prompt,
                 "phase_change": self.phase_change,
                 "checkpoint_patterns": self.checkpoint_patterns,
                 "pattern_tokens": self.pattern_tokens, "checkpoints": self.checkpoints,
@@ -349,6 +367,8 @@ def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,
         corpus=pd.DataFrame([{**corpus.describe(), "sources": ",".join(corpus.sources),
                               "fit_tokens": len(probes.stream),
                               "vocab": len(probes.vocab.tokenizer)}]),
+        head_scores_by_prompt=pd.concat([t for n in layers for t in measured[n].by_prompt],
+                                        ignore_index=True)[HEAD_SCORES_BY_PROMPT.names],
     )
 
 

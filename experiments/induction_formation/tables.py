@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, NULL_COLUMNS, SCORE_COLUMNS, Table, columns, tables
+from workbench.store.schema import (
+    HEAD_KEYS,
+    NULL_COLUMNS,
+    SCORE_COLUMNS,
+    Table,
+    columns,
+    head_scores_by_prompt,
+    tables,
+)
 
 MODEL = columns(
     ("model", "str", "the trained model, 'L<n_layers>' (e.g. L2)"),
@@ -41,6 +49,13 @@ TRAINING_CURVE = Table("training_curve", "what every checkpoint of every model m
 HEAD_SCORES = Table(
     "head_scores", "previous_token and induction of every head at every checkpoint, on the "
     "repeated random sequences", (*CHECKPOINT, *HEAD_KEYS, *SCORE_COLUMNS, NULL_COLUMNS[0]))
+HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
+    "each repeated random sequence's previous_token and induction score of every head at "
+    "every checkpoint (what head_scores averages)",
+    within=(*MODEL, *columns(("step", "int", "training step of the checkpoint (0 is the "
+                                             "initialisation)"))))
+
+
 def _signals(prefix: str, texts: str) -> tuple:
     """The ICL jump and the loss bump on one kind of held-out text."""
     return columns(
@@ -163,4 +178,4 @@ CORPUS = Table("corpus", "the training text", columns(
 ))
 
 TABLES = tables(TRAINING_CURVE, HEAD_SCORES, PHASE_CHANGE, COMPOSITION, CHECKPOINTS,
-                CHECKPOINT_PATTERNS, PATTERN_TOKENS, CORPUS)
+                CHECKPOINT_PATTERNS, PATTERN_TOKENS, CORPUS, HEAD_SCORES_BY_PROMPT)

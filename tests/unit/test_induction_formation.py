@@ -15,6 +15,7 @@ import torch
 from experiments.induction_formation.tables import PHASE_CHANGE, TABLES
 from tests import tiny
 from workbench.core.errors import ChecksumError, WorkbenchError
+from workbench.harness.compare import compare
 from workbench.harness.config import apply_overrides
 from workbench.harness.experiment import get, run_experiment
 from workbench.harness.sweeps.spec import expand, parse_spec
@@ -383,6 +384,23 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     scores = run.table("head_scores")
     assert {"step", "layer", "head", "metric", "score", "null"} <= set(scores.columns)
     assert len(scores) == 3 * 2 * (1 + 2) * 2  # steps x metrics x layers x heads
+    by_prompt = run.table("head_scores_by_prompt")
+    assert len(by_prompt) == len(scores) * 3 and set(by_prompt.prompt) == {0, 1, 2}
+    keys = ["model", "step", "layer", "head", "metric"]
+    means = by_prompt.groupby(keys).score.mean()
+    stored = scores.set_index(keys).score.loc[means.index]
+    np.testing.assert_allclose(means.to_numpy(), stored.to_numpy(), rtol=1e-6, atol=1e-9)
+    # the probes are the same at every checkpoint: one digest per prompt
+    assert by_prompt.groupby("prompt").tokens.nunique().eq(1).all()
+    again = compare(run, run, only="head_scores_by_prompt").differences
+    assert (again.pairing == "same prompts").all() and (again.difference == 0).all()
+    assert len(again) == len(scores)
+    # trained otherwise on the same probes: paired prompt by prompt, and the scores moved
+    other = run_experiment("induction-formation", None, tiny_overrides(tmp_path,
+                                                                       warmup_steps=1))
+    paired = compare(run, other, only="head_scores_by_prompt").differences
+    assert (paired.pairing == "same prompts").all() and paired.p.notna().any()
+    assert (paired[paired.key.str.contains("step=6")].difference != 0).any()
     phase = run.table("phase_change")
     assert set(phase.model) == {"L1", "L2"} and list(phase.columns) == PHASE_CHANGE.names
     patterns = run.table("checkpoint_patterns")

@@ -3,7 +3,8 @@
 :func:`score_heads` runs pattern reductions (see :mod:`workbench.scores`) over prompts and
 returns the long ``head_scores`` format every experiment shares, with a 95% bootstrap
 interval over prompts and the score a uniform pattern would get on the same prompts
-(``null``), so a reader knows what "high" means. :func:`copying_scores` measures how much a
+(``null``), so a reader knows what "high" means; :func:`score_heads_by_prompt` also
+returns each prompt's scores. :func:`copying_scores` measures how much a
 head's OV circuit raises the logit of the token it attends to (Elhage et al. 2021).
 """
 
@@ -37,12 +38,35 @@ def score_heads(model: Model, prompts: Sequence[Prompt], reductions: Mapping[str
     Returns:
         ``layer, head, metric, score, ci_low, ci_high, n_prompts, null, inputs``.
     """
+    return score_heads_by_prompt(model, prompts, reductions, inputs=inputs, n_boot=n_boot,
+                                 seed=seed, max_batch_tokens=max_batch_tokens).head_scores
+
+
+class Scored(NamedTuple):
+    """What :func:`score_heads_by_prompt` returns."""
+
+    head_scores: pd.DataFrame
+    """As :func:`score_heads` returns it: each score the mean of ``by_prompt``'s."""
+    by_prompt: pd.DataFrame
+    """The ``head_scores_by_prompt`` rows (:func:`scores_by_prompt`)."""
+
+
+def score_heads_by_prompt(model: Model, prompts: Sequence[Prompt],
+                          reductions: Mapping[str, Reduction], *, inputs: str,
+                          n_boot: int = 1000, seed: int = 0, max_batch_tokens: int = 2048
+                          ) -> Scored:
+    """:func:`score_heads` and each prompt's scores it averages, from one scan, so that
+    two runs can be paired prompt by prompt (:mod:`workbench.harness.compare`).
+
+    Returns:
+        The head scores and their per-prompt rows (:class:`Scored`).
+    """
     per_prompt = reduce_patterns(model, prompts, reductions, max_batch_tokens=max_batch_tokens,
                                  desc=f"scoring {inputs}")
     table = summarize(per_prompt, n_boot=n_boot, seed=seed)
     table = _with_null(table, layer_nulls(model, prompts, reductions))
     table["inputs"] = inputs
-    return table
+    return Scored(table, scores_by_prompt(per_prompt, prompts, inputs))
 
 
 def _with_null(table: pd.DataFrame, uniform: pd.DataFrame) -> pd.DataFrame:

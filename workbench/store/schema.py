@@ -267,12 +267,19 @@ def per_prompt(name: str, meaning: str, keys: Iterable[Column], values: Iterable
 
 
 def head_scores_by_prompt(meaning: str = "every head's score of each metric on each "
-                                          "prompt (what head_scores averages)") -> Table:
+                                          "prompt (what head_scores averages)",
+                          within: Iterable[Column] = ()) -> Table:
     """The per-prompt ``head_scores_by_prompt`` table of the experiments that score heads:
-    ``prompt, tokens, layer, head, metric, inputs, score``, one row a head's score of a
-    metric on one prompt of some inputs."""
-    keys = (*HEAD_KEYS, Column("metric", "str", "which score: a head metric of "
-                                                "workbench.scores.metrics"),
+    ``prompt, tokens, *within, layer, head, metric, inputs, score``, one row a head's score
+    of a metric on one prompt of some inputs.
+
+    Args:
+        meaning: what the table holds.
+        within: keys that come before the head's, where one run scores heads of several
+            models (induction-formation's checkpoints).
+    """
+    keys = (*within, *HEAD_KEYS, Column("metric", "str", "which score: a head metric of "
+                                                         "workbench.scores.metrics"),
             Column("inputs", "str", "the inputs the score was measured on"))
     return per_prompt("head_scores_by_prompt", meaning, keys,
                       columns(("score", "float", "the score on this prompt; NaN where it "
