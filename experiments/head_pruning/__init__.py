@@ -66,7 +66,9 @@ Definitions (``workbench.interventions.importance`` implements the estimators):
 Tables: ``head_scores`` (``importance_gradient``, normalised per layer;
 ``importance_gradient_raw``; ``importance_ablation``; each at the unpruned model with a 95%
 bootstrap interval over fit texts), ``pruning_curve`` (order, importance, seed, step,
-n_pruned, fraction_pruned, metric, value, ci_low, ci_high), ``pruning_order`` (when each
+n_pruned, fraction_pruned, metric, value, ci_low, ci_high), ``pruning_curve_by_prompt``
+(each text's value of every metric at every step of every order, which
+``pruning_curve`` averages: what ``workbench compare`` pairs), ``pruning_order`` (when each
 head was removed in each order), ``masks`` (the first importance order's masks at
 ``budgets``, also written to ``masks/<order>-<budget>.json`` in the run folder for
 ``--heads-mask``), ``survival`` (the join above, naming every run it read), ``speedup``
@@ -100,6 +102,7 @@ from experiments.head_pruning.measure import (
     ImportanceKind,
     Pruner,
     budget_masks,
+    curve_by_prompt,
     curve_table,
     make_objective,
     mask_table,
@@ -233,6 +236,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         orders = prune_all(pruner, counts)
         stage("curves, masks and survival")
         curve = curve_table(pruner, orders, counts)
+        by_prompt = curve_by_prompt(pruner, orders, counts)
         order = order_table(orders, counts, info.n_layers, info.n_heads)
         first = orders[0]
         masks = budget_masks(first, counts, cfg.budgets, n_total)
@@ -248,4 +252,4 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     if cfg.ablation != "zero":
         notes.append("no removal speed-up: removing heads equals zero ablation, not mean")
     return Result(head_scores, curve, order, mask_table(first, masks), survival, speed,
-                  objective.metrics, cfg.tolerance, notes)
+                  objective.metrics, cfg.tolerance, notes, by_prompt)

@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from experiments.head_pruning.tables import HEAD_SCORES
+from experiments.head_pruning.tables import HEAD_SCORES, PRUNING_CURVE_BY_PROMPT
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.batching import Batch
 from workbench.inputs.corpus import python_docs, token_chunks
-from workbench.inputs.prompts import Prompt, repeated_random
+from workbench.inputs.prompts import Prompt, repeated_random, tokens_digest
 from workbench.inputs.sentences import prefix_holding, sentence_prompts
 from workbench.interventions.importance import (
     ablation_importance,
@@ -76,6 +76,10 @@ class CausalObjective:
         return {"heldout_loss": np.array([t.mean().item() for t in held]),
                 "second_repeat_loss": second}
 
+    def evaluated(self) -> dict[str, list[Prompt]]:
+        """The texts each metric of :meth:`evaluate` is measured on, in its order."""
+        return {"heldout_loss": self.heldout, "second_repeat_loss": self.repeats}
+
     def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         """Each row's mean next-token loss."""
         return row_losses(model, batch)
@@ -101,6 +105,10 @@ class EncoderObjective:
     def evaluate(self, model: Model) -> dict[str, np.ndarray]:
         emb = sentence_embeddings(model, self.heldout, max_batch_tokens=self.max_batch_tokens)
         return {SIMILARITY: F.cosine_similarity(emb, self.reference_heldout, dim=-1).numpy()}
+
+    def evaluated(self) -> dict[str, list[Prompt]]:
+        """The texts each metric of :meth:`evaluate` is measured on, in its order."""
+        return {SIMILARITY: self.heldout}
 
     def row_degradation(self, model: Model, batch: Batch) -> Float[Tensor, " batch"]:
         """One minus each row's cosine similarity to the unpruned embedding (the ablation
@@ -388,6 +396,26 @@ def curve_table(pruner: Pruner, orders: Sequence[PrunedOrder], counts: Sequence[
     df = pd.DataFrame(rows)
     df["seed"] = df["seed"].astype("Int64")
     return df
+
+
+def curve_by_prompt(pruner: Pruner, orders: Sequence[PrunedOrder], counts: Sequence[int]
+                    ) -> pd.DataFrame:
+    """Each evaluation text's metrics after every step of every order: the values
+    :func:`curve_table` averages (read from the same evaluations, not run again)."""
+    digests = {metric: [tokens_digest(p) for p in prompts]
+               for metric, prompts in pruner.objective.evaluated().items()}
+    frames = []
+    for po in orders:
+        for step, values in enumerate(po.masks):
+            for metric, per_prompt in pruner.evaluate(values).items():
+                frames.append(pd.DataFrame({
+                    "prompt": np.arange(len(per_prompt)), "tokens": digests[metric],
+                    "order": po.order, "importance": po.importance, "seed": po.seed,
+                    "step": step, "metric": metric, "n_pruned": counts[step],
+                    "value": per_prompt.astype(np.float64)}))
+    df = pd.concat(frames, ignore_index=True)
+    df["seed"] = df["seed"].astype("Int64")
+    return df[PRUNING_CURVE_BY_PROMPT.names]
 
 
 def order_table(orders: Sequence[PrunedOrder], counts: Sequence[int], n_layers: int,

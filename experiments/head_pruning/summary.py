@@ -73,10 +73,14 @@ class Result:
     metrics: tuple[str, ...]
     tolerance: float
     notes: list[str] = field(default_factory=list)
+    pruning_curve_by_prompt: pd.DataFrame | None = None
+    """Each text's values of ``pruning_curve`` (``None``: not kept)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
+        by_prompt = ({} if self.pruning_curve_by_prompt is None else
+                     {"pruning_curve_by_prompt": self.pruning_curve_by_prompt})
         return {"head_scores": self.head_scores, "pruning_curve": self.pruning_curve,
-                "pruning_order": self.pruning_order, "masks": self.masks,
+                **by_prompt, "pruning_order": self.pruning_order, "masks": self.masks,
                 "survival": self.survival, "speedup": self.speedup}
 
     def summary(self) -> list[str]:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, Column, Table, columns, head_scores, tables
+from workbench.store.schema import (
+    HEAD_KEYS,
+    Column,
+    Table,
+    columns,
+    head_scores,
+    per_prompt,
+    tables,
+)
 
 KIND_EXPERIMENTS = ("previous-token-heads", "induction-heads", "attention-sinks")
 """Experiments whose head scores the ``survival`` table joins with the pruning order."""
@@ -31,6 +39,21 @@ PRUNING_CURVE = Table("pruning_curve", "evaluation metrics after every step of e
         ("n_prompts", "int", "held-out texts the metric is averaged over"),
     ),
 ), min_rows=1)
+
+# each text's values, so that two runs pair prompt by prompt (workbench compare); the
+# prompts are numbered from 0 within each metric's texts
+PRUNING_CURVE_BY_PROMPT = per_prompt(
+    "pruning_curve_by_prompt", "each evaluation text's metric after every step of every "
+    "order (what pruning_curve averages)",
+    (*ORDER_KEYS, *columns(
+        ("step", "int", "pruning step, 0 = the unpruned model"),
+        ("metric", "str", "heldout_loss, second_repeat_loss (nats) or cosine_similarity; "
+                          "each metric's texts are numbered from 0"),
+    )),
+    columns(
+        ("n_pruned", "int", "heads removed after this step"),
+        ("value", "float", "the metric on this text"),
+    ))
 
 PRUNING_ORDER = Table("pruning_order", "when each head was removed in each order", (
     *ORDER_KEYS,
@@ -106,4 +129,5 @@ SPEEDUP = Table("speedup", "the model with heads removed from its weights agains
                        "measurements are then NaN); empty when they were"),
 ))
 
-TABLES = tables(HEAD_SCORES, PRUNING_CURVE, PRUNING_ORDER, MASKS, SURVIVAL, SPEEDUP)
+TABLES = tables(HEAD_SCORES, PRUNING_CURVE, PRUNING_ORDER, MASKS, SURVIVAL, SPEEDUP,
+                PRUNING_CURVE_BY_PROMPT)

@@ -320,6 +320,13 @@ def test_run_tables_on_a_tiny_llama(llama, llama_run):
     expected = np.mean([t.mean().item() for t in token_losses(llama, objective.heldout)])
     start = curve[(curve.step == 0) & (curve.metric == "heldout_loss")]
     np.testing.assert_allclose(start.value, expected, rtol=1e-5)
+    by_prompt = run.table("pruning_curve_by_prompt")
+    keys = ["order", "seed", "step", "metric"]
+    means = by_prompt.groupby(keys, dropna=False).value.agg(["mean", "size"]).reset_index()
+    both = curve.merge(means, on=keys, validate="one_to_one")
+    assert len(both) == len(curve) == len(means)
+    np.testing.assert_allclose(both["mean"], both.value, rtol=1e-6)
+    assert (both["size"] == both.n_prompts).all()
     order = run.table("pruning_order")
     per_order = order.groupby(["order", "seed"], dropna=False)
     assert (per_order.position.count() == 6).all() and (per_order.size() == 8).all()
@@ -578,3 +585,17 @@ def test_fewer_than_five_timed_pairs_are_refused():
     with pytest.raises(ValueError, match=r"speed_repeats: 0 \(skip\) or at least 5"):
         Config(speed_repeats=2)
     assert Config(speed_repeats=0).speed_repeats == 0
+
+
+def test_compare_pairs_two_pruning_runs_prompt_by_prompt(llama, llama_run, tmp_path):
+    from workbench.harness.compare import compare
+
+    # fewer orders on the same texts: the unpruned step is the same model in both
+    other = run_experiment("head-pruning", llama, {**SMALL, "importance": ("gradient",),
+                                                    "n_random": 1, "reverse": False},
+                           runs_dir=llama_run.path.parent)
+    rows = compare(llama_run, other, only="pruning_curve_by_prompt").differences
+    assert len(rows) and (rows.pairing == "same prompts").all()
+    unpruned = rows[rows.key.str.contains("order=gradient ") & rows.key.str.contains(" step=0 ")]
+    assert len(unpruned) == 2 and np.allclose(unpruned.difference, 0, atol=1e-6)
+    assert set(rows.key.str.extract(r"order=(\S+)")[0]) == {"gradient", "random"}
