@@ -66,6 +66,7 @@ from experiments.qk_attribution import checks  # noqa: F401 (registers the claim
 from experiments.qk_attribution.measure import (
     METRIC_SOURCES,
     attribute_all,
+    attribution_by_prompt,
     attribution_table,
     choose_heads,
     group_table,
@@ -177,7 +178,8 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     heads, heads_from = choose_heads(model, cfg, ctx, prompts)
     previous, previous_from = previous_token_heads(model, cfg, ctx, heads)
     atts = attribute_all(model, prompts, heads, cfg.rule, cfg.top)
-    tables = {"attribution": attribution_table(atts, cfg), **pair_tables(model, atts),
+    tables = {"attribution": attribution_table(atts, cfg),
+              "attribution_by_prompt": attribution_by_prompt(atts), **pair_tables(model, atts),
               "groups": group_table(model, atts, previous, cfg),
               "path_check": path_check_table(model, atts, cfg) if cfg.n_patch else
               TABLES["path_check"].empty(),

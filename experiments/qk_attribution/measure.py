@@ -14,12 +14,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from experiments.qk_attribution.tables import ATTRIBUTION_BY_PROMPT
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.values import shown
 from workbench.harness.experiment import Context
 from workbench.harness.tables import read as read_table
-from workbench.inputs.prompts import Prompt, load_prompt_set
+from workbench.inputs.prompts import Prompt, load_prompt_set, tokens_digest
 from workbench.interventions.ablation import Head, random_same_layer
 from workbench.interventions.paths import path_removed
 from workbench.models.base import Model
@@ -50,6 +51,8 @@ class Attributed:
     prompt: int
     ids: list[int]
     heads: list[qk.HeadAttribution]
+    tokens: str = ""
+    """The prompt's token digest (:func:`workbench.inputs.prompts.tokens_digest`)."""
 
 
 def label(head: Head) -> str:
@@ -155,7 +158,8 @@ def attribute_all(model: Model, prompts: Sequence[Prompt], heads: list[Head], ru
             log.warning("prompt %d has no %s pair; skipped", i, rule)
             continue
         out.append(Attributed(i, ids, qk.attribute_prompt(model, ids, heads, pairs, top=top,
-                                                          weights=weights)))
+                                                          weights=weights),
+                              tokens_digest(prompt)))
     if not out:
         raise WorkbenchError(f"no prompt has a ({rule}) query/key pair to explain; use a "
                              "prompt set with repeated tokens for induction")
@@ -234,6 +238,33 @@ def attribution_table(atts: list[Attributed], cfg: Config) -> pd.DataFrame:
                              "share": float(share[:, c].mean()), "share_ci_low": float(s_low[c]),
                              "share_ci_high": float(s_high[c]), "n_prompts": len(atts)})
     return pd.DataFrame(rows)
+
+
+def attribution_by_prompt(atts: list[Attributed]) -> pd.DataFrame:
+    """The ``attribution_by_prompt`` table: each prompt's mean part of the score and mean
+    share of every component, per head and side (what :func:`attribution_table`
+    averages over prompts).
+
+    Args:
+        atts: :func:`attribute_all`.
+
+    Returns:
+        Long format, the columns of ``tables.ATTRIBUTION_BY_PROMPT``.
+    """
+    prompts = np.array([att.prompt for att in atts])
+    digests = np.array([att.tokens for att in atts])
+    frames = []
+    for index, head in enumerate(atts[0].heads):
+        for side in ("key", "query"):
+            names, contrib, share = _per_prompt(atts, index, side)  # [P, C] each
+            frames.append(pd.DataFrame({
+                "prompt": np.repeat(prompts, len(names)),
+                "tokens": np.repeat(digests, len(names)),
+                "layer": head.layer, "head": head.head, "side": side,
+                "component": np.tile(names, len(atts)),
+                "contribution": contrib.ravel().astype(np.float64),
+                "share": share.ravel().astype(np.float64)}))
+    return pd.concat(frames, ignore_index=True)[ATTRIBUTION_BY_PROMPT.names]
 
 
 def pair_tables(model: Model, atts: list[Attributed]) -> dict[str, pd.DataFrame]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import HEAD_KEYS, Column, Table, columns, tables
+from workbench.store.schema import HEAD_KEYS, Column, Table, columns, per_prompt, tables
 
 _SIDE = ("side", "str", "key (the key written by each component, the query whole) or query "
          "(the reverse); with grouped-query attention the key is the head's kv group's")
@@ -34,6 +34,16 @@ ATTRIBUTION = Table("attribution", "each component's part of the heads' pre-soft
         ("share_ci_high", "float", "95% bootstrap interval of share, high end"),
         ("n_prompts", "int", "prompts with at least one pair"),
     )))
+# each prompt's values of attribution's scalars, so that two runs pair prompt by prompt
+# (workbench compare); a prompt without a pair has no rows, as it has no part in the means
+ATTRIBUTION_BY_PROMPT = per_prompt(
+    "attribution_by_prompt", "each component's part of the heads' pre-softmax scores on "
+    "each prompt, mean over its pairs (what attribution averages over prompts)",
+    (*HEAD_KEYS, *columns(_SIDE, _COMPONENT)),
+    columns(("contribution", "float", "mean over the prompt's pairs of the component's part "
+                                      "of the score"),
+            ("share", "float", "mean over the prompt's pairs of contribution / sum over "
+                               "components of |contribution| (signed, in -1..1)")))
 PAIR_CONTRIBUTIONS = Table("pair_contributions", "each component's part of each pair's "
                            "score, per prompt (the Why page's bars)", (
     *HEAD_KEYS, *_PAIR_KEYS,
@@ -112,4 +122,4 @@ SOURCES = Table("sources", "where the explained heads and the previous-token hea
 ), keys=("part",), min_rows=2)
 
 TABLES = tables(ATTRIBUTION, PAIR_CONTRIBUTIONS, PAIR_MATRIX, SCORES, PATTERNS, TOKENS,
-                GROUPS, PATH_CHECK, SOURCES)
+                GROUPS, PATH_CHECK, SOURCES, ATTRIBUTION_BY_PROMPT)

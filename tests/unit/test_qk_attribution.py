@@ -182,6 +182,32 @@ def test_experiment_tables_on_the_tiny_model(model, runs_dir):
     means = matrix[matrix.prompt == -1].groupby(["layer", "head"]).contribution.sum()
     for (layer, head), want in per_head.items():
         assert means[(layer, head)] == pytest.approx(want, rel=1e-4, abs=1e-9)
+    # each prompt's values average to the stored aggregate
+    by_prompt = run.table("attribution_by_prompt")
+    keys = ["layer", "head", "side", "component"]
+    assert by_prompt.groupby(keys).size().eq(3).all()
+    both = att.merge(by_prompt.groupby(keys)[["contribution", "share"]].mean().reset_index(),
+                     on=keys, suffixes=("", "_mean"), validate="one_to_one")
+    assert len(both) == len(att)
+    np.testing.assert_allclose(both.contribution_mean, both.contribution, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(both.share_mean, both.share, rtol=1e-6, atol=1e-9)
+
+
+def test_compare_pairs_two_attribution_runs_prompt_by_prompt(model, runs_dir):
+    from workbench.harness.compare import compare
+    from workbench.interventions.masks import HeadMask
+
+    config = ["n_prompts=3", "seq_len=8", "heads=L1H0,L1H2", "n_previous=1", "n_random=2",
+              "n_boot=20", "n_patch=0"]
+    clean = run_experiment("qk-attribution", model, config, runs_dir=runs_dir)
+    masked = run_experiment("qk-attribution", model, config, runs_dir=runs_dir,
+                            heads_mask=HeadMask.for_model(model).without([(0, 1)]))
+    rows = compare(clean, masked, only="attribution_by_prompt").differences
+    assert len(rows) and (rows.pairing == "same prompts").all()
+    assert (rows.n_prompts == 3).all() and rows.p.notna().all()
+    # layer 0's head 1 is gone from the masked run's components: its part is 0 there
+    gone = rows[rows.key.str.contains("component=L0H1") & (rows.column == "contribution")]
+    assert len(gone) and np.allclose(gone.b, 0, atol=1e-6)
 
 
 def test_path_patch_table_is_the_same_with_the_blocks_below_replayed(model, monkeypatch):
