@@ -30,6 +30,7 @@ from workbench.scores.heads import (
     score_and_classify,
     scores_by_prompt,
     summarize_tokens,
+    tokens_by_prompt,
     top_heads,
 )
 from workbench.scores.losses import repeat_losses, token_losses
@@ -121,13 +122,15 @@ def _path_line(table: pd.DataFrame, path: str) -> str:
 
 # ---- head scores -------------------------------------------------------------------------
 
+COPYING_INPUTS = "random tokens (direct path)"
+
 def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence[Prompt],
                      cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """induction (Olsson et al.'s second-repeat score) and induction_pooled on the
     repeated sequences, copying on random tokens, previous_token on natural text; the
     induction and previous-token classes (the shuffled-repeat twins batched with the
-    repeated sequences); and the ``head_scores_by_prompt`` rows of all but copying (whose
-    "prompts" are single tokens)."""
+    repeated sequences); and the ``head_scores_by_prompt`` rows of every metric (copying's
+    "prompts" are its single random tokens)."""
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens,
               "testing": classes.Testing(fdr=cfg.fdr, n_draws=cfg.n_null_draws, seed=cfg.seed)}
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -138,15 +141,16 @@ def head_score_table(model: Model, repeated: Sequence[Prompt], natural: Sequence
                                    repeats=(cfg.seq_len, cfg.repeats), **common)
     previous = score_and_classify(model, natural, metrics.reductions("previous_token"),
                                   inputs="natural text", **common)
+    copying = copying_scores(model, tokens)
     scores = with_layer_types(pd.concat([
         induction.head_scores,
-        summarize_tokens(copying_scores(model, tokens), "copying", null=0.0,
-                         inputs="random tokens (direct path)", n_boot=cfg.n_boot,
-                         seed=cfg.seed),
+        summarize_tokens(copying, "copying", null=0.0, inputs=COPYING_INPUTS,
+                         n_boot=cfg.n_boot, seed=cfg.seed),
         previous.head_scores,
     ], ignore_index=True), model.info.layer_types)
     by_prompt = pd.concat([
         scores_by_prompt(induction.per_prompt, repeated, "repeated random tokens"),
+        tokens_by_prompt(copying, "copying", tokens, inputs=COPYING_INPUTS),
         scores_by_prompt(previous.per_prompt, natural, "natural text")], ignore_index=True)
     return scores, pd.concat([induction.head_classes, previous.head_classes],
                              ignore_index=True), by_prompt

@@ -104,8 +104,8 @@ LOSS_BY_PROMPT = per_prompt(
     columns(("loss", "float", "next-token loss (nats)")))
 HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
     "induction and induction_pooled on each repeated random sequence, previous_token on "
-    "each natural-text window (what head_scores averages; copying, scored per token, is "
-    "not here)")
+    "each natural-text window, copying on each random token (its prompts are single "
+    "tokens; what head_scores averages)")
 
 HEAD_CLASSES = head_classes(
     "every head tested for the induction class (repeated random tokens; null: the repeats "

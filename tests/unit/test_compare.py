@@ -141,10 +141,20 @@ def test_per_prompt_tables_agree_with_their_aggregates(three_runs):
     keys = ["layer", "head", "metric", "inputs"]
     per_head = clean.table("head_scores_by_prompt").groupby(keys).score.mean()
     scores = clean.table("head_scores").set_index(keys).score
-    assert set(per_head.index) == set(scores[scores.index.get_level_values("metric")
-                                             != "copying"].index)
+    assert set(per_head.index) == set(scores.index)  # copying's included, token by token
     np.testing.assert_allclose(per_head.to_numpy(), scores.loc[per_head.index].to_numpy(),
                                rtol=1e-6)
+    copying = clean.table("head_scores_by_prompt").query("metric == 'copying'")
+    assert copying.prompt.nunique() == clean.table("head_scores").query(
+        "metric == 'copying'").n_prompts.iloc[0]
+
+
+def test_induction_heads_pairs_copying_token_by_token(three_runs):
+    _, (clean, ablated, _), _ = three_runs
+    rows = compare(clean, ablated, only="head_scores_by_prompt").differences
+    copying = rows[rows.key.str.contains("metric=copying")]
+    assert len(copying) and (copying.pairing == "same prompts").all()
+    assert copying.p.notna().all()
 
 
 @pytest.mark.parametrize("experiment, table", [

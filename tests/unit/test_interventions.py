@@ -243,9 +243,9 @@ def test_resample_with_an_all_ones_mask_changes_nothing(llama):
     ids = torch.randint(5, llama.info.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         before = llama.bridge(ids)
-    with applied(llama, HeadMask.for_model(llama, ablation="resample", seed=7)):
-        with torch.inference_mode():
-            assert torch.equal(llama.bridge(ids), before)
+    mask = HeadMask.for_model(llama, ablation="resample", seed=7)
+    with applied(llama, mask), torch.inference_mode():
+        assert torch.equal(llama.bridge(ids), before)
 
 
 def test_resample_masks_save_their_seed_and_old_files_load_as_seed_0(llama, tmp_path):

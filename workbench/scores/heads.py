@@ -334,3 +334,18 @@ def summarize_tokens(values: Float[Tensor, "n layer head_index"], metric: str, *
         "ci_low": low.ravel(), "ci_high": high.ravel(), "n_prompts": array.shape[0],
         "null": null, "inputs": inputs,
     })
+
+
+def tokens_by_prompt(values: Float[Tensor, "n layer head_index"], metric: str,
+                     tokens: Int[Tensor, " n"], *, inputs: str) -> pd.DataFrame:
+    """The ``head_scores_by_prompt`` rows of per-token values (what
+    :func:`summarize_tokens` averages): each token its own prompt, numbered from 0 in the
+    order of ``tokens``, with the digest of that one token id."""
+    n, n_layers, n_heads = values.shape
+    prompt, layer, head = np.meshgrid(np.arange(n), np.arange(n_layers), np.arange(n_heads),
+                                      indexing="ij")
+    per_prompt = pd.DataFrame({"prompt": prompt.ravel(), "layer": layer.ravel(),
+                               "head": head.ravel(), "metric": metric,
+                               "score": values.numpy().astype(np.float64).ravel()})
+    prompts = [Prompt(token_ids=(int(t),)) for t in tokens.tolist()]
+    return scores_by_prompt(per_prompt, prompts, inputs)
