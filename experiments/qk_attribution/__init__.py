@@ -58,7 +58,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import pandas as pd
 
@@ -77,6 +77,7 @@ from experiments.qk_attribution.measure import (
     sources_table,
 )
 from experiments.qk_attribution.tables import TABLES
+from workbench.core.options import FixedAblation
 from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_REPEATS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
@@ -170,7 +171,9 @@ def _prompts(model: Model, cfg: Config):
 
 @experiment("qk-attribution", config=Config, tables=TABLES,
             check_model=require_linearisable, demo_models=("smollm2",),
-            demo={"n_prompts": 8, "n_random": 20, "n_boot": 500, "patch_prompts": 2})
+            demo={"n_prompts": 8, "n_random": 20, "n_boot": 500, "patch_prompts": 2},
+            # each prompt runs in a forward pass of its own: no other prompt to resample from
+            ablations=get_args(FixedAblation))
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Split the chosen heads' attention scores over upstream components."""
     ctx = ctx or Context()

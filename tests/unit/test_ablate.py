@@ -234,6 +234,11 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
                          "resample")):
         status, _, err = tiny.cli(capsys, *pruning, *extra)
         assert status == 2 and said in err and err.count("\n") == 1, (extra, err)
+    # qk-attribution runs each prompt in a forward pass of its own
+    status, _, err = tiny.cli(capsys, "run", "qk-attribution", "--model", str(llama_folder),
+                              "--ablate", "L0H1", "--ablation", "resample")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "qk-attribution' takes a head mask of zero or mean ablation, not resample" in err
     assert len(store.runs()) == 3  # no run was created
     status, _, err = tiny.cli(capsys, "run", "head-overview", "--ablate", "L0H1")
     assert status == 2 and "--ablate needs --model" in err
