@@ -13,9 +13,11 @@ transformers attention function), which also returns every head's per-query stat
 are kept per layer, with no ``[head, T, T]`` tensor and no host synchronisation. For each
 model it measures:
 
-- ``throughput``: tokens/s of the scan and of the same model's SDPA forward (FlashAttention
-  where PyTorch picks it) at 8k, 32k and 128k tokens, one process, the ratio beside them
-  (target: the scan at least 0.8x SDPA at 32k on the 8B shape). For the Gemma shape's
+- ``throughput``: tokens/s of the scan, once per precision of the kernel's products
+  (``tensor``: bfloat16 operands on the tensor cores, the default for bfloat16; ``ieee``:
+  float32 operands), and of the same model's SDPA forward (FlashAttention where PyTorch
+  picks it) at 8k, 32k and 128k tokens, one process, each ratio beside them (target: the
+  scan at least 0.8x SDPA at 32k on the 8B shape). For the Gemma shape's
   sliding layers transformers builds SDPA a boolean ``[T, T]`` mask (16 GiB at 128k),
   and SDPA with a mask does not take its FlashAttention kernel: that is the baseline a
   user of transformers gets, and the scan builds no mask;
@@ -26,17 +28,23 @@ model it measures:
 - ``exact``: on a two-layer model of the same shape in float32 (2,048 tokens; the Gemma
   shape keeps one sliding and one global layer), every per-query statistic and the last
   hidden state of the fused forward against eager attention's pattern (bound 1e-5 times
-  ``max(1, |reference|)``).
+  ``max(1, |reference|)``);
+- ``tensor - ieee``: on the same two-layer model in bfloat16, both precisions on each
+  layer's same queries, keys and values: the largest difference of a statistic, in units
+  of ``max(1, |ieee|)`` (they read the same float32 scores, so float32 rounding alone:
+  bound 1e-5), and of the output relative to ``sum_j w_ij |v_j|`` (bound
+  ``(1 + 2^-7)^3 - 1``: the weights' rounding to bfloat16 and both outputs' store; the
+  derivation is in :mod:`workbench.models.fused`). Both checks, with ``exact``'s, set the
+  exit status.
 
 It prints a markdown table (``--json`` too). One command of at most 8 minutes on one
 H100/H200: the throughput runs share a budget (``--budget``, default 360 s), and a length
 whose time, predicted from the last one measured, would end past it is skipped and shown
-as skipped; a forward that runs out of memory is shown as such. The kernel computes its
-dot products in float32 (``input_precision="ieee"``, for exactness), not on bfloat16
-tensor cores, so its speed at long contexts is what this measures first. ``--smoke`` runs
-every part on the CPU at tiny shapes under Triton's interpreter (``TRITON_INTERPRET=1``,
-set by this script before triton is imported), so that ``tests/unit/test_benchmarks.py``
-checks that it runs; its timings mean nothing.
+as skipped; a forward that runs out of memory is shown as such. ``--smoke`` runs every
+part on the CPU at tiny shapes under Triton's interpreter (``TRITON_INTERPRET=1``, set by
+this script before triton is imported), the throughput model in bfloat16 as on the GPU,
+so that ``tests/unit/test_benchmarks.py`` checks that both precisions run (the bfloat16
+tensor path as the interpreter emulates it); its timings mean nothing.
 
 Dependencies: torch, transformers and triton, and of the workbench only
 ``workbench/models/fused`` (which needs jaxtyping): the script imports that package
@@ -72,7 +80,13 @@ EXACT_TOKENS, EXACT_BOUND = 2048, 1e-5
 BUDGET_S = 360.0
 """Seconds the throughput runs of every model may take, so that the whole command (model
 builds, eager's search and the exactness checks besides) ends within 8 minutes."""
-FUSED = "workbench_fused_scan"
+PRECISIONS = ("tensor", "ieee")
+"""The kernel's precisions, each timed as its own attention implementation."""
+FUSED = {precision: f"workbench_fused_{precision}" for precision in PRECISIONS}
+GAP_STAT_BOUND, GAP_OUTPUT_BOUND = 1e-5, (1 + 2.0 ** -7) ** 3 - 1
+"""The two precisions on the same bfloat16 inputs: statistics (the same float32 scores),
+and the output relative to ``sum_j w_ij |v_j|`` (the weights rounded to bfloat16 before
+``p . v``, and each run's output rounded once on the store)."""
 STATS = ("first", "previous", "entropy", "distance")
 
 # The published configurations (each model's config.json on the Hugging Face Hub),
@@ -167,8 +181,9 @@ class Scan:
     """Per-layer, per-head means of the kernel's statistics, kept on the device; with
     ``keep``, every layer's whole :class:`Statistics` too (for the exactness check)."""
 
-    def __init__(self, fused: types.ModuleType, keep: bool = False) -> None:
-        self.fused, self.keep = fused, keep
+    def __init__(self, fused: types.ModuleType, keep: bool = False,
+                 precision: str | None = None) -> None:
+        self.fused, self.keep, self.precision = fused, keep, precision
         self.means: dict[int, Any] = {}
         self.kept: dict[int, Any] = {}
 
@@ -180,7 +195,8 @@ class Scan:
 
         variant = self.fused.Variant(causal=True, window=sliding_window, scale=scaling,
                                      softcap=softcap)
-        stats = self.fused.attention_statistics(query, key, value, variant, received=False)
+        stats = self.fused.attention_statistics(query, key, value, variant, received=False,
+                                                precision=self.precision)
         layer = int(getattr(module, "layer_idx", len(self.means)))
         self.means[layer] = torch.stack([getattr(stats, s).mean(-1) for s in STATS])
         if self.keep:
@@ -188,14 +204,62 @@ class Scan:
         return stats.output.transpose(1, 2).contiguous(), None
 
 
-def register(scan: Scan) -> None:
-    """Name :data:`FUSED` in transformers' attention and mask interfaces: the kernel
-    builds its own causal and sliding mask, so the mask builder builds none."""
+class Gap(Scan):
+    """Both precisions on each layer's same queries, keys and values (a bfloat16 model):
+    the largest statistic difference (units of ``max(1, |ieee|)``) and output difference
+    (relative to ``sum_j w_ij |v_j|``, from the ieee run's weights) seen; the forward
+    goes on with the tensor run's output."""
+
+    def __init__(self, fused: types.ModuleType) -> None:
+        super().__init__(fused)
+        self.stats_gap, self.output_gap = 0.0, 0.0
+
+    def attention(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                  scaling: float | None = None, dropout: float = 0.0,
+                  sliding_window: int | None = None, softcap: float | None = None,
+                  **kwargs: Any) -> tuple[Any, None]:
+        variant = self.fused.Variant(causal=True, window=sliding_window, scale=scaling,
+                                     softcap=softcap)
+        runs = {p: self.fused.attention_statistics(query, key, value, variant, received=False,
+                                                   precision=p) for p in PRECISIONS}
+        tensor, ieee = runs["tensor"], runs["ieee"]
+        for stat in STATS:
+            self.stats_gap = max(self.stats_gap, _relative(getattr(tensor, stat),
+                                                           getattr(ieee, stat)))
+        weights = _weights(query, key, ieee.lse, variant)
+        group = query.shape[1] // key.shape[1]
+        size = weights @ value.float().abs().repeat_interleave(group, 1)
+        error = (tensor.output.float() - ieee.output.float()).abs() / size.clamp_min(1e-30)
+        self.output_gap = max(self.output_gap, float(error.max()))
+        return tensor.output.transpose(1, 2).contiguous(), None
+
+
+def _weights(query: Any, key: Any, lse: Any, variant: Any) -> Any:
+    """Every weight ``[batch, head, T, T]`` of a causal (windowed, capped) layer from its
+    scores and the kernel's lse (small models only)."""
+    import torch
+
+    group = query.shape[1] // key.shape[1]
+    q, k = query.float(), key.float().repeat_interleave(group, 1)
+    scale = variant.scale if variant.scale is not None else q.shape[-1] ** -0.5
+    s = q @ k.transpose(-1, -2) * scale
+    if variant.softcap is not None:
+        s = variant.softcap * torch.tanh(s / variant.softcap)
+    i = torch.arange(s.shape[-1], device=s.device)
+    seen = i[None, :] <= i[:, None]
+    if variant.window is not None:
+        seen &= i[None, :] > i[:, None] - variant.window
+    return torch.where(seen, (s - lse[..., None]).exp(), 0.0)
+
+
+def register(scan: Scan, name: str) -> None:
+    """Name ``name`` in transformers' attention and mask interfaces: the kernel builds
+    its own causal and sliding mask, so the mask builder builds none."""
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
-    AttentionInterface.register(FUSED, scan.attention)
-    AttentionMaskInterface.register(FUSED, lambda *args, **kwargs: None)
+    AttentionInterface.register(name, scan.attention)
+    AttentionMaskInterface.register(name, lambda *args, **kwargs: None)
 
 
 @contextmanager
@@ -237,19 +301,22 @@ def timed_forward(model: Any, ids: Any, device: str) -> tuple[float, float | Non
 
 
 def throughput(model: Any, length: int, device: str, seed: int = 0) -> dict[str, Any]:
-    """The scan and the SDPA forward at ``length`` tokens: tokens/s, their ratio, their
-    peak GPU memory (``None`` for a forward that ran out of memory)."""
+    """The SDPA forward and the scan in each precision at ``length`` tokens: tokens/s,
+    each scan's ratio to SDPA, peak GPU memory (``None`` for a forward that ran out of
+    memory)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (1, length), generator=gen).to(device)
     sdpa_s, sdpa_peak = _unless_out_of_memory(model, ids, device, "sdpa")
-    scan_s, scan_peak = _unless_out_of_memory(model, ids, device, FUSED)
-    return {"tokens": length, "sdpa_s": sdpa_s, "scan_s": scan_s,
-            "sdpa_tok_s": length / sdpa_s if sdpa_s else None,
-            "scan_tok_s": length / scan_s if scan_s else None,
-            "ratio": sdpa_s / scan_s if sdpa_s and scan_s else None,
-            "scan_peak": scan_peak, "sdpa_peak": sdpa_peak}
+    row: dict[str, Any] = {"tokens": length, "sdpa_s": sdpa_s, "sdpa_peak": sdpa_peak,
+                           "sdpa_tok_s": length / sdpa_s if sdpa_s else None}
+    for precision in PRECISIONS:
+        scan_s, scan_peak = _unless_out_of_memory(model, ids, device, FUSED[precision])
+        row[precision] = {"s": scan_s, "tok_s": length / scan_s if scan_s else None,
+                          "ratio": sdpa_s / scan_s if sdpa_s and scan_s else None,
+                          "peak": scan_peak}
+    return row
 
 
 def _unless_out_of_memory(model: Any, ids: Any, device: str, name: str
@@ -275,7 +342,7 @@ def within_budget(model: Any, lengths: list[int], device: str, deadline: float) 
     last: dict | None = None
     for n in sorted(lengths):
         if last is not None:
-            took = (last["sdpa_s"] or 0.0) + (last["scan_s"] or 0.0)
+            took = (last["sdpa_s"] or 0.0) + sum(last[p]["s"] or 0.0 for p in PRECISIONS)
             predicted = took * (n / last["tokens"]) ** 2
             if time.monotonic() + predicted > deadline:
                 rows.append({"tokens": n, "skipped": f"predicted {predicted:.0f} s, past the "
@@ -324,11 +391,11 @@ def exactness(name: str, fused: types.ModuleType, device: str, tokens: int,
     ids = torch.randint(0, model.config.vocab_size, (1, tokens),
                         generator=torch.Generator().manual_seed(1)).to(device)
     scan = Scan(fused, keep=True)
-    register(scan)
+    register(scan, FUSED["ieee"])
     with torch.inference_mode():
         with implementation(model, "eager"):
             eager = model(input_ids=ids, use_cache=False, output_attentions=True)
-        with implementation(model, FUSED):
+        with implementation(model, FUSED["ieee"]):
             got = model(input_ids=ids, use_cache=False)
     worst = _relative(got.last_hidden_state, eager.last_hidden_state)
     for layer, pattern in enumerate(eager.attentions):
@@ -337,6 +404,22 @@ def exactness(name: str, fused: types.ModuleType, device: str, tokens: int,
             worst = max(worst, _relative(getattr(scan.kept[layer], stat), want[stat]))
     del model
     return worst
+
+
+def precision_gap(name: str, fused: types.ModuleType, device: str, tokens: int,
+                  smoke: bool) -> dict[str, float]:
+    """:class:`Gap`'s largest differences over a two-layer bfloat16 model of shape ``name``."""
+    import torch
+
+    model = build(config(name, layers=2, smoke=smoke), device, torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens),
+                        generator=torch.Generator().manual_seed(2)).to(device)
+    gap = Gap(fused)
+    register(gap, "workbench_fused_gap")
+    with torch.inference_mode(), implementation(model, "workbench_fused_gap"):
+        model(input_ids=ids, use_cache=False)
+    del model
+    return {"stats": gap.stats_gap, "output": gap.output_gap}
 
 
 def _relative(got: Any, want: Any) -> float:
@@ -363,9 +446,9 @@ def measure_model(name: str, fused: types.ModuleType, args: argparse.Namespace) 
     """Every part for the shape ``name``."""
     import torch
 
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    model = build(config(name, smoke=args.smoke), args.device, dtype)
-    register(Scan(fused))
+    model = build(config(name, smoke=args.smoke), args.device, torch.bfloat16)
+    for precision in PRECISIONS:
+        register(Scan(fused, precision=precision), FUSED[precision])
     throughput(model, min(args.lengths), args.device)  # warm-up: kernels compile
     rows = within_budget(model, args.lengths, args.device, args.deadline)
     limit = eager_limit(model, args.device, args.eager_from, args.eager_to)
@@ -375,6 +458,7 @@ def measure_model(name: str, fused: types.ModuleType, args: argparse.Namespace) 
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     out["exact"] = exactness(name, fused, args.device, args.exact_tokens, args.smoke)
+    out["gap"] = precision_gap(name, fused, args.device, args.exact_tokens, args.smoke)
     return out
 
 
@@ -383,28 +467,36 @@ def gib(n: float | None) -> str:
 
 
 def markdown(results: list[dict], header: str) -> str:
-    """The table of every model and length."""
+    """The table of every model and length (the scan's throughput and peak per precision:
+    ``tensor`` / ``ieee``)."""
     lines = [header, "",
-             "| model | tokens | SDPA tok/s | scan tok/s | scan / SDPA | scan peak GiB | "
-             "weights GiB | peak - weights GiB | eager OOM at | max rel. error (f32) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | tokens | SDPA tok/s | scan tok/s tensor / ieee | scan / SDPA tensor / "
+             "ieee | scan peak GiB tensor / ieee | weights GiB | peak - weights GiB (tensor) "
+             "| eager OOM at | max rel. error (f32) | tensor - ieee: stats, output |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for res in results:
         eager = (f"{res['eager_oom']:,}" if res["eager_oom"] is not None
                  else f"none to {res['eager_to']:,}")
+        checks = (f"{eager} | {res['exact']:.1e} | {res['gap']['stats']:.1e}, "
+                  f"{res['gap']['output']:.1e} |")
         for row in res["rows"]:
             if "skipped" in row:
                 lines.append(f"| {res['model']} | {row['tokens']:,} | skipped: "
-                             f"{row['skipped']} | | | | {gib(res['weights'])} | | {eager} | "
-                             f"{res['exact']:.1e} |")
+                             f"{row['skipped']} | | | | {gib(res['weights'])} | | {checks}")
                 continue
-            over = None if row["scan_peak"] is None else row["scan_peak"] - res["weights"]
+            tensor, ieee = row["tensor"], row["ieee"]
+            over = None if tensor["peak"] is None else tensor["peak"] - res["weights"]
             lines.append(
                 f"| {res['model']} | {row['tokens']:,} | {_rate(row['sdpa_tok_s'])} | "
-                f"{_rate(row['scan_tok_s'])} | "
-                f"{'-' if row['ratio'] is None else format(row['ratio'], '.2f')} | "
-                f"{gib(row['scan_peak'])} | {gib(res['weights'])} | {gib(over)} | {eager} | "
-                f"{res['exact']:.1e} |")
+                f"{_rate(tensor['tok_s'])} / {_rate(ieee['tok_s'])} | "
+                f"{_ratio(tensor['ratio'])} / {_ratio(ieee['ratio'])} | "
+                f"{gib(tensor['peak'])} / {gib(ieee['peak'])} | {gib(res['weights'])} | "
+                f"{gib(over)} | {checks}")
     return "\n".join(lines)
+
+
+def _ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
 
 
 def _rate(tokens_per_s: float | None) -> str:
@@ -466,7 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(results, default=float, indent=1) + "\n")
     worst = max(res["exact"] for res in results)
-    return 0 if math.isfinite(worst) and worst <= EXACT_BOUND else 1
+    exact = math.isfinite(worst) and worst <= EXACT_BOUND
+    gaps = all(res["gap"]["stats"] <= GAP_STAT_BOUND and res["gap"]["output"] <= GAP_OUTPUT_BOUND
+               for res in results)
+    return 0 if exact and gaps else 1
 
 
 if __name__ == "__main__":

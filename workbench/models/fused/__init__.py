@@ -20,8 +20,35 @@ Each statistic is kept as FlashAttention keeps its output: running sums rescaled
 row's running max grows. The entropy is ``log l - sum p (s - m) / l`` from the sums
 ``l = sum p`` and ``sum p (s - m)``, ``p = exp(s - m)``; a fixed key's weight is its raw
 score, recorded when its tile passes, turned into a weight with the final ``lse``.
-Everything is computed in float32 whatever the input dtype (float32, bfloat16, float16);
-the output is in the input's dtype. The matrix products are float32 ("ieee", not TF32).
+Scores, weights and statistics are float32 whatever the input dtype (float32, bfloat16,
+float16); the output is in the input's dtype.
+
+Precision of the two matrix products, ``q . k`` and ``p . v`` (``precision``,
+:data:`Precision`; default :func:`default_precision`):
+
+- ``"ieee"`` (float32 inputs, always): operands converted to float32, Triton's
+  ``tl.dot(..., input_precision="ieee")``: float32 products and sums, no TF32;
+- ``"tensor"`` (the default for bfloat16 and float16 inputs): ``q``, ``k`` and ``v`` stay
+  in their half dtype and the weights ``p`` are rounded to it, so ``tl.dot`` runs on the
+  tensor cores (products of half operands are exact in float32, sums are float32).
+  Scores, ``lse`` and every statistic are computed from the same half values as under
+  ``"ieee"``; only the output also carries ``p``'s rounding. Float32 inputs refuse it.
+
+Against float32 originals that were rounded to a half dtype (a half model's queries and
+keys), each operand carries a relative error of at most ``eps`` (:data:`HALF_EPSILON`), so
+each score ``s_ij = scale q_i . k_j`` is off by at most
+``eta_ij = (2 eps + eps^2) scale sum_d |q_id k_jd|`` (a soft-cap is 1-Lipschitz, so it
+keeps the bound). With ``eta_i`` the largest ``eta_ij`` of row ``i``'s seen keys:
+``|delta lse_i| <= eta_i`` (the log-sum-exp is 1-Lipschitz in the max-norm); every weight's
+relative error is at most ``e^(2 eta_i) - 1``, and so is that of ``first``, ``previous``,
+``lag``, ``target``, ``distance`` (a sum of weights times non-negative gaps) and each
+row's share of ``received``; ``|delta entropy_i| <= 2 eta_i + (e^(2 eta_i) - 1) H_i``; the
+output, whose values and weights are rounded too and which is rounded once on the store,
+is within ``((1 + eps)^3 e^(2 eta_i) - 1) sum_j w_ij |v_j|``. Under ``"tensor"`` on the
+same half inputs as an ``"ieee"`` run, ``eta`` is 0 and the output is within
+``((1 + eps)^2 - 1) sum_j w_ij |v_j|``. ``tests/unit/test_fused_precision.py`` checks
+every bound (plus :data:`FLOAT32_TOLERANCE` for the float32 arithmetic itself) under the
+interpreter, and ``docs/blocked-attention.md`` lists the largest measured ratios to it.
 
 Variants (:class:`Variant`): causal or bidirectional; a causal sliding window (query ``i``
 sees keys ``i - window < j <= i``); key padding of a ragged batch (``key_mask[b, j]``
@@ -58,9 +85,10 @@ Tolerances, checked by ``tests/unit/test_fused.py`` against an eager float32 sof
 the whole ``[batch, head, query, key]`` scores at T <= 70, d_head 12 and 16: every
 statistic within :data:`FLOAT32_TOLERANCE` (1e-5) times ``max(1, |reference|)`` (the
 token distance reaches tens, where 1e-5 is three float32 steps), for float32 inputs and
-for bfloat16 ones alike (the reference upcasts the same bfloat16 values: the kernel
-computes in float32 throughout); the output within 1e-5 for float32 inputs and within
-:data:`BFLOAT16_OUTPUT_RELATIVE` of its size plus 1e-5 for bfloat16 ones. Largest
+for bfloat16 ones under ``precision="ieee"`` alike (the reference upcasts the same
+bfloat16 values); the output within 1e-5 for float32 inputs and within
+:data:`BFLOAT16_OUTPUT_RELATIVE` of its size plus 1e-5 for bfloat16 ones. ``"tensor"`` is
+held to the derived bounds above. Largest
 differences measured: 1.2e-6 for the output and 9.5e-7 for every statistic but the
 distance (1.14e-5 at ~30 tokens, 4.4e-7 relative); bfloat16 outputs 7.7e-3 relative (the
 interpreter truncates to bfloat16; a GPU rounds to nearest). Nothing measured on a GPU.
@@ -82,7 +110,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -109,6 +137,18 @@ Statistic = Literal["first", "previous", "lag", "target", "entropy", "distance",
 :mod:`workbench.scores.metrics`)."""
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """The input dtypes the kernel takes."""
+Precision = Literal["ieee", "tensor"]
+"""How the kernel's two matrix products take their operands: ``"ieee"``, in float32 (no
+TF32); ``"tensor"``, in the inputs' half dtype on the tensor cores, summed in float32."""
+HALF_EPSILON: dict[torch.dtype, float] = {torch.bfloat16: 2.0 ** -7,
+                                           torch.float16: 2.0 ** -10}
+"""The largest relative error of one half-precision operand, per half dtype: the machine
+epsilon ``2^(1 - t)`` of a format with ``t`` significant bits (bfloat16 ``t = 8``, float16
+``t = 11``; ``torch.finfo(dtype).eps``), the gap between 1 and the next number (Higham,
+*Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002, section 2.1). It is twice
+Higham's unit roundoff ``u = 2^-t``, which bounds rounding to nearest; ``eps`` bounds
+truncation as well (Triton's interpreter converts float32 to bfloat16 by dropping bits),
+so the error bounds of the module docstring hold for either rounding."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +206,16 @@ class Statistics:
     top_weights: Float[Tensor, "batch head_index query_pos k"] | None = None
 
 
+def default_precision(dtype: torch.dtype) -> Precision:
+    """``"tensor"`` for half inputs (bfloat16, float16), ``"ieee"`` for float32.
+
+    Examples:
+        >>> default_precision(torch.bfloat16), default_precision(torch.float32)
+        ('tensor', 'ieee')
+    """
+    return "tensor" if dtype in HALF_EPSILON else "ieee"
+
+
 def interpreted() -> bool:
     """Whether Triton's interpreter is asked for (``TRITON_INTERPRET``): kernels then run
     on the CPU, on CPU tensors."""
@@ -209,6 +259,17 @@ def support(device: torch.device | str, dtype: torch.dtype, d_head: int, *,
     if kind not in {"cpu", "cuda"}:
         return f"the kernel runs on CUDA devices, not {kind}"
     return None
+
+
+def _check_precision(precision: object, dtype: torch.dtype) -> None:
+    """Refuse a precision that is not one of :data:`Precision`, or ``"tensor"`` for
+    float32 inputs."""
+    if precision not in get_args(Precision):
+        known = ", ".join(map(repr, get_args(Precision)))
+        raise WorkbenchError(f"precision must be one of {known}, got {precision!r}")
+    if precision == "tensor" and dtype not in HALF_EPSILON:
+        raise WorkbenchError(f"precision='tensor' takes bfloat16 or float16 inputs (the "
+                             f"tensor cores' operands), not {dtype}; use 'ieee'")
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
@@ -261,11 +322,14 @@ class _Launch:
 
     @classmethod
     def of(cls, q: Tensor, k: Tensor, variant: Variant, key_mask: Tensor | None,
-           block: tuple[int, int]) -> _Launch:
+           block: tuple[int, int], precision: Precision) -> _Launch:
         heads, n_q, d_head = q.shape[1], q.shape[2], q.shape[3]
+        # bfloat16 dots under the interpreter are emulated (see kernels' docstring)
+        emulate = precision == "tensor" and q.dtype == torch.bfloat16 and interpreted()
         flags = {"BLOCK_M": block[0], "BLOCK_N": block[1], "D_PAD": max(16, _pow2(d_head)),
                  "CAUSAL": variant.causal, "SOFTCAP": variant.softcap is not None,
-                 "WINDOW": variant.window is not None, "PADDED": key_mask is not None}
+                 "WINDOW": variant.window is not None, "PADDED": key_mask is not None,
+                 "HALF": precision == "tensor" and not emulate, "EMULATE": emulate}
         scale = variant.scale if variant.scale is not None else d_head ** -0.5
         return cls(heads, heads // k.shape[1], n_q, k.shape[2], d_head, float(scale),
                    float(variant.softcap or 1.0), int(variant.window or 0), flags)
@@ -286,7 +350,8 @@ def attention_statistics(q: Float[Tensor, "batch head_index query_pos d_head"],
                          key_mask: Bool[Tensor, "batch key_pos"] | None = None,
                          targets: Int[Tensor, "batch query_pos"] | None = None,
                          lag: int = 2, top_k: int = 0, received: bool = True,
-                         block: tuple[int, int] = (64, 64)) -> Statistics:
+                         block: tuple[int, int] = (64, 64),
+                         precision: Precision | None = None) -> Statistics:
     """One layer's attention output and its per-row statistics, in one fused pass (and a
     second over key tiles for ``received``).
 
@@ -302,6 +367,8 @@ def attention_statistics(q: Float[Tensor, "batch head_index query_pos d_head"],
         top_k: keep each row's ``top_k`` most attended keys (0: none).
         received: run the second pass for ``received``.
         block: query rows and keys per tile (powers of two, at least 16).
+        precision: the matrix products' operands, ``"ieee"`` (float32) or ``"tensor"``
+            (the half inputs' dtype); default :func:`default_precision` of ``q``'s dtype.
 
     Returns:
         The :class:`Statistics`.
@@ -314,7 +381,9 @@ def attention_statistics(q: Float[Tensor, "batch head_index query_pos d_head"],
 
     variant.check()
     _check(q, k, v, key_mask, targets, top_k, block)
-    run = _Launch.of(q, k, variant, key_mask, block)
+    precision = default_precision(q.dtype) if precision is None else precision
+    _check_precision(precision, q.dtype)
+    run = _Launch.of(q, k, variant, key_mask, block, precision)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     batch = q.shape[0]
     mask = (key_mask.to(device=q.device, dtype=torch.int8).contiguous() if key_mask is not None

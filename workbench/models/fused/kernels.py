@@ -10,6 +10,24 @@ Layout: every tensor is contiguous. ``q`` and ``out`` are ``[batch, head, query,
 ``i + shift`` (``shift = n_keys - n_queries``: the keys before the queries come from a
 cache). ``stats`` is ``[N_STATS, batch, head, query]`` float32, one plane per statistic
 in the order of :data:`STATS`.
+
+The two products (``q . k`` and ``p . v``) take their operands one of three ways, chosen
+by two flags that every kernel takes:
+
+- neither (``precision="ieee"``): operands converted to float32, ``tl.dot`` with
+  ``input_precision="ieee"`` (no TF32);
+- ``HALF`` (``precision="tensor"`` on a GPU, or float16 under the interpreter): ``q``,
+  ``k`` and ``v`` kept in their half dtype and ``p`` converted to it (round to nearest),
+  ``tl.dot`` on half operands with a float32 accumulator, as the tensor cores compute it;
+- ``EMULATE`` (``precision="tensor"`` with bfloat16 under Triton's interpreter): the
+  interpreter multiplies bfloat16 operands' raw bit patterns in ``tl.dot`` (triton issue
+  #11584) and converts float32 to bfloat16 by dropping bits, so the operands are converted
+  to float32 (exact for bfloat16 values) and ``p`` is rounded to the nearest bfloat16 by
+  integer arithmetic on its bits (:func:`_round_bf16`): the same values a GPU's tensor
+  cores multiply, products exact and summed in float32.
+
+The statistics read only the float32 scores and the float32 ``p``: ``p``'s rounding
+touches the output alone.
 """
 
 # Triton's DSL: a @triton.jit function is compiled from its source, never run as Python,
@@ -44,13 +62,47 @@ def _tanh(x):
 
 
 @triton.jit
+def _round_bf16(x):
+    """Float32 ``x`` rounded to the nearest bfloat16 (ties to even), kept in float32.
+
+    bfloat16 is float32's upper 16 bits: adding ``0x7FFF`` plus the lowest kept bit carries
+    into the kept bits exactly when the dropped half is above one half of a step, or equal
+    to it with an odd kept bit. For finite ``x`` only (a weight ``p`` in [0, 1] here)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _operand(x, HALF: tl.constexpr):
+    """A loaded ``q``, ``k`` or ``v`` tile as a dot operand: in its half dtype for the
+    tensor cores (``HALF``), else float32 (exact for half values)."""
+    if HALF:
+        return x
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _weights_operand(p, v, HALF: tl.constexpr, EMULATE: tl.constexpr):
+    """The float32 weights ``p`` as the left operand of ``p . v``: converted to ``v``'s
+    half dtype (``HALF``: round to nearest on a GPU), rounded to bfloat16 values by their
+    bits (``EMULATE``), or left in float32."""
+    if HALF:
+        return p.to(v.dtype)
+    if EMULATE:
+        return _round_bf16(p)
+    return p
+
+
+@triton.jit
 def _scores(q, k_ptrs, cols, rows_abs, kmask_ptr, n_keys, d_ok, scale, softcap,
             window, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-            PADDED: tl.constexpr):
+            PADDED: tl.constexpr, HALF: tl.constexpr):
     """One tile of float32 scores ``[BLOCK_M, BLOCK_N]`` (-inf where a key is not seen)
     and the mask of the keys seen."""
     col_ok = cols < n_keys
-    kt = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0).to(tl.float32)
+    kt = _operand(tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0), HALF)
+    # input_precision governs float32 operands only (no TF32); half operands ignore it
     s = tl.dot(q, kt, input_precision="ieee") * scale
     if SOFTCAP:
         s = softcap * _tanh(s / softcap)
@@ -167,8 +219,8 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
             top_i_ptr, n_heads, group, n_queries, n_keys, d_head, scale, softcap, window, lag,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
             CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-            PADDED: tl.constexpr, TARGETS: tl.constexpr, TOPK: tl.constexpr,
-            TOPK_PAD: tl.constexpr):
+            PADDED: tl.constexpr, HALF: tl.constexpr, EMULATE: tl.constexpr,
+            TARGETS: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr):
     """One tile of query rows of one (batch, head): the output and every row statistic,
     keys visited one tile at a time with FlashAttention's running-max rescaling."""
     q_start, bh = tl.program_id(0) * BLOCK_M, tl.program_id(1)
@@ -180,8 +232,8 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
     rows_abs = tl.where(row_ok, rows + shift, -1)
     dims = tl.arange(0, D_PAD)
     d_ok = dims < d_head
-    q = tl.load(q_ptr + (bh * n_queries + rows)[:, None] * d_head + dims[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    q = _operand(tl.load(q_ptr + (bh * n_queries + rows)[:, None] * d_head + dims[None, :],
+                         mask=row_ok[:, None] & d_ok[None, :], other=0.0), HALF)
     targets = tl.full([BLOCK_M], -1, tl.int32)
     if TARGETS:
         targets = tl.load(target_ptr + b * n_queries + rows, mask=row_ok, other=-1)
@@ -198,7 +250,7 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
         cols = start + tl.arange(0, BLOCK_N)
         s, seen = _scores(q, k_ptr + (kv * n_keys + cols)[None, :] * d_head + dims[:, None],
                           cols, rows_abs, kmask_ptr + b * n_keys, n_keys, d_ok, scale,
-                          softcap, window, CAUSAL, SOFTCAP, WINDOW, PADDED)
+                          softcap, window, CAUSAL, SOFTCAP, WINDOW, PADDED, HALF)
         m, m_ref, alpha, ent = _rescale(m, tl.max(s, 1), l_sum, ent)
         p = tl.where(seen, tl.exp(s - m_ref[:, None]), 0.0)
         # unseen keys have p = 0; their -inf score must not meet it (0 * inf is NaN)
@@ -206,9 +258,10 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
         l_sum = alpha * l_sum + tl.sum(p, 1)
         gap = tl.abs(rows_abs[:, None] - cols[None, :]).to(tl.float32)
         dist = alpha * dist + tl.sum(p * gap, 1)
-        v = tl.load(v_ptr + (kv * n_keys + cols)[:, None] * d_head + dims[None, :],
-                    mask=(cols < n_keys)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        v = _operand(tl.load(v_ptr + (kv * n_keys + cols)[:, None] * d_head + dims[None, :],
+                             mask=(cols < n_keys)[:, None] & d_ok[None, :], other=0.0), HALF)
+        acc = acc * alpha[:, None] + tl.dot(_weights_operand(p, v, HALF, EMULATE), v,
+                                            input_precision="ieee")
         tile_raw, tile_hit = _pick(s, cols, want)
         raw, hit = raw + tile_raw, hit + tile_hit
         if TOPK > 0:
@@ -227,7 +280,8 @@ def forward(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, kmask_ptr, target_ptr, top_
 def received(q_ptr, k_ptr, stats_ptr, kmask_ptr, out_ptr, n_heads, group, n_queries, n_keys,
              d_head, scale, softcap, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              D_PAD: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
-             WINDOW: tl.constexpr, PADDED: tl.constexpr):
+             WINDOW: tl.constexpr, PADDED: tl.constexpr, HALF: tl.constexpr,
+             EMULATE: tl.constexpr):
     """One tile of keys of one (batch, head): the weight each key receives, summed over
     the real queries, each weight rebuilt from its score and its row's lse (pass one's)."""
     k_start = tl.program_id(0) * BLOCK_N
@@ -248,10 +302,10 @@ def received(q_ptr, k_ptr, stats_ptr, kmask_ptr, out_ptr, n_heads, group, n_quer
         rows = q_start + tl.arange(0, BLOCK_M)
         row_ok = rows < n_queries
         rows_abs = tl.where(row_ok, rows + shift, -1)
-        q = tl.load(q_ptr + (bh * n_queries + rows)[:, None] * d_head + dims[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        q = _operand(tl.load(q_ptr + (bh * n_queries + rows)[:, None] * d_head + dims[None, :],
+                             mask=row_ok[:, None] & d_ok[None, :], other=0.0), HALF)
         s, seen = _scores(q, k_ptrs, cols, rows_abs, kmask_ptr + b * n_keys, n_keys, d_ok,
-                          scale, softcap, window, CAUSAL, SOFTCAP, WINDOW, PADDED)
+                          scale, softcap, window, CAUSAL, SOFTCAP, WINDOW, PADDED, HALF)
         lse = tl.load(stats_ptr + bh * n_queries + rows, mask=row_ok, other=float("-inf"))
         counted = row_ok & (lse > float("-inf"))
         if PADDED:
