@@ -115,6 +115,11 @@ class Experiment:
     ``WorkbenchError``, and the inputs it builds; called before a run is created, so a
     refused input leaves no failed run. ``run`` finds what it returned in
     :attr:`Context.planned`."""
+    preflight: Callable[[Any, str | Model | None, Path], None] | None = None
+    """``preflight(cfg, model, runs_dir)``: the checks that need neither the model's
+    weights nor a run (a tokenizer read alone, the stored runs a config names), raising
+    ``WorkbenchError`` in one line; called before the model loads. ``model`` is the model
+    argument (a name, or a model already loaded), ``runs_dir`` the run store."""
 
     def defaults_for(self, model: str | None) -> dict[str, Any]:
         """The config overrides of ``model``'s own defaults (:attr:`model_defaults`; none
@@ -166,6 +171,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                requires: Requirement = "any",
                check_model: Callable[[Model], None] | None = None,
                plan: Callable[[Any, Any], Any] | None = None, bf16_safe: bool = False,
+               preflight: Callable[[Any, str | Model | None, Path], None] | None = None,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -187,6 +193,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             before a run exists (:attr:`Experiment.plan`).
         bf16_safe: its stored numbers keep the bf16 table's bounds in bfloat16
             (:attr:`Experiment.bf16_safe`): the default dtype on CUDA.
+        preflight: ``preflight(cfg, model, runs_dir)``, the checks made before the model
+            loads (:attr:`Experiment.preflight`).
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -210,6 +218,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             check_model=check_model,
             plan=plan,
             bf16_safe=bf16_safe,
+            preflight=preflight,
         ))
         return fn
 
@@ -314,6 +323,8 @@ def run_experiment(name: str, model: str | Model | None,
     root = paths.runs_dir(runs_dir)
     paths.check_store(root, write=True)  # a store that cannot take the run: before the load
     store = RunStore(root)
+    if exp.preflight is not None:  # refusals that need no weights: before the load
+        exp.preflight(cfg, model, root)
     loaded = _fit_model(exp, model, cfg, heads_mask, device=device, runs_dir=runs_dir,
                         dtype=dtype or default_dtype(exp, device))
     info = loaded.info if loaded is not None else None
