@@ -212,9 +212,12 @@ def preflight(cfg: Config, model: str | Model | None, runs_dir: Path) -> None:
 
 
 def _source_runs(cfg: Config, model: str | Model, store: RunStore) -> list[Run]:
-    shape = None if isinstance(model, str) else (model.info.n_layers, model.info.n_heads)
-    name = model if isinstance(model, str) else model.info.name
-    return class_runs(parse_runs(cfg.classes_from), name, shape, store)
+    refs = parse_runs(cfg.classes_from)
+    if isinstance(model, str):
+        return class_runs(refs, model, None, store)
+    info = model.info
+    return class_runs(refs, info.name, (info.n_layers, info.n_heads), store,
+                      checksum=info.checksum)
 
 
 @experiment("circuit", config=Config, tables=TABLES, requires="causal_lm",

@@ -38,7 +38,7 @@ Head = tuple[int, int]
 
 
 def class_runs(refs: Sequence[str], model: str, shape: tuple[int, int] | None,
-               store: RunStore) -> list[Run]:
+               store: RunStore, *, checksum: str | None = None) -> list[Run]:
     """The runs ``refs`` name, each checked: complete, on ``model``, with head classes.
 
     Args:
@@ -47,6 +47,10 @@ def class_runs(refs: Sequence[str], model: str, shape: tuple[int, int] | None,
         shape: the model's layers and query heads, where known before it loads (``None``:
             a bundled model's entry or a folder's ``config.json`` says, else each run's).
         store: where the runs are looked up.
+        checksum: the loaded model's weights checksum (``None``: not loaded yet). With it,
+            each run's model must have the same name and, where both are known, the same
+            checksum (before the load only a bundled model's name is compared, and a
+            model's shape).
 
     Raises:
         WorkbenchError: one line: no such run, a run not complete, on another model, or
@@ -60,6 +64,13 @@ def class_runs(refs: Sequence[str], model: str, shape: tuple[int, int] | None,
                                  "no head classes")
         check_same_model(run, model, shape or model_heads(model) or (
             run.meta.model.n_layers, run.meta.model.n_heads))
+        ran_on = run.meta.model
+        if checksum is not None and (ran_on.name != model or (
+                checksum and ran_on.checksum and ran_on.checksum != checksum)):
+            raise WorkbenchError(f"run {run.id} ran on {ran_on.name} (weights "
+                                 f"{ran_on.checksum[:12] or 'unknown'}), not on {model} "
+                                 f"(weights {checksum[:12] or 'unknown'}): its heads are not "
+                                 "this model's")
         if not set(CLASS_TABLES) & set(run.table_names()):
             raise WorkbenchError(f"run {run.id} ({run.experiment}) stores no head classes "
                                  f"(no {' or '.join(CLASS_TABLES)} table); its tables: "
