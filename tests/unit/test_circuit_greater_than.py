@@ -162,7 +162,7 @@ def test_classes_from_refusals_before_the_model_loads(llama_folder, runs_dir, mo
     with pytest.raises(RuntimeError), store.start("previous-token-heads",
                                                   tiny.fake_info(str(llama_folder)), {}):
         raise RuntimeError("stopped")
-    failed = [r.id for r in store.runs() if r.status != "complete"][0]
+    failed = next(r.id for r in store.runs() if r.status != "complete")
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
