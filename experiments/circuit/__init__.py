@@ -22,30 +22,47 @@ Tasks:
   the last position;
 - ``induction``: ``[BOS] A A`` against ``[BOS] A B`` (``seq_len`` random tokens each); the
   metric is the mean log-probability of A's tokens over the second repeat (the negative
-  loss there).
+  loss there);
+- ``greater-than`` (Hanna et al. 2023, "How does GPT-2 compute greater-than?"): "The war
+  lasted from the year 17YY to the year 17" (:mod:`workbench.inputs.greater_than`: a noun
+  and a start year YY in 02..98 drawn with the seed) against the same prompt from the year
+  1701; the metric is the probability of the years after YY minus that of the years up to
+  it, at the last position. It needs a tokenizer that writes each year YY as one token
+  after " 17": a model whose tokenizer does not is refused before its weights load.
+
+``classes_from`` names stored runs (comma-separated) whose head classes the circuit's heads
+are compared with (:mod:`experiments.circuit.classes`): ``head_classes`` of the head-scoring
+experiments, the ``classes`` of ``ioi``. A run that is missing, not complete, on another
+model or without head classes is refused before the model loads.
 
 Tables: ``edges`` (every edge's score, rank and, for the top ``n_exact``, its exact
 effect), ``nodes`` (each node's summed scores), ``faithfulness`` (the curve with its
-intervals) and ``scores`` (CPR, CMD, the rank correlation, the clean, empty and corrupted
-metrics: the empty circuit's metric is the corrupted run's under corrupted ablation).
+intervals), ``scores`` (CPR, CMD, the rank correlation, the clean, empty and corrupted
+metrics: the empty circuit's metric is the corrupted run's under corrupted ablation) and,
+with ``classes_from``, ``class_overlap`` (each stored class's size, its overlap with the
+circuit's heads, the overlap expected by chance and its hypergeometric p-value).
 
 Example:
     workbench run circuit --model smollm2 --set task=ioi --set n_prompts=16
     python -m experiments.circuit --model smollm2 --set task=induction --set method=eap
+    workbench run circuit --model smollm2 --set classes_from=RUN_ID,OTHER_RUN_ID
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pandas as pd
 import torch
 
+from experiments.circuit.classes import overlap_lines, overlap_table, parse_runs
 from experiments.circuit.measure import (
     circuit_heads,
     edges_table,
     faithfulness_table,
+    greater_than_task,
     induction_task,
     ioi_task,
     nodes_table,
@@ -53,10 +70,13 @@ from experiments.circuit.measure import (
 )
 from experiments.circuit.tables import TABLES
 from workbench.core import progress
+from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
 from workbench.core.values import MAX_PROMPTS
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
+from workbench.harness.run_classes import class_runs
+from workbench.inputs.greater_than import year_tokens
 from workbench.inputs.ioi import TEMPLATES
 from workbench.interventions.circuits.ablate import Ablation, edge_patching
 from workbench.interventions.circuits.attribution import Method, edge_scores
@@ -68,14 +88,18 @@ from workbench.interventions.circuits.faithfulness import (
 from workbench.interventions.circuits.graph import build_graph, require_graph
 from workbench.interventions.circuits.task import Task, check_fractions
 from workbench.models.base import Model
+from workbench.models.load import load_tokenizer
+from workbench.store.runs import Run, RunStore
 
-TaskName = Literal["ioi", "induction"]
+TaskName = Literal["ioi", "induction", "greater-than"]
 
 
 @dataclass(frozen=True)
 class Config:
-    task: TaskName = param("ioi", "the task: ioi (logit difference IO - S) or induction "
-                           "(log-probability over the second repeat of random tokens)")
+    task: TaskName = param("ioi", "the task: ioi (logit difference IO - S), induction "
+                           "(log-probability over the second repeat of random tokens) or "
+                           "greater-than (probability of the years above the start year "
+                           "minus those up to it)")
     method: Method = param("eap-ig", "edge scores: eap, or eap-ig (Hanna et al. 2024)")
     steps: int = param(5, "EAP-IG's m, points between the corrupted and clean inputs",
                        min=1, max=1000)
@@ -87,6 +111,10 @@ class Config:
     places: str = param("auto", "ioi: candidate places ('auto': workbench.inputs.ioi.PLACES)")
     objects: str = param("auto", "ioi: candidate objects ('auto': "
                          "workbench.inputs.ioi.OBJECTS)")
+    nouns: str = param("auto", "greater-than: the nouns drawn ('auto': "
+                       "workbench.inputs.greater_than.NOUNS)")
+    classes_from: str = param("", "runs (comma-separated ids) whose stored head classes the "
+                              "circuit's heads are compared with; empty: none")
     seq_len: int = param(16, "induction: random tokens in each repeat", min=2, max=4096)
     fractions: tuple[float, ...] = param((), "circuit sizes, fractions of the edges in "
                                          "(0, 1]; empty: MIB's ten, 0.001 to 1", min=0.0,
@@ -139,7 +167,14 @@ class Result:
         rho = scores["spearman_exact"]
         lines.append(f"Spearman's rho of scores with exact edge patching (top edges): "
                      f"{rho:.3f}")
+        if "class_overlap" in self.tables_:
+            lines += overlap_lines(self.tables_["class_overlap"])
         return lines
+
+
+def _pair(head: str) -> tuple[int, int]:
+    layer, index = head[1:].split("H")
+    return int(layer), int(index)
 
 
 def _heads(heads: list[str], shown: int = 20) -> str:
@@ -155,14 +190,47 @@ def make_task(model: Model, cfg: Config) -> Task:
         words = {k: None if v == "auto" else v.replace(",", " ").split() for k, v in
                  (("names", cfg.names), ("places", cfg.places), ("objects", cfg.objects))}
         return ioi_task(model, cfg.n_prompts, cfg.templates, cfg.seed, **words)
+    if cfg.task == "greater-than":
+        nouns = None if cfg.nouns == "auto" else cfg.nouns.replace(",", " ").split()
+        return greater_than_task(model, cfg.n_prompts, cfg.seed, nouns=nouns)
     return induction_task(model, cfg.n_prompts, cfg.seq_len, cfg.seed)
 
 
+def preflight(cfg: Config, model: str | Model | None, runs_dir: Path) -> None:
+    """Refuse, before the weights load, a greater-than run on a model whose tokenizer splits
+    the years, and ``classes_from`` runs that are missing, not complete or of another
+    model."""
+    if model is None:
+        return
+    name = model if isinstance(model, str) else model.info.name
+    if cfg.task == "greater-than":
+        tokenizer = load_tokenizer(model) if isinstance(model, str) else model.tokenizer
+        if tokenizer is not None:  # else the task refuses once the model loads
+            year_tokens(tokenizer, name)
+    if cfg.classes_from:
+        _source_runs(cfg, model, RunStore(runs_dir))
+
+
+def _source_runs(cfg: Config, model: str | Model, store: RunStore) -> list[Run]:
+    refs = parse_runs(cfg.classes_from)
+    if isinstance(model, str):
+        return class_runs(refs, model, None, store)
+    info = model.info
+    return class_runs(refs, info.name, (info.n_layers, info.n_heads), store,
+                      checksum=info.checksum)
+
+
 @experiment("circuit", config=Config, tables=TABLES, requires="causal_lm",
-            check_model=require_graph, demo_models=("smollm2",),
+            check_model=require_graph, demo_models=("smollm2",), preflight=preflight,
             demo={"n_prompts": 8, "templates": 2, "steps": 3, "n_exact": 10, "n_boot": 200})
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Edge scores, exact patching of the top edges, and the faithfulness curve."""
+    runs = None
+    if cfg.classes_from:
+        if ctx is None or ctx.store is None:
+            raise WorkbenchError("classes_from reads stored runs: run circuit through a run "
+                                 "store (workbench run, run_experiment)")
+        runs = _source_runs(cfg, model, ctx.store)
     with progress.stages("circuit", 4) as stage:
         stage("graph and task")
         graph, task = build_graph(model), make_task(model, cfg)
@@ -188,4 +256,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     tables = {"edges": edges_table(scores, patched), "nodes": nodes_table(model, scores),
               "faithfulness": faithfulness_table(curve),
               "scores": scores_table(curve, patched, scores, corrupted)}
+    if runs is not None:
+        tables["class_overlap"] = overlap_table(
+            runs, [_pair(h) for h in heads], model.info.n_layers * model.info.n_heads)
     return Result(tables, cfg.method, curve, heads, cfg.level)

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from workbench.inputs.greater_than import greater_than_prompts, year_tokens
 from workbench.inputs.ioi import ioi_prompts
 from workbench.inputs.prompts import random_token_ids
 from workbench.interventions.circuits.attribution import EdgeScores
@@ -15,6 +16,7 @@ from workbench.interventions.circuits.faithfulness import Curve
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import (
     LogitDifference,
+    ProbabilityDifference,
     TargetLogProb,
     Task,
     check_lengths,
@@ -63,6 +65,19 @@ def induction_task(model: Model, n_prompts: int, seq_len: int, seed: int) -> Tas
     mask[:, start: -1] = 1  # predicting positions start+1 .. end
     targets = torch.roll(ids, -1, 1)
     return Task(ids, torch.tensor(corrupted), TargetLogProb(targets, mask))
+
+
+def greater_than_task(model: Model, n_prompts: int, seed: int, *,
+                      nouns: Sequence[str] | None = None) -> Task:
+    """Hanna et al.'s greater-than prompts against their start year 01, and the probability
+    of the years after the start year minus those up to it, at the last position."""
+    prompts = greater_than_prompts(model, n_prompts, seed=seed, nouns=nouns)
+    check_lengths([len(p.ids) for p in prompts], [len(p.corrupted) for p in prompts])
+    metric = ProbabilityDifference(torch.tensor(year_tokens(model.tokenizer, model.info.name)),
+                                   torch.tensor([p.start for p in prompts]),
+                                   torch.tensor([p.position for p in prompts]))
+    return Task(_padded([p.ids for p in prompts], model.pad_id),
+                _padded([p.corrupted for p in prompts], model.pad_id), metric)
 
 
 def edges_table(scores: EdgeScores, exact: dict[int, float]) -> pd.DataFrame:

@@ -51,4 +51,22 @@ SCORES = Table("scores", "the curve's scores and the checks", columns(
     ("value", "float", "the value"),
 ), keys=("name",), min_rows=1)
 
-TABLES = tables(EDGES, NODES, FAITHFULNESS, SCORES)
+CLASS_OVERLAP = Table("class_overlap", "how the heads of the smallest circuit reaching the "
+                      "summary's faithfulness overlap the head classes of the runs named by "
+                      "classes_from (only with classes_from)", columns(
+    ("run", "str", "the run the class was read from"),
+    ("experiment", "str", "that run's experiment"),
+    ("head_class", "str", "the class: a head_classes class at its declared false-discovery "
+                          "rate, or an ioi class where claimed"),
+    ("class_size", "int", "heads in the class", (0, None)),
+    ("circuit_heads", "int", "heads in the circuit (with an edge among its edges; a head's "
+                             "q input, or its output)", (0, None)),
+    ("overlap", "int", "circuit heads in the class", (0, None)),
+    ("expected", "float", "the overlap expected of as many heads drawn at random: "
+                          "circuit_heads x class_size / the model's heads", (0, None)),
+    ("p", "float", "hypergeometric upper tail P(overlap >= observed) for heads drawn at "
+                   "random", (0, 1)),
+    ("heads", "str", "the circuit heads in the class, e.g. 'L9H9 L10H0'"),
+), keys=("run", "head_class"))
+
+TABLES = tables(EDGES, NODES, FAITHFULNESS, SCORES, CLASS_OVERLAP)

@@ -152,8 +152,8 @@ def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
     else:
         assert from_run is not None
         run = RunStore(paths.runs_dir(runs_dir)).get(from_run)
-        shape = shape or _run_shape(run)
-        _check_same_model(run, model, shape)
+        shape = shape or run_shape(run)
+        check_same_model(run, model, shape)
         heads = _top_heads(run, spec) if isinstance(spec, Top) else _class_heads(run, spec)
         note = f"{_spec_text(spec)} of run {run.id}"
     _check_heads(heads, shape, model)
@@ -167,13 +167,13 @@ def _spec_text(spec: Top | InClass) -> str:
     return f"top:{spec.metric}:{spec.n}" if isinstance(spec, Top) else f"class:{spec.name}"
 
 
-def _run_shape(run: Run) -> tuple[int, int]:
+def run_shape(run: Run) -> tuple[int, int]:
     if run.meta.model is None:
         raise WorkbenchError(f"run {run.id} ran on no model: it has no heads to ablate")
     return run.meta.model.n_layers, run.meta.model.n_heads
 
 
-def _check_same_model(run: Run, model: str, shape: tuple[int, int]) -> None:
+def check_same_model(run: Run, model: str, shape: tuple[int, int]) -> None:
     """Refuse a run of another model: a head at the same place is not the same head."""
     if run.status != "complete":
         raise WorkbenchError(f"run {run.id} is {run.status}, not complete: its tables are "

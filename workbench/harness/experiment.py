@@ -118,6 +118,11 @@ class Experiment:
     ablations: tuple[Ablation, ...] = get_args(Ablation)
     """The ablations a head mask applied to its runs may have (``--heads-mask``,
     ``--ablate``); another is refused before the model loads."""
+    preflight: Callable[[Any, str | Model | None, Path], None] | None = None
+    """``preflight(cfg, model, runs_dir)``: the checks that need neither the model's
+    weights nor a run (a tokenizer read alone, the stored runs a config names), raising
+    ``WorkbenchError`` in one line; called before the model loads. ``model`` is the model
+    argument (a name, or a model already loaded), ``runs_dir`` the run store."""
 
     def defaults_for(self, model: str | None) -> dict[str, Any]:
         """The config overrides of ``model``'s own defaults (:attr:`model_defaults`; none
@@ -170,6 +175,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                check_model: Callable[[Model], None] | None = None,
                plan: Callable[[Any, Any], Any] | None = None, bf16_safe: bool = False,
                ablations: Iterable[Ablation] = get_args(Ablation),
+               preflight: Callable[[Any, str | Model | None, Path], None] | None = None,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -193,6 +199,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             (:attr:`Experiment.bf16_safe`): the default dtype on CUDA.
         ablations: the ablations of the head masks its runs take
             (:attr:`Experiment.ablations`).
+        preflight: ``preflight(cfg, model, runs_dir)``, the checks made before the model
+            loads (:attr:`Experiment.preflight`).
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -217,6 +225,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             plan=plan,
             bf16_safe=bf16_safe,
             ablations=tuple(ablations),
+            preflight=preflight,
         ))
         return fn
 
@@ -325,6 +334,8 @@ def run_experiment(name: str, model: str | Model | None,
     root = paths.runs_dir(runs_dir)
     paths.check_store(root, write=True)  # a store that cannot take the run: before the load
     store = RunStore(root)
+    if exp.preflight is not None:  # refusals that need no weights: before the load
+        exp.preflight(cfg, model, root)
     loaded = _fit_model(exp, model, cfg, heads_mask, device=device, runs_dir=runs_dir,
                         dtype=dtype or default_dtype(exp, device))
     info = loaded.info if loaded is not None else None

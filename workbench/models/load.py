@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
@@ -73,6 +74,40 @@ def load_model(name: str, *, dtype: Dtype = "float32", device: str = "cpu",
     model.info = info
     log.info("loaded %s in %.2fs", name, info.load_seconds)
     return model
+
+
+def load_tokenizer(name: str) -> Any | None:
+    """A model's tokenizer alone, read without its weights, for the checks an experiment
+    makes before the model loads.
+
+    Read for a bundled model that is fetched, a local Hugging Face folder and a hub id in
+    the local Hugging Face cache; ``None`` for the rest (a bundled model not yet fetched,
+    a GGUF file, a checkpoint, an uncached hub id), whose tokenizer is known once the model
+    loads.
+
+    Args:
+        name: a model argument, as :func:`load_model` takes it.
+
+    Raises:
+        UnknownNameError / WorkbenchError: a name that names no model, or a tokenizer that
+            does not load (one line).
+    """
+    from transformers import AutoTokenizer
+
+    match reference.parse_model(name):
+        case Bundled(name=bundled) if cache.is_cached(bundled):
+            src: str | Path = cache.hf_dir(bundled)
+        case Folder(path=path):
+            src = path
+        case Hub(id=hub_id, cached=True):
+            src = hub_id
+        case _:
+            return None
+    try:
+        return AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        said = " ".join(str(exc).split())[:300]
+        raise WorkbenchError(f"the tokenizer of {name} could not be read: {said}") from None
 
 
 def _load_bundled(name: str, dtype: Dtype, device: str) -> Model:

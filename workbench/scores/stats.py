@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -112,3 +113,31 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     ranks[order] = np.arange(1, len(values) + 1)
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     return (np.bincount(inverse, weights=ranks) / counts)[inverse]
+
+
+def hypergeometric_tail(population: int, marked: int, drawn: int, hits: int) -> float:
+    """``P(X >= hits)`` for ``X`` hypergeometric: ``drawn`` items taken without replacement
+    from ``population`` of which ``marked`` are marked (how likely an overlap at least this
+    large is by chance), computed exactly with integer binomial coefficients.
+
+    Args:
+        population, marked, drawn, hits: whole numbers, ``marked`` and ``drawn`` at most
+            ``population``.
+
+    Examples:
+        >>> hypergeometric_tail(10, 3, 2, 2)  # both drawn are among the 3: C(3,2)/C(10,2)
+        0.06666666666666667
+        >>> hypergeometric_tail(10, 3, 2, 0)
+        1.0
+    """
+    if not 0 <= marked <= population or not 0 <= drawn <= population:
+        raise ValueError(f"hypergeometric: marked {marked} and drawn {drawn} must be within "
+                         f"0 .. population {population}")
+    top = min(marked, drawn)
+    if hits <= max(0, drawn - (population - marked)):
+        return 1.0
+    if hits > top:
+        return 0.0
+    tail = sum(math.comb(marked, i) * math.comb(population - marked, drawn - i)
+               for i in range(hits, top + 1))
+    return tail / math.comb(population, drawn)

@@ -3,7 +3,9 @@
 The metric is read off the logits, one number per prompt, higher where the model does
 the task: a logit difference (:class:`LogitDifference`: IOI's ``IO - S``) or the mean
 log-probability of target tokens (:class:`TargetLogProb`: the negative loss on the second
-repeat of a repeated random sequence). The checks here (:func:`check_fractions`,
+repeat of a repeated random sequence) or a difference of probabilities
+(:class:`ProbabilityDifference`: greater-than's years above the start year minus those at
+or below it). The checks here (:func:`check_fractions`,
 :func:`check_steps`, :func:`check_lengths`) need no model, so a caller refuses bad input
 with them before one loads.
 
@@ -61,6 +63,29 @@ class TargetLogProb:
         got = logp.gather(2, self.targets[rows, :, None])[..., 0]  # [batch, pos]
         mask = self.mask[rows].to(got.dtype)
         return (got * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+
+@dataclass(frozen=True)
+class ProbabilityDifference:
+    """Hanna et al.'s (2023) probability difference at each row's position: the summed
+    next-token probabilities of the years after its threshold minus those up to it,
+    ``sum_{y > t} p(y) - sum_{y <= t} p(y)``, ``y`` over the candidate tokens in order
+    (greater-than: the two-digit years 00 .. 99, ``t`` the start year ``YY``)."""
+
+    candidates: Int[Tensor, " n_candidates"]
+    """the token of each candidate, in order (candidate ``i`` is ``candidates[i]``)"""
+    thresholds: Int[Tensor, " n"]
+    """each row's threshold: the index of the last candidate counted below"""
+    positions: Int[Tensor, " n"]
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
+                 ) -> Float[Tensor, " batch"]:
+        index = torch.arange(logits.shape[0])
+        probs = torch.softmax(logits[index, self.positions[rows]].float(), -1)
+        at = probs[:, self.candidates]  # [batch, n_candidates]
+        above = (torch.arange(len(self.candidates))[None] > self.thresholds[rows, None]
+                 ).to(at.device)
+        return torch.where(above, at, -at).sum(1)
 
 
 @dataclass(frozen=True)
