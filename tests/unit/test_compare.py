@@ -368,3 +368,19 @@ def test_induction_distance_stores_and_pairs_its_losses_per_prompt(llama, tmp_pa
     rows = compare(clean, masked, only="distance_losses_by_prompt").differences
     assert (rows.pairing == "same prompts").all()
     assert set(rows.key) == {f"distance={d}" for d in by_prompt.distance.unique()}
+    # the head scores: each prompt's, averaged, are the stored ones; paired in compare
+    scores = clean.table("distance_scores_by_prompt")
+    keys = ["distance", "layer", "head"]
+    means = scores.groupby(keys).score.mean()
+    stored = clean.table("distance_scores").set_index(keys).score
+    np.testing.assert_allclose(means.to_numpy(), stored.loc[means.index].to_numpy(),
+                               rtol=1e-6)
+    assert (scores.groupby(keys).size() == config["n_prompts"]).all()
+    itself = compare(clean, clean, only="distance_scores_by_prompt").differences
+    assert (itself.difference == 0).all() and (itself.p == 1).all()
+    rows = compare(clean, masked, only="distance_scores_by_prompt").differences
+    assert (rows.pairing == "same prompts").all() and len(rows) == len(means)
+    # the mask acts on layer 0's output: layer 0's patterns, and so its scores, stay put
+    layer0 = rows[rows.key.str.contains(" layer=0 ")]
+    assert len(layer0) and (layer0.difference == 0).all()
+    assert (rows[rows.key.str.contains(" layer=1 ")].difference.abs() > 0).any()
