@@ -19,6 +19,7 @@ from torch import Tensor
 from experiments.induction_formation.tables import (
     CHECKPOINTS,
     COMPOSITION,
+    COMPOSITION_BY_PROMPT,
     HEAD_SCORES_BY_PROMPT,
     PHASE_CHANGE,
     TRAINING_CURVE_BY_PROMPT,
@@ -302,23 +303,32 @@ def _signals(c: pd.DataFrame, window: phase_change.Window | None, cfg: Config,
 
 
 def composition(model: Model, table: pd.DataFrame, prompts: Sequence[Prompt],
-                cfg: Config) -> pd.DataFrame:
-    """Zero-ablate each layer-0 head; the strongest induction head above layer 0 again."""
+                cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Zero-ablate each layer-0 head; the strongest induction head above layer 0 again.
+    Returns the ``composition`` rows and each prompt's (``composition_by_prompt``, less
+    the model's columns)."""
     ind = table[(table.metric == "induction") & (table.layer > 0)]
     best = ind.loc[ind.score.idxmax()]
     layer, head_, before = int(best["layer"]), int(best["head"]), float(best["score"])
     prev = table[(table.metric == "previous_token") & (table.layer == 0)].set_index("head")
-    rows = []
+    rows, by_prompt = [], []
     for head in range(model.info.n_heads):
         with ablated(model, [(0, head)]):
-            after = head_scores(model, prompts, cfg).head_scores
-        hit = after[(after.metric == "induction") & (after.layer == layer)
-                    & (after["head"] == head_)].score.iloc[0]
+            scored = head_scores(model, prompts, cfg)
+
+        def target(frame: pd.DataFrame) -> pd.DataFrame:
+            return frame[(frame.metric == "induction") & (frame.layer == layer)
+                         & (frame["head"] == head_)]
+
+        hit = target(scored.head_scores).score.iloc[0]
         rows.append({"ablated_layer": 0, "ablated_head": head,
                      "ablated_previous_token": float(prev.score[head]),
                      "target_layer": layer, "target_head": head_,
                      "induction_before": before, "induction_after": float(hit)})
-    return pd.DataFrame(rows)
+        by_prompt.append(target(scored.by_prompt)[["prompt", "tokens", "score"]].assign(
+            ablated_head=head, target_layer=layer, target_head=head_))
+    each = pd.concat(by_prompt, ignore_index=True).rename(columns={"score": "induction_after"})
+    return pd.DataFrame(rows), each
 
 
 # ---- result ----------------------------------------------------------------------------------
@@ -337,10 +347,14 @@ class Result:
     """Each probe's head scores at every checkpoint (``None``: not kept)."""
     training_curve_by_prompt: pd.DataFrame | None = None
     """Each probe's training-curve values at every checkpoint (``None``: not kept)."""
+    composition_by_prompt: pd.DataFrame | None = None
+    """Each probe's induction score in the composition test (``None``: not kept, or no
+    model of two layers or more)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
         kept = {"head_scores_by_prompt": self.head_scores_by_prompt,
-                "training_curve_by_prompt": self.training_curve_by_prompt}
+                "training_curve_by_prompt": self.training_curve_by_prompt,
+                "composition_by_prompt": self.composition_by_prompt}
         by_prompt = {name: frame for name, frame in kept.items() if frame is not None}
         return {"training_curve": self.training_curve, "head_scores": self.head_scores,
                 **by_prompt,
@@ -405,9 +419,13 @@ def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,
     phase = _typed(pd.DataFrame([{"model": f"L{n}", "n_layers": n,
                                   **detect(curve[curve.n_layers == n], cfg)} for n in layers]),
                    PHASE_CHANGE)
-    comp = [composition(trained[n], scores[(scores.n_layers == n) & (scores.step == cfg.steps)],
-                        probes.repeated, cfg).assign(model=f"L{n}", n_layers=n)
-            for n in layers if cfg.composition and n >= 2]
+    comp, comp_by_prompt = [], []
+    for n in layers if cfg.composition else []:
+        if n >= 2:
+            final = scores[(scores.n_layers == n) & (scores.step == cfg.steps)]
+            rows, each = composition(trained[n], final, probes.repeated, cfg)
+            comp.append(rows.assign(model=f"L{n}", n_layers=n))
+            comp_by_prompt.append(each.assign(model=f"L{n}", n_layers=n))
     display = list(probes.display.token_ids)
     return Result(
         training_curve=curve,
@@ -427,6 +445,8 @@ def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,
         training_curve_by_prompt=pd.concat(
             [t for n in layers for t in measured[n].curve_by_prompt],
             ignore_index=True)[TRAINING_CURVE_BY_PROMPT.names],
+        composition_by_prompt=(pd.concat(comp_by_prompt, ignore_index=True)
+                               [COMPOSITION_BY_PROMPT.names] if comp_by_prompt else None),
     )
 
 

@@ -56,6 +56,17 @@ HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
     within=(*MODEL, *columns(("step", "int", "training step of the checkpoint (0 is the "
                                              "initialisation)"))))
 
+COMPOSITION_BY_PROMPT = per_prompt(
+    "composition_by_prompt", "each repeated random sequence's induction score of the "
+    "strongest induction head with each layer-0 head of a final model zero-ablated (what "
+    "composition's induction_after averages)",
+    (*MODEL, *columns(("ablated_head", "int", "the ablated head of layer 0"),
+                      ("target_layer", "int", "layer of the strongest induction head above "
+                                              "layer 0"),
+                      ("target_head", "int", "that head"))),
+    columns(("induction_after", "float", "its induction score on this sequence with the "
+                                         "head ablated")))
+
 CURVE_BY_PROMPT = ("heldout_loss", "loss_early", "loss_late", "icl_score",
                    "natural_heldout_loss", "natural_loss_early", "natural_loss_late",
                    "natural_icl_score", "first_repeat_loss", "second_repeat_loss")
@@ -197,4 +208,4 @@ CORPUS = Table("corpus", "the training text", columns(
 
 TABLES = tables(TRAINING_CURVE, HEAD_SCORES, PHASE_CHANGE, COMPOSITION, CHECKPOINTS,
                 CHECKPOINT_PATTERNS, PATTERN_TOKENS, CORPUS, HEAD_SCORES_BY_PROMPT,
-                TRAINING_CURVE_BY_PROMPT)
+                TRAINING_CURVE_BY_PROMPT, COMPOSITION_BY_PROMPT)

@@ -427,7 +427,15 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     assert len(one) == n_tokens * (n_tokens + 1) // 2
     assert np.allclose(one.groupby("query").weight.sum(), 1, atol=1e-5)
     table = run.table("checkpoints")
-    assert len(table) == 6 and len(run.table("composition")) == 2
+    comp = run.table("composition")
+    assert len(table) == 6 and len(comp) == 2
+    comp_by = run.table("composition_by_prompt")
+    assert len(comp_by) == len(comp) * 3  # n_repeat_prompts
+    comp_means = comp_by.groupby("ablated_head").induction_after.mean()
+    np.testing.assert_allclose(comp_means, comp.set_index("ablated_head").induction_after
+                               .loc[comp_means.index], rtol=1e-6, atol=1e-9)
+    comp_pairs = compare(run, other, only="composition_by_prompt").differences
+    assert len(comp_pairs) and (comp_pairs.pairing == "same prompts").all()
     model = load_model(table.name.iloc[-1])
     assert model.info.name == f"{run.id}/L2:6"
     from workbench.harness.claims import CHECKS
@@ -448,7 +456,8 @@ def test_outside_a_run_store_nothing_is_kept(tmp_path, monkeypatch):
                                                      min_rise=1.0))
     result = exp.run(None, cfg)
     tables = result.tables()
-    assert tables.keys() == TABLES.keys()
+    # no composition test, so none of its prompts' values (a per-prompt table is never empty)
+    assert tables.keys() == TABLES.keys() - {"composition_by_prompt"}
     for name, df in tables.items():
         TABLES[name].check(df)  # what the run store would refuse
     assert tables["checkpoints"].empty and tables["composition"].empty
