@@ -68,11 +68,14 @@ Tables: ``head_scores`` (``importance_gradient``, normalised per layer;
 bootstrap interval over fit texts), ``pruning_curve`` (order, importance, seed, step,
 n_pruned, fraction_pruned, metric, value, ci_low, ci_high), ``pruning_curve_by_prompt``
 (each text's value of every metric at every step of every order, which
-``pruning_curve`` averages: what ``workbench compare`` pairs), ``pruning_order`` (when each
-head was removed in each order), ``masks`` (the first importance order's masks at
-``budgets``, also written to ``masks/<order>-<budget>.json`` in the run folder for
-``--heads-mask``), ``survival`` (the join above, naming every run it read), ``speedup``
-(wall-clock time of the model with heads removed from its weights,
+``pruning_curve`` averages: what ``workbench compare`` pairs), ``head_scores_by_prompt``
+(each fit text's ``importance_gradient_raw`` and ablation text's ``importance_ablation``,
+which ``head_scores`` averages; the normalised ``importance_gradient`` is no mean over
+texts), ``pruning_order`` (when each head was removed in each order), ``masks`` (the
+first importance order's masks at ``budgets``, also written to
+``masks/<order>-<budget>.json`` in the run folder for ``--heads-mask``), ``survival``
+(the join above, naming every run it read), ``speedup`` (wall-clock time of the model
+with heads removed from its weights,
 :mod:`workbench.models.surgery`, against the full model: the median and range of
 ``speed_repeats`` interleaved pairs, flagged ``busy`` when the machine's load was above its
 cores; and the largest difference from masking).
@@ -230,7 +233,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     # each step's seconds in a demo run on smollm2 (2 shared cores), for the time left
     with progress.stages("head-pruning", 4, weights=(283, 43, 103, 53)) as stage:
         stage("head importance")
-        head_scores = pruner.head_scores()
+        head_scores, scores_by_prompt = pruner.head_scores()
         stage("pruning orders")
         counts = schedule(n_total, cfg.step_fraction, cfg.max_fraction)
         orders = prune_all(pruner, counts)
@@ -252,4 +255,4 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     if cfg.ablation != "zero":
         notes.append("no removal speed-up: removing heads equals zero ablation, not mean")
     return Result(head_scores, curve, order, mask_table(first, masks), survival, speed,
-                  objective.metrics, cfg.tolerance, notes, by_prompt)
+                  objective.metrics, cfg.tolerance, notes, by_prompt, scores_by_prompt)

@@ -39,6 +39,7 @@ from workbench.interventions.importance import (
 from workbench.interventions.masks import HeadMask, applied
 from workbench.models.base import Model
 from workbench.scores.embeddings import batch_embeddings, sentence_embeddings
+from workbench.scores.heads import scores_by_prompt
 from workbench.scores.losses import repeat_losses, row_losses, token_losses
 from workbench.scores.stats import bootstrap_mean_ci
 from workbench.store.schema import with_layer_types
@@ -291,8 +292,10 @@ class Pruner:
                 self._scores[key] = self.ablations(values).nanmean(0)
         return self._scores[key]
 
-    def head_scores(self) -> pd.DataFrame:
-        """Both importances of every head of the unpruned model, with 95% intervals.
+    def head_scores(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+        """Both importances of every head of the unpruned model, with 95% intervals, and
+        each fit text's (the ``head_scores_by_prompt`` rows; ``None`` with
+        ``accumulate=batch`` and no ablation importance).
 
         ``importance_gradient`` is always normalised per layer (Michel et al.'s score);
         ``normalize`` only decides which of the two ranks heads for pruning.
@@ -310,16 +313,25 @@ class Pruner:
             _score_frame("importance_gradient_raw", raw.numpy(),
                          *bootstrap_mean_ci(per_example, **boot), len(per_example)),
         ]
+        by_prompt = []
         if self.cfg.accumulate == "batch":  # the per-example intervals do not apply
             for frame in frames:
                 frame[["ci_low", "ci_high"]] = np.nan
+        else:  # importance_gradient_raw is the mean of each example's |dL/dxi|
+            by_prompt.append(scores_by_prompt(
+                _prompt_frame("importance_gradient_raw", per_example),
+                self.objective.fit, "fit text"))
         if self.cfg.ablation_tokens:
             diffs = self.ablations(full)
             self._scores[("ablation", key)] = diffs.mean(0)
             frames.append(_score_frame("importance_ablation", diffs.mean(0).numpy(),
                                        *bootstrap_mean_ci(diffs.numpy(), **boot), len(diffs)))
-        return with_layer_types(pd.concat(frames, ignore_index=True),
-                                self.model.info.layer_types)
+            by_prompt.append(scores_by_prompt(
+                _prompt_frame("importance_ablation", diffs.numpy()),
+                self.objective.ablation_fit, "ablation text"))
+        scores = with_layer_types(pd.concat(frames, ignore_index=True),
+                                  self.model.info.layer_types)
+        return scores, pd.concat(by_prompt, ignore_index=True) if by_prompt else None
 
 
 def _normalized_ci(per_example: np.ndarray, *, n_boot: int, seed: int
@@ -332,6 +344,14 @@ def _normalized_ci(per_example: np.ndarray, *, n_boot: int, seed: int
     normed = means / np.where(norms > 0, norms, 1.0)
     low, high = np.percentile(normed, [2.5, 97.5], axis=0)
     return low, high
+
+
+def _prompt_frame(metric: str, per_example: np.ndarray) -> pd.DataFrame:
+    """``prompt, layer, head, metric, score`` rows of ``[example, layer, head]`` values."""
+    prompts, layers, heads = np.indices(per_example.shape)
+    return pd.DataFrame({"prompt": prompts.ravel(), "layer": layers.ravel(),
+                         "head": heads.ravel(), "metric": metric,
+                         "score": per_example.ravel().astype(np.float64)})
 
 
 def _score_frame(metric: str, score: np.ndarray, low: np.ndarray, high: np.ndarray,

@@ -75,10 +75,13 @@ class Result:
     notes: list[str] = field(default_factory=list)
     pruning_curve_by_prompt: pd.DataFrame | None = None
     """Each text's values of ``pruning_curve`` (``None``: not kept)."""
+    head_scores_by_prompt: pd.DataFrame | None = None
+    """Each fit text's importances of ``head_scores`` (``None``: not kept)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        by_prompt = ({} if self.pruning_curve_by_prompt is None else
-                     {"pruning_curve_by_prompt": self.pruning_curve_by_prompt})
+        kept = {"head_scores_by_prompt": self.head_scores_by_prompt,
+                "pruning_curve_by_prompt": self.pruning_curve_by_prompt}
+        by_prompt = {name: frame for name, frame in kept.items() if frame is not None}
         return {"head_scores": self.head_scores, "pruning_curve": self.pruning_curve,
                 **by_prompt, "pruning_order": self.pruning_order, "masks": self.masks,
                 "survival": self.survival, "speedup": self.speedup}

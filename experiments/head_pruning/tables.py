@@ -8,6 +8,7 @@ from workbench.store.schema import (
     Table,
     columns,
     head_scores,
+    head_scores_by_prompt,
     per_prompt,
     tables,
 )
@@ -25,6 +26,16 @@ HEAD_SCORES = head_scores(
     "importance of every head of the unpruned model, estimated on the fit text: "
     "importance_gradient (normalised per layer), importance_gradient_raw, importance_ablation",
     null=False)
+
+# each fit text's importance, so that two runs pair prompt by prompt; importance_gradient
+# (normalised per layer) is a ratio of means over texts, with no value per text: its
+# texts' values are importance_gradient_raw's
+HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
+    "each fit text's importance of every head of the unpruned model (what head_scores "
+    "averages): importance_gradient_raw (|dL/dxi| of the text; only with "
+    "accumulate=example) on the fit text, importance_ablation on the ablation text "
+    "(the first ablation_tokens of it); importance_gradient, normalised per layer, is "
+    "not a mean over texts and has none")
 
 PRUNING_CURVE = Table("pruning_curve", "evaluation metrics after every step of every order", (
     *ORDER_KEYS,
@@ -129,5 +140,5 @@ SPEEDUP = Table("speedup", "the model with heads removed from its weights agains
                        "measurements are then NaN); empty when they were"),
 ))
 
-TABLES = tables(HEAD_SCORES, PRUNING_CURVE, PRUNING_ORDER, MASKS, SURVIVAL, SPEEDUP,
-                PRUNING_CURVE_BY_PROMPT)
+TABLES = tables(HEAD_SCORES, HEAD_SCORES_BY_PROMPT, PRUNING_CURVE, PRUNING_ORDER, MASKS,
+                SURVIVAL, SPEEDUP, PRUNING_CURVE_BY_PROMPT)

@@ -23,6 +23,10 @@ and ``D`` runs over a grid up to the model's context. At each ``D`` the run repo
   occurrence minus the loss on the second (each occurrence's first token left out), with
   an interval over prompts. How much the earlier copy still helps at that distance.
 
+Each prompt's values are kept too (``distance_scores_by_prompt``,
+``distance_losses_by_prompt``), so that ``workbench compare`` pairs two runs prompt by
+prompt.
+
 Every prompt keeps its random sequence and its filler across the grid (the filler of a
 shorter ``D`` is the start of the longer one's), so only the distance changes. Each pass
 computes attention one block of query rows at a time (:mod:`workbench.models.blocked`)
@@ -221,12 +225,16 @@ class Result:
     sliding_window: int | None
     losses_by_prompt: pd.DataFrame | None = None
     """The ``distance_losses_by_prompt`` rows (``None``: not kept)."""
+    scores_by_prompt: pd.DataFrame | None = None
+    """The ``distance_scores_by_prompt`` rows (``None``: not kept)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
         out = {"distance_scores": self.distance_scores,
                "distance_losses": self.distance_losses}
         if self.losses_by_prompt is not None:
             out["distance_losses_by_prompt"] = self.losses_by_prompt
+        if self.scores_by_prompt is not None:
+            out["distance_scores_by_prompt"] = self.scores_by_prompt
         return out
 
     def summary(self) -> list[str]:
@@ -351,10 +359,11 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                    batch.indices, distance)
                 frames.append(part)
                 losses += rows
-    scores, loss_table = _tables(model, cfg, pd.concat(frames, ignore_index=True),
-                                 pd.DataFrame(losses))
+    per_prompt = pd.concat(frames, ignore_index=True)
+    scores, loss_table = _tables(model, cfg, per_prompt, pd.DataFrame(losses))
     return Result(scores, loss_table, model.info.sliding_window,
-                  losses_by_prompt(pd.DataFrame(losses), digests))
+                  losses_by_prompt(pd.DataFrame(losses), digests),
+                  scores_by_prompt(per_prompt, digests))
 
 
 def losses_by_prompt(losses: pd.DataFrame, digests: Sequence[tuple[int, int, str]]
@@ -366,3 +375,15 @@ def losses_by_prompt(losses: pd.DataFrame, digests: Sequence[tuple[int, int, str
     out["drop"] = out.first_loss - out.second_loss
     out = out.astype({"prompt": "int64", "distance": "int64"})
     return out[["prompt", "tokens", "distance", "first_loss", "second_loss", "drop"]]
+
+
+def scores_by_prompt(scores: pd.DataFrame, digests: Sequence[tuple[int, int, str]]
+                     ) -> pd.DataFrame:
+    """The ``distance_scores_by_prompt`` rows from the ``prompt, layer, head, metric,
+    score, distance`` rows of the passes and each ``(prompt, distance)``'s token digest."""
+    tokens = pd.DataFrame(digests, columns=["prompt", "distance", "tokens"])
+    out = scores.merge(tokens, on=["prompt", "distance"], validate="many_to_one")
+    out = out.astype({"prompt": "int64", "distance": "int64", "layer": "int64",
+                      "head": "int64", "score": "float64"})
+    out = out.sort_values(["distance", "prompt", "layer", "head"], ignore_index=True)
+    return out[[c.name for c in TABLES["distance_scores_by_prompt"].columns]]

@@ -36,5 +36,13 @@ DISTANCE_LOSSES_BY_PROMPT = per_prompt(
                                     "its first token left out"),
             ("second_loss", "float", "the same on the second occurrence"),
             ("drop", "float", "first_loss - second_loss")))
+DISTANCE_SCORES_BY_PROMPT = per_prompt(
+    "distance_scores_by_prompt", "every head's induction score on each prompt at each "
+    "distance D (what distance_scores averages)",
+    (*columns(("distance", "int", "D: tokens from a token's first occurrence to its second")),
+     *HEAD_KEYS),
+    columns(("score", "float", "mean weight from each token of the prompt's second "
+                               "occurrence on the token after its first occurrence")))
 
-TABLES = tables(DISTANCE_SCORES, DISTANCE_LOSSES, DISTANCE_LOSSES_BY_PROMPT)
+TABLES = tables(DISTANCE_SCORES, DISTANCE_LOSSES, DISTANCE_LOSSES_BY_PROMPT,
+                DISTANCE_SCORES_BY_PROMPT)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Int
@@ -18,10 +19,12 @@ from torch import Tensor
 from experiments.induction_formation.tables import (
     CHECKPOINTS,
     COMPOSITION,
+    COMPOSITION_BY_PROMPT,
     HEAD_SCORES_BY_PROMPT,
     PHASE_CHANGE,
+    TRAINING_CURVE_BY_PROMPT,
 )
-from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids
+from workbench.inputs.prompts import Prompt, load_prompt_set, random_token_ids, tokens_digest
 from workbench.interventions.ablation import ablated
 from workbench.models import checkpoints, native
 from workbench.models.base import Model
@@ -84,26 +87,61 @@ def make_probes(tokenizer: Any, corpus: training_data.Corpus, cfg: Config) -> Pr
                   stand_in)
 
 
+PerProbe = dict[str, np.ndarray]
+"""Each probe's value of some ``training_curve`` columns: ``{column: [probe]}``."""
+
+
 def heldout_metrics(model: Model, windows: Int[Tensor, "window pos"], cfg: Config,
-                    prefix: str = "") -> dict[str, float]:
-    """Held-out loss and the ICL score (late minus early; negative = learns in context)."""
+                    prefix: str = "") -> tuple[dict[str, float], PerProbe]:
+    """Held-out loss and the ICL score (late minus early; negative = learns in context),
+    over the windows and on each window alone (windows of one length: the means of the
+    second are the first)."""
     with torch.inference_mode():
         nll = model.bridge(windows, return_type="loss", loss_per_token=True)  # [W, T-1]
 
-    def at(position: int) -> float:  # loss on the token at ``position`` is nll[:, position-1]
+    def at(position: int) -> Tensor:  # loss on the token at ``position`` is nll[:, position-1]
         lo, hi = position - cfg.icl_band - 1, position + cfg.icl_band
-        return float(nll[:, lo:hi].mean())
+        return nll[:, lo:hi]
 
     early, late = at(cfg.icl_early), at(cfg.icl_late)
-    return {f"{prefix}heldout_loss": float(nll.mean()), f"{prefix}loss_early": early,
-            f"{prefix}loss_late": late, f"{prefix}icl_score": late - early}
+    mean_early, mean_late = float(early.mean()), float(late.mean())
+    each_early, each_late = early.double().mean(-1), late.double().mean(-1)
+    return ({f"{prefix}heldout_loss": float(nll.mean()), f"{prefix}loss_early": mean_early,
+             f"{prefix}loss_late": mean_late, f"{prefix}icl_score": mean_late - mean_early},
+            {f"{prefix}heldout_loss": nll.double().mean(-1).numpy(),
+             f"{prefix}loss_early": each_early.numpy(), f"{prefix}loss_late": each_late.numpy(),
+             f"{prefix}icl_score": (each_late - each_early).numpy()})
 
 
 def copy_losses(model: Model, prompts: Sequence[Prompt], repeat_len: int
-                ) -> dict[str, float]:
-    """Mean loss on the first and second copy, each without its first token."""
-    first, second = repeat_losses(token_losses(model, prompts), repeat_len, 2).mean(axis=0)
-    return {"first_repeat_loss": float(first), "second_repeat_loss": float(second)}
+                ) -> tuple[dict[str, float], PerProbe]:
+    """Mean loss on the first and second copy, each without its first token, over the
+    prompts and on each prompt alone."""
+    each = repeat_losses(token_losses(model, prompts), repeat_len, 2)  # [prompt, copy]
+    first, second = each.mean(axis=0)
+    return ({"first_repeat_loss": float(first), "second_repeat_loss": float(second)},
+            {"first_repeat_loss": each[:, 0], "second_repeat_loss": each[:, 1]})
+
+
+def probe_digests(probes: Probes) -> list[list[str]]:
+    """Each probe's token digest: of the repeated-passage windows, the plain windows and
+    the repeated random sequences, in that order."""
+    def windows(ids: Tensor) -> list[str]:
+        return [tokens_digest(Prompt(token_ids=tuple(row))) for row in ids.tolist()]
+
+    return [windows(probes.heldout), windows(probes.natural),
+            [tokens_digest(p) for p in probes.repeated]]
+
+
+def curve_by_prompt(values: Sequence[PerProbe], digests: Sequence[list[str]]
+                    ) -> pd.DataFrame:
+    """``prompt, tokens, quantity, value`` rows of one checkpoint's per-probe values, each
+    of ``values`` measured on the probes whose digests are the same entry of ``digests``."""
+    frames = [pd.DataFrame({"prompt": np.arange(len(each), dtype=np.int64), "tokens": kind,
+                            "quantity": quantity, "value": np.asarray(each, dtype=np.float64)})
+              for per, kind in zip(values, digests, strict=True)
+              for quantity, each in per.items()]
+    return pd.concat(frames, ignore_index=True)
 
 
 def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> Scored:
@@ -115,18 +153,31 @@ def head_scores(model: Model, prompts: Sequence[Prompt], cfg: Config) -> Scored:
     return Scored(scored.head_scores.drop(columns="inputs"), scored.by_prompt)
 
 
-def measure(model: Model, probes: Probes, cfg: Config, train_loss: float) -> tuple[
-        dict[str, Any], Scored, pd.DataFrame]:
-    """One checkpoint: its curve row, head scores (with each prompt's) and display
-    patterns."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """What one checkpoint measured."""
+
+    row: dict[str, Any]
+    """Its ``training_curve`` row, less the checkpoint's tag."""
+    scored: Scored
+    patterns: pd.DataFrame
+    curve_by_prompt: pd.DataFrame
+    """Its ``training_curve_by_prompt`` rows, less the tag."""
+
+
+def measure(model: Model, probes: Probes, cfg: Config, train_loss: float) -> Checkpoint:
+    """One checkpoint: its curve row (with each probe's values), head scores (with each
+    prompt's) and display patterns."""
     scored = head_scores(model, probes.repeated, cfg)
     best = scored.head_scores.groupby("metric").score.max()
-    row = {"train_loss": train_loss, **heldout_metrics(model, probes.heldout, cfg),
-           **heldout_metrics(model, probes.natural, cfg, prefix="natural_"),
-           **copy_losses(model, probes.repeated, cfg.repeat_len),
+    measured = [heldout_metrics(model, probes.heldout, cfg),
+                heldout_metrics(model, probes.natural, cfg, prefix="natural_"),
+                copy_losses(model, probes.repeated, cfg.repeat_len)]
+    row = {"train_loss": train_loss, **{k: v for mean, _ in measured for k, v in mean.items()},
            "max_induction": float(best["induction"]),
            "max_previous_token": float(best["previous_token"])}
-    return row, scored, pattern_rows(head_patterns(model, probes.display))
+    return Checkpoint(row, scored, pattern_rows(head_patterns(model, probes.display)),
+                      curve_by_prompt([per for _, per in measured], probe_digests(probes)))
 
 
 # ---- training one model --------------------------------------------------------------------
@@ -139,15 +190,16 @@ class Measured:
     scores: list[pd.DataFrame] = field(default_factory=list)
     by_prompt: list[pd.DataFrame] = field(default_factory=list)
     patterns: list[pd.DataFrame] = field(default_factory=list)
+    curve_by_prompt: list[pd.DataFrame] = field(default_factory=list)
 
-    def add(self, tag: dict[str, Any], row: dict[str, Any], scored: Scored,
-            pattern_table: pd.DataFrame) -> None:
-        self.curve.append({**tag, **row})
-        self.scores.append(scored.head_scores.assign(**tag))
-        # the per-prompt table's ``tokens`` is each prompt's digest, not the tokens trained
-        self.by_prompt.append(scored.by_prompt.assign(
-            **{k: v for k, v in tag.items() if k != "tokens"}))
-        self.patterns.append(pattern_table.assign(**tag))
+    def add(self, tag: dict[str, Any], checkpoint: Checkpoint) -> None:
+        self.curve.append({**tag, **checkpoint.row})
+        self.scores.append(checkpoint.scored.head_scores.assign(**tag))
+        # the per-prompt tables' ``tokens`` is each prompt's digest, not the tokens trained
+        within = {k: v for k, v in tag.items() if k != "tokens"}
+        self.by_prompt.append(checkpoint.scored.by_prompt.assign(**within))
+        self.curve_by_prompt.append(checkpoint.curve_by_prompt.assign(**within))
+        self.patterns.append(checkpoint.patterns.assign(**tag))
 
 
 def train_one(n_layers: int, tokenizer: Any, probes: Probes, cfg: Config,
@@ -168,9 +220,10 @@ def train_one(n_layers: int, tokenizer: Any, probes: Probes, cfg: Config,
         tokens = cfg.tokens(step)
         if workdir is not None:
             checkpoints.save(workdir, bridge, spec, step=step, tokens=tokens, extra=extra)
-        row, table, pats = measure(model, probes, cfg, train_loss)
+        checkpoint = measure(model, probes, cfg, train_loss)
         measured.add({"model": f"L{n_layers}", "n_layers": n_layers, "step": step,
-                      "tokens": tokens}, row, table, pats)
+                      "tokens": tokens}, checkpoint)
+        row = checkpoint.row
         log.info("L%d step %d: heldout %.3f, icl %+.3f, max induction %.2f", n_layers, step,
                  row["heldout_loss"], row["icl_score"], row["max_induction"])
 
@@ -250,23 +303,32 @@ def _signals(c: pd.DataFrame, window: phase_change.Window | None, cfg: Config,
 
 
 def composition(model: Model, table: pd.DataFrame, prompts: Sequence[Prompt],
-                cfg: Config) -> pd.DataFrame:
-    """Zero-ablate each layer-0 head; the strongest induction head above layer 0 again."""
+                cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Zero-ablate each layer-0 head; the strongest induction head above layer 0 again.
+    Returns the ``composition`` rows and each prompt's (``composition_by_prompt``, less
+    the model's columns)."""
     ind = table[(table.metric == "induction") & (table.layer > 0)]
     best = ind.loc[ind.score.idxmax()]
     layer, head_, before = int(best["layer"]), int(best["head"]), float(best["score"])
     prev = table[(table.metric == "previous_token") & (table.layer == 0)].set_index("head")
-    rows = []
+    rows, by_prompt = [], []
     for head in range(model.info.n_heads):
         with ablated(model, [(0, head)]):
-            after = head_scores(model, prompts, cfg).head_scores
-        hit = after[(after.metric == "induction") & (after.layer == layer)
-                    & (after["head"] == head_)].score.iloc[0]
+            scored = head_scores(model, prompts, cfg)
+
+        def target(frame: pd.DataFrame) -> pd.DataFrame:
+            return frame[(frame.metric == "induction") & (frame.layer == layer)
+                         & (frame["head"] == head_)]
+
+        hit = target(scored.head_scores).score.iloc[0]
         rows.append({"ablated_layer": 0, "ablated_head": head,
                      "ablated_previous_token": float(prev.score[head]),
                      "target_layer": layer, "target_head": head_,
                      "induction_before": before, "induction_after": float(hit)})
-    return pd.DataFrame(rows)
+        by_prompt.append(target(scored.by_prompt)[["prompt", "tokens", "score"]].assign(
+            ablated_head=head, target_layer=layer, target_head=head_))
+    each = pd.concat(by_prompt, ignore_index=True).rename(columns={"score": "induction_after"})
+    return pd.DataFrame(rows), each
 
 
 # ---- result ----------------------------------------------------------------------------------
@@ -283,10 +345,17 @@ class Result:
     corpus: pd.DataFrame
     head_scores_by_prompt: pd.DataFrame | None = None
     """Each probe's head scores at every checkpoint (``None``: not kept)."""
+    training_curve_by_prompt: pd.DataFrame | None = None
+    """Each probe's training-curve values at every checkpoint (``None``: not kept)."""
+    composition_by_prompt: pd.DataFrame | None = None
+    """Each probe's induction score in the composition test (``None``: not kept, or no
+    model of two layers or more)."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        by_prompt = ({} if self.head_scores_by_prompt is None else
-                     {"head_scores_by_prompt": self.head_scores_by_prompt})
+        kept = {"head_scores_by_prompt": self.head_scores_by_prompt,
+                "training_curve_by_prompt": self.training_curve_by_prompt,
+                "composition_by_prompt": self.composition_by_prompt}
+        by_prompt = {name: frame for name, frame in kept.items() if frame is not None}
         return {"training_curve": self.training_curve, "head_scores": self.head_scores,
                 **by_prompt,
                 "phase_change": self.phase_change,
@@ -350,9 +419,13 @@ def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,
     phase = _typed(pd.DataFrame([{"model": f"L{n}", "n_layers": n,
                                   **detect(curve[curve.n_layers == n], cfg)} for n in layers]),
                    PHASE_CHANGE)
-    comp = [composition(trained[n], scores[(scores.n_layers == n) & (scores.step == cfg.steps)],
-                        probes.repeated, cfg).assign(model=f"L{n}", n_layers=n)
-            for n in layers if cfg.composition and n >= 2]
+    comp, comp_by_prompt = [], []
+    for n in layers if cfg.composition else []:
+        if n >= 2:
+            final = scores[(scores.n_layers == n) & (scores.step == cfg.steps)]
+            rows, each = composition(trained[n], final, probes.repeated, cfg)
+            comp.append(rows.assign(model=f"L{n}", n_layers=n))
+            comp_by_prompt.append(each.assign(model=f"L{n}", n_layers=n))
     display = list(probes.display.token_ids)
     return Result(
         training_curve=curve,
@@ -369,6 +442,11 @@ def result(cfg: Config, corpus: training_data.Corpus, probes: Probes,
                               "vocab": len(probes.vocab.tokenizer)}]),
         head_scores_by_prompt=pd.concat([t for n in layers for t in measured[n].by_prompt],
                                         ignore_index=True)[HEAD_SCORES_BY_PROMPT.names],
+        training_curve_by_prompt=pd.concat(
+            [t for n in layers for t in measured[n].curve_by_prompt],
+            ignore_index=True)[TRAINING_CURVE_BY_PROMPT.names],
+        composition_by_prompt=(pd.concat(comp_by_prompt, ignore_index=True)
+                               [COMPOSITION_BY_PROMPT.names] if comp_by_prompt else None),
     )
 
 

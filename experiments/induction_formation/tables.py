@@ -9,6 +9,7 @@ from workbench.store.schema import (
     Table,
     columns,
     head_scores_by_prompt,
+    per_prompt,
     tables,
 )
 
@@ -54,6 +55,34 @@ HEAD_SCORES_BY_PROMPT = head_scores_by_prompt(
     "every checkpoint (what head_scores averages)",
     within=(*MODEL, *columns(("step", "int", "training step of the checkpoint (0 is the "
                                              "initialisation)"))))
+
+COMPOSITION_BY_PROMPT = per_prompt(
+    "composition_by_prompt", "each repeated random sequence's induction score of the "
+    "strongest induction head with each layer-0 head of a final model zero-ablated (what "
+    "composition's induction_after averages)",
+    (*MODEL, *columns(("ablated_head", "int", "the ablated head of layer 0"),
+                      ("target_layer", "int", "layer of the strongest induction head above "
+                                              "layer 0"),
+                      ("target_head", "int", "that head"))),
+    columns(("induction_after", "float", "its induction score on this sequence with the "
+                                         "head ablated")))
+
+CURVE_BY_PROMPT = ("heldout_loss", "loss_early", "loss_late", "icl_score",
+                   "natural_heldout_loss", "natural_loss_early", "natural_loss_late",
+                   "natural_icl_score", "first_repeat_loss", "second_repeat_loss")
+"""The columns of ``training_curve`` that are means over probes, kept per probe in
+``training_curve_by_prompt`` (``train_loss`` is over training batches, ``max_*`` a
+maximum over heads of ``head_scores``, whose probes ``head_scores_by_prompt`` keeps)."""
+TRAINING_CURVE_BY_PROMPT = per_prompt(
+    "training_curve_by_prompt", "each probe's value of every training_curve column that "
+    "averages probes, at every checkpoint of every model (what training_curve averages): "
+    "each held-out window, with or without repeated passages, and each repeated random "
+    "sequence is a prompt; each kind numbered from 0",
+    (*MODEL, *columns(("step", "int", "training step of the checkpoint (0 is the "
+                                      "initialisation)"),
+                      ("quantity", "str", "the training_curve column: " + ", ".join(
+                          CURVE_BY_PROMPT)))),
+    columns(("value", "float", "its value on this probe alone (nats)")))
 
 
 def _signals(prefix: str, texts: str) -> tuple:
@@ -178,4 +207,5 @@ CORPUS = Table("corpus", "the training text", columns(
 ))
 
 TABLES = tables(TRAINING_CURVE, HEAD_SCORES, PHASE_CHANGE, COMPOSITION, CHECKPOINTS,
-                CHECKPOINT_PATTERNS, PATTERN_TOKENS, CORPUS, HEAD_SCORES_BY_PROMPT)
+                CHECKPOINT_PATTERNS, PATTERN_TOKENS, CORPUS, HEAD_SCORES_BY_PROMPT,
+                TRAINING_CURVE_BY_PROMPT, COMPOSITION_BY_PROMPT)

@@ -99,8 +99,10 @@ is called directly, so the same ``X`` enters every condition):
 Conditions that do not apply to a model are rows with verdict ``n/a`` and the reason.
 Tables (declared in ``tables.py``): ``equivariance`` (every case: model, component,
 condition, seed, prompt, layer, shift, max relative error, tolerance, expected, verdict),
-``verdicts`` (one row per component, condition and shift), and for the dashboard
-``patterns`` (attention patterns of ``X`` and ``P X`` at a few layers), ``tokens`` and
+``verdicts`` (one row per component, condition and shift), ``equivariance_by_prompt``
+(each prompt's largest and smallest error over its seeds, per condition, layer and shift:
+what ``workbench compare`` pairs prompt by prompt), and for the dashboard ``patterns``
+(attention patterns of ``X`` and ``P X`` at a few layers), ``tokens`` and
 ``permutations``.
 
 Where the code lives. This package: ``conditions.py`` (the table of conditions, their

@@ -34,6 +34,7 @@ from experiments.permutation_equivariance.permutations import (
 )
 from experiments.permutation_equivariance.tables import (
     EQUIVARIANCE,
+    EQUIVARIANCE_BY_PROMPT,
     PATTERNS,
     PERMUTATIONS,
     TOKENS,
@@ -41,7 +42,7 @@ from experiments.permutation_equivariance.tables import (
 )
 from workbench.core.errors import WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
-from workbench.inputs.prompts import load_prompt_set
+from workbench.inputs.prompts import Prompt, load_prompt_set, tokens_digest
 from workbench.interventions.positions import float64_angle_hooks, zero_position_hooks
 from workbench.models.adapters import alibi_shifted, own_mask_lifted
 from workbench.models.base import Model
@@ -82,6 +83,11 @@ class Encoded:
     @property
     def n_tokens(self) -> int:
         return int(self.ids.shape[1])
+
+    @property
+    def digest(self) -> str:
+        """The token digest of the prompt as cut (a per-prompt table's ``tokens``)."""
+        return tokens_digest(Prompt(token_ids=tuple(self.ids[0].tolist())))
 
 
 def encode_prompts(model: Model, prompt_set: str, n_prompts: int, max_tokens: int
@@ -597,15 +603,36 @@ def summarize_verdicts(cases: pd.DataFrame) -> pd.DataFrame:
     return frame.drop(columns="_order").reset_index(drop=True)[VERDICTS.names]
 
 
+BY_PROMPT_KEYS = ["prompt", "component", "condition", "layer", "shift"]
+
+
+def errors_by_prompt(cases: pd.DataFrame, prompts: Sequence[PromptContext]) -> pd.DataFrame:
+    """The ``equivariance_by_prompt`` table (see :data:`~.tables.EQUIVARIANCE_BY_PROMPT`):
+    each prompt's measured cases of one condition, layer and shift, reduced over its seeds,
+    so that the verdicts' ``max_rel_error`` and ``min_rel_error`` are its reductions over
+    prompts and layers."""
+    measured = cases[cases.verdict != "n/a"]
+    grouped = measured.groupby(BY_PROMPT_KEYS, sort=False).max_rel_error
+    out = pd.DataFrame({"max_rel_error": grouped.max(), "min_rel_error": grouped.min(),
+                        "n_cases": grouped.size()}).reset_index()
+    digests = {p.index: p.enc.digest for p in prompts}
+    out["tokens"] = out.prompt.map(digests)
+    return out.astype({"prompt": "int64", "layer": "int64", "shift": "int64",
+                       "n_cases": "int64"})[EQUIVARIANCE_BY_PROMPT.names]
+
+
 @dataclass
 class Result:
-    """Every case, the verdicts, and the patterns, tokens and permutations of the views."""
+    """Every case, the verdicts, each prompt's errors, and the patterns, tokens and
+    permutations of the views."""
 
     cases: pd.DataFrame
     verdicts: pd.DataFrame
     patterns: pd.DataFrame
     tokens: pd.DataFrame
     permutations: pd.DataFrame
+    by_prompt: pd.DataFrame | None = None
+    """The ``equivariance_by_prompt`` rows (``None``: not kept)."""
 
     @classmethod
     def collect(cls, rows: Rows, prompts: Sequence[PromptContext],
@@ -613,12 +640,16 @@ class Result:
         """The tables from the rows of every case, the prompts and the stored patterns."""
         cases = pd.DataFrame(rows.rows, columns=EQUIVARIANCE.names)
         tokens, perms = prompts_frames(prompts)
-        return cls(cases, summarize_verdicts(cases), patterns_frame(views), tokens, perms)
+        return cls(cases, summarize_verdicts(cases), patterns_frame(views), tokens, perms,
+                   errors_by_prompt(cases, prompts))
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {EQUIVARIANCE.name: self.cases, VERDICTS.name: self.verdicts,
-                PATTERNS.name: self.patterns, TOKENS.name: self.tokens,
-                PERMUTATIONS.name: self.permutations}
+        out = {EQUIVARIANCE.name: self.cases, VERDICTS.name: self.verdicts,
+               PATTERNS.name: self.patterns, TOKENS.name: self.tokens,
+               PERMUTATIONS.name: self.permutations}
+        if self.by_prompt is not None:
+            out[EQUIVARIANCE_BY_PROMPT.name] = self.by_prompt
+        return out
 
     def summary(self) -> list[str]:
         measured = self.verdicts[self.verdicts.verdict != "n/a"]

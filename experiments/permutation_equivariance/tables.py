@@ -1,9 +1,10 @@
-"""The tables of ``permutation-equivariance``: every case, one verdict per condition, and
-for the dashboard the patterns, tokens and permutations of a few prompts."""
+"""The tables of ``permutation-equivariance``: every case, one verdict per condition, each
+prompt's errors per condition, layer and shift, and for the dashboard the patterns, tokens
+and permutations of a few prompts."""
 
 from __future__ import annotations
 
-from workbench.store.schema import Table, columns, tables
+from workbench.store.schema import Table, columns, per_prompt, tables
 
 _CONDITION = columns(
     ("model", "str", "model name"),
@@ -56,6 +57,17 @@ VERDICTS = Table("verdicts", "one row per component, condition and shift, over e
         ("source", "str", "the paper or argument the expectation comes from"),
     ),
 ))
+EQUIVARIANCE_BY_PROMPT = per_prompt(
+    "equivariance_by_prompt", "each prompt's relative errors per condition, layer and shift, "
+    "over its seeds (what verdicts reduces over prompts and layers; measured cases only)",
+    (EQUIVARIANCE.column("component"), EQUIVARIANCE.column("condition"),
+     EQUIVARIANCE.column("layer"), EQUIVARIANCE.column("shift")),
+    columns(
+        ("max_rel_error", "float", "largest relative error of the prompt's cases (one per "
+                                   "seed; a shift: one case)"),
+        ("min_rel_error", "float", "smallest relative error of the prompt's cases"),
+        ("n_cases", "int", "the prompt's cases (its seeds; 1 for a shift)"),
+    ))
 PATTERNS = Table("patterns", "attention patterns of X and P X at a few prompts and layers "
                  "(sublayer conditions with a full permutation); a permuted pattern is stored "
                  "as computed on P X, rows and columns in the permuted order", columns(
@@ -84,4 +96,5 @@ PERMUTATIONS = Table("permutations", "every position permutation used: (P X)[pos
     ("source", "int", "the original position of the token now at position"),
 ))
 
-TABLES = tables(EQUIVARIANCE, VERDICTS, PATTERNS, TOKENS, PERMUTATIONS)
+TABLES = tables(EQUIVARIANCE, VERDICTS, EQUIVARIANCE_BY_PROMPT, PATTERNS, TOKENS,
+                PERMUTATIONS)

@@ -368,3 +368,48 @@ def test_induction_distance_stores_and_pairs_its_losses_per_prompt(llama, tmp_pa
     rows = compare(clean, masked, only="distance_losses_by_prompt").differences
     assert (rows.pairing == "same prompts").all()
     assert set(rows.key) == {f"distance={d}" for d in by_prompt.distance.unique()}
+    # the head scores: each prompt's, averaged, are the stored ones; paired in compare
+    scores = clean.table("distance_scores_by_prompt")
+    keys = ["distance", "layer", "head"]
+    means = scores.groupby(keys).score.mean()
+    stored = clean.table("distance_scores").set_index(keys).score
+    np.testing.assert_allclose(means.to_numpy(), stored.loc[means.index].to_numpy(),
+                               rtol=1e-6)
+    assert (scores.groupby(keys).size() == config["n_prompts"]).all()
+    itself = compare(clean, clean, only="distance_scores_by_prompt").differences
+    assert (itself.difference == 0).all() and (itself.p == 1).all()
+    rows = compare(clean, masked, only="distance_scores_by_prompt").differences
+    assert (rows.pairing == "same prompts").all() and len(rows) == len(means)
+    # the mask acts on layer 0's output: layer 0's patterns, and so its scores, stay put
+    layer0 = rows[rows.key.str.contains(" layer=0 ")]
+    assert len(layer0) and (layer0.difference == 0).all()
+    assert (rows[rows.key.str.contains(" layer=1 ")].difference.abs() > 0).any()
+
+
+def test_permutation_equivariance_pairs_its_errors_by_prompt(llama, tmp_path):
+    from workbench.harness.experiment import run_experiment
+
+    small = {"n_prompts": 3, "max_tokens": 8, "layers": (1,), "view_prompts": 0,
+             "shifts": (10,)}
+    a = run_experiment("permutation-equivariance", llama, {**small, "seeds": (0,)},
+                       runs_dir=tmp_path)
+    b = run_experiment("permutation-equivariance", llama, {**small, "seeds": (1, 2)},
+                       runs_dir=tmp_path)
+    itself = compare(a, a, only="equivariance_by_prompt").differences
+    assert (itself.pairing == "same prompts").all() and (itself.difference == 0).all()
+    # other permutations of the same prompts: paired, and the permutation-dependent
+    # errors (a causal mask without positions) differ
+    rows = compare(a, b, only="equivariance_by_prompt").differences
+    assert (rows.pairing == "same prompts").all() and rows.p.notna().all()
+    assert set(rows.column) == {"max_rel_error", "min_rel_error"}
+    causal = rows[rows.key == "component=attention sublayer "
+                              "condition=no positions, causal mask layer=1 shift=0"]
+    assert len(causal) == 2 and (causal.n_prompts == 3).all()
+    assert (causal.difference.abs() > 0).all()
+    # a shift draws no permutation: the same prompts give the same error
+    shifted = rows[rows.key.str.contains("shift=10")]
+    assert len(shifted) and (shifted.difference == 0).all()
+    cut = run_experiment("permutation-equivariance", llama,
+                         {**small, "seeds": (0,), "max_tokens": 6}, runs_dir=tmp_path)
+    other = compare(a, cut, only="equivariance_by_prompt").differences
+    assert (other.pairing == "different prompts").all() and other.p.isna().all()

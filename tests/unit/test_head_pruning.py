@@ -327,6 +327,14 @@ def test_run_tables_on_a_tiny_llama(llama, llama_run):
     assert len(both) == len(curve) == len(means)
     np.testing.assert_allclose(both["mean"], both.value, rtol=1e-6)
     assert (both["size"] == both.n_prompts).all()
+    # each fit text's importance, averaged, is the stored one (the normalised one has none)
+    importance = run.table("head_scores_by_prompt")
+    assert set(importance.metric) == {"importance_gradient_raw", "importance_ablation"}
+    keys = ["metric", "layer", "head"]
+    means = importance.groupby(keys).score.agg(["mean", "size"])
+    stored = scores.set_index(keys).loc[means.index]
+    np.testing.assert_allclose(means["mean"], stored.score, rtol=1e-6, atol=1e-12)
+    assert (means["size"] == stored.n_prompts).all()
     order = run.table("pruning_order")
     per_order = order.groupby(["order", "seed"], dropna=False)
     assert (per_order.position.count() == 6).all() and (per_order.size() == 8).all()
@@ -479,8 +487,9 @@ def test_unnormalised_ranking_and_skipping_ablation(llama, tmp_path):
     assert torch.isnan(score[0, 1])
     keep = values != 0
     torch.testing.assert_close(score[keep], raw[keep])
-    scores = pruner.head_scores()
+    scores, by_prompt = pruner.head_scores()
     assert set(scores.metric) == {"importance_gradient", "importance_gradient_raw"}
+    assert by_prompt is not None and set(by_prompt.metric) == {"importance_gradient_raw"}
     with pytest.raises(ValueError, match="ablation_tokens > 0"):
         Config(ablation_tokens=0, importance=("gradient", "ablation"))
 
@@ -599,3 +608,17 @@ def test_compare_pairs_two_pruning_runs_prompt_by_prompt(llama, llama_run, tmp_p
     unpruned = rows[rows.key.str.contains("order=gradient ") & rows.key.str.contains(" step=0 ")]
     assert len(unpruned) == 2 and np.allclose(unpruned.difference, 0, atol=1e-6)
     assert set(rows.key.str.extract(r"order=(\S+)")[0]) == {"gradient", "random"}
+    # the importance of the unpruned model on the same fit texts: paired, and the same
+    importance = compare(llama_run, other, only="head_scores_by_prompt").differences
+    assert len(importance) and (importance.pairing == "same prompts").all()
+    assert set(importance.key.str.extract(r"metric=(\S+)")[0]) == {
+        "importance_gradient_raw", "importance_ablation"}
+    np.testing.assert_allclose(importance.difference, 0, atol=1e-6)
+    # more fit text is another set of texts: compared unpaired
+    more = run_experiment("head-pruning", llama, {**SMALL, "importance": ("gradient",),
+                                                   "n_random": 0, "reverse": False,
+                                                   "speed_repeats": 0,
+                                                   "fit_tokens": 2 * SMALL["fit_tokens"]},
+                          runs_dir=llama_run.path.parent)
+    unpaired = compare(llama_run, more, only="head_scores_by_prompt").differences
+    assert (unpaired.pairing == "different prompts").all()

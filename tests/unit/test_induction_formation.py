@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.induction_formation.tables import PHASE_CHANGE, TABLES
+from experiments.induction_formation.tables import CURVE_BY_PROMPT, PHASE_CHANGE, TABLES
 from tests import tiny
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.harness.compare import compare
@@ -401,6 +401,23 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     paired = compare(run, other, only="head_scores_by_prompt").differences
     assert (paired.pairing == "same prompts").all() and paired.p.notna().any()
     assert (paired[paired.key.str.contains("step=6")].difference != 0).any()
+    # the training curve: each probe's values, averaged, are the stored ones
+    curve_by = run.table("training_curve_by_prompt")
+    assert set(curve_by.quantity) == set(CURVE_BY_PROMPT)
+    sizes = curve_by.groupby(["model", "step", "quantity"]).size()
+    assert set(sizes.xs("heldout_loss", level="quantity")) == {4}  # heldout_windows
+    assert set(sizes.xs("first_repeat_loss", level="quantity")) == {3}  # n_repeat_prompts
+    means = curve_by.pivot_table(index=["model", "step"], columns="quantity", values="value",
+                                 aggfunc="mean")
+    stored = curve.set_index(["model", "step"]).loc[means.index, list(means.columns)]
+    np.testing.assert_allclose(means.to_numpy(), stored.to_numpy(), rtol=1e-5, atol=1e-6)
+    curve_pairs = compare(run, other, only="training_curve_by_prompt").differences
+    assert (curve_pairs.pairing == "same prompts").all() and curve_pairs.p.notna().all()
+    assert len(curve_pairs) == len(means) * len(CURVE_BY_PROMPT)
+    moved = curve_pairs[curve_pairs.key.str.contains("step=6")]
+    assert (moved.difference != 0).any()
+    itself = compare(run, run, only="training_curve_by_prompt").differences
+    assert (itself.difference == 0).all()
     phase = run.table("phase_change")
     assert set(phase.model) == {"L1", "L2"} and list(phase.columns) == PHASE_CHANGE.names
     patterns = run.table("checkpoint_patterns")
@@ -410,7 +427,15 @@ def test_tiny_run_end_to_end(tmp_path, runs_dir, monkeypatch):
     assert len(one) == n_tokens * (n_tokens + 1) // 2
     assert np.allclose(one.groupby("query").weight.sum(), 1, atol=1e-5)
     table = run.table("checkpoints")
-    assert len(table) == 6 and len(run.table("composition")) == 2
+    comp = run.table("composition")
+    assert len(table) == 6 and len(comp) == 2
+    comp_by = run.table("composition_by_prompt")
+    assert len(comp_by) == len(comp) * 3  # n_repeat_prompts
+    comp_means = comp_by.groupby("ablated_head").induction_after.mean()
+    np.testing.assert_allclose(comp_means, comp.set_index("ablated_head").induction_after
+                               .loc[comp_means.index], rtol=1e-6, atol=1e-9)
+    comp_pairs = compare(run, other, only="composition_by_prompt").differences
+    assert len(comp_pairs) and (comp_pairs.pairing == "same prompts").all()
     model = load_model(table.name.iloc[-1])
     assert model.info.name == f"{run.id}/L2:6"
     from workbench.harness.claims import CHECKS
@@ -431,7 +456,8 @@ def test_outside_a_run_store_nothing_is_kept(tmp_path, monkeypatch):
                                                      min_rise=1.0))
     result = exp.run(None, cfg)
     tables = result.tables()
-    assert tables.keys() == TABLES.keys()
+    # no composition test, so none of its prompts' values (a per-prompt table is never empty)
+    assert tables.keys() == TABLES.keys() - {"composition_by_prompt"}
     for name, df in tables.items():
         TABLES[name].check(df)  # what the run store would refuse
     assert tables["checkpoints"].empty and tables["composition"].empty

@@ -9,6 +9,7 @@ import json
 
 import einops
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -209,6 +210,25 @@ def test_every_table_matches_its_declaration(llama_result, bert_result):
             TABLES[name].check(df)
             assert list(df.columns) == TABLES[name].names
         assert result.summary()[0].endswith("checks as expected")
+
+
+def test_errors_by_prompt_reduce_to_the_verdicts(llama_result, bert_result):
+    for result in (llama_result, bert_result):
+        by_prompt, verdicts = result.by_prompt, result.verdicts
+        measured = verdicts[verdicts.verdict != "n/a"].set_index(["component", "condition",
+                                                                   "shift"])
+        groups = by_prompt.groupby(["component", "condition", "shift"])
+        assert set(groups.groups) == set(measured.index)
+        reduced = pd.DataFrame({"max_rel_error": groups.max_rel_error.max(),
+                                "min_rel_error": groups.min_rel_error.min(),
+                                "n_cases": groups.n_cases.sum()})
+        stored = measured.loc[reduced.index, reduced.columns]
+        np.testing.assert_allclose(reduced.to_numpy(float), stored.to_numpy(float),
+                                   rtol=1e-12)
+        assert set(by_prompt.prompt) == set(range(SMALL["n_prompts"]))
+        # one digest per prompt, of its ids as cut
+        assert (by_prompt.groupby("prompt").tokens.nunique() == 1).all()
+        assert by_prompt.groupby("prompt").tokens.first().nunique() == SMALL["n_prompts"]
 
 
 def test_no_stored_patterns_is_still_a_declared_table(bert):
