@@ -133,8 +133,8 @@ def _missing_per_prompt(a: Run, b: Run, declared: Mapping[str, Table]) -> list[s
         lacking = [n for n in wanted if n not in run.table_names()]
         if lacking:
             out.append(f"run {label} ({run.id}) has no per-prompt tables {', '.join(lacking)} "
-                       "(stored before per-prompt values): those scalars compare as "
-                       "aggregates, without intervals")
+                       "(stored before per-prompt values, or a config that writes none): "
+                       "those scalars compare as aggregates, without intervals")
     return out
 
 
