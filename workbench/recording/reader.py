@@ -181,7 +181,9 @@ class Recording:
         if facts is None:
             return []
         p, h, t = len(self.prompts), self.n_heads, self.index.longest or 0
-        stored = (STORED_AS[facts.dtype], "float32")  # float16 widened if it would overflow
+        stored = (STORED_AS[facts.dtype],)
+        if facts.dtype == "float16":
+            stored += ("float32",)  # widened if it would overflow
         return [("q", (p, h, t, facts.d_head), stored),
                 ("k", (p, facts.kv_heads, t, facts.d_head), stored),
                 ("lse", (p, h, t), ("float32",))]
