@@ -20,6 +20,10 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   log-log scale: 1 is linear, 2 quadratic.
 - ``dense2k`` / ``topk2k`` / ``qk2k``: one 2,048-token prompt recorded dense, as topk and
   as qk: bytes, time; ``qk8k``: the 8,192-token prompt of ``long`` as qk.
+- ``qk_dtype``: one 2,048-token prompt recorded as qk with queries and keys in float32
+  (the model's dtype: exact) and in bfloat16: their bytes (in memory and on disk), and the
+  bfloat16 tiles' error over the last 256 query rows of every layer and head, against the
+  float32 tiles and against the bound ``w (e^eta - 1)`` of ``QKLayer.score_error``.
 - ``tiles``: on a qk recording of 8,192 tokens, the time to compute a 512 x 512 tile, a
   key's whole received-attention column and every row's statistics of one head.
 - ``many100`` / ``many1000``: 100 and 1,000 prompts of 128 tokens (the corpus repeated
@@ -72,7 +76,8 @@ def _prompts(model, n_prompts: int, n_tokens: int):
     return token_chunks(model, docs * repeats, n_chunks=n_prompts, n_tokens=n_tokens), repeats
 
 
-def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name: str) -> dict:
+def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name: str,
+            qk_dtype: str | None = None) -> dict:
     from workbench.models.load import load_model
     from workbench.recording.writer import record
     from workbench.store.runs import RunStore
@@ -84,7 +89,7 @@ def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name:
     t0 = time.perf_counter()
     with store.start("record", model.info.to_dict(), {"patterns": patterns}) as run:
         rec = record(model, prompts, run.dir / "recording", patterns=patterns,
-                     max_batch_tokens=max(2048, n_tokens))
+                     max_batch_tokens=max(2048, n_tokens), qk_dtype=qk_dtype)
     seconds = time.perf_counter() - t0
     folder = store.get(run.final).path / "recording" / "recording.zarr"
     resid = sum(_bytes(p) for p in folder.glob("resid"))
@@ -249,6 +254,52 @@ def part_tiles(args: argparse.Namespace) -> dict:
                 "row_stats_s": _median_s(lambda: rec.row_stats(0, layer, 0), 1)}
 
 
+QK_ERROR_ROWS = 256
+"""The last query rows (the longest) whose weights ``qk_dtype`` compares, per layer and head."""
+
+
+def part_qk_dtype(args: argparse.Namespace) -> dict:
+    """One prompt (``--tokens``, default 2,048) recorded as qk twice, queries and keys in
+    float32 and in bfloat16: their bytes, and the bfloat16 tiles' largest error over the
+    last :data:`QK_ERROR_ROWS` rows of every layer and head, absolute and as a share of the
+    bound ``w (e^eta - 1) + 1e-6`` (``eta`` from the float32 queries and keys at bfloat16's
+    machine epsilon; 1e-6 is what float32 tiles meet against the dense pattern)."""
+    import torch
+
+    from workbench.models.fused import HALF_EPSILON
+    from workbench.recording.reader import Recording
+
+    n = args.tokens or 2048
+    out: dict = {"tokens": n}
+    with tempfile.TemporaryDirectory(dir=args.store) as tmp:
+        recs = {}
+        for dtype in ("float32", "bfloat16"):
+            made = _record(Path(tmp) / dtype, 1, n, "qk", args.model, qk_dtype=dtype)
+            rec = recs[dtype] = Recording.open(Path(tmp) / dtype / made["run"])
+            names = [name for name in rec.array_names() if name.startswith(("q/", "k/"))]
+            folder = rec.root / "recording.zarr"
+            out[dtype] = {"seconds": made["seconds"],
+                          "qk_mb": sum(rec.array(name).nbytes for name in names) / MB,
+                          "qk_disk_mb": (_bytes(folder / "q") + _bytes(folder / "k")) / MB,
+                          "lse_disk_mb": _bytes(folder / "lse") / MB}
+        rows = slice(max(0, n - QK_ERROR_ROWS), n)
+        worst_abs = worst_ratio = worst_eta = 0.0
+        for layer in range(recs["float32"].n_layers):
+            exact, rounded = (recs[d].qk_layer(0, layer) for d in ("float32", "bfloat16"))
+            eta = exact.score_error(HALF_EPSILON[torch.bfloat16])[:, rows]
+            worst_eta = max(worst_eta, float(eta.max()))
+            for head in range(exact.n_heads):
+                want = exact.tile(head, rows)
+                error = (rounded.tile(head, rows) - want).abs()
+                bound = want * torch.expm1(eta[head, :, None]) + 1e-6
+                worst_abs = max(worst_abs, float(error.max()))
+                worst_ratio = max(worst_ratio, float((error / bound).max()))
+        out["bfloat16"].update(max_abs_error=worst_abs, worst_ratio_to_bound=worst_ratio,
+                               max_eta=worst_eta, rows_compared=f"{rows.start}..{n - 1}")
+        out["bytes_ratio"] = out["bfloat16"]["qk_mb"] / out["float32"]["qk_mb"]
+    return out
+
+
 def part_view(args: argparse.Namespace) -> dict:
     """The long-context page in Chromium on the 8k recording ``long`` left in the store."""
     from playwright.sync_api import sync_playwright
@@ -311,10 +362,10 @@ def _wait_up(url: str) -> None:
 
 PARTS = {"long": part_long, "reduce8k": part_reduce8k, "long32k": part_long32k,
          "scaling": part_scaling, **dict.fromkeys(RECORDINGS, part_recording),
-         "tiles": part_tiles, "view": part_view}
+         "qk_dtype": part_qk_dtype, "tiles": part_tiles, "view": part_view}
 CHILDREN = {"record_one": part_record_one, "score_one": part_score_one}
 """Parts that other parts run in their own processes."""
-SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256, "tiles": 64}
+SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256, "tiles": 64, "qk_dtype": 64}
 
 
 def _run(part: str, args: argparse.Namespace, store: str) -> dict:

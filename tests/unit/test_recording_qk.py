@@ -14,6 +14,8 @@ import torch
 from tests.tiny import wrap
 from workbench.core.errors import ChecksumError, WorkbenchError
 from workbench.inputs.prompts import Prompt
+from workbench.models.base import DTYPES
+from workbench.models.fused import HALF_EPSILON
 from workbench.recording import zarr_store
 from workbench.recording.reader import Recording
 from workbench.recording.reductions import reduce_patterns
@@ -159,3 +161,115 @@ def test_a_topk_recording_receives_a_lower_bound(both, tmp_path):
     exact = dense.received(0, 1, 0)
     low = topk.received(0, 1, 0)
     assert (low <= exact + 1e-6).all() and low.sum() < exact.sum() - 1e-3
+
+
+@pytest.fixture(scope="module")
+def stored(llama, tmp_path_factory):
+    """The float32 grouped-query llama's dense float32 recording, and its qk recordings with
+    queries and keys stored in each dtype (the default, float32, first)."""
+    prompts = [Prompt(text=t) for t in TEXTS]
+    root = tmp_path_factory.mktemp("qk-dtypes")
+    dense = record(llama, prompts, root / "dense", patterns="dense", store_dtype="float32",
+                   include_resid=False)
+    qk = {dtype: record(llama, prompts, root / dtype, patterns="qk", include_resid=False,
+                        qk_dtype=None if dtype == "float32" else dtype)
+          for dtype in ("float32", "bfloat16", "float16")}
+    return dense, qk
+
+
+@pytest.mark.parametrize(("dtype", "array_dtype"), [("bfloat16", np.int16),
+                                                    ("float16", np.float16)])
+def test_a_half_dtype_halves_the_queries_and_keys(stored, dtype, array_dtype):
+    _, qk = stored
+    assert qk["float32"].index.qk.dtype == "float32"  # the model's own, by default
+    assert qk[dtype].index.qk.dtype == dtype
+    for layer in range(qk[dtype].n_layers):
+        for kind in ("q", "k"):
+            name = zarr_store.array_name(kind, layer)
+            full, half = qk["float32"].array(name), qk[dtype].array(name)
+            assert full.dtype == np.float32 and half.dtype == array_dtype
+            assert half.nbytes * 2 == full.nbytes
+        lse = zarr_store.array_name("lse", layer)
+        assert qk[dtype].array(lse).dtype == np.float32
+        np.testing.assert_array_equal(qk[dtype].array(lse), qk["float32"].array(lse))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_dtype_keeps_each_weight_within_the_bound(stored, dtype):
+    """Each weight ``w`` of the dense recording within ``w (e^eta_i - 1)`` plus the 1e-6
+    the exact tiles meet, ``eta_i`` from the float32 recording's queries and keys at the
+    dtype's machine epsilon (:meth:`QKLayer.score_error`); the tiles widened to float32."""
+    dense, qk = stored
+    eps = HALF_EPSILON[DTYPES[dtype]]
+    for prompt in range(len(TEXTS)):
+        for layer in range(dense.n_layers):
+            eta = qk["float32"].qk_layer(prompt, layer).score_error(eps).numpy()
+            assert qk[dtype].qk_layer(prompt, layer).queries.dtype == torch.float32
+            want = dense.pattern(prompt, layer)
+            error = np.abs(qk[dtype].pattern(prompt, layer) - want)
+            assert (error <= want * np.expm1(eta[:, :, None]) + 1e-6).all(), (prompt, layer)
+
+
+def test_a_bfloat16_model_stores_its_own_values_by_default(llama_hf, tokenizer, tmp_path):
+    """bfloat16 queries and keys are what a bfloat16 model's softmax saw: stored as they
+    are by default, in half the bytes, and widening them to float32 adds nothing."""
+    import copy
+
+    model = wrap(copy.deepcopy(llama_hf).to(torch.bfloat16), tokenizer, "tiny-llama-bf16",
+                 dtype="bfloat16")
+    prompts = [Prompt(text=t) for t in TEXTS]
+    own = record(model, prompts, tmp_path / "own", patterns="qk", include_resid=False)
+    wide = record(model, prompts, tmp_path / "wide", patterns="qk", include_resid=False,
+                  qk_dtype="float32")
+    assert (own.index.qk.dtype, wide.index.qk.dtype) == ("bfloat16", "float32")
+    for name in own.array_names():
+        if name.startswith(("q/", "k/")):
+            assert own.array(name).nbytes * 2 == wide.array(name).nbytes
+    for prompt in range(len(TEXTS)):
+        for layer in range(own.n_layers):
+            mine, theirs = own.qk_layer(prompt, layer), wide.qk_layer(prompt, layer)
+            assert torch.equal(mine.queries, theirs.queries)
+            assert torch.equal(mine.keys, theirs.keys)
+            assert torch.equal(mine.lse, theirs.lse)
+
+
+def _edited(rec: Recording, folder, edit) -> Recording:
+    """A copy of ``rec`` whose ``index.json`` ``edit`` changed, opened."""
+    import shutil
+
+    shutil.copytree(rec.root, folder)
+    index = json.loads((folder / "index.json").read_text())
+    edit(index)
+    (folder / "index.json").write_text(json.dumps(index))
+    return Recording.open(folder)
+
+
+def test_the_stored_dtype_is_checked_and_old_indexes_read_as_float32(stored, tmp_path):
+    _, qk = stored
+    old = _edited(qk["float32"], tmp_path / "old", lambda index: index["qk"].pop("dtype"))
+    assert old.index.qk.dtype == "float32"
+    np.testing.assert_array_equal(old.tile(0, 1, 2), qk["float32"].tile(0, 1, 2))
+    for wrong, rec in (("bfloat16", qk["float32"]), ("float16", qk["bfloat16"]),
+                       ("float32", qk["float16"])):
+        with pytest.raises(WorkbenchError, match="recording is damaged"):
+            _edited(rec, tmp_path / wrong, lambda index, d=wrong: index["qk"].update(dtype=d))
+
+
+def test_float16_that_would_overflow_keeps_float32(llama_hf, tokenizer, tmp_path):
+    """Queries past float16's 65504 are never stored as infinities: that layer's array is
+    kept in float32 (exactly the values), the keys stay float16, and the recording opens."""
+    import copy
+
+    hf = copy.deepcopy(llama_hf)
+    with torch.no_grad():
+        hf.model.layers[0].self_attn.q_proj.weight.mul_(2.0 ** 20)
+    model = wrap(hf, tokenizer, "tiny-llama-loud")
+    prompts = [Prompt(text=t) for t in TEXTS]
+    half = record(model, prompts, tmp_path / "half", patterns="qk", include_resid=False,
+                  qk_dtype="float16")
+    full = record(model, prompts, tmp_path / "full", patterns="qk", include_resid=False)
+    assert np.abs(full.array("q/L000")).max() > np.finfo(np.float16).max
+    assert half.array("q/L000").dtype == np.float32 and half.array("k/L000").dtype == np.float16
+    assert half.array("q/L001").dtype == np.float16
+    np.testing.assert_array_equal(half.array("q/L000"), full.array("q/L000"))
+    assert np.isfinite(half.tile(0, 0, 1)).all()

@@ -33,7 +33,14 @@ from workbench.cli.sweep import cmd_sweep
 from workbench.core import paths
 from workbench.core.devices import DEVICE_ENV, DEVICE_FORMS, parse_device
 from workbench.core.errors import ConfigError, WorkbenchError
-from workbench.core.options import Ablation, AttentionPath, PatternStorage, Status, StoreDtype
+from workbench.core.options import (
+    Ablation,
+    AttentionPath,
+    Dtype,
+    PatternStorage,
+    Status,
+    StoreDtype,
+)
 from workbench.core.values import Range, check_declaration, shown
 from workbench.harness.config import SHARED, check_value, literal_choices, parse_value
 from workbench.harness.sweeps.cluster import (
@@ -249,7 +256,8 @@ def _add_record_command(sub: Subparsers) -> None:
     p.add_argument("--limit", type=COUNT, metavar="N",
                    help="record only the first N prompts (a generated set stops after them)")
     p.add_argument("--store-dtype", default="float16", choices=get_args(StoreDtype),
-                   help="storage dtype (float16 falls back to float32 per block on overflow)")
+                   help="storage dtype of dense patterns and residuals (float16 falls back "
+                   "to float32 per block on overflow)")
     batch = SHARED["max_batch_tokens"]
     p.add_argument("--max-batch-tokens", type=_shared_value("max_batch_tokens"),
                    default=batch.default, metavar="N",
@@ -260,6 +268,10 @@ def _add_record_command(sub: Subparsers) -> None:
                    "weights (topk), each layer's queries, keys and row log-sum-exps, from "
                    "which any weight is computed exactly (qk), or not at all (none); default "
                    "auto: dense up to 1,024 tokens, topk above")
+    p.add_argument("--qk-dtype", default=None, choices=get_args(Dtype),
+                   help="with qk patterns, the dtype queries and keys are stored in (default: "
+                   "the model's --dtype, so every weight is exact; a lower one halves their "
+                   "bytes, each weight then within w (e^eta - 1), see the recordings docs)")
     p.add_argument("--topk", type=COUNT, default=16, metavar="K",
                    help="weights kept per query row with topk patterns, at most the model's "
                    "context (default 16)")

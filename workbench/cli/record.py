@@ -106,14 +106,16 @@ def cmd_record(args: argparse.Namespace) -> None:
         model.encode(p)
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
               "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype,
-              "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid}
+              "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid,
+              "qk_dtype": args.qk_dtype}
     store = RunStore(paths.runs_dir(args.out))
     interventions = Interventions(heads_mask=mask.to_record()) if mask is not None else None
     with store.start("record", model.info, config,
                      extra={"interventions": interventions}) as run, applied(model, mask):
         rec = record(model, prompts, run.dir / "recording", store_dtype=args.store_dtype,
                      max_batch_tokens=args.max_batch_tokens, patterns=args.patterns,
-                     topk=args.topk, include_resid=not args.no_resid)
+                     topk=args.topk, include_resid=not args.no_resid,
+                     qk_dtype=args.qk_dtype)
         n_tokens = sum(len(p.token_ids) for p in rec.prompts)
         stored = f"top-{rec.topk}" if rec.patterns == "topk" else rec.patterns
         run.update(summary=[f"recorded {len(rec)} prompts, {n_tokens} tokens, "

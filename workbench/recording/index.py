@@ -20,7 +20,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from workbench.core.options import StoreDtype
+from workbench.core.options import Dtype, StoreDtype
 from workbench.core.records import Count, Hex64, PositiveInt, Record, RelPath
 from workbench.store.records import ModelInfo
 
@@ -73,6 +73,10 @@ class QKFacts(Record):
     alibi: tuple[tuple[Annotated[float, Field(allow_inf_nan=False)], ...] | None, ...] | None = None
     """Each layer's ALiBi slopes, one per head (``None``: the family has no ALiBi; recordings
     made before ALiBi was stored have none)."""
+    dtype: Dtype = "float32"
+    """The dtype the queries and keys are stored in (the model's compute dtype unless a
+    lower one was asked for; recordings made before it was stored hold float32); the row
+    log-sum-exps are always float32."""
 
 
 class RecordingIndex(Record):

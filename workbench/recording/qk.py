@@ -10,6 +10,12 @@ and rotary, :class:`~workbench.models.blocked.ScoreInputs`), so what grows with 
 is ``T x d_head`` per head, not ``T x T``; any rectangle of weights, the attention a key
 receives and each row's statistics are computed from them, one block of rows at a time.
 
+The queries and keys are stored in the model's compute dtype by default (the values the
+softmax saw, so every weight is exact), or rounded to a lower dtype on request
+(:data:`STORED_AS`). The log-sum-exps always come from the pass's own values, in float32,
+so rounding moves only the scores: :meth:`QKLayer.score_error` bounds how far, and a
+weight ``w`` is then off by at most ``w (e^eta - 1)``.
+
 Examples:
     >>> import torch
     >>> q, k = torch.randn(2, 5, 4), torch.randn(1, 5, 4)     # 2 heads share 1 key head
@@ -23,14 +29,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from workbench.core.errors import WorkbenchError
+from workbench.core.options import Dtype
 
 BLOCK_ELEMENTS = 1 << 22
 """Float32 scores computed at once (16 MiB): rows per block are this over the keys."""
+STORED_AS: dict[Dtype, str] = {"float32": "float32", "float16": "float16", "bfloat16": "int16"}
+"""The array dtype that holds queries and keys stored in each dtype: bfloat16, which numpy
+lacks, as its bit patterns (int16, so that an unwritten chunk reads as +0.0)."""
+
+
+def from_stored(values: np.ndarray) -> Float[Tensor, "*dims"]:
+    """Stored queries or keys (an array of :data:`STORED_AS`, or float32 where float16
+    would have overflowed) widened to float32, exactly."""
+    tensor = torch.from_numpy(np.ascontiguousarray(values))
+    if values.dtype == np.int16:
+        tensor = tensor.view(torch.bfloat16)
+    return tensor.float()
 
 
 @dataclass(frozen=True)
@@ -154,6 +174,35 @@ class QKLayer:
         if self.slopes is not None:
             s = s + self.slopes.float()[:, None] * keys
         return s if self.softcap is None else torch.tanh(s / self.softcap) * self.softcap
+
+    def score_error(self, eps: float) -> Float[Tensor, "head_index query_pos"]:
+        """The most each row's scores move when the queries and keys are rounded with a
+        relative error of at most ``eps`` each (a format's machine epsilon,
+        :data:`workbench.models.fused.HALF_EPSILON`): ``eta_hi``, the largest over the keys
+        row ``i`` sees of ``(2 eps + eps^2) scale sum_d |q_hid k_gjd|``.
+
+        Rounding makes ``q~ = q (1 + a)`` and ``k~ = k (1 + b)`` elementwise with ``|a|,
+        |b| <= eps``, so ``|q~ k~ - q k| = |q k| |a + b + a b| <= (2 eps + eps^2) |q k|``,
+        summed over ``d``; an ALiBi bias is not rounded and a soft-cap is 1-Lipschitz, so
+        neither widens it. The stored ``lse`` is the pass's own, so a weight ``w = exp(s -
+        lse)`` rebuilt from rounded values is within ``w (e^eta - 1)``, and a row's sum
+        within ``e^eta - 1`` of 1. Computed from this layer's own queries and keys (the
+        originals; from rounded ones it is low by a factor of at most ``(1 - eps)^2``).
+        float16 keeps values under ``2^-14`` (subnormal) to within ``2^-25`` rather than
+        ``eps`` of themselves, which this leaves out.
+        """
+        groups = self.n_heads // self.keys.shape[0]
+        kv = torch.div(torch.arange(self.n_heads), groups, rounding_mode="floor")
+        k = self.keys.float().abs()[kv]                              # [head, key, d_head]
+        out = torch.empty(self.n_heads, self.length, dtype=torch.float32)
+        for r0, r1 in self.blocks(self.n_heads):
+            q = self.queries[:, r0:r1].float().abs()
+            sums = torch.matmul(q, k.transpose(-2, -1))              # [head, query, key]
+            seen = self.mask.visible(slice(r0, r1), slice(None), self.length)
+            if seen is not None:
+                sums = sums.masked_fill(~seen, 0.0)
+            out[:, r0:r1] = sums.amax(-1)
+        return (2 * eps + eps ** 2) * self.scale * out
 
     def tile(self, head: int, queries: slice = slice(None), keys: slice = slice(None)
              ) -> Float[Tensor, "query key"]:

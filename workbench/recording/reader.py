@@ -28,7 +28,7 @@ from workbench.core.files import read_bounded
 from workbench.core.records import RecordError
 from workbench.recording import legacy, sparse, zarr_store
 from workbench.recording.index import INDEX, LEGACY_FORMAT, RecordedPrompt, RecordingIndex
-from workbench.recording.qk import Mask, QKLayer
+from workbench.recording.qk import STORED_AS, Mask, QKLayer, from_stored
 from workbench.recording.sparse import DEFAULT_TOPK
 from workbench.store.records import RunMeta
 from workbench.store.validate import confined_file, real
@@ -181,8 +181,11 @@ class Recording:
         if facts is None:
             return []
         p, h, t = len(self.prompts), self.n_heads, self.index.longest or 0
-        return [("q", (p, h, t, facts.d_head), ("float32",)),
-                ("k", (p, facts.kv_heads, t, facts.d_head), ("float32",)),
+        stored = (STORED_AS[facts.dtype],)
+        if facts.dtype == "float16":
+            stored += ("float32",)  # widened if it would overflow
+        return [("q", (p, h, t, facts.d_head), stored),
+                ("k", (p, facts.kv_heads, t, facts.d_head), stored),
                 ("lse", (p, h, t), ("float32",))]
 
     def array_names(self) -> list[str]:
@@ -327,8 +330,8 @@ class Recording:
         kept = self._qk_layers.get((prompt, layer))
         if kept is not None:
             return kept
-        q, k, lse = (torch.from_numpy(self._read(zarr_store.array_name(kind, layer),
-                                                 (prompt, slice(None), slice(0, n))))
+        q, k, lse = (from_stored(self._read(zarr_store.array_name(kind, layer),
+                                            (prompt, slice(None), slice(0, n))))
                      for kind in ("q", "k", "lse"))
         slopes = None if facts.alibi is None else facts.alibi[layer]
         made = QKLayer(q, k, lse, facts.scale[layer], facts.softcap[layer],

@@ -40,7 +40,7 @@ import zarr
 from workbench.core import attention as run_attention
 from workbench.core import durable, progress
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
-from workbench.core.options import AttentionPath, PatternStorage, StoreDtype
+from workbench.core.options import AttentionPath, Dtype, PatternStorage, StoreDtype
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt
 from workbench.models import blocked
@@ -48,7 +48,7 @@ from workbench.models.base import Model
 from workbench.models.blocked import PatternBlock, ScoreInputs
 from workbench.recording import hooks, sparse, zarr_store
 from workbench.recording.index import FORMAT, INDEX, QKFacts, RecordingIndex
-from workbench.recording.qk import Mask, QKLayer
+from workbench.recording.qk import STORED_AS, Mask, QKLayer
 from workbench.recording.reader import Recording
 from workbench.recording.sparse import DEFAULT_TOPK
 
@@ -57,8 +57,12 @@ DENSE_UP_TO = 1024
 """``auto`` stores patterns dense up to this many tokens (the longest prompt), topk above."""
 
 
-def _storable(block: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
-    """The block as a numpy array in ``dtype``, or float32 when float16 would overflow."""
+def _storable(block: torch.Tensor, dtype: StoreDtype | Dtype) -> np.ndarray:
+    """The block rounded to ``dtype`` (to nearest) as a numpy array (bfloat16 as its bit
+    patterns, :data:`~workbench.recording.qk.STORED_AS`), or float32 when float16 would
+    overflow."""
+    if dtype == "bfloat16":
+        return block.detach().to(torch.bfloat16).view(torch.int16).numpy()
     block = block.detach().float()
     if dtype == "float16" and float(block.abs().max()) <= FLOAT16_MAX:
         return block.half().numpy()
@@ -103,9 +107,11 @@ class _Writer:
     """Hook functions that write each prompt's slice of a layer's tensors to the group."""
 
     def __init__(self, group: zarr.Group, shape: dict[str, int], storage: PatternStorage,
-                 store_dtype: StoreDtype, topk: int, include_resid: bool) -> None:
+                 store_dtype: StoreDtype, topk: int, include_resid: bool,
+                 qk_dtype: Dtype = "float32") -> None:
         self.group, self.storage, self.k = group, storage, topk
         self.store_dtype: StoreDtype = store_dtype
+        self.qk_dtype: Dtype = qk_dtype
         p, h, t, d = shape["prompts"], shape["heads"], shape["longest"], shape["d_model"]
         self.t_max = t
         self.arrays: dict[tuple[str, int], zarr.Array] = {}
@@ -117,8 +123,9 @@ class _Writer:
                 self._add("topk_keys", layer, (p, h, t, topk), sparse.key_dtype(t))
                 self._add("exact", layer, (p, h, t, len(sparse.CHANNELS)), "float32")
             elif storage == "qk":
-                self._add("q", layer, (p, h, t, shape["d_head"]), "float32")
-                self._add("k", layer, (p, shape["kv_heads"], t, shape["d_head"]), "float32")
+                self._add("q", layer, (p, h, t, shape["d_head"]), STORED_AS[qk_dtype])
+                self._add("k", layer, (p, shape["kv_heads"], t, shape["d_head"]),
+                          STORED_AS[qk_dtype])
                 self._add("lse", layer, (p, h, t), "float32")
         if include_resid:
             for b in range(shape["layers"] + 1):
@@ -201,8 +208,9 @@ class _Writer:
 
     def take_scores(self, inputs: ScoreInputs) -> None:
         """Write one layer's queries and keys for each prompt of the batch (its own
-        tokens), once the layer's :class:`Mask` is checked against the pass's own; each
-        row's log-sum-exp follows from the layer's blocks (:meth:`take_lse`)."""
+        tokens, in the recording's ``qk_dtype``), once the layer's :class:`Mask` is checked
+        against the pass's own; each row's log-sum-exp follows from the layer's blocks
+        (:meth:`take_lse`), from the pass's own queries and keys, never the rounded ones."""
         layer_facts = (inputs.scale, inputs.softcap,
                        None if inputs.slopes is None else inputs.slopes.tolist())
         stored = tuple(self.facts[key][inputs.layer] for key in ("scale", "softcap", "alibi"))
@@ -215,11 +223,11 @@ class _Writer:
         self._layer_qk = {}
         for row, (index, n) in self._rows():
             _check_mask(inputs, mask, row, n)
-            q, k = inputs.queries[row, :, :n].float(), inputs.keys[row, :, :n].float()
-            self._layer_qk[row] = QKLayer(q, k, torch.empty(q.shape[:2]), inputs.scale,
-                                          inputs.softcap, mask, inputs.slopes)
-            self._write_tokens("q", inputs.layer, index, q.numpy())
-            self._write_tokens("k", inputs.layer, index, k.numpy())
+            q, k = inputs.queries[row, :, :n], inputs.keys[row, :, :n]
+            self._layer_qk[row] = QKLayer(q.float(), k.float(), torch.empty(q.shape[:2]),
+                                          inputs.scale, inputs.softcap, mask, inputs.slopes)
+            self._write_tokens("q", inputs.layer, index, _storable(q, self.qk_dtype))
+            self._write_tokens("k", inputs.layer, index, _storable(k, self.qk_dtype))
 
     def take_lse(self, block: PatternBlock) -> None:
         """Each real row's log-sum-exp from the pass's own weights: at the row's largest
@@ -246,6 +254,8 @@ class _Writer:
     def _write_tokens(self, kind: str, layer: int, index: int, values: np.ndarray) -> None:
         """Write one prompt's ``[head, pos, ...]`` values, padded to the longest prompt."""
         array = self.arrays[(kind, layer)]
+        if values.dtype == np.float32 and array.dtype == np.float16:
+            array = self._widen(kind, layer)
         block = np.zeros(array.shape[1:], dtype=array.dtype)
         block[:, : values.shape[1]] = values
         array[index] = block
@@ -265,28 +275,28 @@ class _Writer:
     def _write_resid(self, boundary: int, index: int, p0: int, part: np.ndarray) -> None:
         array = self.arrays[("resid", boundary)]
         if part.dtype == np.float32 and array.dtype == np.float16:
-            array = self._widen(boundary)
+            array = self._widen("resid", boundary)
         stop = min(p0 + zarr_store.RESID_BLOCK, self.t_max)
         block = np.zeros((stop - p0, array.shape[-1]), dtype=array.dtype)
         block[: len(part)] = part
         array[index, p0:stop] = block
 
-    def _widen(self, boundary: int) -> zarr.Array:
-        """Rewrite a float16 residual array as float32 once a block would overflow float16
-        (rare; it costs one read of what that array holds so far)."""
-        old = self.arrays[("resid", boundary)]
+    def _widen(self, kind: str, layer: int) -> zarr.Array:
+        """Rewrite a float16 array (residuals, queries or keys) as float32 once a block
+        would overflow float16 (rare; it costs one read of what that array holds so far)."""
+        old = self.arrays[(kind, layer)]
         kept = np.asarray(old[...], dtype=np.float32)
-        new = zarr_store.create(self.group, "resid", boundary, old.shape, "float32",
-                                overwrite=True)
+        new = zarr_store.create(self.group, kind, layer, old.shape, "float32", overwrite=True)
         new[...] = kept
-        self.arrays[("resid", boundary)] = new
+        self.arrays[(kind, layer)] = new
         return new
 
 
 def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
            store_dtype: StoreDtype = "float16", max_batch_tokens: int = 2048,
            include_resid: bool = True, patterns: PatternStorage = "auto",
-           topk: int = DEFAULT_TOPK, attention: AttentionPath = "auto") -> Recording:
+           topk: int = DEFAULT_TOPK, attention: AttentionPath = "auto",
+           qk_dtype: Dtype | None = None) -> Recording:
     """Run ``model`` on ``prompts`` and write a recording into folder ``out``.
 
     Args:
@@ -303,13 +313,19 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
         attention: how patterns are computed (:data:`~workbench.core.options.AttentionPath`;
             ``auto``: blocked attention where the family has it, so no layer's pattern is
             ever whole and memory grows linearly with the prompt's length).
+        qk_dtype: with ``qk`` patterns, the dtype the queries and keys are stored in:
+            ``None`` (default), the model's compute dtype, so every weight is exact; a
+            lower one rounds them, within the bound of
+            :meth:`~workbench.recording.qk.QKLayer.score_error` (the row log-sum-exps are
+            float32 and the pass's own either way).
 
     Returns:
         The recording, opened for reading.
 
     Raises:
         WorkbenchError: a non-empty ``out``, an empty prompt or one longer than the
-            model's context, a bad ``patterns`` or ``topk``, or nothing to record.
+            model's context, a bad ``patterns``, ``topk`` or ``qk_dtype``, or nothing to
+            record.
     """
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
@@ -318,6 +334,9 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
         raise WorkbenchError("no prompts to record")
     if not isinstance(topk, int) or topk < 1:
         raise WorkbenchError(f"topk must be a positive integer, got {topk!r}")
+    qk_dtype = model.info.dtype if qk_dtype is None else qk_dtype
+    if qk_dtype not in STORED_AS:
+        raise WorkbenchError(f"qk_dtype must be one of {', '.join(STORED_AS)}, got {qk_dtype!r}")
     encoded = [model.encode(p) for p in prompts]
     longest = max(len(ids) for ids, _ in encoded)
     storage = storage_for(patterns, longest)
@@ -331,7 +350,7 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
              "d_head": info.d_head}
     root.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(root / zarr_store.GROUP), mode="w-")
-    writer = _Writer(group, shape, storage, store_dtype, topk, include_resid)
+    writer = _Writer(group, shape, storage, store_dtype, topk, include_resid, qk_dtype)
     writer.masks = [Mask(causal=bool(info.causal), window=info.window(layer))
                     for layer in range(info.n_layers)]
     batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
@@ -379,7 +398,7 @@ def _qk_facts(model: Model, writer: _Writer) -> dict[str, Any]:
     return QKFacts.from_data({
         "kv_heads": info.n_kv_heads, "d_head": info.d_head, "causal": bool(info.causal),
         "scale": writer.facts["scale"], "softcap": writer.facts["softcap"],
-        "window": [m.window for m in writer.masks],
+        "window": [m.window for m in writer.masks], "dtype": writer.qk_dtype,
         "alibi": writer.facts["alibi"] if any(writer.facts["alibi"]) else None},
         what="the qk facts").to_data()
 
