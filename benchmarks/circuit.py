@@ -8,19 +8,27 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
 - ``memory``: EAP edge scores on one induction prompt (``[BOS] A A``) of T tokens for each
   T of ``--lengths``, dense and blocked attention, each in its own process: peak RSS above
   the loaded model, and the exponent of that growth fitted against T on a log-log scale
-  (1 is linear, 2 quadratic).
+  (1 is linear, 2 quadratic);
+- ``retrieval``: EAP edge scores on one retrieval document (a key-value pair planted at its
+  start, asked for at its end: :mod:`workbench.inputs.retrieval`) of T tokens for each T of
+  ``--retrieval-lengths``, with ``--retrieval-attention`` (default blocked), each in its own
+  process: seconds, peak RSS above the loaded model and in all, the load average at the end.
 
-``--smoke`` runs both at a tiny size on ``--model`` (a local folder), in this process.
+``--smoke`` runs each at a tiny size on ``--model`` (a local folder), in this process;
+``--keys`` and ``--values`` name the retrieval words where the library's lists have no
+single token on the model's tokenizer.
 
 Usage:
     python benchmarks/circuit.py --model smollm2 --parts ioi,memory [--json]
     python benchmarks/circuit.py --model smollm2 --parts memory --lengths 512,1024,2048
+    python benchmarks/circuit.py --model smollm2 --parts retrieval --retrieval-lengths 2048,4096
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -29,7 +37,7 @@ import time
 import numpy as np
 import torch
 
-from experiments.circuit.measure import induction_task, ioi_task
+from experiments.circuit.measure import induction_task, ioi_task, retrieval_task
 from workbench.core.options import AttentionPath
 from workbench.interventions.circuits.attribution import edge_scores
 from workbench.interventions.circuits.graph import build_graph
@@ -82,6 +90,42 @@ def memory(model_name: str, lengths: list[int]) -> list[dict]:
     return rows
 
 
+def retrieval_one(model_name: str, length: int, attention: AttentionPath,
+                  keys: list[str] | None = None, values: list[str] | None = None) -> dict:
+    model = load_model(model_name)
+    graph = build_graph(model)
+    task = retrieval_task(model, 1, length, 0, keys=keys, values=values)
+    loaded = _rss_gib()
+    start = time.perf_counter()
+    edge_scores(model, graph, task, method="eap", attention=attention, max_batch_tokens=length)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        clean = float(task.metric(model.bridge(task.clean), slice(0, 1))[0])
+    return {"part": "retrieval", "T": int(task.clean.shape[1]), "attention": attention,
+            "seconds": round(seconds, 1), "above_model_gib": round(_rss_gib() - loaded, 3),
+            "peak_gib": round(_rss_gib(), 2), "metric_clean": round(clean, 3),
+            "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def retrieval(model_name: str, lengths: list[int], attention: str, words: list[str]
+              ) -> list[dict]:
+    rows = []
+    for length in lengths:
+        out = subprocess.run([sys.executable, __file__, "--one-retrieval", str(length),
+                              attention, "--model", model_name, *words], capture_output=True,
+                             text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def _path(name: str) -> AttentionPath:
+    return "blocked" if name == "blocked" else "dense"
+
+
+def _words(text: str | None) -> list[str] | None:
+    return text.split(",") if text else None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
@@ -90,22 +134,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lengths", default="256,512,1024,2048")
+    parser.add_argument("--retrieval-lengths", default="512,1024,2048")
+    parser.add_argument("--retrieval-attention", choices=("blocked", "dense"),
+                        default="blocked")
+    parser.add_argument("--keys", help="retrieval keys, comma-separated (default: the "
+                        "library's)")
+    parser.add_argument("--values", help="retrieval values, comma-separated (default: the "
+                        "library's)")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--one-retrieval", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    keys, values = _words(args.keys), _words(args.values)
     if args.one:
-        attention: AttentionPath = "blocked" if args.one[1] == "blocked" else "dense"
-        print(json.dumps(memory_one(args.model, int(args.one[0]), attention)))
+        print(json.dumps(memory_one(args.model, int(args.one[0]), _path(args.one[1]))))
+        return
+    if args.one_retrieval:
+        print(json.dumps(retrieval_one(args.model, int(args.one_retrieval[0]),
+                                       _path(args.one_retrieval[1]), keys, values)))
         return
     if args.smoke:
         rows = [_smoke_ioi(args.model), memory_one(args.model, 24, "dense"),
-                memory_one(args.model, 24, "blocked")]
+                memory_one(args.model, 24, "blocked"),
+                retrieval_one(args.model, 48, "blocked", keys, values)]
     else:
         parts = args.parts.split(",")
         rows = [ioi(args.model, args.prompts, args.steps, args.threads)] if "ioi" in parts else []
         if "memory" in parts:
             rows += memory(args.model, [int(x) for x in args.lengths.split(",")])
+        if "retrieval" in parts:
+            rows += retrieval(args.model, [int(x) for x in args.retrieval_lengths.split(",")],
+                              args.retrieval_attention,
+                              [f"--{k}={v}" for k, v in (("keys", args.keys),
+                                                         ("values", args.values)) if v])
     for row in rows:
         print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
 

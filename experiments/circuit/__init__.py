@@ -28,7 +28,16 @@ Tasks:
   and a start year YY in 02..98 drawn with the seed) against the same prompt from the year
   1701; the metric is the probability of the years after YY minus that of the years up to
   it, at the last position. It needs a tokenizer that writes each year YY as one token
-  after " 17": a model whose tokenizer does not is refused before its weights load.
+  after " 17": a model whose tokenizer does not is refused before its weights load;
+- ``retrieval``: a document of ``doc_tokens`` tokens (:mod:`workbench.inputs.retrieval`:
+  "The passcode for the KEY is VALUE." after BOS, filler prose of the Python documentation,
+  then "The passcode for the KEY is"), a key and a value drawn with the seed, against the
+  same document planting another value; the metric is ``logit(VALUE) - logit(OTHER)`` at
+  the last position. ``doc_tokens`` beyond the model's context is refused before the model
+  loads where its context is known then (a bundled model), else before a run exists.
+
+An encoder (no next token to read a metric from) is refused before its weights load
+where its config says what it is (a bundled model, a local folder).
 
 ``classes_from`` names stored runs (comma-separated) whose head classes the circuit's heads
 are compared with (:mod:`experiments.circuit.classes`): ``head_classes`` of the head-scoring
@@ -45,6 +54,7 @@ circuit's heads, the overlap expected by chance and its hypergeometric p-value).
 Example:
     workbench run circuit --model smollm2 --set task=ioi --set n_prompts=16
     python -m experiments.circuit --model smollm2 --set task=induction --set method=eap
+    workbench run circuit --model smollm2 --set task=retrieval --set doc_tokens=2048
     workbench run circuit --model smollm2 --set classes_from=RUN_ID,OTHER_RUN_ID
 """
 
@@ -66,18 +76,20 @@ from experiments.circuit.measure import (
     induction_task,
     ioi_task,
     nodes_table,
+    retrieval_task,
     scores_table,
 )
 from experiments.circuit.tables import TABLES
 from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
-from workbench.core.values import MAX_PROMPTS
+from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.harness.run_classes import class_runs
 from workbench.inputs.greater_than import year_tokens
 from workbench.inputs.ioi import TEMPLATES
+from workbench.inputs.retrieval import check_doc_tokens
 from workbench.interventions.circuits.ablate import Ablation, edge_patching
 from workbench.interventions.circuits.attribution import Method, edge_scores
 from workbench.interventions.circuits.faithfulness import (
@@ -87,11 +99,11 @@ from workbench.interventions.circuits.faithfulness import (
 )
 from workbench.interventions.circuits.graph import build_graph, require_graph
 from workbench.interventions.circuits.task import Task, check_fractions
-from workbench.models.base import Model
-from workbench.models.load import load_tokenizer
+from workbench.models.base import Model, require
+from workbench.models.load import load_facts, load_tokenizer
 from workbench.store.runs import Run, RunStore
 
-TaskName = Literal["ioi", "induction", "greater-than"]
+TaskName = Literal["ioi", "induction", "greater-than", "retrieval"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,9 @@ class Config:
     task: TaskName = param("ioi", "the task: ioi (logit difference IO - S), induction "
                            "(log-probability over the second repeat of random tokens) or "
                            "greater-than (probability of the years above the start year "
-                           "minus those up to it)")
+                           "minus those up to it) or retrieval (logit difference of the "
+                           "value planted at a long document's start over another value, "
+                           "asked for at its end)")
     method: Method = param("eap-ig", "edge scores: eap, or eap-ig (Hanna et al. 2024)")
     steps: int = param(5, "EAP-IG's m, points between the corrupted and clean inputs",
                        min=1, max=1000)
@@ -113,6 +127,13 @@ class Config:
                          "workbench.inputs.ioi.OBJECTS)")
     nouns: str = param("auto", "greater-than: the nouns drawn ('auto': "
                        "workbench.inputs.greater_than.NOUNS)")
+    doc_tokens: int = param(512, "retrieval: each document's length in tokens, BOS "
+                            "included, at most the model's context", min=32,
+                            max=MAX_SEQUENCE)
+    keys: str = param("auto", "retrieval: candidate keys ('auto': "
+                      "workbench.inputs.retrieval.KEYS), filtered to single tokens")
+    values: str = param("auto", "retrieval: candidate values ('auto': "
+                        "workbench.inputs.retrieval.VALUES), filtered to single tokens")
     classes_from: str = param("", "runs (comma-separated ids) whose stored head classes the "
                               "circuit's heads are compared with; empty: none")
     seq_len: int = param(16, "induction: random tokens in each repeat", min=2, max=4096)
@@ -185,30 +206,50 @@ def _heads(heads: list[str], shown: int = 20) -> str:
     return f"{len(heads)} heads: {' '.join(heads[:shown])}{more}"
 
 
+def _words(value: str) -> list[str] | None:
+    """A word list field: ``auto`` (the library's list), or words split on commas or spaces."""
+    return None if value == "auto" else value.replace(",", " ").split()
+
+
 def make_task(model: Model, cfg: Config) -> Task:
     if cfg.task == "ioi":
-        words = {k: None if v == "auto" else v.replace(",", " ").split() for k, v in
-                 (("names", cfg.names), ("places", cfg.places), ("objects", cfg.objects))}
-        return ioi_task(model, cfg.n_prompts, cfg.templates, cfg.seed, **words)
+        return ioi_task(model, cfg.n_prompts, cfg.templates, cfg.seed,
+                        names=_words(cfg.names), places=_words(cfg.places),
+                        objects=_words(cfg.objects))
     if cfg.task == "greater-than":
-        nouns = None if cfg.nouns == "auto" else cfg.nouns.replace(",", " ").split()
-        return greater_than_task(model, cfg.n_prompts, cfg.seed, nouns=nouns)
+        return greater_than_task(model, cfg.n_prompts, cfg.seed, nouns=_words(cfg.nouns))
+    if cfg.task == "retrieval":
+        return retrieval_task(model, cfg.n_prompts, cfg.doc_tokens, cfg.seed,
+                              keys=_words(cfg.keys), values=_words(cfg.values))
     return induction_task(model, cfg.n_prompts, cfg.seq_len, cfg.seed)
 
 
 def preflight(cfg: Config, model: str | Model | None, runs_dir: Path) -> None:
-    """Refuse, before the weights load, a greater-than run on a model whose tokenizer splits
-    the years, and ``classes_from`` runs that are missing, not complete or of another
-    model."""
+    """Refuse, before the weights load, an encoder (where what is known of the model says
+    so), a retrieval document beyond the model's context (where it is known), a
+    greater-than run on a model whose tokenizer splits the years, and ``classes_from`` runs
+    that are missing, not complete or of another model."""
     if model is None:
         return
     name = model if isinstance(model, str) else model.info.name
+    facts = load_facts(model) if isinstance(model, str) else model.info
+    if facts is not None:
+        require(facts, causal=True, lm_head=True, what="experiment 'circuit'")
+        if cfg.task == "retrieval":
+            check_doc_tokens(cfg.doc_tokens, facts.n_ctx, name)
     if cfg.task == "greater-than":
         tokenizer = load_tokenizer(model) if isinstance(model, str) else model.tokenizer
         if tokenizer is not None:  # else the task refuses once the model loads
             year_tokens(tokenizer, name)
     if cfg.classes_from:
         _source_runs(cfg, model, RunStore(runs_dir))
+
+
+def plan(model: Model, cfg: Config) -> Task:
+    """The task's inputs, built before a run exists: a retrieval document beyond a context
+    known only once the model has loaded, or too few single-token words, leave no failed
+    run."""
+    return make_task(model, cfg)
 
 
 def _source_runs(cfg: Config, model: str | Model, store: RunStore) -> list[Run]:
@@ -222,6 +263,7 @@ def _source_runs(cfg: Config, model: str | Model, store: RunStore) -> list[Run]:
 
 @experiment("circuit", config=Config, tables=TABLES, requires="causal_lm",
             check_model=require_graph, demo_models=("smollm2",), preflight=preflight,
+            plan=plan,
             demo={"n_prompts": 8, "templates": 2, "steps": 3, "n_exact": 10, "n_boot": 200})
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Edge scores, exact patching of the top edges, and the faithfulness curve."""
@@ -233,7 +275,9 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         runs = _source_runs(cfg, model, ctx.store)
     with progress.stages("circuit", 4) as stage:
         stage("graph and task")
-        graph, task = build_graph(model), make_task(model, cfg)
+        planned = ctx.planned if ctx is not None else None
+        graph = build_graph(model)
+        task = planned if isinstance(planned, Task) else make_task(model, cfg)
         stage("edge scores")
         scores = edge_scores(model, graph, task, method=cfg.method, steps=cfg.steps,
                              max_batch_tokens=cfg.max_batch_tokens, attention=cfg.attention)

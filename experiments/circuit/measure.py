@@ -11,6 +11,7 @@ import torch
 from workbench.inputs.greater_than import greater_than_prompts, year_tokens
 from workbench.inputs.ioi import ioi_prompts
 from workbench.inputs.prompts import random_token_ids
+from workbench.inputs.retrieval import retrieval_prompts
 from workbench.interventions.circuits.attribution import EdgeScores
 from workbench.interventions.circuits.faithfulness import Curve
 from workbench.interventions.circuits.graph import Graph
@@ -78,6 +79,22 @@ def greater_than_task(model: Model, n_prompts: int, seed: int, *,
                                    torch.tensor([p.position for p in prompts]))
     return Task(_padded([p.ids for p in prompts], model.pad_id),
                 _padded([p.corrupted for p in prompts], model.pad_id), metric)
+
+
+def retrieval_task(model: Model, n_prompts: int, doc_tokens: int, seed: int, *,
+                   keys: Sequence[str] | None = None, values: Sequence[str] | None = None
+                   ) -> Task:
+    """Documents of ``doc_tokens`` tokens with a key and its value planted at the start and
+    the key asked for at the end, against the same documents planting another value; the
+    logit difference of the planted value over the other one at the last position."""
+    prompts = retrieval_prompts(model, n_prompts, doc_tokens=doc_tokens, seed=seed, keys=keys,
+                                values=values)
+    check_lengths([len(p.ids) for p in prompts], [len(p.corrupted) for p in prompts])
+    metric = LogitDifference(torch.tensor([p.value_id for p in prompts]),
+                             torch.tensor([p.corrupted_id for p in prompts]),
+                             torch.tensor([p.position for p in prompts]))
+    return Task(torch.tensor([p.ids for p in prompts]),
+                torch.tensor([p.corrupted for p in prompts]), metric)
 
 
 def edges_table(scores: EdgeScores, exact: dict[int, float]) -> pd.DataFrame:

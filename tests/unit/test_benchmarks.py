@@ -26,7 +26,7 @@ SMOKE = {
     "losses.py": ["--smoke", "{model}"],
     "store_scale.py": ["--smoke", "{model}"],
     "gpu.py": ["--smoke"],
-    "circuit.py": ["--smoke", "--model", "{model}"],
+    "circuit.py": ["--smoke", "--model", "{model}", "--keys", "dog", "--values", "on,the"],
 }
 """Each script's smallest run: its arguments, ``{model}`` the tiny model's folder."""
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
-from workbench.models import cache, checkpoints, reference, zoo
+from workbench.models import adapters, cache, checkpoints, reference, zoo
 from workbench.models.base import DTYPES, Model
-from workbench.models.hf import boot_folder, check_folder, folder_checksum
+from workbench.models.hf import boot_folder, check_folder, config_facts, folder_checksum
 from workbench.models.reference import Bundled, Checkpoint, CheckpointGlob, Folder, Gguf, Hub
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,46 @@ def load_tokenizer(name: str) -> Any | None:
     except (OSError, ValueError) as exc:
         said = " ".join(str(exc).split())[:300]
         raise WorkbenchError(f"the tokenizer of {name} could not be read: {said}") from None
+
+
+@dataclass(frozen=True)
+class KnownFacts:
+    """What is known of a model before its weights load (``None``: known once it loads).
+    It meets :class:`workbench.models.base.Capabilities`, so ``require`` reads it."""
+
+    name: str
+    causal: bool | None = None
+    has_lm_head: bool | None = None
+    n_ctx: int | None = None
+
+
+def load_facts(name: str) -> KnownFacts | None:
+    """A model's facts read without its weights, for the checks an experiment makes before
+    the model loads: a bundled model's entry (whether it is causal, has a trained LM head,
+    its context), or what a local folder's or a cached hub model's config says of its
+    family (whether it is causal); ``None`` for the rest (a GGUF file, a checkpoint, an
+    uncached hub id), checked once the model loads.
+
+    Args:
+        name: a model argument, as :func:`load_model` takes it.
+
+    Raises:
+        UnknownNameError / WorkbenchError: a name that names no model, or a config that
+            cannot be read (one line).
+    """
+    match reference.parse_model(name):
+        case Bundled(name=bundled):
+            spec = zoo.MODELS.get(bundled)
+            return KnownFacts(name, spec.causal, spec.has_lm_head, spec.n_ctx)
+        case Folder(path=path):
+            src: str | Path = path
+        case Hub(id=hub_id, cached=True):
+            src = hub_id
+        case _:
+            return None
+    architecture, _ = config_facts(src)
+    adapter = adapters.FAMILIES_BY_ARCHITECTURE.get(architecture or "")
+    return KnownFacts(name, adapter.causal if adapter else None)
 
 
 def _load_bundled(name: str, dtype: Dtype, device: str) -> Model:
