@@ -127,13 +127,20 @@ def _figures_marked(out: Any, interventions: str) -> Any:
     return out
 
 
+def _has_figure(out: Any) -> bool:
+    if isinstance(out, tuple | list):
+        return any(_has_figure(o) for o in out)
+    return isinstance(out, go.Figure)
+
+
 def _marked(fn: F, run_at: int) -> F:
     """``fn``, whose argument ``run_at`` names the run it draws, with that run's
-    interventions in the title of every figure it returns."""
+    interventions in the title of every figure it returns (a callback that returns no
+    figure, such as a dropdown's search, reads nothing more)."""
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
         out = fn(*args)
-        if out is no_update or not args[run_at]:
+        if not args[run_at] or not _has_figure(out):
             return out
         # the run is opened once a request (flask.g), so this costs no second read
         text = data.listed_run(args[run_at]).interventions_text
