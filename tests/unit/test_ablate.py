@@ -11,7 +11,14 @@ import pytest
 
 from tests import tiny
 from workbench.core.errors import WorkbenchError
-from workbench.harness.ablate import InClass, Listed, Top, model_heads, parse_ablate
+from workbench.harness.ablate import (
+    Control,
+    InClass,
+    Listed,
+    Top,
+    model_heads,
+    parse_ablate,
+)
 from workbench.interventions.masks import HeadMask
 from workbench.store.records import (
     HeadMaskFile,
@@ -64,6 +71,7 @@ def test_ablate_forms_parse():
     assert parse_ablate("L17H3,L18H6") == Listed(((17, 3), (18, 6)))
     assert parse_ablate("l0h1, L0H1 ,L1H0") == Listed(((0, 1), (1, 0)))  # repeats once
     assert parse_ablate("top:induction:9") == Top("induction", 9)
+    assert parse_ablate("control:induction:9") == Control("induction", 9)
     assert parse_ablate("class:previous-token") == InClass("previous-token")
 
 
@@ -71,6 +79,7 @@ def test_ablate_forms_parse():
     ("L1H", "'L1H' is not a head"), ("L1H2,,L0H0", "'' is not a head"),
     ("heads", "'heads' is not a head"), ("top:induction", "expected top:METRIC:N"),
     ("top:induction:0", "expected top:METRIC:N"), ("top::3", "expected top:METRIC:N"),
+    ("control:induction", "expected control:METRIC:N"),
     ("class:", "expected class:NAME")])
 def test_ablate_text_of_no_form_is_refused(text, said):
     with pytest.raises(WorkbenchError, match=said):
@@ -182,6 +191,15 @@ def test_ablate_top_and_class_read_a_stored_run(capsys, runs_dir, llama_folder):
     assert status == 0
     stored = _stored_mask(out)
     assert stored.mask == ((1, 0, 1, 1), (0, 1, 1, 1)) and stored.ablation == "mean"
+    # the control of top:induction:3 (L0H1, L0H2 and L1H0): two other heads of layer 0 and
+    # one of layer 1, the lowest-scoring: L0H0 (0.1) and L0H3 (0.3); L1H3 (0.05), not L1H1
+    # (0.2), and never the unscored L1H2
+    status, out, _ = tiny.cli(capsys, *record, "--ablate", "control:induction:3", "--from",
+                              source)
+    assert status == 0
+    stored = _stored_mask(out)
+    assert stored.mask == ((0, 1, 1, 0), (1, 1, 1, 0))
+    assert stored.note == f"control:induction:3 of run {source}"
 
 
 def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, llama_folder,
@@ -215,6 +233,10 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
         (["--ablate", "class:sink", "--from", source], "has no head in sink at its FDR 0.05"),
         (["--ablate", "top:induction:9", "--from", source],
          "has induction scores for only 7 heads"),
+        (["--ablate", "control:induction:5", "--from", source],
+         "layer 0 holds 3 of the top 5 induction heads of run " + source + " and only 1 "
+         "other scored head: no control of as many heads"),
+        (["--ablate", "control:induction:2"], "read a stored run: give --from RUN"),
         (["--ablate", "top:induction:2", "--from", "20990101-000000-nothing-0000"],
          "no run '20990101-000000-nothing-0000'"),
         (["--ablate", "top:induction:2", "--from", other], "ran on tiny (3 x 4 heads), not"),

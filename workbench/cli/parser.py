@@ -212,9 +212,10 @@ def _mask_option(p: argparse.ArgumentParser) -> None:
                        "workbench.interventions) to every forward pass")
     which.add_argument("--ablate", metavar="HEADS", help="ablate these heads in every "
                        "forward pass: L17H3,L18H6; top:METRIC:N (the N best heads of a "
-                       "stored run's METRIC, with --from); class:NAME (a stored run's head "
-                       "class at its FDR, with --from); stored as the same head mask as "
-                       "--heads-mask")
+                       "stored run's METRIC, with --from); control:METRIC:N (as many other "
+                       "heads of the same layers, the lowest-scoring, with --from); "
+                       "class:NAME (a stored run's head class at its FDR, with --from); "
+                       "stored as the same head mask as --heads-mask")
     p.add_argument("--ablation", type=_ablation, metavar="|".join(get_args(Ablation)),
                    help="with --ablate: what replaces an ablated head: zero, its mean "
                    "output over the natural prompt set, or its output on another prompt "

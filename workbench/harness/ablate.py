@@ -1,11 +1,16 @@
 """Head masks named on the command line: ``--ablate``, resolved to the same
 :class:`~workbench.interventions.masks.HeadMask` a ``--heads-mask`` file holds.
 
-Three forms name the heads a run ablates (``--ablation zero|mean`` says what replaces them):
+Four forms name the heads a run ablates (``--ablation zero|mean|resample`` says what
+replaces them):
 
 - ``L17H3,L18H6``: these heads;
 - ``top:METRIC:N`` with ``--from RUN``: the ``N`` heads of highest score of ``METRIC`` in
   RUN's ``head_scores`` table (ties broken by layer, then head);
+- ``control:METRIC:N`` with ``--from RUN``: the same-layer control of ``top:METRIC:N``:
+  in each layer that holds ``k`` of the top ``N`` heads, the ``k`` other heads of that
+  layer with the lowest ``METRIC`` score (ties: the lower head), so the control removes
+  as many heads from the same layers, the ones that do least of what is tested;
 - ``class:NAME`` with ``--from RUN``: the heads in RUN's head class ``NAME`` at the
   false-discovery rate the class was declared at (its ``head_classes`` table).
 
@@ -41,7 +46,7 @@ from workbench.scores import classes
 from workbench.store.records import head_name
 from workbench.store.runs import Run, RunStore
 
-FORMS = "L<layer>H<head>[,...], top:METRIC:N or class:NAME"
+FORMS = "L<layer>H<head>[,...], top:METRIC:N, control:METRIC:N or class:NAME"
 """What ``--ablate`` takes, as its messages say it."""
 _HEAD = re.compile(r"L(\d{1,6})H(\d{1,6})", re.ASCII | re.IGNORECASE)
 _COUNT = re.compile(r"[1-9][0-9]{0,5}", re.ASCII)
@@ -63,13 +68,22 @@ class Top:
 
 
 @dataclass(frozen=True)
+class Control:
+    """``control:METRIC:N``: as many other heads of the layers of ``top:METRIC:N``, the
+    lowest-scoring ones."""
+
+    metric: str
+    n: int
+
+
+@dataclass(frozen=True)
 class InClass:
     """``class:NAME``: a stored run's head class at its declared rate."""
 
     name: str
 
 
-AblateSpec = Listed | Top | InClass
+AblateSpec = Listed | Top | Control | InClass
 
 
 def parse_ablate(text: str) -> AblateSpec:
@@ -79,12 +93,12 @@ def parse_ablate(text: str) -> AblateSpec:
         WorkbenchError: text of none of the forms, saying which part is wrong.
     """
     kind, _, rest = text.partition(":")
-    if kind == "top":
+    if kind in ("top", "control"):
         metric, _, count = rest.partition(":")
         if not metric or not _COUNT.fullmatch(count):
-            raise WorkbenchError(f"--ablate {shown(text)}: expected top:METRIC:N, N a whole "
-                                 "number from 1 (top:induction:9)")
-        return Top(metric, int(count))
+            raise WorkbenchError(f"--ablate {shown(text)}: expected {kind}:METRIC:N, N a "
+                                 f"whole number from 1 ({kind}:induction:9)")
+        return (Top if kind == "top" else Control)(metric, int(count))
     if kind == "class":
         if not rest:
             raise WorkbenchError(f"--ablate {shown(text)}: expected class:NAME (class:induction)")
@@ -139,9 +153,9 @@ def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
     if model is None:
         raise WorkbenchError("--ablate needs --model: the mask is made for a model's heads")
     if isinstance(spec, Listed) == (from_run is not None):
-        raise WorkbenchError("--from RUN goes with --ablate top:METRIC:N or class:NAME"
-                             if from_run is not None else
-                             "--ablate top:METRIC:N and class:NAME read a stored run: give "
+        raise WorkbenchError("--from RUN goes with --ablate top:METRIC:N, control:METRIC:N "
+                             "or class:NAME" if from_run is not None else
+                             "--ablate top:, control: and class: read a stored run: give "
                              "--from RUN")
     shape = model_heads(model)
     if isinstance(spec, Listed):
@@ -154,7 +168,9 @@ def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
         run = RunStore(paths.runs_dir(runs_dir)).get(from_run)
         shape = shape or run_shape(run)
         check_same_model(run, model, shape)
-        heads = _top_heads(run, spec) if isinstance(spec, Top) else _class_heads(run, spec)
+        heads = (_top_heads(run, spec) if isinstance(spec, Top) else
+                 _control_heads(run, spec) if isinstance(spec, Control) else
+                 _class_heads(run, spec))
         note = f"{_spec_text(spec)} of run {run.id}"
     _check_heads(heads, shape, model)
     name = model if isinstance(reference.parse_model(model), reference.Bundled) else None
@@ -163,8 +179,10 @@ def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
     return mask
 
 
-def _spec_text(spec: Top | InClass) -> str:
-    return f"top:{spec.metric}:{spec.n}" if isinstance(spec, Top) else f"class:{spec.name}"
+def _spec_text(spec: Top | Control | InClass) -> str:
+    if isinstance(spec, InClass):
+        return f"class:{spec.name}"
+    return f"{'top' if isinstance(spec, Top) else 'control'}:{spec.metric}:{spec.n}"
 
 
 def run_shape(run: Run) -> tuple[int, int]:
@@ -213,6 +231,30 @@ def _unknown(what: str, plural: str, name: str, known: list[str], run: Run
 
 def _top_heads(run: Run, spec: Top) -> tuple[tuple[int, int], ...]:
     """The ``spec.n`` heads of highest ``spec.metric`` score (ties: lower layer, head)."""
+    return _pairs(_ranked(run, spec).head(spec.n))
+
+
+def _control_heads(run: Run, spec: Control) -> tuple[tuple[int, int], ...]:
+    """In each layer with ``k`` of the top ``spec.n`` heads, its ``k`` other heads of
+    lowest ``spec.metric`` score (ties: the lower head)."""
+    ranked = _ranked(run, spec)
+    top = ranked.head(spec.n)
+    rest = ranked.iloc[spec.n:].sort_values(["layer", "score", "head"])
+    heads: list[tuple[int, int]] = []
+    for layer, count in top.layer.astype(int).value_counts().sort_index().items():
+        others = rest[rest.layer == layer]
+        if len(others) < count:
+            raise WorkbenchError(f"--ablate {_spec_text(spec)}: layer {layer} holds {count} "
+                                 f"of the top {spec.n} {spec.metric} heads of run {run.id} "
+                                 f"and only {len(others)} other scored "
+                                 f"head{'s' if len(others) != 1 else ''}: no control of as "
+                                 "many heads")
+        heads.extend(_pairs(others.head(count)))
+    return tuple(sorted(heads))
+
+
+def _ranked(run: Run, spec: Top | Control) -> pd.DataFrame:
+    """RUN's scored heads of ``spec.metric``, best first (ties: lower layer, head)."""
     scores = _table(run, "head_scores", _spec_text(spec))
     known = list(dict.fromkeys(scores.metric))
     if spec.metric not in known:
@@ -220,12 +262,12 @@ def _top_heads(run: Run, spec: Top) -> tuple[tuple[int, int], ...]:
     rows = scores[(scores.metric == spec.metric) & scores.score.notna()]
     if "inputs" in rows.columns and rows.inputs.nunique() > 1:
         raise WorkbenchError(f"run {run.id} scores {spec.metric} on several inputs "
-                             f"({', '.join(map(str, rows.inputs.unique()))}): top: needs one")
+                             f"({', '.join(map(str, rows.inputs.unique()))}): "
+                             f"{_spec_text(spec)} needs one")
     if spec.n > len(rows):
         raise WorkbenchError(f"--ablate {_spec_text(spec)}: run {run.id} has "
                              f"{spec.metric} scores for only {len(rows)} heads")
-    best = rows.sort_values(["score", "layer", "head"], ascending=[False, True, True])
-    return _pairs(best.head(spec.n))
+    return rows.sort_values(["score", "layer", "head"], ascending=[False, True, True])
 
 
 def _class_heads(run: Run, spec: InClass) -> tuple[tuple[int, int], ...]:
