@@ -63,11 +63,13 @@ def _check_topk(topk: int, model: Any) -> None:
 
 
 def _heads_mask(args: argparse.Namespace) -> Any:
-    """The head mask of ``--heads-mask FILE`` or ``--ablate HEADS`` (with ``--ablation``
-    and ``--from``), read and checked before any model loads, or ``None``."""
+    """The head mask of ``--heads-mask FILE`` or ``--ablate HEADS`` (with ``--ablation``,
+    ``--ablation-seed`` and ``--from``), read and checked before any model loads, or
+    ``None``."""
     ablate = getattr(args, "ablate", None)
     if ablate is None:
         for given, option in ((getattr(args, "ablation", None), "--ablation"),
+                              (getattr(args, "ablation_seed", None), "--ablation-seed"),
                               (getattr(args, "from_run", None), "--from")):
             if given is not None:
                 raise WorkbenchError(f"{option} goes with --ablate HEADS")
@@ -75,7 +77,8 @@ def _heads_mask(args: argparse.Namespace) -> Any:
         from workbench.harness.ablate import ablation_mask, parse_ablate
 
         return ablation_mask(parse_ablate(ablate), args.ablation or "zero", model=args.model,
-                             from_run=args.from_run, runs_dir=args.out)
+                             from_run=args.from_run, runs_dir=args.out,
+                             seed=args.ablation_seed)
     if not getattr(args, "heads_mask", None):
         return None
     from workbench.harness.ablate import model_heads
