@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests import tiny
 from workbench.core.errors import WorkbenchError
@@ -50,6 +51,15 @@ def test_the_short_form_names_the_heads_and_the_ablation():
     mixed = _mask([[0.5, 1, 0], [1, 0.25, 1]])
     assert interventions_text(mixed) == "1 head zero-ablated (L0H2); 2 heads scaled (L0H0, L1H1)"
     assert interventions_text(_mask([[1, 1], [1, 1]])) == "head mask of all ones"
+
+
+def test_the_short_form_names_a_resamples_seed_where_it_is_not_0():
+    rows = ((1.0, 0.0), (0.5, 1.0))
+    for seed, said in ((0, "1 head resample-ablated (L0H1)"),
+                       (3, "1 head resample-ablated, seed 3 (L0H1)")):
+        mask = HeadMaskFile(format="workbench-heads-mask", n_layers=2, n_heads=2,
+                            ablation="resample", seed=seed, mask=rows)
+        assert interventions_text(Interventions(heads_mask=mask)) == f"{said}; 1 head scaled (L1H0)"
 
 
 def test_a_summary_line_says_which_heads_the_run_ablated():
@@ -241,6 +251,13 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
          "no run '20990101-000000-nothing-0000'"),
         (["--ablate", "top:induction:2", "--from", other], "ran on tiny (3 x 4 heads), not"),
         (["--ablate", "class:induction", "--from", bare], "has no head_classes table"),
+        (["--ablation-seed", "3"], "--ablation-seed goes with --ablate HEADS"),
+        (["--ablate", "L0H1", "--ablation-seed", "3"], "--ablation-seed goes with --ablation "
+         "resample (the seed of its donor draw); --ablation zero draws nothing"),
+        (["--ablate", "L0H1", "--ablation", "mean", "--ablation-seed", "0"],
+         "--ablation mean draws nothing"),
+        (["--ablate", "L0H1", "--ablation", "resample", "--ablation-seed", "-1"],
+         "--ablation-seed: expected a whole number in 0 .. 9223372036854775807, got '-1'"),
     ]
     for extra, said in cases:
         for args in (record, run):
@@ -307,3 +324,49 @@ def test_a_masked_runs_figures_and_summary_say_so(capsys, runs_dir, llama_folder
     assert named  # head-overview names the most focused and broadest heads
     for line in named:
         assert line.count("L0H1") + line.count("L1H3") == line.count("(ablated in this run)")
+
+
+# ---- resample's donors ---------------------------------------------------------------
+
+SAME_LENGTH = ["the cat sat on the mat", "the mat sat on the cat", "on the mat the cat sat",
+               "sat the cat on the mat"]
+
+
+def test_ablation_seed_is_stored_and_draws_other_donors(capsys, runs_dir, llama_folder):
+    from workbench.interventions.masks import donors
+
+    record = ["record", str(llama_folder), "--text", "\n\n".join(SAME_LENGTH), "--ablate",
+              "L0H1,L1H2", "--ablation", "resample"]
+    for extra, seed in (([], 0), (["--ablation-seed", "3"], 3), (["--ablation-seed", "4"], 4)):
+        status, out, err = tiny.cli(capsys, *record, *extra)
+        assert status == 0, err
+        stored = _stored_mask(out)
+        assert (stored.ablation, stored.seed, stored.removed()) == ("resample", seed,
+                                                                    ((0, 1), (1, 2)))
+        assert HeadMask.from_record(stored).seed == seed
+        assert RunStore(runs_dir).get(out[-1]).meta.config["n_prompts"] == 4
+    # a batch of 4 (of 6 possible cycles): each seed draws other donors
+    assert len({tuple(donors(4, seed).tolist()) for seed in (0, 3, 4)}) == 3
+
+
+def test_two_seeds_resample_from_other_donors(llama):
+    from workbench.interventions.masks import applied, donors
+
+    ids = torch.randint(5, llama.info.d_vocab, (4, 6), generator=torch.Generator().manual_seed(1))
+    assert not torch.equal(donors(4, 0), donors(4, 3))
+    out = []
+    for seed in (0, 3):
+        mask = HeadMask.for_model(llama, ablation="resample", seed=seed).without([(0, 1)])
+        with applied(llama, mask), torch.inference_mode():
+            out.append(llama.logits(ids))
+    assert not torch.allclose(out[0], out[1])
+
+
+def test_record_refuses_a_prompt_alone_of_its_length_before_the_run(capsys, runs_dir,
+                                                                     llama_folder):
+    status, _, err = tiny.cli(capsys, "record", str(llama_folder), "--text",
+                              "the cat sat on the mat\n\nthe cat sat on the mat\n\nthe cat",
+                              "--ablate", "L0H1", "--ablation", "resample")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "has no other: give prompts of one length" in err
+    assert RunStore(runs_dir).runs() == []

@@ -206,6 +206,118 @@ def test_resample_donors_are_a_derangement_fixed_by_the_seed(batch):
         donors(1, 0)
 
 
+def _single_cycle(batch, seed):
+    """The donors of a batch of one length, written out apart from the library: one
+    random cycle through the whole batch, as resample masks drew them before they paired
+    prompts by length (stored runs stay reproducible)."""
+    order = torch.randperm(batch, generator=torch.Generator().manual_seed(seed))
+    out = torch.empty(batch, dtype=torch.long)
+    for i in range(batch):
+        out[order[i]] = order[(i + 1) % batch]
+    return out
+
+
+@pytest.mark.parametrize("batch", [2, 3, 4, 7])
+def test_a_batch_of_one_length_gets_the_single_cycle_it_always_got(batch):
+    for seed in (0, 1, 5, 123456789):
+        want = _single_cycle(batch, seed)
+        assert torch.equal(donors(batch, seed), want)
+        assert torch.equal(donors([9] * batch, seed), want)
+        assert torch.equal(donors(torch.full((batch,), 4), seed), want)
+
+
+def test_donors_pair_prompts_of_one_length():
+    lengths = [5, 7, 5, 7, 7, 3, 3, 5]
+    for seed in range(20):
+        d = donors(lengths, seed)
+        assert sorted(d.tolist()) == list(range(len(lengths)))
+        for b, donor in enumerate(d.tolist()):
+            assert donor != b and lengths[donor] == lengths[b]
+        for n in set(lengths):  # one cycle through each length's prompts
+            members = [b for b, m in enumerate(lengths) if m == n]
+            seen, b = set(), members[0]
+            while b not in seen:
+                seen.add(b)
+                b = int(d[b])
+            assert seen == set(members)
+        assert torch.equal(d, donors(lengths, seed))
+    assert len({tuple(donors(lengths, s).tolist()) for s in range(20)}) > 1
+
+
+@pytest.mark.parametrize("lengths, lone", [
+    ([5, 5, 7], "5 tokens x2, 7 tokens x1, and the prompt of 7 tokens has no other"),
+    ([3, 5, 5, 7], "3 tokens x1, 5 tokens x2, 7 tokens x1, and the prompts of 3 and 7 "
+                   "tokens have no other")])
+def test_a_prompt_alone_of_its_length_is_refused_in_one_line(lengths, lone):
+    with pytest.raises(WorkbenchError) as caught:
+        donors(lengths, 0)
+    message = str(caught.value)
+    assert lone in message and "\n" not in message
+    assert "prompts of one length" in message and "max_batch_tokens" in message
+
+
+def _ragged(model, lengths, seed=0):
+    """Random prompts of ``lengths``, right-padded into one batch, and its attention mask."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(lengths), max(lengths)), model.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.randint(5, model.info.d_vocab, (n,), generator=gen)
+        mask[b, :n] = 1
+    return ids, mask
+
+
+def test_a_ragged_batch_resamples_each_prompt_from_one_of_its_length(llama):
+    lengths, seed = [5, 7, 5, 7], 2
+    ids, attention = _ragged(llama, lengths)
+    donor = donors(lengths, seed).tolist()
+    assert [lengths[d] for d in donor] == lengths
+    assert [donor[d] for d in donor] == [0, 1, 2, 3]  # pairs: each is its donor's donor
+    mask = HeadMask.for_model(llama, ablation="resample", seed=seed).without([(0, 1), (1, 3)])
+    with applied(llama, mask), torch.inference_mode():
+        got = llama.logits(ids, attention_mask=attention)
+        _, cache = llama.bridge.run_with_cache(ids, attention_mask=attention,
+                                               names_filter=lambda n: "hook_z" in n)
+    z0 = cache["blocks.0.attn.hook_z"]
+    for b, n in enumerate(lengths):
+        # by hand: each prompt run alone; L0H1 is its donor's clean output alone, and L1H3
+        # its donor's output in the donor's own pass ablated the same way below it
+        alone = [_z(llama, ids[i:i + 1, :n]) for i in (b, donor[b])]
+        torch.testing.assert_close(z0[b, :n, 1], alone[1][0][0, :, 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(z0[b, :n, 0], alone[0][0][0, :, 0], atol=1e-5, rtol=1e-5)
+        want = _patched_alone(llama, ids[b:b + 1, :n], ids[donor[b]:donor[b] + 1, :n])
+        torch.testing.assert_close(got[b, :n], want[0], atol=1e-4, rtol=1e-4)
+
+
+def _patched_alone(model, ids, donor_ids):
+    """``ids`` run alone with L0H1 and L1H3 taken from ``donor_ids`` run alone, whose own
+    L0H1 is taken from ``ids`` (two prompts of one length are each other's donors)."""
+    def setting(head, value):
+        def hook(z, hook):
+            z = z.clone()
+            z[:, :, head] = value
+            return z
+        return hook
+
+    with torch.inference_mode():
+        clean_self, clean_donor = (_z(model, x, layers=(0,))[0][:, :, 1]
+                                   for x in (ids, donor_ids))
+        with model.bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_z", setting(1, clean_self))]):
+            donor_l1 = _z(model, donor_ids, layers=(1,))[0][:, :, 3]
+        with model.bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_z", setting(1, clean_donor)),
+                                           ("blocks.1.attn.hook_z", setting(3, donor_l1))]):
+            return model.bridge(ids)
+
+
+def test_a_prompt_alone_of_its_length_stops_the_pass(llama):
+    ids, attention = _ragged(llama, [5, 5, 7])
+    mask = HeadMask.for_model(llama, ablation="resample").without([(1, 0)])
+    with applied(llama, mask), torch.inference_mode():
+        with pytest.raises(WorkbenchError, match="the prompt of 7 tokens has no other"):
+            llama.logits(ids, attention_mask=attention)
+        llama.logits(ids)  # no mask given: every position counts, one cycle through all 3
+
+
 def _z(model, ids, layers=(0, 1)):
     """Every layer's ``hook_z`` of ``ids``, as the pass (with any hooks already on) gives it."""
     with torch.inference_mode():

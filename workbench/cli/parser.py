@@ -125,6 +125,8 @@ COUNT = Number(int, Range(min=1, max=MAX_COUNT))
 PORT = Number(int, Range(min=1, max=65535))
 CPUS = Number(int, Range(min=1, max=MAX_CELL_CPUS), cpus_problem)
 GPUS = Number(float, Range(min=0, max=MAX_CELL_GPUS), gpus_problem)
+SEED = Number(int, Range(min=0, max=(1 << 63) - 1))
+"""``--ablation-seed``: a head mask's seed (:class:`~workbench.store.records.HeadMaskFile`)."""
 """A sweep cell's CPUs and GPUs (a fraction of one GPU or whole GPUs, as Ray schedules)."""
 
 
@@ -219,7 +221,11 @@ def _mask_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablation", type=_ablation, metavar="|".join(get_args(Ablation)),
                    help="with --ablate: what replaces an ablated head: zero, its mean "
                    "output over the natural prompt set, or its output on another prompt "
-                   "of the same batch (resample, donors drawn with seed 0; default zero)")
+                   "of the same batch and length (resample, donors drawn with "
+                   "--ablation-seed; default zero)")
+    p.add_argument("--ablation-seed", type=SEED, metavar="N", help="with --ablate and "
+                   "--ablation resample: the seed of the donor draw, stored in the head mask "
+                   "(default 0)")
     p.add_argument("--from", dest="from_run", metavar="RUN", help="with --ablate top:... or "
                    "class:...: the run (id, unique id prefix or folder) whose scores or "
                    "head classes name the heads")

@@ -63,11 +63,13 @@ def _check_topk(topk: int, model: Any) -> None:
 
 
 def _heads_mask(args: argparse.Namespace) -> Any:
-    """The head mask of ``--heads-mask FILE`` or ``--ablate HEADS`` (with ``--ablation``
-    and ``--from``), read and checked before any model loads, or ``None``."""
+    """The head mask of ``--heads-mask FILE`` or ``--ablate HEADS`` (with ``--ablation``,
+    ``--ablation-seed`` and ``--from``), read and checked before any model loads, or
+    ``None``."""
     ablate = getattr(args, "ablate", None)
     if ablate is None:
         for given, option in ((getattr(args, "ablation", None), "--ablation"),
+                              (getattr(args, "ablation_seed", None), "--ablation-seed"),
                               (getattr(args, "from_run", None), "--from")):
             if given is not None:
                 raise WorkbenchError(f"{option} goes with --ablate HEADS")
@@ -75,7 +77,8 @@ def _heads_mask(args: argparse.Namespace) -> Any:
         from workbench.harness.ablate import ablation_mask, parse_ablate
 
         return ablation_mask(parse_ablate(ablate), args.ablation or "zero", model=args.model,
-                             from_run=args.from_run, runs_dir=args.out)
+                             from_run=args.from_run, runs_dir=args.out,
+                             seed=args.ablation_seed)
     if not getattr(args, "heads_mask", None):
         return None
     from workbench.harness.ablate import model_heads
@@ -88,7 +91,7 @@ def _heads_mask(args: argparse.Namespace) -> Any:
 
 
 def cmd_record(args: argparse.Namespace) -> None:
-    from workbench.interventions.masks import applied
+    from workbench.interventions.masks import applied, check_donors
     from workbench.models.load import load_model
     from workbench.recording.writer import record
     from workbench.store.records import Interventions
@@ -104,6 +107,7 @@ def cmd_record(args: argparse.Namespace) -> None:
     prompts = make_prompts(model, args.limit)
     for p in prompts:  # check every prompt before a run is created
         model.encode(p)
+    check_donors(mask, model.batches(prompts, max_tokens=args.max_batch_tokens))
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
               "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype,
               "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid,

@@ -2,7 +2,7 @@
 :class:`~workbench.interventions.masks.HeadMask` a ``--heads-mask`` file holds.
 
 Four forms name the heads a run ablates (``--ablation zero|mean|resample`` says what
-replaces them):
+replaces them, ``--ablation-seed`` the seed of a resample's donor draw):
 
 - ``L17H3,L18H6``: these heads;
 - ``top:METRIC:N`` with ``--from RUN``: the ``N`` heads of highest score of ``METRIC`` in
@@ -135,7 +135,8 @@ def model_heads(model: str) -> tuple[int, int] | None:
 
 
 def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
-                  from_run: str | None, runs_dir: str | Path | None = None) -> HeadMask:
+                  from_run: str | None, runs_dir: str | Path | None = None,
+                  seed: int | None = None) -> HeadMask:
     """The head mask ``spec`` names for ``model``, every part checked before it loads.
 
     Args:
@@ -144,12 +145,18 @@ def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
         model: the model argument of the run (``None``: the experiment takes none).
         from_run: ``--from``: a run id, unique prefix or folder (``top`` and ``class``).
         runs_dir: the run store ``from_run`` is looked up in.
+        seed: ``--ablation-seed``: the seed of a ``resample`` mask's donor draw (``None``:
+            0); refused with any other ablation.
 
     Raises:
-        WorkbenchError: one line: no model, ``--from`` missing or given to a list of heads,
+        WorkbenchError: one line: a seed for an ablation other than ``resample``, no model,
+            ``--from`` missing or given to a list of heads,
             no such run, an unknown metric or class (listing the run's), an empty class, a
             run on another model, or a head the model does not have.
     """
+    if seed is not None and ablation != "resample":
+        raise WorkbenchError(f"--ablation-seed goes with --ablation resample (the seed of its "
+                             f"donor draw); --ablation {ablation} draws nothing")
     if model is None:
         raise WorkbenchError("--ablate needs --model: the mask is made for a model's heads")
     if isinstance(spec, Listed) == (from_run is not None):
@@ -174,7 +181,8 @@ def ablation_mask(spec: AblateSpec, ablation: Ablation, *, model: str | None,
         note = f"{_spec_text(spec)} of run {run.id}"
     _check_heads(heads, shape, model)
     name = model if isinstance(reference.parse_model(model), reference.Bundled) else None
-    mask = HeadMask.ones(*shape, ablation=ablation, model=name, note=note).without(heads)
+    mask = HeadMask.ones(*shape, ablation=ablation, model=name, note=note,
+                         seed=seed or 0).without(heads)
     mask.check_reference("--ablation mean")
     return mask
 

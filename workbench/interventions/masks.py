@@ -15,12 +15,13 @@ Ablation kinds:
   mean over every real token of a reference batch (:func:`head_means`).
 - ``resample``: ``z_h[b] -> xi_h z_h[b] + (1 - xi_h) z_h[donor(b)]``, each prompt's output
   of the head replaced, position by position, by its output on a donor prompt of the same
-  forward batch: a random cyclic permutation of the batch drawn from the mask's ``seed``
-  (:func:`donors`), so no prompt is its own donor. The hooks run in the pass they change,
-  so where heads of several layers are resampled, a donor's output at a higher layer is
-  that of the already-ablated pass. Batches are right-padded: a prompt longer than its
-  donor takes, past the donor's end, the donor's values at padding positions, so resample
-  prompts of one length (repeated random tokens, fixed windows).
+  forward batch and the same real length (:func:`donors`): the prompts of each length form
+  a random cycle drawn from the mask's ``seed``, so no prompt is its own donor and a
+  donor's real positions are the prompt's own (batches are right-padded). The lengths are
+  read off the attention mask the pass is given (:func:`watched`); a pass given none
+  counts every position as real. A prompt with no other of its length in its batch is
+  refused. The hooks run in the pass they change, so where heads of several layers are
+  resampled, a donor's output at a higher layer is that of the already-ablated pass.
 
 Masks compose by multiplication, save to and load from a small JSON file, and apply to
 any run or recording (``--heads-mask FILE``).
@@ -50,6 +51,7 @@ from workbench.core.files import read_bounded
 from workbench.core.options import Ablation
 from workbench.core.records import RecordError
 from workbench.core.values import shown
+from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set, prompt_set_names
 from workbench.models.base import Model
 from workbench.recording import hooks
@@ -254,33 +256,124 @@ def head_means(model: Model, prompts: Sequence[Prompt], *, max_batch_tokens: int
     return (sums / max(count, 1)).float()
 
 
-def donors(batch: int, seed: int) -> Int[Tensor, " batch"]:
+def donors(lengths: int | Sequence[int] | Int[Tensor, " batch"], seed: int
+           ) -> Int[Tensor, " batch"]:
     """Which prompt of a forward batch each prompt takes a resampled head's output from:
-    ``donors(B, seed)[b]`` is ``b``'s donor. A random cyclic permutation (one cycle through
-    the whole batch, its order drawn from ``seed``), so no prompt is its own donor, and the
-    same batch size and seed give the same donors.
+    ``donors(lengths, seed)[b]`` is ``b``'s donor, a prompt of the same real length.
+
+    The prompts of each length form one random cycle (their order drawn from ``seed``, the
+    lengths taken from the shortest up), so no prompt is its own donor, and the same
+    lengths and seed give the same donors. A batch of one length gets the cycle through the
+    whole batch that ``donors(len(lengths), seed)`` gives.
+
+    Args:
+        lengths: each prompt's real length, or the number of prompts of a batch of one length.
+        seed: the seed of the draw (a head mask's ``seed``).
 
     Raises:
-        WorkbenchError: a batch of fewer than 2 prompts, which has no other prompt to give.
+        WorkbenchError: a batch of fewer than 2 prompts, or a prompt with no other of its
+            length in the batch: one line naming the lengths.
 
     Examples:
         >>> d = donors(5, seed=0)
         >>> sorted(d.tolist()), bool((d != torch.arange(5)).all())
         ([0, 1, 2, 3, 4], True)
+        >>> d = donors([5, 7, 5, 7], seed=0)
+        >>> sorted(d[[0, 2]].tolist()), sorted(d[[1, 3]].tolist())
+        ([0, 2], [1, 3])
     """
-    if batch < 2:
+    sizes = [1] * lengths if isinstance(lengths, int) else [int(n) for n in lengths]
+    if len(sizes) < 2:
         raise WorkbenchError(f"resample ablation takes a head's output from another prompt of "
-                             f"the same forward batch; this batch holds {batch} prompt (give "
-                             "at least 2 prompts, within max_batch_tokens of one batch)")
-    order = torch.randperm(batch, generator=torch.Generator().manual_seed(seed))
-    out = torch.empty(batch, dtype=torch.long)
-    out[order] = order.roll(-1)  # order[i] takes from order[i + 1]: a single cycle
+                             f"the same forward batch; this batch holds {len(sizes)} prompt "
+                             "(give at least 2 prompts, within max_batch_tokens of one batch)")
+    groups: dict[int, list[int]] = {}
+    for b, n in enumerate(sizes):
+        groups.setdefault(n, []).append(b)
+    if lone := sorted(n for n, members in groups.items() if len(members) == 1):
+        counts = ", ".join(f"{n} tokens x{len(groups[n])}" for n in sorted(groups))
+        which = (f"the prompt of {lone[0]} tokens has" if len(lone) == 1 else
+                 f"the prompts of {', '.join(map(str, lone[:-1]))} and {lone[-1]} tokens have")
+        raise WorkbenchError(
+            f"resample ablation takes a head's output from another prompt of the same length "
+            f"in the same forward batch; this batch holds {counts}, and {which} no other: "
+            "give prompts of one length (e.g. repeated random tokens or fixed windows) or a "
+            "bigger max_batch_tokens")
+    generator = torch.Generator().manual_seed(seed)
+    out = torch.empty(len(sizes), dtype=torch.long)
+    for n in sorted(groups):
+        members = torch.tensor(groups[n])
+        order = members[torch.randperm(len(members), generator=generator)]
+        out[order] = order.roll(-1)  # order[i] takes from order[i + 1]: a single cycle
     return out
+
+
+def check_donors(mask: HeadMask | None, batches: Iterable[Batch]) -> None:
+    """Refuse, before a pass runs, batches in which a ``resample`` mask finds no donor for
+    some prompt (:func:`donors`); any other mask passes.
+
+    Raises:
+        WorkbenchError: the first batch refused, as :func:`donors` says it.
+    """
+    if mask is None or mask.ablation != "resample":
+        return
+    for batch in batches:
+        donors(batch.attention_mask.sum(1), mask.seed)
+
+
+@dataclass
+class PassMask:
+    """The attention mask of the forward pass in progress, as :func:`watched` sees it, and
+    the donors a resample mask drew for that pass (drawn once, read by every layer)."""
+
+    in_pass: bool = False
+    mask: Tensor | None = None
+    donors: Tensor | None = None
+
+    def lengths(self, z: Float[Tensor, "batch pos head_index d_head"]
+                ) -> Int[Tensor, " batch"]:
+        """Each row's real length: its count of real positions where the pass was given a
+        ``[batch, pos]`` mask of ``z``'s rows and positions; otherwise (no mask, a 4-D
+        visibility mask, a mask over cached positions too) every position counts."""
+        mask = self.mask
+        if mask is not None and mask.ndim == 2 and tuple(mask.shape) == tuple(z.shape[:2]):
+            return (mask != 0).sum(1).cpu()
+        return torch.full((z.shape[0],), z.shape[1], dtype=torch.long)
+
+
+@contextlib.contextmanager
+def watched(bridge: Any) -> Iterator[PassMask]:
+    """Keep the attention mask each forward pass of ``bridge`` is given, for the length of
+    the pass.
+
+    The hooks sit on the wrapped model (``bridge.original_model``), which every path
+    calls with the mask as a keyword: ``bridge(ids, attention_mask=...)``,
+    ``run_with_cache`` and ``run_with_hooks`` (the last two call the bridge's ``forward``
+    directly, past any hook on the bridge itself). Outside a pass, and after one that
+    stopped early, the mask is ``None``.
+    """
+    seen = PassMask()
+
+    def start(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        seen.in_pass, seen.mask, seen.donors = True, kwargs.get("attention_mask"), None
+
+    def end(module: Any, args: Any, output: Any) -> None:
+        seen.in_pass, seen.mask, seen.donors = False, None, None
+
+    model = bridge.original_model
+    handles = [model.register_forward_pre_hook(start, with_kwargs=True),
+               model.register_forward_hook(end, always_call=True)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def mask_hooks(values: Float[Tensor, "layer head_index"],
                means: Float[Tensor, "layer head_index d_head"] | None = None, *,
-               resample_seed: int | None = None) -> list[tuple[str, Any]]:
+               resample_seed: int | None = None, seen: PassMask | None = None
+               ) -> list[tuple[str, Any]]:
     """Forward hooks on every layer's ``hook_z`` that apply ``values``.
 
     ``values`` may require grad (Michel et al.'s gradient importance differentiates the
@@ -290,11 +383,15 @@ def mask_hooks(values: Float[Tensor, "layer head_index"],
         values: the mask.
         means: a removed head becomes its mean (``mean`` ablation).
         resample_seed: a removed head becomes its output on a donor prompt of the same
-            batch (``resample`` ablation, :func:`donors`); ``means`` must be ``None``.
+            batch and length (``resample`` ablation, :func:`donors`); ``means`` must be
+            ``None``.
+        seen: the pass's attention mask (:func:`watched`), whose real lengths pair the
+            donors; ``None``: every position of every prompt counts as real.
     """
     if means is not None and resample_seed is not None:
         raise ValueError("a mask ablates to means or resamples, not both")
     fixed = means is None and resample_seed is None
+    seen = seen or PassMask()
     fwd = []
     for layer in range(values.shape[0]):
         if (means is None and not values.requires_grad
@@ -306,7 +403,11 @@ def mask_hooks(values: Float[Tensor, "layer head_index"],
             if fixed:
                 return z * xi
             if resample_seed is not None:
-                donor = donors(z.shape[0], resample_seed).to(z.device)
+                donor = seen.donors
+                if donor is None:
+                    donor = donors(seen.lengths(z), resample_seed).to(z.device)
+                    if seen.in_pass:  # drawn again in the next pass, for its own lengths
+                        seen.donors = donor
                 return z * xi + (1 - xi) * z[donor]  # the donor's output in this pass
             assert means is not None
             return z * xi + (1 - xi) * means[layer].to(z.dtype)[None, None]
@@ -332,5 +433,6 @@ def applied(model: Model, mask: HeadMask | None, *,
         means = None
     elif means is None:
         means = head_means(model, load_prompt_set(mask.reference, model))
-    with model.bridge.hooks(fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed)):
+    with watched(model.bridge) as seen, model.bridge.hooks(
+            fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed, seen=seen)):
         yield

@@ -244,7 +244,8 @@ def interventions_text(interventions: Interventions | None) -> str:
     them: ``9 heads mean-ablated (L17H3, L17H4, L17H5, ...)``; ``""`` for a run without any.
 
     A mask's heads scaled between 0 and 1 are named apart (``2 heads scaled (L0H1,
-    L1H0)``); a mask that changes nothing says so (``head mask of all ones``).
+    L1H0)``); a resample's seed is named where it is not 0 (``1 head resample-ablated,
+    seed 3 (L0H1)``); a mask that changes nothing says so (``head mask of all ones``).
 
     Examples:
         >>> mask = HeadMaskFile(format="workbench-heads-mask", n_layers=2, n_heads=2,
@@ -256,9 +257,10 @@ def interventions_text(interventions: Interventions | None) -> str:
     if mask is None:
         return ""
     removed, scaled = mask.removed(), mask.scaled()
+    seeded = f", seed {mask.seed}" if mask.ablation == "resample" and mask.seed else ""
     parts = [f"{len(heads)} head{'' if len(heads) == 1 else 's'} {what} ({_heads_text(heads)})"
-             for heads, what in ((removed, f"{mask.ablation}-ablated"), (scaled, "scaled"))
-             if heads]
+             for heads, what in ((removed, f"{mask.ablation}-ablated{seeded}"),
+                                 (scaled, "scaled")) if heads]
     return "; ".join(parts) or "head mask of all ones"
 
 
