@@ -33,8 +33,11 @@ Tasks:
   "The passcode for the KEY is VALUE." after BOS, filler prose of the Python documentation,
   then "The passcode for the KEY is"), a key and a value drawn with the seed, against the
   same document planting another value; the metric is ``logit(VALUE) - logit(OTHER)`` at
-  the last position. ``doc_tokens`` beyond the model's context is refused before the model
-  loads where its context is known then (a bundled model), else before a run exists.
+  the last position. ``depth`` in ``[0, 1)`` plants the line after that fraction of the
+  filler instead (0, the default: right after BOS), to ask how the circuit changes with
+  the pair's distance from the question. ``doc_tokens`` beyond the model's context is
+  refused before the model loads where its context is known then (a bundled model), else
+  before a run exists; a depth outside ``[0, 1)`` with the config.
 
 An encoder (no next token to read a metric from) is refused before its weights load
 where its config says what it is (a bundled model, a local folder).
@@ -55,6 +58,7 @@ Example:
     workbench run circuit --model smollm2 --set task=ioi --set n_prompts=16
     python -m experiments.circuit --model smollm2 --set task=induction --set method=eap
     workbench run circuit --model smollm2 --set task=retrieval --set doc_tokens=2048
+    workbench run circuit --model smollm2 --set task=retrieval --set depth=0.5
     workbench run circuit --model smollm2 --set classes_from=RUN_ID,OTHER_RUN_ID
 """
 
@@ -134,6 +138,8 @@ class Config:
                       "workbench.inputs.retrieval.KEYS), filtered to single tokens")
     values: str = param("auto", "retrieval: candidate values ('auto': "
                         "workbench.inputs.retrieval.VALUES), filtered to single tokens")
+    depth: float = param(0.0, "retrieval: the fraction of the filler before the planted "
+                         "line, in [0, 1); 0: right after BOS", min=0.0, max=1.0)
     classes_from: str = param("", "runs (comma-separated ids) whose stored head classes the "
                               "circuit's heads are compared with; empty: none")
     seq_len: int = param(16, "induction: random tokens in each repeat", min=2, max=4096)
@@ -155,6 +161,9 @@ class Config:
     def __post_init__(self) -> None:
         if self.fractions:
             check_fractions(self.fractions)
+        if not self.depth < 1:  # max is inclusive; the line must stay apart from the question
+            raise ValueError(f"depth: expected below 1 (a fraction of the filler in [0, 1)), "
+                             f"got {self.depth}")
 
     def grid(self) -> tuple[float, ...]:
         """The circuit sizes evaluated."""
@@ -220,7 +229,8 @@ def make_task(model: Model, cfg: Config) -> Task:
         return greater_than_task(model, cfg.n_prompts, cfg.seed, nouns=_words(cfg.nouns))
     if cfg.task == "retrieval":
         return retrieval_task(model, cfg.n_prompts, cfg.doc_tokens, cfg.seed,
-                              keys=_words(cfg.keys), values=_words(cfg.values))
+                              keys=_words(cfg.keys), values=_words(cfg.values),
+                              depth=cfg.depth)
     return induction_task(model, cfg.n_prompts, cfg.seq_len, cfg.seed)
 
 

@@ -82,13 +82,14 @@ def greater_than_task(model: Model, n_prompts: int, seed: int, *,
 
 
 def retrieval_task(model: Model, n_prompts: int, doc_tokens: int, seed: int, *,
-                   keys: Sequence[str] | None = None, values: Sequence[str] | None = None
-                   ) -> Task:
-    """Documents of ``doc_tokens`` tokens with a key and its value planted at the start and
-    the key asked for at the end, against the same documents planting another value; the
-    logit difference of the planted value over the other one at the last position."""
+                   keys: Sequence[str] | None = None, values: Sequence[str] | None = None,
+                   depth: float = 0.0) -> Task:
+    """Documents of ``doc_tokens`` tokens with a key and its value planted at the start (or
+    ``depth`` into the filler) and the key asked for at the end, against the same documents
+    planting another value; the logit difference of the planted value over the other one
+    at the last position."""
     prompts = retrieval_prompts(model, n_prompts, doc_tokens=doc_tokens, seed=seed, keys=keys,
-                                values=values)
+                                values=values, depth=depth)
     check_lengths([len(p.ids) for p in prompts], [len(p.corrupted) for p in prompts])
     metric = LogitDifference(torch.tensor([p.value_id for p in prompts]),
                              torch.tensor([p.corrupted_id for p in prompts]),

@@ -1,8 +1,11 @@
 """The circuit experiment's retrieval task on the tiny Llama: the planted pair where the
 prompt says it is, clean and corrupted of one length, the metric's sign by hand, the
-faithfulness endpoints, and the refusals before a model loads."""
+faithfulness endpoints, the refusals before a model loads, and the pair planted at a depth
+(depth 0: the documents built by hand as they were before the depth existed)."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
@@ -10,9 +13,10 @@ import torch
 
 from experiments.circuit.measure import retrieval_task
 from tests import tiny
-from workbench.core.errors import ModelCapabilityError, WorkbenchError
+from workbench.core.errors import ConfigError, ModelCapabilityError, WorkbenchError
 from workbench.harness import experiment as harness
 from workbench.harness.experiment import run_experiment
+from workbench.inputs.corpus import python_docs
 from workbench.inputs.retrieval import BREAK, LEAD, LINK, retrieval_prompts
 from workbench.interventions.circuits.ablate import circuit_metrics
 from workbench.interventions.circuits.faithfulness import faithfulness
@@ -139,3 +143,89 @@ def test_an_encoder_is_refused_before_the_load(bert_hf, bert_tokenizer, tmp_path
             run_experiment("circuit", model, {"task": "retrieval"}, runs_dir=runs_dir)
         assert "needs a causal model" in str(err.value) and "\n" not in str(err.value)
     assert not RunStore(runs_dir).runs()
+
+
+def _today(model, n: int, doc_tokens: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """The documents as they were before ``depth`` (the pair right after BOS), built by
+    hand from the draws the module documents: a key, two values, where the filler starts."""
+    rng, docs = random.Random(seed), python_docs()
+    keys = {w: _ids(model, " " + w)[0] for w in KEYS}
+    values = {w: _ids(model, " " + w)[0] for w in VALUES}
+    lead, link, stop, brk = (_ids(model, t) for t in (LEAD, LINK, ".", BREAK))
+    n_filler = doc_tokens - (1 + 2 * (len(lead) + 1 + len(link)) + 1 + len(stop) + 2 * len(brk))
+    out = []
+    for _ in range(n):
+        key = rng.choice(sorted(keys))
+        value, other = rng.sample(sorted(values), 2)
+        start = rng.randrange(len(docs))
+        text = "".join(docs[(start + i) % len(docs)] + BREAK for i in range(40))
+        filler = _ids(model, text)[:n_filler]
+        line = [*lead, keys[key], *link]
+        out.append(tuple([model.info.bos_token_id, *line, v, *stop, *brk, *filler, *brk, *line]
+                         for v in (values[value], values[other])))
+    return out
+
+
+def test_depth_0_is_todays_documents_token_for_token(llama):
+    for seed, doc_tokens in ((0, 80), (3, 200)):
+        got = retrieval_prompts(llama, 5, doc_tokens=doc_tokens, seed=seed, keys=KEYS,
+                                values=VALUES, depth=0.0)
+        assert got == retrieval_prompts(llama, 5, doc_tokens=doc_tokens, seed=seed,
+                                        keys=KEYS, values=VALUES)  # the default
+        assert [(list(p.ids), list(p.corrupted)) for p in got] == _today(llama, 5, doc_tokens,
+                                                                         seed)
+
+
+def test_depth_plants_the_line_that_far_into_the_filler(llama):
+    lead, link, stop, brk = (_ids(llama, t) for t in (LEAD, LINK, ".", BREAK))
+    flat = retrieval_prompts(llama, 4, doc_tokens=400, seed=2, keys=KEYS, values=VALUES)
+    deep = retrieval_prompts(llama, 4, doc_tokens=400, seed=2, keys=KEYS, values=VALUES,
+                             depth=0.5)
+    n_filler = 400 - (1 + 2 * (len(lead) + 1 + len(link)) + 1 + len(stop) + 2 * len(brk))
+    before = round(0.5 * n_filler)
+    for p, q in zip(flat, deep, strict=True):
+        assert (q.key, q.value, q.corrupted_value) == (p.key, p.value, p.corrupted_value)
+        assert len(q.ids) == len(q.corrupted) == 400 and q.position == 399
+        # about midway through the document, after `before` filler tokens and a break
+        assert q.key_position == 1 + before + len(brk) + len(lead)
+        assert 0.45 < q.key_position / 400 < 0.55
+        tokens = llama.str_tokens(list(q.ids))
+        assert tokens[q.key_position] == " " + q.key and tokens[q.value_position] == " " + q.value
+        assert q.value_position == q.key_position + 1 + len(link)
+        differ = [i for i, (a, b) in enumerate(zip(q.ids, q.corrupted, strict=True)) if a != b]
+        assert differ == [q.value_position]
+        # the planted line sits inside the same filler, which gives up a break's tokens
+        line_at = q.key_position - len(lead)
+        assert list(q.ids[line_at - len(brk): line_at]) == brk
+        planted = [*brk, *lead, q.ids[q.key_position], *link, q.ids[q.value_position], *stop,
+                   *brk]
+        assert list(q.ids[line_at - len(brk): q.value_position + 1 + len(stop) + len(brk)]
+                    ) == planted
+        filler = [*q.ids[1: line_at - len(brk)],
+                  *q.ids[q.value_position + 1 + len(stop) + len(brk): -len(brk) - len(
+                      lead) - 1 - len(link)]]
+        flat_filler = p.ids[p.value_position + 1 + len(stop) + len(brk):
+                            -len(brk) - len(lead) - 1 - len(link)]
+        assert filler == list(flat_filler[: n_filler - len(brk)])
+        question = [*lead, q.ids[q.key_position], *link]
+        assert list(q.ids[-len(question):]) == question
+    task = retrieval_task(llama, 4, 400, 2, keys=KEYS, values=VALUES, depth=0.5)
+    assert task.clean.tolist() == [list(q.ids) for q in deep]
+    assert task.corrupted.tolist() == [list(q.corrupted) for q in deep]
+
+
+@pytest.mark.parametrize("depth", ["1", "1.5", "-0.1", "nan"])
+def test_a_depth_outside_0_1_is_refused_before_the_load(monkeypatch, runs_dir, depth):
+    _no_load(monkeypatch)
+    with pytest.raises(ConfigError) as err:
+        run_experiment("circuit", "smollm2", ["task=retrieval", f"depth={depth}"],
+                       runs_dir=runs_dir)
+    assert "depth" in str(err.value) and "\n" not in str(err.value)
+    assert not runs_dir.exists() or not RunStore(runs_dir).runs()
+
+
+@pytest.mark.parametrize("depth", [1.0, -0.5, float("nan")])
+def test_the_library_refuses_a_depth_outside_0_1(llama, depth):
+    with pytest.raises(WorkbenchError, match=r"^depth must be a fraction of the filler in "
+                       r"\[0, 1\)"):
+        retrieval_prompts(llama, 1, doc_tokens=80, keys=KEYS, values=VALUES, depth=depth)

@@ -282,3 +282,35 @@ def test_the_cell_count_is_known_before_models_are_resolved(monkeypatch):
     with pytest.raises(SpecError, match=r"^the sweep has 10,100 cells; one sweep runs at most "
                        r"10,000"):
         expand(spec)
+
+
+def test_a_cell_its_experiments_preflight_refuses_refuses_the_sweep(capsys, runs_dir,
+                                                                    tmp_path, llama_folder):
+    spec = tmp_path / "circuits.toml"
+    spec.write_text('experiments = ["circuit"]\nmodels = ["smollm2"]\n'
+                    '[set]\ntask = "retrieval"\n[grid]\ndoc_tokens = [512, 9000]\n')
+    with pytest.raises(SpecError) as refused:
+        expand(load_spec(spec), runs_dir)
+    said = ("the sweep's cell circuit on 'smollm2' (doc_tokens=9000): doc_tokens=9000 is "
+            "beyond smollm2's context of 8192 tokens; give at most 8192")
+    assert str(refused.value) == said
+    for dry in ([], ["--dry-run"]):  # refused before Ray starts or a run exists
+        status, _, err = tiny.cli(capsys, "sweep", str(spec), *dry, "--out", str(runs_dir))
+        assert (status, err) == (2, f"error: {said}\n")
+    assert not runs_dir.exists() or not RunStore(runs_dir).runs()
+    missing = parse_spec({"cells": [{"experiment": "circuit", "model": str(llama_folder),
+                                     "set": {"classes_from": "20250101-000000-ioi-none-ab12"}}]})
+    with pytest.raises(SpecError, match=r"^the sweep's cell \[\[cells\]\] entry 0 \(circuit on "
+                       r".*\): .*20250101-000000-ioi-none-ab12"):
+        expand(missing, runs_dir)
+
+
+def test_cells_that_pass_their_experiments_preflight_plan_as_before(runs_dir, tmp_path):
+    spec = tmp_path / "circuits.toml"
+    spec.write_text('experiments = ["circuit"]\nmodels = ["smollm2", "minilm"]\n'
+                    '[set]\ntask = "retrieval"\n[grid]\ndoc_tokens = [512, 8192]\n')
+    cells = expand(load_spec(spec), runs_dir)
+    got = sorted((c.model.name, c.overrides["doc_tokens"], bool(c.skip)) for c in cells)
+    assert got == [("minilm", 512, True), ("minilm", 8192, True),  # an encoder: skipped
+                   ("smollm2", 512, False), ("smollm2", 8192, False)]
+    assert not runs_dir.exists() or not RunStore(runs_dir).runs()

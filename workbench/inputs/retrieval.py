@@ -1,9 +1,21 @@
-"""Long-context retrieval prompts: a key-value pair planted at the start of a document of N
-tokens, and asked for at its end.
+"""Long-context retrieval prompts: a key-value pair planted in a document of N tokens, at its
+start or at a depth into its filler, and asked for at its end.
 
 Each prompt is ``N`` tokens long, the model's BOS included::
 
     [BOS] The passcode for the vault is tiger.\\n\\n <filler> \\n\\nThe passcode for the vault is
+
+At ``depth`` d in ``[0, 1)`` (as in "needle in a haystack" evaluations), ``round(d * F)``
+filler tokens come before the planted line, ``F`` being the filler's tokens at depth 0,
+with a break between them, and the rest after it (the break's tokens are taken from the
+filler, so the document keeps its ``N`` tokens)::
+
+    [BOS] <filler, first part> \\n\\nThe passcode for the vault is tiger.\\n\\n <filler, rest>
+    \\n\\nThe passcode for the vault is
+
+The filler is cut at a token, mid-sentence as it may be. ``d = 0`` is the layout above,
+the same ids as before the depth existed; each prompt's ``key_position`` and
+``value_position`` say where the pair sits.
 
 The filler is natural text that needs no download: the prose of the Python reference
 documentation (:func:`workbench.inputs.corpus.python_docs`), from a topic drawn with the
@@ -21,6 +33,9 @@ Examples:
     >>> prompts = retrieval_prompts(model, 4, doc_tokens=512, seed=0)   # doctest: +SKIP
     >>> prompts[0].key, prompts[0].value, prompts[0].value_position     # doctest: +SKIP
     ('vault', 'tiger', 7)
+    >>> deep = retrieval_prompts(model, 4, doc_tokens=512, seed=0, depth=0.5)  # doctest: +SKIP
+    >>> deep[0].key_position, deep[0].value_position                    # doctest: +SKIP
+    (253, 255)
 """
 
 from __future__ import annotations
@@ -122,11 +137,22 @@ def check_doc_tokens(doc_tokens: int, n_ctx: int | None, name: str) -> None:
                              f"tokens; give at most {n_ctx}")
 
 
+def check_depth(depth: float) -> None:
+    """Refuse a planting depth outside ``[0, 1)``.
+
+    Raises:
+        WorkbenchError: one line, with the value.
+    """
+    if not (isinstance(depth, int | float) and 0 <= depth < 1):
+        raise WorkbenchError(f"depth must be a fraction of the filler in [0, 1), got {depth!r}")
+
+
 def retrieval_prompts(model: TokenizingModel, n: int, *, doc_tokens: int, seed: int = 0,
-                      keys: Sequence[str] | None = None, values: Sequence[str] | None = None
-                      ) -> list[RetrievalPrompt]:
+                      keys: Sequence[str] | None = None, values: Sequence[str] | None = None,
+                      depth: float = 0.0) -> list[RetrievalPrompt]:
     """``n`` documents of ``doc_tokens`` tokens, each with a key and a value drawn with
-    ``seed`` planted at its start and asked for at its end, and their corrupted twins.
+    ``seed`` planted at its start (or ``depth`` into its filler) and asked for at its end,
+    and their corrupted twins.
 
     Args:
         model: a causal LM (its tokenizer decides which words are single tokens).
@@ -136,12 +162,15 @@ def retrieval_prompts(model: TokenizingModel, n: int, *, doc_tokens: int, seed: 
         seed: of the draws (keys, values, corrupted values, where the filler starts).
         keys: candidate keys (default :data:`KEYS`), filtered to single tokens.
         values: candidate values (default :data:`VALUES`), filtered to single tokens.
+        depth: the fraction of the filler before the planted line, in ``[0, 1)``; ``0``:
+            right after BOS.
 
     Raises:
-        WorkbenchError: one line: a document beyond the context, no single-token key or
-            fewer than two values, or a document too short for the planted line and the
-            question.
+        WorkbenchError: one line: a depth outside ``[0, 1)``, a document beyond the
+            context, no single-token key or fewer than two values, or a document too short
+            for the planted line and the question.
     """
+    check_depth(depth)
     check_doc_tokens(doc_tokens, model.info.n_ctx, model.info.name)
     key_pool = _pool(model, KEYS if keys is None else keys, "keys", 1)
     value_pool = _pool(model, VALUES if values is None else values, "values", 2)
@@ -154,17 +183,24 @@ def retrieval_prompts(model: TokenizingModel, n: int, *, doc_tokens: int, seed: 
                              f"{fixed}")
     rng = random.Random(seed)
     docs = python_docs()
-    key_at = len(model.frame([])) + len(lead)  # a causal frame adds its BOS before
+    n_filler = doc_tokens - fixed
+    # at a depth, a break separates the filler's first part from the planted line; its
+    # tokens come out of the filler, so the document keeps its length
+    before = min(round(depth * n_filler), n_filler - len(brk))
+    sep = brk if before > 0 else []
+    before = max(before, 0)
+    key_at = len(model.frame([])) + before + len(sep) + len(lead)  # a causal frame's BOS
     value_at = key_at + 1 + len(link)
     out = []
     for _ in range(n):
         key = rng.choice(sorted(key_pool))
         value, other = rng.sample(sorted(value_pool), 2)
-        filler = _filler(model, docs, rng.randrange(len(docs)), doc_tokens - fixed)
+        filler = _filler(model, docs, rng.randrange(len(docs)), n_filler - len(sep))
         line = [*lead, key_pool[key], *link]
-        rest = [*stop, *brk, *filler, *brk, *line]
-        clean = model.frame([*line, value_pool[value], *rest])
-        corrupted = model.frame([*line, value_pool[other], *rest])
+        head = [*filler[:before], *sep, *line]
+        rest = [*stop, *brk, *filler[before:], *brk, *line]
+        clean = model.frame([*head, value_pool[value], *rest])
+        corrupted = model.frame([*head, value_pool[other], *rest])
         out.append(RetrievalPrompt(key, value, other, value_pool[value], value_pool[other],
                                    tuple(clean), tuple(corrupted), key_at, value_at,
                                    len(clean) - 1))

@@ -2,7 +2,8 @@
 
 A sweep (:mod:`workbench.harness.sweeps.spec`) expands into cells before anything runs, so
 an unknown experiment, model or field, a model that is not one, an empty grid, a glob
-matching nothing, two cells that are one run or more than
+matching nothing, two cells that are one run, a cell its experiment's ``preflight``
+refuses (a document beyond a bundled model's context) or more than
 :data:`~workbench.harness.sweeps.spec.MAX_CELLS` cells fail at once, and a cell whose model
 its experiment refuses (an encoder for a causal experiment) is known to be skipped. Then:
 

@@ -39,7 +39,12 @@ spelling led there). The number of cells is counted before any is built, and a s
 more than :data:`MAX_CELLS` is refused. Every model is checked as far as it can be without
 loading it (:func:`resolve_model`), and a cell whose model its experiment refuses (known
 from the model's facts, by the check the run makes once the model has loaded) carries the
-reason as its ``skip``.
+reason as its ``skip``. Each cell that runs then passes its experiment's ``preflight``
+(:attr:`workbench.harness.experiment.Experiment.preflight`, the refusals a run makes
+before its model loads: a document beyond a bundled model's context, a tokenizer without
+the tokens a task needs, stored runs a config names that are missing) on its model's name
+and the sweep's store: a refusal of the model itself skips the cell, any other refuses the
+sweep in one line naming the cell.
 
 Models: bundled names, hub ids, local model folders, checkpoints ``<run-id>/L<n>:<step>``,
 and checkpoint globs such as ``<run-id>/L2:*`` or ``<run-id>/L*:*`` (shell patterns over
@@ -68,6 +73,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, PrivateAttr
 
+from workbench.core import paths
 from workbench.core.errors import ConfigError, ModelCapabilityError, WorkbenchError, printable
 from workbench.core.files import read_bounded
 from workbench.core.records import INT_MAX, Count, Json, PositiveInt, Record, RecordError
@@ -355,7 +361,7 @@ def expand(spec: Spec, runs_dir: str | Path | None = None) -> list[Cell]:
     _check_size(count_cells(spec, lambda model: len(models.get(model))))
     drafts = [*_product_drafts(spec, models), *_explicit_drafts(spec, models)]
     drafts.sort(key=lambda d: ("" if d.ref is None else d.ref.series, _step(d.ref)))
-    cells = [_cell(i, d, spec.config) for i, d in enumerate(drafts)]
+    cells = [_cell(i, d, spec.config, runs_dir) for i, d in enumerate(drafts)]
     _check_distinct(cells, drafts)
     return cells
 
@@ -480,7 +486,7 @@ def _product(grid: Mapping[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
             for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def _cell(index: int, draft: _Draft, base: str) -> Cell:
+def _cell(index: int, draft: _Draft, base: str, runs_dir: str | Path | None) -> Cell:
     exp, ref, seed = draft.exp, draft.ref, draft.seed
     field_names = {f.name for f in dataclasses.fields(exp.config)}
     if seed is not None and "seed" not in field_names:
@@ -497,6 +503,7 @@ def _cell(index: int, draft: _Draft, base: str) -> Cell:
             check_layers(cfg, ref.facts.n_layers, ref.name)  # as the run will, once loaded
     except ConfigError as exc:
         raise SpecError(f"the sweep's cell {draft.source}: {exc}") from None
+    skip = skip or _preflight(draft, cfg, runs_dir)
     # the overrides as the run will record them (tuples as lists), for matching earlier runs
     full = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
     varying = {**draft.values, **({"seed": seed} if seed is not None else {})}
@@ -536,6 +543,32 @@ def _refusal(exp: Experiment, ref: ModelRef | None) -> str:
                                            f"{ref.name}: {verdict.reason}")
     except ModelCapabilityError as exc:
         return str(exc)
+    return ""
+
+
+def _preflight(draft: _Draft, cfg: Any, runs_dir: str | Path | None) -> str:
+    """The experiment's refusals that need no weights (:attr:`Experiment.preflight`: a
+    tokenizer read alone, a model's context, the stored runs a config names), made as the
+    run makes them before its model loads, on the cell's model name and the sweep's store.
+
+    Returns:
+        A refusal of the model itself (:class:`ModelCapabilityError`, an encoder), as the
+        cell's ``skip``, as :func:`_refusal`'s are; ``""`` when nothing refuses the cell.
+
+    Raises:
+        SpecError: any other refusal, naming the cell (the sweep would fail at it).
+    """
+    if draft.exp.preflight is None:
+        return ""
+    # every model a cell names exists by now (checkpoints and globs are resolved in the
+    # store), so its name is what the run's preflight will be given
+    try:
+        draft.exp.preflight(cfg, draft.ref.name if draft.ref else None,
+                            paths.runs_dir(runs_dir))
+    except ModelCapabilityError as exc:
+        return str(exc)
+    except WorkbenchError as exc:
+        raise SpecError(f"the sweep's cell {draft.source}: {exc}") from None
     return ""
 
 
