@@ -47,13 +47,14 @@ model or without head classes is refused before the model loads.
 Tables: ``edges`` (every edge's score, rank and, for the top ``n_exact``, its exact
 effect), ``nodes`` (each node's summed scores), ``faithfulness`` (the curve with its
 intervals), ``scores`` (CPR, CMD, the rank correlation, the clean, empty and corrupted
-metrics: the empty circuit's metric is the corrupted run's under corrupted ablation),
-their values per prompt, so that ``workbench compare`` pairs two runs prompt by prompt:
-``metric_by_prompt`` (each prompt's clean, empty-circuit and corrupted metric, which
-``scores`` averages) and ``faithfulness_by_prompt`` (each prompt's metric with each
-circuit of the curve kept, the ``m(C)`` that faithfulness averages), a prompt being a clean
-input and its corrupted twin; and, with ``classes_from``, ``class_overlap`` (each stored class's size, its overlap with the
-circuit's heads, the overlap expected by chance and its hypergeometric p-value).
+metrics: the empty circuit's metric is the corrupted run's under corrupted ablation) and,
+with ``classes_from``, ``class_overlap`` (each stored class's size, its overlap with the
+circuit's heads, the overlap expected by chance and its hypergeometric p-value). Two
+per-prompt tables, a prompt being a clean input and its corrupted twin, let ``workbench
+compare`` pair two runs prompt by prompt: ``metric_by_prompt`` (each prompt's clean,
+empty-circuit and corrupted metric, which ``scores`` averages) and
+``faithfulness_by_prompt`` (each prompt's metric with each circuit of the curve kept: the
+``m(C)`` whose mean over prompts the faithfulness is made of).
 
 Example:
     workbench run circuit --model smollm2 --set task=ioi --set n_prompts=16
