@@ -52,7 +52,12 @@ effect), ``nodes`` (each node's summed scores), ``faithfulness`` (the curve with
 intervals), ``scores`` (CPR, CMD, the rank correlation, the clean, empty and corrupted
 metrics: the empty circuit's metric is the corrupted run's under corrupted ablation) and,
 with ``classes_from``, ``class_overlap`` (each stored class's size, its overlap with the
-circuit's heads, the overlap expected by chance and its hypergeometric p-value).
+circuit's heads, the overlap expected by chance and its hypergeometric p-value). Two
+per-prompt tables, a prompt being a clean input and its corrupted twin, let ``workbench
+compare`` pair two runs prompt by prompt: ``metric_by_prompt`` (each prompt's clean,
+empty-circuit and corrupted metric, which ``scores`` averages) and
+``faithfulness_by_prompt`` (each prompt's metric with each circuit of the curve kept: the
+``m(C)`` whose mean over prompts the faithfulness is made of).
 
 Example:
     workbench run circuit --model smollm2 --set task=ioi --set n_prompts=16
@@ -75,11 +80,14 @@ from experiments.circuit.classes import overlap_lines, overlap_table, parse_runs
 from experiments.circuit.measure import (
     circuit_heads,
     edges_table,
+    faithfulness_by_prompt_table,
     faithfulness_table,
     greater_than_task,
     induction_task,
     ioi_task,
+    metric_by_prompt_table,
     nodes_table,
+    prompt_digests,
     retrieval_task,
     scores_table,
 )
@@ -302,14 +310,18 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                    max_batch_tokens=cfg.max_batch_tokens,
                                    attention=cfg.attention)
     with torch.no_grad():
-        corrupted = float(torch.cat([task.metric(model.bridge(task.corrupted[rows]), rows)
-                                     for rows in task.chunks(cfg.max_batch_tokens)]).mean())
+        per_chunk = [task.metric(model.bridge(task.corrupted[rows]), rows)
+                     for rows in task.chunks(cfg.max_batch_tokens)]
+    corrupted = torch.cat(per_chunk).double().cpu().numpy()
     patched = dict(zip(top, (float(x) for x in exact), strict=True))
     at = curve.smallest(cfg.level)
     heads = circuit_heads(graph, scores, curve.sizes[at]) if at is not None else []
+    digests = prompt_digests(task)
     tables = {"edges": edges_table(scores, patched), "nodes": nodes_table(model, scores),
               "faithfulness": faithfulness_table(curve),
-              "scores": scores_table(curve, patched, scores, corrupted)}
+              "scores": scores_table(curve, patched, scores, corrupted),
+              "metric_by_prompt": metric_by_prompt_table(curve, corrupted, digests),
+              "faithfulness_by_prompt": faithfulness_by_prompt_table(curve, digests)}
     if runs is not None:
         tables["class_overlap"] = overlap_table(
             runs, [_pair(h) for h in heads], model.info.n_layers * model.info.n_heads)

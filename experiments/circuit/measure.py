@@ -7,10 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from workbench.inputs.greater_than import greater_than_prompts, year_tokens
 from workbench.inputs.ioi import ioi_prompts
-from workbench.inputs.prompts import random_token_ids
+from workbench.inputs.prompts import Prompt, random_token_ids, tokens_digest
 from workbench.inputs.retrieval import retrieval_prompts
 from workbench.interventions.circuits.attribution import EdgeScores
 from workbench.interventions.circuits.faithfulness import Curve
@@ -153,15 +154,42 @@ def faithfulness_table(curve: Curve) -> pd.DataFrame:
                          "ci_high": curve.high})
 
 
+def prompt_digests(task: Task) -> list[str]:
+    """Each prompt's ``tokens`` digest (:func:`workbench.inputs.prompts.tokens_digest`) of
+    its clean ids followed by its corrupted ids: a circuit's prompt is the pair."""
+    return [tokens_digest(Prompt(token_ids=(*clean, *corrupted))) for clean, corrupted
+            in zip(task.clean.tolist(), task.corrupted.tolist(), strict=True)]
+
+
+def metric_by_prompt_table(curve: Curve, corrupted: Float[np.ndarray, " prompt"],
+                           digests: Sequence[str]) -> pd.DataFrame:
+    """Each prompt's metric with every edge kept, with none, and on the corrupted input:
+    the values ``scores``' ``metric_clean``, ``metric_empty`` and ``metric_corrupted``
+    average."""
+    return pd.DataFrame({"prompt": np.arange(len(digests)), "tokens": list(digests),
+                         "clean": curve.full, "empty": curve.empty, "corrupted": corrupted})
+
+
+def faithfulness_by_prompt_table(curve: Curve, digests: Sequence[str]) -> pd.DataFrame:
+    """Each prompt's metric with each circuit of the curve kept: the ``m(C)`` whose means
+    over prompts the curve's faithfulness is made of."""
+    n, sizes = len(digests), len(curve.fractions)
+    return pd.DataFrame({"prompt": np.repeat(np.arange(n), sizes),
+                         "tokens": np.repeat(list(digests), sizes),
+                         "fraction": np.tile(curve.fractions, n),
+                         "n_edges": np.tile(curve.sizes, n),
+                         "metric": curve.circuits.reshape(-1)})
+
+
 def scores_table(curve: Curve, exact: dict[int, float], scores: EdgeScores,
-                 corrupted: float) -> pd.DataFrame:
+                 corrupted: Float[np.ndarray, " prompt"]) -> pd.DataFrame:
     per_edge = scores.per_edge().numpy()
     keys = sorted(exact)
     rho = spearman(np.array([per_edge[k] for k in keys]), np.array([exact[k] for k in keys]))
     return pd.DataFrame({"name": ["cpr", "cmd", "spearman_exact", "metric_clean",
                                   "metric_empty", "metric_corrupted"],
                          "value": [curve.cpr(), curve.cmd(), rho, float(curve.full.mean()),
-                                   float(curve.empty.mean()), corrupted]})
+                                   float(curve.empty.mean()), float(corrupted.mean())]})
 
 
 def circuit_heads(graph: Graph, scores: EdgeScores, n_edges: int) -> list[str]:

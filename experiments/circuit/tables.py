@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.store.schema import Column, Table, columns, tables
+from workbench.store.schema import Column, Table, columns, per_prompt, tables
 
 _NODE_MEANING = ("embed, a head LxHy, an MLP LxMLP, or logits")
 EDGES = Table("edges", "every edge of the graph of heads and MLPs, with its attribution score",
@@ -51,6 +51,26 @@ SCORES = Table("scores", "the curve's scores and the checks", columns(
     ("value", "float", "the value"),
 ), keys=("name",), min_rows=1)
 
+# per-prompt values of the metrics above, so that two runs can be paired prompt by prompt
+# (workbench compare); a prompt is a clean input and its corrupted twin, and its tokens
+# digest is taken of both
+METRIC_BY_PROMPT = per_prompt(
+    "metric_by_prompt", "each prompt's metric (a prompt: a clean input and its corrupted "
+    "twin, its tokens digest of both): what scores' metric_clean, metric_empty and "
+    "metric_corrupted average", (),
+    columns(("clean", "float", "the metric with every edge kept (m(full): the clean run's, "
+                               "through the same passes as the circuits')"),
+            ("empty", "float", "the metric with every edge ablated (m(empty))"),
+            ("corrupted", "float", "the metric of the corrupted input")))
+FAITHFULNESS_BY_PROMPT = per_prompt(
+    "faithfulness_by_prompt", "each prompt's metric m(C) with the circuit of each size kept "
+    "and every other edge ablated: faithfulness is (mean m(C) - mean m(empty)) / (mean "
+    "m(full) - mean m(empty)), the means over prompts of this table's metric and "
+    "metric_by_prompt's empty and clean",
+    columns(("fraction", "float", "circuit size as a fraction of the edges", (0, 1))),
+    columns(("n_edges", "int", "edges in the circuit"),
+            ("metric", "float", "the metric on this prompt with the circuit alone kept")))
+
 CLASS_OVERLAP = Table("class_overlap", "how the heads of the smallest circuit reaching the "
                       "summary's faithfulness overlap the head classes of the runs named by "
                       "classes_from (only with classes_from)", columns(
@@ -69,4 +89,5 @@ CLASS_OVERLAP = Table("class_overlap", "how the heads of the smallest circuit re
     ("heads", "str", "the circuit heads in the class, e.g. 'L9H9 L10H0'"),
 ), keys=("run", "head_class"))
 
-TABLES = tables(EDGES, NODES, FAITHFULNESS, SCORES, CLASS_OVERLAP)
+TABLES = tables(EDGES, NODES, FAITHFULNESS, SCORES, METRIC_BY_PROMPT, FAITHFULNESS_BY_PROMPT,
+                CLASS_OVERLAP)

@@ -17,6 +17,7 @@ from workbench.harness.compare import compare, config_table
 from workbench.interventions.masks import HeadMask
 from workbench.scores import paired
 from workbench.store.runs import RunStore
+from workbench.store.schema import Table, columns, per_prompt
 
 
 def reference_bootstrap(d: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
@@ -413,3 +414,110 @@ def test_permutation_equivariance_pairs_its_errors_by_prompt(llama, tmp_path):
                          {**small, "seeds": (0,), "max_tokens": 6}, runs_dir=tmp_path)
     other = compare(a, cut, only="equivariance_by_prompt").differences
     assert (other.pairing == "different prompts").all() and other.p.isna().all()
+
+
+# ---- the notes: what could not be compared, on hand-made runs -------------------------
+
+_REPEAT = columns(("repeat", "int", "which repeat, from 1"))
+NOTES_TABLES = {t.name: t for t in (
+    per_prompt("loss_by_prompt", "a loss per prompt and repeat", _REPEAT,
+               columns(("loss", "float", "loss"))),
+    per_prompt("icl_by_prompt", "a score per prompt", (), columns(("value", "float", "score"))),
+    Table("prompts", "a per-prompt table stored without token digests",
+          columns(("prompt", "int", "prompt"), ("value", "float", "value")), keys=("prompt",)),
+    Table("loss", "the mean loss per repeat", (*_REPEAT, *columns(("loss", "float", "loss"))),
+          keys=("repeat",)),
+    Table("loose", "rows with no declared keys", columns(("name", "str", "a name"),
+                                                         ("value", "float", "value"))),
+)}
+"""The tables of the hand-made experiment ``notes-test``; ``notes-aggregates`` declares
+``loss`` alone, and ``extra`` is saved by a run without being declared by either."""
+EXTRA = Table("extra", "a table its experiment does not declare",
+              columns(("name", "str", "a name"), ("value", "float", "value")), keys=("name",))
+
+
+@pytest.fixture
+def notes_kinds(monkeypatch):
+    """The hand-made experiments' declarations, as the compare reads them."""
+    from workbench.harness import tables
+
+    declared = tables.declared
+    kinds = {"notes-test": NOTES_TABLES, "notes-aggregates": {"loss": NOTES_TABLES["loss"]}}
+    monkeypatch.setattr(tables, "declared", lambda kind: kinds.get(kind) or declared(kind))
+
+
+def _hand_made(store, kind: str, frames: dict[str, pd.DataFrame], config=None):
+    from tests.tiny import fake_info
+
+    with store.start(kind, fake_info(), config or {"seed": 0},
+                     tables={**NOTES_TABLES, "extra": EXTRA}) as run:
+        for name, frame in frames.items():
+            run.save_table(name, frame)
+    return store.get(run.id)
+
+
+def _losses(repeats: int, n: int = 4, first_digest: int = 0) -> pd.DataFrame:
+    return pd.DataFrame({"prompt": np.repeat(np.arange(n), repeats),
+                         "tokens": np.repeat([f"{first_digest + i:016x}" for i in range(n)],
+                                             repeats),
+                         "repeat": np.tile(np.arange(1, repeats + 1), n),
+                         "loss": np.arange(n * repeats, dtype=float)})
+
+
+def _values(**more) -> pd.DataFrame:
+    return pd.DataFrame({"prompt": np.arange(4), **more, "value": np.linspace(0, 1, 4)})
+
+
+def test_each_note_says_what_could_not_be_compared(tmp_path, notes_kinds):
+    """A per-prompt table one run lacks, keys and rows without partner, a per-prompt table
+    without token digests, an aggregate without keys, a table the experiment does not
+    declare: each note in its words, in the order the tables are compared."""
+    store = RunStore(tmp_path)
+    loose = pd.DataFrame({"name": ["x", "x"], "value": [1.0, 2.0]})
+    extra = pd.DataFrame({"name": ["x"], "value": [1.0]})
+    a = _hand_made(store, "notes-test", {
+        "loss_by_prompt": _losses(2), "prompts": _values(),
+        "loss": pd.DataFrame({"repeat": [1, 2], "loss": [1.0, 2.0]}), "loose": loose,
+        "extra": extra})
+    b = _hand_made(store, "notes-test", {
+        "loss_by_prompt": _losses(3), "icl_by_prompt": _values(tokens=[f"{i:016x}" for i in
+                                                                     range(4)]),
+        "prompts": _values(), "loss": pd.DataFrame({"repeat": [1, 2, 3],
+                                                    "loss": [1.0, 2.0, 3.0]}),
+        "loose": loose, "extra": extra})
+    assert compare(a, b).notes == (
+        f"run A ({a.id}) has no per-prompt tables icl_by_prompt (stored before per-prompt "
+        "values, or a config that writes none): those scalars compare as aggregates, "
+        "without intervals",
+        "table loss_by_prompt: 0 keys of A and 1 of B have no partner",
+        "table icl_by_prompt: only in run B",
+        "table prompts stores no token digests: its prompts are paired by index (the two "
+        "configs are equal, so the prompts are the same)",
+        "table loss: 0 rows of A and 1 of B have no partner (their keys differ)",
+        "table loose: its rows are not named by name; not compared",
+        "table extra: not declared by notes-test; not compared",
+    )
+
+
+def test_notes_on_other_prompts_and_on_an_experiment_of_aggregates(tmp_path, notes_kinds):
+    """Other token digests, or no digests under other configs: unpaired; an experiment
+    that declares no per-prompt table: one note says so."""
+    store = RunStore(tmp_path)
+    tables = {"icl_by_prompt": _values(tokens=[f"{i:016x}" for i in range(4)]),
+              "prompts": _values()}
+    a = _hand_made(store, "notes-test", {"loss_by_prompt": _losses(2), **tables})
+    other = _hand_made(store, "notes-test", {"loss_by_prompt": _losses(2, first_digest=100),
+                                             **tables}, config={"seed": 1})
+    assert compare(a, other).notes == (
+        "table loss_by_prompt: the runs scored different prompts, so its differences are "
+        "unpaired (intervals from each run's prompts alone, no p-values)",
+        # icl_by_prompt's digests agree, so it pairs; prompts has none, and the configs
+        # differ
+        "table prompts: the runs scored different prompts, so its differences are "
+        "unpaired (intervals from each run's prompts alone, no p-values)",
+    )
+    means = {"loss": pd.DataFrame({"repeat": [1], "loss": [1.0]})}
+    c, d = (_hand_made(store, "notes-aggregates", means) for _ in range(2))
+    assert compare(c, d).notes == (
+        "notes-aggregates stores no per-prompt values: its differences are of aggregates, "
+        "without intervals or p-values",)
