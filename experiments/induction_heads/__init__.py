@@ -101,6 +101,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 from experiments.induction_heads import checks  # noqa: F401 (registers the claim checks)
 from experiments.induction_heads.measure import (
@@ -115,6 +116,7 @@ from experiments.induction_heads.measure import (
 )
 from experiments.induction_heads.tables import TABLES
 from workbench.core import progress
+from workbench.core.options import FixedAblation
 from workbench.core.values import MAX_DRAWS, MAX_HEADS, MAX_PROMPTS, MAX_REPEATS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
@@ -159,7 +161,7 @@ class Config:
 
 @experiment("induction-heads", config=Config, tables=TABLES, requires="causal_lm",
             demo={"n_prompts": 16, "n_random": 3, "icl_prompts": 48, "copying_tokens": 100,
-                  "n_boot": 500})
+                  "n_boot": 500}, ablations=get_args(FixedAblation))
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Induction and copying scores, repeat losses, K-composition ablation and ICL."""
     ctx = ctx or Context()

@@ -124,6 +124,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 
@@ -134,6 +135,7 @@ from experiments.permutation_equivariance import (
 from experiments.permutation_equivariance.measure import PromptContext, Result, Rows
 from experiments.permutation_equivariance.tables import TABLES
 from workbench.core import progress
+from workbench.core.options import FixedAblation
 from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE, MAX_TEXT_TOKENS, SEED
 from workbench.harness.config import param
 from workbench.harness.experiment import Context, experiment
@@ -175,7 +177,8 @@ class Config:
         check_prompt_set(self.prompt_set)
 
 
-@experiment("permutation-equivariance", config=Config, tables=TABLES, demo=DEMO)
+@experiment("permutation-equivariance", config=Config, tables=TABLES, demo=DEMO,
+            ablations=get_args(FixedAblation))
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Permute tokens, positions and heads; measure what stays equivariant.
 

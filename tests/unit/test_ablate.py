@@ -278,6 +278,13 @@ def test_ablate_refusals_are_one_line_before_any_model_loads(capsys, runs_dir, l
                               "--ablate", "L0H1", "--ablation", "resample")
     assert status == 2 and err.count("\n") == 1, err
     assert "qk-attribution' takes a head mask of zero or mean ablation, not resample" in err
+    # induction-heads scores natural lines of many lengths and records one prompt;
+    # permutation-equivariance runs each case alone
+    for name in ("induction-heads", "permutation-equivariance"):
+        status, _, err = tiny.cli(capsys, "run", name, "--model", str(llama_folder),
+                                  "--ablate", "L0H1", "--ablation", "resample")
+        assert status == 2 and err.count("\n") == 1, err
+        assert f"{name}' takes a head mask of zero or mean ablation, not resample" in err
     assert len(store.runs()) == 3  # no run was created
     status, _, err = tiny.cli(capsys, "run", "head-overview", "--ablate", "L0H1")
     assert status == 2 and "--ablate needs --model" in err
