@@ -76,6 +76,7 @@ from typing import Literal
 import pandas as pd
 import torch
 
+from experiments.circuit import checks  # noqa: F401 (registers the claim checks)
 from experiments.circuit.classes import overlap_lines, overlap_table, parse_runs
 from experiments.circuit.measure import (
     circuit_heads,

@@ -31,6 +31,27 @@ def test_circuit_tables_on_the_tiny_llama(llama, runs_dir, task):
     # the empty circuit ablated to the corrupted outputs is the corrupted run
     assert scores["metric_empty"] == pytest.approx(scores["metric_corrupted"], abs=1e-4)
     _per_prompt_tables_average_to_the_aggregates(run, n_prompts=4)
+    _the_claim_check_reads_the_prompts(run)
+
+
+def _the_claim_check_reads_the_prompts(run) -> None:
+    """``empty_circuit_is_corrupted_run`` passes on the run, fails where one prompt's empty
+    circuit is moved by a tenth of the gap, and asks nothing of a mean-ablated run."""
+    from unittest import mock
+
+    from experiments.circuit.checks import empty_circuit_is_corrupted_run
+
+    measured = empty_circuit_is_corrupted_run(run, threshold=1e-3)
+    assert measured.outcome == "pass" and measured.value is not None
+    assert measured.value <= 1e-3
+    metric = run.table("metric_by_prompt")
+    gap = abs(metric.clean.mean() - metric.corrupted.mean())
+    moved = metric.assign(empty=metric["empty"] + np.where(metric.prompt == 2, gap / 10, 0.0))
+    with mock.patch("experiments.circuit.checks.read_table", return_value=moved):
+        measured = empty_circuit_is_corrupted_run(run, threshold=1e-3)
+    assert measured.outcome == "fail" and measured.value == pytest.approx(0.1, rel=1e-3)
+    with mock.patch.dict(run.meta.config, {"ablation": "mean"}):
+        assert empty_circuit_is_corrupted_run(run).outcome == "undecided"
 
 
 def _per_prompt_tables_average_to_the_aggregates(run, n_prompts: int) -> None:

@@ -35,7 +35,8 @@ INVARIANTS = {"gu2024-repeated-token-identical-states",
 } | {"ioi-direct-effects-sum-to-the-logit-difference",
      "ioi-patching-everything-restores-the-clean-run",
      "ioi-patching-nothing-leaves-the-corrupted-run", "logit-lens-last-boundary-is-the-output",
-     "logit-lens-direct-effects-sum-to-the-logit"}
+     "logit-lens-direct-effects-sum-to-the-logit",
+     "mueller2025-empty-circuit-is-corrupted-run"}
 
 
 def test_theorems_are_invariants_and_findings_are_reproductions():
