@@ -97,21 +97,26 @@ def _sets(config: dict) -> list[str]:
 def three_runs(tmp_path_factory, llama_folder):
     """Clean, top-heads-ablated and control-ablated induction-heads runs on the tiny
     model, made through the command line as a researcher would: ``--ablate
-    top:induction:2 --from CLEAN``, then as many other heads of the same layers by name."""
+    top:induction:2 --from CLEAN``, then ``--ablate control:induction:2 --from CLEAN``."""
     root = tmp_path_factory.mktemp("compare-runs")
     args = ["run", "induction-heads", "--model", str(llama_folder), "--out", str(root),
             *_sets(CONFIGS["induction-heads"])]
     clean = _made(root, args)
     scores = clean.table("head_scores")
-    top = scores[scores.metric == "induction"].nlargest(2, "score")
+    induction = scores[(scores.metric == "induction") & scores.score.notna()]
+    top = induction.nlargest(2, "score")
     ablated = [(int(r.layer), int(r.head)) for r in top.itertuples()]
-    # the control: as many other heads of the same layers
-    control = [(layer, h) for layer, _ in ablated for h in range(4)
-               if (layer, h) not in ablated][:len(ablated)]
+    # the control: as many other heads of the same layers, the lowest-scoring
+    control = []
+    for layer in sorted({layer for layer, _ in ablated}):
+        others = induction[(induction.layer == layer)
+                           & ~induction["head"].isin([h for lay, h in ablated if lay == layer])]
+        count = sum(lay == layer for lay, _ in ablated)
+        control += [(layer, int(h)) for h in others.nsmallest(count, "score")["head"]]
     top_run = _made(root, [*args, "--ablate", "top:induction:2", "--from", clean.id,
                            "--ablation", "mean"])
-    named = ",".join(f"L{layer}H{h}" for layer, h in control)
-    control_run = _made(root, [*args, "--ablate", named, "--ablation", "mean"])
+    control_run = _made(root, [*args, "--ablate", "control:induction:2", "--from", clean.id,
+                               "--ablation", "mean"])
     # the same stored mask as a hand-written head mask of those heads
     assert top_run.meta.interventions.heads_mask.removed() == tuple(sorted(ablated))
     assert control_run.meta.interventions.heads_mask.removed() == tuple(sorted(control))
