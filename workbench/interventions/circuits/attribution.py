@@ -20,10 +20,12 @@ and the live first norm, an MLP's through its norm (a vector-Jacobian product of
 alone, per receiver). The senders' differences are kept as the hooks give them (a layer's
 heads as one ``z``), and scores are contracted a slice of positions at a time, so no
 ``[sender or receiver, batch, pos, d_model]`` tensor of the whole model is held: what is
-kept grows as a few ``[layer, batch, pos, d_model]``, with the autograd graph of the
-forward pass; with blocked attention (``attention="auto"`` where the family has it) that graph keeps
-each layer's queries, keys and values, not its weights: each block of query rows is
-recomputed in the backward pass, so no ``[head, T, T]`` tensor exists in either pass.
+kept grows as a few ``[layer, batch, pos, d_model]``. The gradient pass runs each block
+of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
+input, and the backward pass runs one block again at a time; with blocked attention
+(``attention="auto"`` where the family has it) a block's attention is recomputed a block
+of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass,
+and what is held is linear in T.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
@@ -208,7 +210,8 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in wanted],
            *[(name, keep(name)) for name in kept]]
     with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
-        logits = model.bridge(ids)
+        # no cache: a recomputed block would append its keys and values to it again
+        logits = model.bridge(ids, use_cache=False)
         total = task.metric(logits, rows).sum()
         del logits
         torch.autograd.grad(total, begun[0])
