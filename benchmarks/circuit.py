@@ -12,7 +12,8 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
 - ``retrieval``: EAP edge scores on one retrieval document (a key-value pair planted at its
   start, asked for at its end: :mod:`workbench.inputs.retrieval`) of T tokens for each T of
   ``--retrieval-lengths``, with ``--retrieval-attention`` (default blocked), each in its own
-  process: seconds, peak RSS above the loaded model and in all, the load average at the end.
+  process: seconds, peak RSS above the loaded model and in all, the load average at the end,
+  and the exponent of the peak's growth against T (as ``memory``'s).
 
 ``--smoke`` runs each at a tiny size on ``--model`` (a local folder), in this process;
 ``--keys`` and ``--values`` name the retrieval words where the library's lists have no
@@ -81,12 +82,10 @@ def memory(model_name: str, lengths: list[int]) -> list[dict]:
                                   "--model", model_name], capture_output=True, text=True,
                                  check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        mine = [r for r in rows if r["attention"] == attention]
+        mine = [r for r in rows if r.get("attention") == attention and "T" in r]
         if len(mine) > 1:
-            t = np.log([r["T"] for r in mine])
-            m = np.log([max(r["above_model_gib"], 1e-6) for r in mine])
             rows.append({"part": "memory_exponent", "attention": attention,
-                         "exponent": round(float(np.polyfit(t, m, 1)[0]), 2)})
+                         "exponent": _exponent(mine)})
     return rows
 
 
@@ -115,7 +114,17 @@ def retrieval(model_name: str, lengths: list[int], attention: str, words: list[s
                               attention, "--model", model_name, *words], capture_output=True,
                              text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if len(rows) > 1:
+        rows.append({"part": "retrieval_exponent", "attention": attention,
+                     "exponent": _exponent(rows)})
     return rows
+
+
+def _exponent(rows: list[dict]) -> float:
+    """The slope of log peak memory above the model against log T (1: linear in T)."""
+    t = np.log([r["T"] for r in rows])
+    m = np.log([max(r["above_model_gib"], 1e-6) for r in rows])
+    return round(float(np.polyfit(t, m, 1)[0]), 2)
 
 
 def _path(name: str) -> AttentionPath:

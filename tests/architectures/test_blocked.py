@@ -151,3 +151,38 @@ def test_scores_of_some_layers_stop_after_the_deepest_attention(families, family
         torch.testing.assert_close(torch.tensor(first.score.to_numpy()),
                                    torch.tensor(expected.score.to_numpy()), atol=1e-6, rtol=0)
         assert not mlp_ran, attention
+
+
+def _input_gradient(model, ids, mask, weights: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``sum(weights * logits)`` over real positions with respect to the
+    first layer's input: it flows back through every layer's queries, keys and values."""
+    leaf: list[torch.Tensor] = []
+
+    def start(x, hook):
+        leaf.append(x.detach().requires_grad_(True))
+        return leaf[0]
+
+    name = hooks.resid(0, model.info.n_layers)
+    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=[(name, start)]):
+        logits = model.bridge(ids, attention_mask=mask)
+        total = (logits.float() * weights)[mask.bool()].sum()
+        return torch.autograd.grad(total, leaf[0])[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recomputed_blocks_give_the_eager_gradients(families, family):
+    """Under autograd each block of rows is recomputed in the backward pass (its mask
+    too): the gradients are eager attention's, on every family (grouped-query heads,
+    sliding windows, soft-capping, ALiBi), across blocks and a padded row."""
+    model = families.model(family)
+    if not model.info.causal:
+        pytest.skip("an encoder has no logits to differentiate here")
+    ids, mask = _batch(37, len(families.tokenizer(family)), seed=3)
+    gen = torch.Generator().manual_seed(4)
+    weights = torch.randn(2, 37, model.bridge.cfg.d_vocab, generator=gen)
+    eager = _input_gradient(model, ids, mask, weights)
+    with blocked_attention.blocked(model, block=BLOCK):
+        got = _input_gradient(model, ids, mask, weights)
+    real = mask.bool()
+    scale = float(eager[real].abs().max())
+    torch.testing.assert_close(got[real], eager[real], atol=1e-5 * scale, rtol=1e-4)

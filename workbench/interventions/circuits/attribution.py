@@ -20,10 +20,12 @@ and the live first norm, an MLP's through its norm (a vector-Jacobian product of
 alone, per receiver). The senders' differences are kept as the hooks give them (a layer's
 heads as one ``z``), and scores are contracted a slice of positions at a time, so no
 ``[sender or receiver, batch, pos, d_model]`` tensor of the whole model is held: what is
-kept grows as a few ``[layer, batch, pos, d_model]``, with the autograd graph of the
-forward pass; with blocked attention (``attention="auto"`` where the family has it) that graph keeps
-each layer's queries, keys and values, not its weights: each block of query rows is
-recomputed in the backward pass, so no ``[head, T, T]`` tensor exists in either pass.
+kept grows as a few ``[layer, batch, pos, d_model]``. The gradient pass runs each block
+of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
+input, and the backward pass runs one block again at a time; with blocked attention
+(``attention="auto"`` where the family has it) a block's attention is recomputed a block
+of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass,
+and what is held is linear in T.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
@@ -33,6 +35,7 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -114,11 +117,12 @@ def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: M
     with torch.no_grad():
         clean = hooks.capture(model, Batch.of(clean_ids), names)
         corrupted = hooks.capture(model, Batch.of(corrupted_ids), names)
-    # the senders' differences as they are kept (a head's ``z``, not ``z W_O``): a layer's
-    # heads take one [batch, pos, d_model] here, not one per head
-    diff = {name: (clean[name] - corrupted[name]).float() for name in names}
     start = corrupted[names[0]]
     lines = clean[names[0]] - start
+    # the senders' differences as they are kept (a head's ``z``, not ``z W_O``): a layer's
+    # heads take one [batch, pos, d_model] here, not one per head; made in place in the
+    # clean outputs, each corrupted one let go as it is used
+    diff = {name: clean.pop(name).sub_(corrupted.pop(name)).float() for name in names}
     del clean, corrupted
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for k in range(1, m + 1):
@@ -177,33 +181,42 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
                flow.mlp_in(layer))] + [flow.FINAL_IN]
     kept = sorted({name for layer in range(n)
                    for name in (flow.ln_in(layer, "ln1"), flow.mlp_norm(model, layer)[0])})
-    leaves: dict[str, Tensor] = {}
+    grads: dict[str, Tensor] = {}
     inputs: dict[str, Tensor] = {}
+    begun: list[Tensor] = []
 
     def start(x: Tensor, hook: Any) -> Tensor:
-        x = x if embed is None else embed.to(x.dtype)
-        return x.detach().requires_grad_(True)
+        x = (x if embed is None else embed.to(x.dtype)).detach().requires_grad_(True)
+        if not begun:
+            begun.append(x)
+        return x
 
     def read(name: str):
         def hook(x: Tensor, hook: Any) -> Tensor:
-            leaves[name] = x = x.clone()  # this tensor reaches only the hook's own consumer
+            x = x.clone()  # this tensor reaches only the hook's own consumer
+            if name not in seen:  # not again when its block is recomputed
+                seen[name] = x.new_zeros(()).expand(x.shape)
+                # the gradient is kept as it passes, so the tensor itself is not
+                x.register_hook(partial(grads.__setitem__, name))
             return x
         return hook
 
     def keep(name: str):
         def hook(x: Tensor, hook: Any) -> None:
-            inputs[name] = x.detach()
+            inputs.setdefault(name, x.detach())
         return hook
 
+    seen: dict[str, Tensor] = {}  # a zero of each hooked tensor's shape
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in wanted],
            *[(name, keep(name)) for name in kept]]
-    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd):
-        logits = model.bridge(ids)
+    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
+        # no cache: a recomputed block would append its keys and values to it again
+        logits = model.bridge(ids, use_cache=False)
         total = task.metric(logits, rows).sum()
-        grads = torch.autograd.grad(total, [leaves[name] for name in wanted],
-                                    allow_unused=True)
-    out = {name: torch.zeros_like(leaves[name]) if g is None else g.detach()
-           for name, g in zip(wanted, grads, strict=True)}
+        del logits
+        torch.autograd.grad(total, begun[0])
+    out = {name: grads[name].detach() if name in grads else seen[name].clone()
+           for name in wanted}
     return {**out, **inputs}
 
 
