@@ -351,6 +351,27 @@ def test_a_resampled_head_takes_its_donors_clean_output(llama):
         torch.testing.assert_close(y1[b], want, atol=1e-5, rtol=1e-5)
 
 
+def test_a_resample_mask_batches_prompts_in_pairs_of_one_length(llama):
+    from workbench.inputs.prompts import Prompt
+
+    # two prompts of one length over a budget of one: alone, each would have no donor
+    prompts = [Prompt(text="the cat sat on the mat and the dog"),  # the same words
+               Prompt(text="the dog sat on the mat and the cat")]
+    lengths = [len(llama.encode(p)[0]) for p in prompts]
+    assert lengths[0] == lengths[1]
+    assert [len(b.indices) for b in llama.batches(prompts, max_tokens=lengths[0])] == [1, 1]
+    mask = HeadMask.for_model(llama, ablation="resample").without([(0, 1)])
+    with applied(llama, mask):
+        (batch,) = llama.batches(prompts, max_tokens=lengths[0])
+        assert sorted(batch.indices) == [0, 1]
+        with torch.inference_mode():
+            llama.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+    assert not llama.paired_batches  # restored
+    zero = HeadMask.for_model(llama).without([(0, 1)])
+    with applied(llama, zero):
+        assert [len(b.indices) for b in llama.batches(prompts, max_tokens=lengths[0])] == [1, 1]
+
+
 def test_resample_with_an_all_ones_mask_changes_nothing(llama):
     ids = torch.randint(5, llama.info.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -52,6 +52,26 @@ def test_repeated_random_tokens(llama):
     assert load_prompt_set("repeated-random", llama, n_prompts=3, seq_len=10, seed=6) != prompts
 
 
+def test_paired_batches_keep_each_length_in_twos():
+    # lengths 3 x1, 4 x2, 6 x5, 9 x2: a budget that fits one 9-token prompt alone
+    lengths = [6, 4, 9, 6, 3, 6, 4, 9, 6, 6]
+    encoded = [([1] * n, None) for n in lengths]
+    unpaired = list(make_batches(encoded, pad_id=0, max_tokens=9))
+    assert any(len(b.indices) == 1 and b.lengths == [9] for b in unpaired)
+    batches = list(make_batches(encoded, pad_id=0, max_tokens=9, paired=True))
+    assert sorted(i for b in batches for i in b.indices) == list(range(10))
+    for b in batches:
+        counts = {n: b.lengths.count(n) for n in b.lengths}
+        # every length but the lone 3 has a partner in its batch
+        assert all(c >= 2 for n, c in counts.items() if n != 3), b.lengths
+        assert b.attention_mask.sum(1).tolist() == b.lengths
+        # over the budget only where one unit of two (or three) is
+        assert b.input_ids.numel() <= 9 or len(set(b.lengths)) == 1, b.lengths
+    # five prompts of 6 tokens: a two and a three, never a one
+    sixes = sorted(b.lengths.count(6) for b in batches if 6 in b.lengths)
+    assert sum(sixes) == 5 and min(sixes) >= 2
+
+
 def test_batches_cover_every_prompt_once_and_respect_the_budget():
     encoded = [([1] * n, None) for n in (5, 1, 9, 3, 9, 2)]
     batches = list(make_batches(encoded, pad_id=0, max_tokens=18))

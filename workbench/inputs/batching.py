@@ -48,23 +48,50 @@ class Batch:
 
 
 def make_batches(encoded: Sequence[tuple[list[int], list[int] | None]], *, pad_id: int,
-                 max_tokens: int = 4096) -> Iterator[Batch]:
+                 max_tokens: int = 4096, paired: bool = False) -> Iterator[Batch]:
     """Group encoded prompts into right-padded batches of at most ``max_tokens`` tokens.
 
     Prompts are sorted by length so that little padding is needed; right padding with an
     attention mask leaves every real position's activations unchanged, for causal models
     (a real query never sees a later position) and encoders (padded keys are masked).
+
+    ``paired``: for a resample ablation, which takes each prompt's ablated heads from
+    another prompt of its length in its batch
+    (:func:`workbench.interventions.masks.donors`): the prompts of each length are kept
+    together in twos (threes, where their count is odd), and such a unit is never split,
+    even where two prompts exceed ``max_tokens``. A prompt whose length no other prompt
+    has stays alone (the resample refuses it).
     """
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
+    units = _pairs(order, [len(encoded[i][0]) for i in order]) if paired else \
+        [[i] for i in order]
     group: list[int] = []
-    for i in order:
-        longest = len(encoded[i][0])
-        if group and longest * (len(group) + 1) > max_tokens:
+    for unit in units:
+        longest = len(encoded[unit[-1]][0])
+        if group and longest * (len(group) + len(unit)) > max_tokens:
             yield _pad(encoded, group, pad_id)
             group = []
-        group.append(i)
+        group.extend(unit)
     if group:
         yield _pad(encoded, group, pad_id)
+
+
+def _pairs(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """``order`` (sorted by length) cut into units of one length: twos, and a three at the
+    end of an odd count; a length held once is a unit of one."""
+    units: list[list[int]] = []
+    start = 0
+    while start < len(order):
+        end = start
+        while end < len(order) and lengths[end] == lengths[start]:
+            end += 1
+        run = order[start:end]
+        while len(run) >= 4:
+            units.append(run[:2])
+            run = run[2:]
+        units.append(run)
+        start = end
+    return units
 
 
 def _pad(encoded: Sequence[tuple[list[int], list[int] | None]], group: list[int],

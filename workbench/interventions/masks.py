@@ -433,6 +433,11 @@ def applied(model: Model, mask: HeadMask | None, *,
         means = None
     elif means is None:
         means = head_means(model, load_prompt_set(mask.reference, model))
-    with watched(model.bridge) as seen, model.bridge.hooks(
-            fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed, seen=seen)):
-        yield
+    paired = model.paired_batches
+    model.paired_batches = paired or seed is not None  # a donor of its length in its batch
+    try:
+        with watched(model.bridge) as seen, model.bridge.hooks(
+                fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed, seen=seen)):
+            yield
+    finally:
+        model.paired_batches = paired

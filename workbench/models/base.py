@@ -85,6 +85,9 @@ class Model:
         self.bridge = bridge
         self.tokenizer = tokenizer
         self.info = info
+        self.paired_batches = False
+        """:meth:`batches` keeps prompts of one length together in twos (set while a
+        resample head mask is applied: :func:`workbench.interventions.masks.applied`)."""
 
     def __repr__(self) -> str:
         i = self.info
@@ -135,13 +138,16 @@ class Model:
 
     def batches(self, prompts: Sequence[Prompt], *, max_tokens: int = 2048) -> list[Batch]:
         """Encode ``prompts`` and group them into right-padded batches of at most
-        ``max_tokens`` tokens each (see :mod:`workbench.inputs.batching`).
+        ``max_tokens`` tokens each (see :mod:`workbench.inputs.batching`; while a resample
+        mask is applied, prompts of one length are kept together in twos, over
+        ``max_tokens`` where two prompts exceed it: :attr:`paired_batches`).
 
         Raises:
             WorkbenchError: a prompt is empty or longer than the context (see :meth:`encode`).
         """
         encoded = [self.encode(p) for p in prompts]
-        return list(make_batches(encoded, pad_id=self.pad_id, max_tokens=max_tokens))
+        return list(make_batches(encoded, pad_id=self.pad_id, max_tokens=max_tokens,
+                                 paired=self.paired_batches))
 
     def frame(self, ids: list[int]) -> list[int]:
         """Content token ids framed as the model expects: ``[BOS] ...`` for causal models,
