@@ -210,10 +210,7 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in wanted],
            *[(name, keep(name)) for name in kept]]
     with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
-        # no cache: a recomputed block would append its keys and values to it again
-        logits = model.bridge(ids, use_cache=False)
-        total = task.metric(logits, rows).sum()
-        del logits
+        total = flow.metric_values(model, ids, task.metric, rows).sum()
         torch.autograd.grad(total, begun[0])
     out = {name: grads[name].detach() if name in grads else seen[name].clone()
            for name in wanted}
