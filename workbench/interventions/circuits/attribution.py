@@ -24,8 +24,10 @@ kept grows as a few ``[layer, batch, pos, d_model]``. The gradient pass runs eac
 of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
 input, and the backward pass runs one block again at a time; with blocked attention
 (``attention="auto"`` where the family has it) a block's attention is recomputed a block
-of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass,
-and what is held is linear in T.
+of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass;
+the pass stops at the final norm and only the positions the metric reads are unembedded
+(:func:`flow.metric_values`), so no ``[batch, T, d_vocab]`` logits exist either, and what
+is held is linear in T.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
