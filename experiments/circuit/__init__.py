@@ -110,6 +110,7 @@ from workbench.interventions.circuits.faithfulness import (
     Curve,
     faithfulness_curve,
 )
+from workbench.interventions.circuits.flow import metric_values
 from workbench.interventions.circuits.graph import build_graph, require_graph
 from workbench.interventions.circuits.task import Task, check_fractions
 from workbench.models.base import Model, require
@@ -311,7 +312,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                    max_batch_tokens=cfg.max_batch_tokens,
                                    attention=cfg.attention)
     with torch.no_grad():
-        per_chunk = [task.metric(model.bridge(task.corrupted[rows]), rows)
+        per_chunk = [metric_values(model, task.corrupted[rows], task.metric, rows)
                      for rows in task.chunks(cfg.max_batch_tokens)]
     corrupted = torch.cat(per_chunk).double().cpu().numpy()
     patched = dict(zip(top, (float(x) for x in exact), strict=True))

@@ -50,8 +50,13 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
     got = circuit_metrics(model, graph, task, [graph.edges.clone(),
                                                 torch.zeros_like(graph.edges)])
     with torch.no_grad():
-        clean = task.metric(model.bridge(task.clean), slice(None)).double().numpy()
+        whole = task.metric(model.bridge(task.clean), slice(None)).double().numpy()
+        # the passes unembed the metric's positions alone: the whole pass's logits there
+        # (the family's soft cap or scale included) up to the matrix product's round-off
+        clean = flow.metric_values(model, task.clean, task.metric, slice(None)
+                                   ).double().numpy()
         corrupted = task.metric(model.bridge(task.corrupted), slice(None)).double().numpy()
+    np.testing.assert_allclose(clean, whole, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got[:, 0], clean)
     scale = float(np.abs(clean - corrupted).max())
     np.testing.assert_allclose(got[:, 1], corrupted, atol=1e-4 * max(scale, 1.0))
@@ -61,6 +66,18 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
                                atol=1e-5 * float(eap.values.abs().max()))
     with monkeypatch.context() as patch:
         _first_order(model, graph, task, eap.values, patch)
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_the_metric_read_at_its_positions_is_the_whole_pass_metric(families, family):
+    """Unembedding only the metric's positions after the final norm, through the family's
+    output transform (Gemma's soft cap, a logit scale), gives the whole pass's metric."""
+    model = families.model(family)
+    task = _task(min(model.info.d_vocab, 300))
+    with torch.no_grad():
+        whole = task.metric(model.bridge(task.clean), slice(None))
+        got = flow.metric_values(model, task.clean, task.metric, slice(None))
+    torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
 
 
 EPS = 1e-2

@@ -17,11 +17,14 @@ from workbench.interventions.circuits.faithfulness import (
     faithfulness_curve,
     top_edges,
 )
+from workbench.interventions.circuits.flow import metric_values
 from workbench.interventions.circuits.graph import build_graph
 from workbench.interventions.circuits.task import (
     LogitDifference,
+    ProbabilityDifference,
     TargetLogProb,
     Task,
+    at_positions,
     check_fractions,
     check_lengths,
     check_steps,
@@ -106,7 +109,10 @@ def test_full_and_empty_circuits_are_the_clean_and_the_ablated_runs(llama, task,
     keeps = [graph.edges.clone(), torch.zeros_like(graph.edges)]
     got = circuit_metrics(llama, graph, task, keeps, ablation=ablation)
     with torch.no_grad():
-        clean = task.metric(llama.bridge(task.clean), slice(None)).double().numpy()
+        # the clean run read as the circuit passes read it (unembedded at the metric's
+        # positions alone: the same logits as the whole pass's up to the matrix product's
+        # round-off, which depends on its shape), so keeping every edge changes no bit
+        clean = metric_values(llama, task.clean, task.metric, slice(None)).double().numpy()
         corrupted = task.metric(llama.bridge(task.corrupted), slice(None)).double().numpy()
     np.testing.assert_array_equal(got[:, 0], clean)
     if ablation == "corrupted":  # every receiver reads its corrupted input
@@ -164,6 +170,91 @@ def test_target_log_prob_is_the_negative_loss(llama):
     logp = torch.log_softmax(logits, -1)
     want = torch.stack([logp[b, 2:5].gather(1, targets[b, 2:5, None]).mean() for b in range(2)])
     torch.testing.assert_close(metric(logits, slice(None)), want)
+
+
+def _metrics(n: int, width: int, vocab: int) -> list[tuple[object, object]]:
+    """Each metric class on random inputs, with a hand-written reference of it from the
+    whole logits ``[n, width, vocab]``."""
+    answer, other = torch.randint(0, vocab, (n,)), torch.randint(0, vocab, (n,))
+    position = torch.randint(0, width, (n,))
+
+    def difference(logits, rows):
+        b = torch.arange(rows.start, rows.stop)
+        at = logits[torch.arange(len(b)), position[b]]
+        return at[torch.arange(len(b)), answer[b]] - at[torch.arange(len(b)), other[b]]
+
+    candidates = torch.randperm(vocab)[:10]
+    thresholds = torch.randint(0, 10, (n,))
+
+    def probability(logits, rows):
+        out = []
+        for i, b in enumerate(range(rows.start, rows.stop)):
+            p = torch.softmax(logits[i, position[b]].float(), -1)[candidates]
+            out.append(p[thresholds[b] + 1:].sum() - p[: thresholds[b] + 1].sum())
+        return torch.stack(out)
+
+    targets = torch.randint(0, vocab, (n, width))
+    mask = (torch.rand(n, width) < 0.4).float()  # rows read different positions
+    mask[0] = 0  # and a row reads none
+
+    def log_prob(logits, rows):
+        logp = torch.log_softmax(logits.float(), -1)
+        out = []
+        for i, b in enumerate(range(rows.start, rows.stop)):
+            read = mask[b].nonzero()[:, 0]
+            got = logp[i, read].gather(1, targets[b, read, None])[:, 0]
+            out.append(got.mean() if len(read) else logp.new_zeros(()))
+        return torch.stack(out)
+
+    return [(LogitDifference(answer, other, position), difference),
+            (ProbabilityDifference(candidates, thresholds, position), probability),
+            (TargetLogProb(targets, mask), log_prob)]
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2], ids=["logit-diff", "prob-diff", "log-prob"])
+def test_each_metric_from_its_positions_alone_is_the_one_of_the_whole_logits(kind):
+    torch.manual_seed(3)
+    n, width, vocab = 6, 9, 50
+    metric, reference = _metrics(n, width, vocab)[kind]
+    for rows in (slice(0, n), slice(0, 1), slice(2, 5)):
+        logits = torch.randn(rows.stop - rows.start, width, vocab)
+        positions = metric.read_positions(rows)
+        assert positions.shape[0] == rows.stop - rows.start
+        want = reference(logits, rows)
+        torch.testing.assert_close(metric(logits, rows), want)
+        torch.testing.assert_close(metric.at(at_positions(logits, positions), rows), want)
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2], ids=["logit-diff", "prob-diff", "log-prob"])
+def test_a_pass_unembedded_at_the_metric_positions_gives_the_whole_pass_metric(llama, kind):
+    """:func:`flow.metric_values` (the pass stopped at the final norm, the unembedding at
+    the read positions only) equals the metric of the bridge's own logits, and its
+    gradient too."""
+    torch.manual_seed(4)
+    n, width = 4, 7
+    metric, _ = _metrics(n, width, llama.info.d_vocab)[kind]
+    ids = torch.randint(6, 300, (n, width))
+    rows = slice(0, n)
+    with torch.no_grad():
+        want = metric(llama.bridge(ids), rows)
+        got = metric_values(llama, ids, metric, rows)
+    torch.testing.assert_close(got, want)
+
+    def gradient(run):
+        kept = []
+
+        def leaf(x, hook):
+            x = x.detach().requires_grad_(True)
+            kept.append(x)
+            return x
+
+        with torch.enable_grad(), llama.bridge.hooks(fwd_hooks=[("ln_final.hook_in", leaf)]):
+            total = run().sum()
+        return torch.autograd.grad(total, kept[0])[0]
+
+    torch.testing.assert_close(
+        gradient(lambda: metric_values(llama, ids, metric, rows)),
+        gradient(lambda: metric(llama.bridge(ids), rows)))
 
 
 def test_spearman_by_hand():

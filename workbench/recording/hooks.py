@@ -134,6 +134,12 @@ def stop_pass() -> None:
     raise _Stop
 
 
+def stoppable() -> contextlib.AbstractContextManager[None]:
+    """A context in which a pass stopped by :func:`stop_pass` ends quietly, for a pass the
+    caller runs itself (:func:`run_hooked` discards the output)."""
+    return contextlib.suppress(_Stop)
+
+
 def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
                stop_after: str | None = None) -> None:
     """Run the bridge on a batch with temporary forward hooks, discarding its output.
@@ -152,7 +158,7 @@ def run_hooked(bridge: Any, batch: Batch, fwd_hooks: list[tuple[str, Any]], *,
             raise _Stop
 
         hooks_list.append((stop_after, stop))
-    with bridge.hooks(fwd_hooks=hooks_list), contextlib.suppress(_Stop):
+    with bridge.hooks(fwd_hooks=hooks_list), stoppable():
         bridge(batch.input_ids, return_type=None, **batch.forward_kwargs())
 
 

@@ -92,8 +92,8 @@ def _circuit_metrics(model: Model, graph: Graph, task: Task, keeps: Sequence[Ten
             ablated = graph.edges & ~keep
             with torch.no_grad(), model.bridge.hooks(
                     fwd_hooks=_EdgeAblation(model, graph, ref, ablated, weights).fwd_hooks()):
-                logits = model.bridge(ids)
-            out[rows, c] = task.metric(logits, rows).double().numpy()
+                got = flow.metric_values(model, ids, task.metric, rows)
+            out[rows, c] = got.double().numpy()
     return out
 
 

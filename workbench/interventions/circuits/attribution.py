@@ -24,8 +24,10 @@ kept grows as a few ``[layer, batch, pos, d_model]``. The gradient pass runs eac
 of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
 input, and the backward pass runs one block again at a time; with blocked attention
 (``attention="auto"`` where the family has it) a block's attention is recomputed a block
-of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass,
-and what is held is linear in T.
+of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass;
+the pass stops at the final norm and only the positions the metric reads are unembedded
+(:func:`flow.metric_values`), so no ``[batch, T, d_vocab]`` logits exist either, and what
+is held is linear in T.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
@@ -210,10 +212,7 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in wanted],
            *[(name, keep(name)) for name in kept]]
     with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
-        # no cache: a recomputed block would append its keys and values to it again
-        logits = model.bridge(ids, use_cache=False)
-        total = task.metric(logits, rows).sum()
-        del logits
+        total = flow.metric_values(model, ids, task.metric, rows).sum()
         torch.autograd.grad(total, begun[0])
     out = {name: grads[name].detach() if name in grads else seen[name].clone()
            for name in wanted}

@@ -27,9 +27,11 @@ from torch import Tensor
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.interventions.circuits.graph import Graph, Receiver
+from workbench.interventions.circuits.task import Metric, at_positions
 from workbench.models import blocked
 from workbench.models.base import Model
 from workbench.recording import hooks
+from workbench.scores.logit_attribution import output_transform
 
 
 def ln_in(layer: int, which: str) -> str:
@@ -39,6 +41,37 @@ def ln_in(layer: int, which: str) -> str:
 
 FINAL_IN = "ln_final.hook_in"
 """The final norm's input: the logits' receiver input."""
+
+
+def metric_values(model: Model, ids: Tensor, metric: Metric, rows: slice
+                  ) -> Float[Tensor, " batch"]:
+    """The metric of a pass over ``ids`` (the task's ``rows``), unembedded only at the
+    positions it reads: the pass stops at the final norm's output, whose rows at
+    :meth:`Metric.read_positions` go through the unembedding and the family's output
+    transform (a soft cap, a scale), as the bridge's own forward would take them.
+
+    The final norm acts on each position alone, so the metric is the one of the whole
+    logits, without their ``[batch, pos, d_vocab]`` (1.6 GB in float32 at 8,192 tokens of
+    smollm2's 49,152 entries, and as much again for their gradient). Any hooks active on
+    the bridge apply; under autograd the metric is differentiable in the pass. A family
+    whose final norm has no output hook, or whose unembedding is hooked, runs whole.
+    """
+    unembed = getattr(model.bridge, "unembed", None)
+    points = [getattr(unembed, name, None) for name in ("hook_in", "hook_out")]
+    watched = any(p is not None and (p.fwd_hooks or p.bwd_hooks) for p in points)
+    if unembed is None or watched or hooks.FINAL_OUT not in model.bridge.hook_dict:
+        # no cache: a block recomputed under autograd would append to it again
+        return metric(model.bridge(ids, use_cache=False), rows)
+    kept: list[Tensor] = []
+
+    def stop(x: Tensor, hook: Any) -> None:
+        kept.append(x)
+        hooks.stop_pass()
+
+    with model.bridge.hooks(fwd_hooks=[(hooks.FINAL_OUT, stop)]), hooks.stoppable():
+        model.bridge(ids, use_cache=False)
+    normed = at_positions(kept[0], metric.read_positions(rows))  # [batch, k, d_model]
+    return metric.at(output_transform(model, unembed(normed)), rows)
 
 
 def mlp_in(layer: int) -> str:

@@ -28,45 +28,91 @@ from workbench.core.errors import WorkbenchError
 
 
 class Metric(Protocol):
-    """Per-prompt task metric of a slice of the task's rows, differentiable in the logits."""
+    """Per-prompt task metric of a slice of the task's rows, differentiable in the logits.
+
+    A metric reads the logits at a few positions of each row (:meth:`read_positions`), so a
+    pass needs the unembedding only there: :meth:`at` takes the logits at those positions
+    alone, and calling the metric on the whole logits is :meth:`at` of them gathered."""
+
+    def read_positions(self, rows: slice) -> Int[Tensor, "batch k"]:
+        """The positions of each row the metric reads, ``k`` of them per row."""
+        ...
+
+    def at(self, logits: Float[Tensor, "batch k d_vocab"], rows: slice
+           ) -> Float[Tensor, " batch"]:
+        """The metric from the logits at :meth:`read_positions` only."""
+        ...
 
     def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
                  ) -> Float[Tensor, " batch"]: ...
 
 
+def at_positions(x: Float[Tensor, "batch pos *rest"], positions: Int[Tensor, "batch k"]
+                 ) -> Float[Tensor, "batch k *rest"]:
+    """``x[b, positions[b, j]]`` for each row ``b`` and each of its ``k`` positions."""
+    index = torch.arange(x.shape[0], device=x.device)[:, None]
+    return x[index, positions.to(x.device)]
+
+
+class _ReadsPositions:
+    """The whole-logits call of a metric, shared: :meth:`at` of the logits gathered at
+    :meth:`read_positions`."""
+
+    def read_positions(self, rows: slice) -> Tensor:
+        raise NotImplementedError
+
+    def at(self, logits: Tensor, rows: slice) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
+                 ) -> Float[Tensor, " batch"]:
+        return self.at(at_positions(logits, self.read_positions(rows)), rows)
+
+
 @dataclass(frozen=True)
-class LogitDifference:
+class LogitDifference(_ReadsPositions):
     """``logit(answer) - logit(other)`` at each row's position."""
 
     answer: Int[Tensor, " n"]
     other: Int[Tensor, " n"]
     positions: Int[Tensor, " n"]
 
-    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
-                 ) -> Float[Tensor, " batch"]:
-        index = torch.arange(logits.shape[0])
-        at = logits[index, self.positions[rows]]  # [batch, d_vocab]
+    def read_positions(self, rows: slice) -> Int[Tensor, "batch 1"]:
+        return self.positions[rows, None]
+
+    def at(self, logits: Float[Tensor, "batch 1 d_vocab"], rows: slice
+           ) -> Float[Tensor, " batch"]:
+        at = logits[:, 0]  # [batch, d_vocab]
         return (at.gather(1, self.answer[rows, None]) - at.gather(1, self.other[rows, None]))[:, 0]
 
 
 @dataclass(frozen=True)
-class TargetLogProb:
+class TargetLogProb(_ReadsPositions):
     """The mean log-probability of ``targets[row, t]`` predicted at position ``t``, over the
     positions where ``mask`` is true (the negative of the loss there)."""
 
     targets: Int[Tensor, "n pos"]
     mask: Float[Tensor, "n pos"]
 
-    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
-                 ) -> Float[Tensor, " batch"]:
+    def read_positions(self, rows: slice) -> Int[Tensor, "batch k"]:
+        """Each row's masked positions in order, ``k`` the most of any row; a row with
+        fewer is filled with unmasked positions, which count for nothing."""
+        read = self.mask[rows] != 0
+        k = int(read.sum(1).max()) if len(read) else 0
+        return torch.argsort((~read).to(torch.int8), dim=1, stable=True)[:, :k]
+
+    def at(self, logits: Float[Tensor, "batch k d_vocab"], rows: slice
+           ) -> Float[Tensor, " batch"]:
+        positions = self.read_positions(rows)
         logp = torch.log_softmax(logits.float(), -1)
-        got = logp.gather(2, self.targets[rows, :, None])[..., 0]  # [batch, pos]
-        mask = self.mask[rows].to(got.dtype)
+        targets = at_positions(self.targets[rows], positions).to(logp.device)
+        got = logp.gather(2, targets[..., None])[..., 0]  # [batch, k]
+        mask = at_positions(self.mask[rows], positions).to(got)
         return (got * mask).sum(1) / mask.sum(1).clamp_min(1)
 
 
 @dataclass(frozen=True)
-class ProbabilityDifference:
+class ProbabilityDifference(_ReadsPositions):
     """Hanna et al.'s (2023) probability difference at each row's position: the summed
     next-token probabilities of the years after its threshold minus those up to it,
     ``sum_{y > t} p(y) - sum_{y <= t} p(y)``, ``y`` over the candidate tokens in order
@@ -78,10 +124,12 @@ class ProbabilityDifference:
     """each row's threshold: the index of the last candidate counted below"""
     positions: Int[Tensor, " n"]
 
-    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"], rows: slice
-                 ) -> Float[Tensor, " batch"]:
-        index = torch.arange(logits.shape[0])
-        probs = torch.softmax(logits[index, self.positions[rows]].float(), -1)
+    def read_positions(self, rows: slice) -> Int[Tensor, "batch 1"]:
+        return self.positions[rows, None]
+
+    def at(self, logits: Float[Tensor, "batch 1 d_vocab"], rows: slice
+           ) -> Float[Tensor, " batch"]:
+        probs = torch.softmax(logits[:, 0].float(), -1)
         at = probs[:, self.candidates]  # [batch, n_candidates]
         above = (torch.arange(len(self.candidates))[None] > self.thresholds[rows, None]
                  ).to(at.device)
