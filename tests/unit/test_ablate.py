@@ -377,3 +377,16 @@ def test_record_refuses_a_prompt_alone_of_its_length_before_the_run(capsys, runs
     assert status == 2 and err.count("\n") == 1, err
     assert "has no other: give prompts of one length" in err
     assert RunStore(runs_dir).runs() == []
+
+
+def test_record_pairs_prompts_of_one_length_over_the_batch_budget(capsys, runs_dir,
+                                                                  llama_folder):
+    # two prompts of one length, a budget that holds one: under resample they share a
+    # batch (each the other's donor), as the check before the run batched them
+    text = "the cat sat on the mat\n\nthe mat sat on the cat"
+    status, out, err = tiny.cli(capsys, "record", str(llama_folder), "--text", text,
+                                "--max-batch-tokens", "8", "--ablate", "L0H1", "--ablation",
+                                "resample")
+    assert status == 0, err
+    assert _stored_mask(out).ablation == "resample"
+    assert len(RunStore(runs_dir).runs()) == 1

@@ -107,7 +107,7 @@ def cmd_record(args: argparse.Namespace) -> None:
     prompts = make_prompts(model, args.limit)
     for p in prompts:  # check every prompt before a run is created
         model.encode(p)
-    check_donors(mask, model.batches(prompts, max_tokens=args.max_batch_tokens))
+    check_donors(mask, model, prompts, max_tokens=args.max_batch_tokens)
     config = {"source": source, "n_prompts": len(prompts), "store_dtype": args.store_dtype,
               "max_batch_tokens": args.max_batch_tokens, "dtype": args.dtype,
               "patterns": args.patterns, "topk": args.topk, "resid": not args.no_resid,

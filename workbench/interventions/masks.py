@@ -51,7 +51,6 @@ from workbench.core.files import read_bounded
 from workbench.core.options import Ablation
 from workbench.core.records import RecordError
 from workbench.core.values import shown
-from workbench.inputs.batching import Batch
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set, prompt_set_names
 from workbench.models.base import Model
 from workbench.recording import hooks
@@ -308,15 +307,19 @@ def donors(lengths: int | Sequence[int] | Int[Tensor, " batch"], seed: int
     return out
 
 
-def check_donors(mask: HeadMask | None, batches: Iterable[Batch]) -> None:
-    """Refuse, before a pass runs, batches in which a ``resample`` mask finds no donor for
-    some prompt (:func:`donors`); any other mask passes.
+def check_donors(mask: HeadMask | None, model: Model, prompts: Sequence[Prompt], *,
+                 max_tokens: int) -> None:
+    """Refuse, before a pass runs, prompts in which a ``resample`` mask finds no donor for
+    some prompt of its batch (:func:`donors`), batched as they will be under the mask (in
+    twos of one length: :meth:`Model.batches`); any other mask passes.
 
     Raises:
         WorkbenchError: the first batch refused, as :func:`donors` says it.
     """
     if mask is None or mask.ablation != "resample":
         return
+    with _paired_batches(model):
+        batches = model.batches(prompts, max_tokens=max_tokens)
     for batch in batches:
         donors(batch.attention_mask.sum(1), mask.seed)
 
@@ -433,11 +436,19 @@ def applied(model: Model, mask: HeadMask | None, *,
         means = None
     elif means is None:
         means = head_means(model, load_prompt_set(mask.reference, model))
-    paired = model.paired_batches
-    model.paired_batches = paired or seed is not None  # a donor of its length in its batch
+    with _paired_batches(model, seed is not None), watched(model.bridge) as seen, \
+            model.bridge.hooks(fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed,
+                                                    seen=seen)):
+        yield
+
+
+@contextlib.contextmanager
+def _paired_batches(model: Model, on: bool = True) -> Iterator[None]:
+    """:meth:`Model.batches` in twos of one length for the block (a resample's donors),
+    as it was after it."""
+    before = model.paired_batches
+    model.paired_batches = before or on
     try:
-        with watched(model.bridge) as seen, model.bridge.hooks(
-                fwd_hooks=mask_hooks(mask.values, means, resample_seed=seed, seen=seen)):
-            yield
+        yield
     finally:
-        model.paired_batches = paired
+        model.paired_batches = before

@@ -353,7 +353,8 @@ def record(model: Model, prompts: Sequence[Prompt], out: str | Path, *,
     writer = _Writer(group, shape, storage, store_dtype, topk, include_resid, qk_dtype)
     writer.masks = [Mask(causal=bool(info.causal), window=info.window(layer))
                     for layer in range(info.n_layers)]
-    batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens))
+    batches = list(make_batches(encoded, pad_id=model.pad_id, max_tokens=max_batch_tokens,
+                                paired=model.paired_batches))  # resample: in twos
     _write(model, writer, batches, storage, attention)
     index = _index(model, prompts, encoded, root, store_dtype=store_dtype, patterns=storage,
                    topk=topk if storage == "topk" else None, resid=include_resid,
