@@ -4,7 +4,9 @@ one; EAP-IG with one step is EAP; and the gradients are right: with every sender
 reference moved only a step ``eps`` from its clean output towards its corrupted one,
 ablating every edge into one receiver changes the metric by ``eps`` times the sum of that
 receiver's edge scores (a finite difference, to first order). A family whose attention
-output is normalised before the residual add is refused in one line."""
+output is normalised before the residual add (Gemma 2 and 3) is taken in, each head's part
+of the normed output a sender; one whose queries are normalised over every head together
+(OLMo 2) is refused in one line."""
 
 from __future__ import annotations
 
@@ -40,9 +42,9 @@ def _task(n_vocab: int) -> Task:
 def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch):
     model = families.model(family)
     normed = any(output_norm(model, layer) is not None for layer in range(model.info.n_layers))
-    assert ADAPTERS[family].attn_out_norm == normed  # the matrix's reason is the model's fact
-    if normed:
-        with pytest.raises(ModelCapabilityError, match="attention output"):
+    assert ADAPTERS[family].attn_out_norm == normed  # the adapter's fact is the model's
+    if ADAPTERS[family].qk_norm == "full_width":
+        with pytest.raises(ModelCapabilityError, match="every head together"):
             build_graph(model)
         return
     graph = build_graph(model)
@@ -88,9 +90,9 @@ def _first_order(model, graph, task, scores, patch) -> None:
     ``eps`` of the way to the corrupted outputs) / eps, against the sum of its scores."""
     own = flow.sender_outputs
 
-    def near(model, ids, w_o=None):
-        clean = own(model, task.clean, w_o)
-        return clean + EPS * (own(model, ids, w_o) - clean)
+    def near(model, ids, weights=None):
+        clean = own(model, task.clean, weights)
+        return clean + EPS * (own(model, ids, weights) - clean)
 
     patch.setattr(flow, "sender_outputs", near)
     keeps = [graph.edges.clone()]

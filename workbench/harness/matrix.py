@@ -79,10 +79,12 @@ def _linear_logits(adapter: Adapter) -> str | None:
 
 
 def _separate_heads(adapter: Adapter) -> str | None:
-    """Why the heads' outputs are not separate senders of the residual stream."""
-    if adapter.attn_out_norm:
-        return ("the attention output is normalized before the residual add, so the heads' "
-                "outputs are not separate senders")
+    """Why the heads' inputs are not separate receivers of the residual stream."""
+    if adapter.qk_norm == "full_width":
+        return ("queries and keys are normalized over every head together, so one head's "
+                "query input is not its own receiver")
+    if adapter.norm != "pre":
+        return f"needs a pre-norm block; {adapter.family} normalizes after its sublayers"
     return None
 
 

@@ -85,7 +85,7 @@ def _circuit_metrics(model: Model, graph: Graph, task: Task, keeps: Sequence[Ten
     for rows in progress.track(chunks, desc=desc):
         ids = task.clean[rows]
         if mean is None:
-            ref = flow.sender_outputs(model, task.corrupted[rows], weights["o"])
+            ref = flow.sender_outputs(model, task.corrupted[rows], weights)
         else:
             ref = mean[:, None].expand(-1, ids.shape[0], -1, -1)
         for c, keep in enumerate(keeps):
@@ -131,7 +131,8 @@ class _EdgeAblation:
         self.seen = 0
         self.inputs: dict[str, Tensor] = {}
         self.weights = weights
-        self.w_o = weights["o"]
+        self.scales = flow.scale_names(model)
+        self.z: Tensor | None = None  # a normed layer's z, until its norm's scale is seen
 
     def fwd_hooks(self) -> list[tuple[str, Any]]:
         n = self.model.info.n_layers
@@ -142,6 +143,8 @@ class _EdgeAblation:
                       dict.fromkeys([flow.ln_in(layer, "ln1"), norm_in])],
                     *[(hooks.qkv(layer, w), self.project(layer, w)) for w in ("q", "k", "v")],
                     (hooks.z(layer), self.heads(layer)),
+                    *([(self.scales[layer], self.scaled(layer))] if layer in self.scales
+                      else []),
                     (flow.mlp_in(layer), self.into_mlp(layer)),
                     (hooks.mlp_out(layer), self.mlp)]
         return [*fwd, (flow.FINAL_IN, self.into_logits(n))]
@@ -164,7 +167,17 @@ class _EdgeAblation:
 
     def heads(self, layer: int):
         def hook(z: Tensor, hook: Any) -> None:
-            self.record(torch.einsum("bthe,hed->hbtd", z, self.w_o[layer]))
+            if layer in self.scales:  # its output is known once its norm's scale is
+                self.z = z
+            else:
+                self.record(flow.head_outputs(z, self.weights, layer))
+        return hook
+
+    def scaled(self, layer: int):
+        def hook(scale: Tensor, hook: Any) -> None:
+            assert self.z is not None
+            self.record(flow.head_outputs(self.z / scale[..., None], self.weights, layer))
+            self.z = None
         return hook
 
     def mlp(self, x: Tensor, hook: Any) -> None:

@@ -115,15 +115,17 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
 def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: Method,
                   m: int, weights: dict[str, Tensor]) -> Tensor:
     clean_ids, corrupted_ids = task.clean[rows], task.corrupted[rows]
-    names = flow.sender_names(model)
+    names, captured = flow.sender_names(model), flow.capture_names(model)
     with torch.no_grad():
-        clean = hooks.capture(model, Batch.of(clean_ids), names)
-        corrupted = hooks.capture(model, Batch.of(corrupted_ids), names)
+        clean = flow.divide_scales(model, hooks.capture(model, Batch.of(clean_ids), captured))
+        corrupted = flow.divide_scales(model, hooks.capture(model, Batch.of(corrupted_ids),
+                                                            captured))
     start = corrupted[names[0]]
     lines = clean[names[0]] - start
-    # the senders' differences as they are kept (a head's ``z``, not ``z W_O``): a layer's
-    # heads take one [batch, pos, d_model] here, not one per head; made in place in the
-    # clean outputs, each corrupted one let go as it is used
+    # the senders' differences as they are kept (a head's ``z``, over its output norm's
+    # scale where it has one, not ``z W_O``): a layer's heads take one [batch, pos,
+    # d_model] here, not one per head; made in place in the clean outputs, each corrupted
+    # one let go as it is used
     diff = {name: clean.pop(name).sub_(corrupted.pop(name)).float() for name in names}
     del clean, corrupted
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
@@ -150,7 +152,7 @@ def _contract(model: Model, graph: Graph, raw: dict[str, Tensor], diff: dict[str
     for p0 in range(0, width, step):
         at = slice(p0, min(p0 + step, width))
         part = {name: t[:, at] for name, t in diff.items()}
-        delta = flow.stack_outputs(model, part, weights["o"]).float()  # [S, B, P, d]
+        delta = flow.stack_outputs(model, part, weights).float()  # [S, B, P, d]
         sliced = {name: t[:, at] for name, t in raw.items()}
         for layer in range(model.info.n_layers + 1):
             first, receivers = flow.layer_receivers(graph, layer)

@@ -2,15 +2,22 @@
 
 A sender's output is what it adds to the residual stream: the embedding
 (``blocks.0.hook_resid_pre``), a head's ``z_h W_O^h`` (``hook_z``), an MLP's output
-(``hook_mlp_out``). A receiver's input is the stream *before* the norm that feeds it: a
-head's q, k or v input is the block's first norm's input (``ln1.hook_in``), read by that
-head alone; an MLP's is its own norm's input (``ln2.hook_in``, or ``ln1.hook_in`` in a
-parallel block with one norm: GPT-J, Phi, Falcon); the logits' is the final norm's input
+(``hook_mlp_out``, after any norm on it). Where the attention output passes a norm before
+the residual add (Gemma 2 and 3's ``ln1_post``), a head's output is ``z_h W_O^h / s * w``:
+``z`` divided by the norm's scale ``s`` of the same pass (``ln1_post.hook_scale``,
+:func:`divide_scales`), then projected and multiplied by the norm's weight ``w``
+(:func:`stack_outputs`), so the layer's heads' outputs sum to the norm's output.
+
+A receiver's input is the stream *before* the norm that feeds it: a head's q, k or v
+input is the block's first norm's input (``ln1.hook_in``), read by that head alone; an
+MLP's is its own norm's input (``ln2.hook_in``, or ``ln1.hook_in`` in a parallel block
+with one norm: GPT-J, Phi, Falcon); the logits' is the final norm's input
 (``ln_final.hook_in``). A q, k or v receiver is reached through the projection at
-``hook_q`` / ``hook_k`` / ``hook_v`` (before rotary and any per-head norm), an MLP through
-its input after the norm (``mlp.hook_in``): the receiver's input changed by ``d`` changes
-what it reads by ``n(x + d) - n(x)`` (times the projection ``W`` for a head), with ``n`` the
-live norm (not frozen), so the gradient and the edge ablation both see the true norm.
+``hook_q`` / ``hook_k`` / ``hook_v`` (before rotary and any per-head norm), an MLP
+through its input after the norm (``mlp.hook_in``): the receiver's input changed by
+``d`` changes what it reads by ``n(x + d) - n(x)`` (times the projection ``W`` for a
+head), with ``n`` the live norm (not frozen), so the gradient and the edge ablation both
+see the true norm.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from workbench.interventions.circuits.graph import Graph, Receiver
 from workbench.interventions.circuits.task import Metric, at_positions
 from workbench.models import blocked
 from workbench.models.base import Model
+from workbench.models.norms import output_norm
 from workbench.recording import hooks
 from workbench.scores.logit_attribution import output_transform
 
@@ -96,11 +104,35 @@ def mlp_norm(model: Model, layer: int) -> tuple[str, Any]:
 def projections(model: Model) -> dict[str, Tensor]:
     """``{"q": W_Q, "k": W_K, "v": W_V, "o": W_O}``, detached: ``W_Q`` is ``[layer, head,
     d_model, d_head]``, ``W_K`` and ``W_V`` per key-value head, ``W_O`` ``[layer, head,
-    d_head, d_model]``. Read once per call that needs them: the bridge stacks every
-    layer's weights each time one is read."""
+    d_head, d_model]``; and where some layer's attention output passes a norm, ``"post"``:
+    each layer's norm weight, ``[layer, d_model]`` (ones for a layer without one). Read
+    once per call that needs them: the bridge stacks every layer's weights each time one
+    is read."""
     bridge = model.bridge
-    return {"q": bridge.W_Q.detach(), "k": bridge.W_K.detach(), "v": bridge.W_V.detach(),
-            "o": bridge.W_O.detach()}
+    out = {"q": bridge.W_Q.detach(), "k": bridge.W_K.detach(), "v": bridge.W_V.detach(),
+           "o": bridge.W_O.detach()}
+    norms = [output_norm(model, layer) for layer in range(model.info.n_layers)]
+    if any(norm is not None for norm in norms):
+        ones = torch.ones(model.info.d_model, dtype=torch.float64)
+        out["post"] = torch.stack([ones if norm is None else norm.weight
+                                   for norm in norms]).to(out["o"].dtype)
+    return out
+
+
+def scale_names(model: Model) -> dict[int, str]:
+    """``{layer: hook}`` of the scale of each attention output norm (``ln1_post``), for the
+    layers that have one."""
+    return {layer: hooks.output_norm_scale(layer) for layer in range(model.info.n_layers)
+            if output_norm(model, layer) is not None}
+
+
+def divide_scales(model: Model, kept: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``kept`` (:func:`capture_names`' tensors) with each normed layer's ``z`` divided by
+    its output norm's scale at each position (in place) and the scales taken out: what
+    :func:`stack_outputs` reads."""
+    for layer, name in scale_names(model).items():
+        kept[hooks.z(layer)].div_(kept.pop(name)[..., None])  # [B, T, 1, 1]
+    return kept
 
 
 def sender_names(model: Model) -> list[str]:
@@ -110,25 +142,38 @@ def sender_names(model: Model) -> list[str]:
                                   for name in (hooks.z(layer), hooks.mlp_out(layer))]
 
 
-def stack_outputs(model: Model, kept: dict[str, Tensor], w_o: Tensor
+def capture_names(model: Model) -> list[str]:
+    """:func:`sender_names` and the output norms' scales (:func:`scale_names`)."""
+    return sender_names(model) + list(scale_names(model).values())
+
+
+def head_outputs(z: Float[Tensor, "batch pos head d_head"], weights: dict[str, Tensor],
+                 layer: int) -> Float[Tensor, "head batch pos d_model"]:
+    """A layer's heads' outputs from its ``z`` (divided by its output norm's scale where it
+    has one, :func:`divide_scales`)."""
+    out = torch.einsum("bthe,hed->hbtd", z, weights["o"][layer])
+    return out * weights["post"][layer] if "post" in weights else out
+
+
+def stack_outputs(model: Model, kept: dict[str, Tensor], weights: dict[str, Tensor]
                   ) -> Float[Tensor, "sender batch pos d_model"]:
     """Every sender's output, in the graph's order, from the tensors at
-    :func:`sender_names` (``w_o``: ``W_O``)."""
+    :func:`sender_names` (after :func:`divide_scales`; ``weights``: :func:`projections`)."""
     n = model.info.n_layers
     parts = [kept[hooks.resid(0, n)][None]]
     for layer in range(n):
-        parts.append(torch.einsum("bthe,hed->hbtd", kept[hooks.z(layer)], w_o[layer]))
+        parts.append(head_outputs(kept[hooks.z(layer)], weights, layer))
         parts.append(kept[hooks.mlp_out(layer)][None])
     return torch.cat(parts)
 
 
-def sender_outputs(model: Model, ids: Tensor, w_o: Tensor | None = None
+def sender_outputs(model: Model, ids: Tensor, weights: dict[str, Tensor] | None = None
                    ) -> Float[Tensor, "sender batch pos d_model"]:
-    """Every sender's output on ``ids`` (one pass, no gradient; ``w_o``: ``W_O``, read if
-    ``None``)."""
+    """Every sender's output on ``ids`` (one pass, no gradient; ``weights``:
+    :func:`projections`, read if ``None``)."""
     with torch.no_grad():
-        kept = hooks.capture(model, Batch.of(ids), sender_names(model))
-    return stack_outputs(model, kept, model.bridge.W_O.detach() if w_o is None else w_o)
+        kept = divide_scales(model, hooks.capture(model, Batch.of(ids), capture_names(model)))
+    return stack_outputs(model, kept, projections(model) if weights is None else weights)
 
 
 def layer_receivers(graph: Graph, layer: int) -> tuple[int, list[Receiver]]:

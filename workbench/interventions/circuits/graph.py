@@ -3,8 +3,12 @@
 Nodes, read off the model's facts (:class:`workbench.store.records.ModelInfo`):
 
 - *senders*, which write to the residual stream: the input embedding (``embed``, token
-  plus learned positions), each head's output (``LxHy``, ``z W_O`` before any output norm)
-  and each MLP's output (``LxMLP``), in forward order;
+  plus learned positions), each head's output (``LxHy``, ``z W_O``) and each MLP's output
+  (``LxMLP``, after any norm on it), in forward order. Where the attention output passes a
+  norm before the residual add (Gemma 2 and 3's ``post_attention_layernorm``), a head's
+  output is its part of the normed sum, ``z_h W_O^h / s * w``, with ``s`` the norm's scale
+  in the same pass (:mod:`workbench.models.norms`): the heads' parts then add up to what the
+  attention writes to the stream, exactly, on every input;
 - *receivers*, which read it: each head's query input (``LxHy.q``), each key-value head's
   key and value inputs (``LxKVg.k``, ``LxKVg.v``: with grouped-query attention one key or
   value input serves the query heads of its group, so edges into it are per key-value
@@ -111,16 +115,35 @@ class Graph:
 def require_graph(model: Model) -> None:
     """Refuse a model whose heads' outputs are not separate parts of the stream.
 
+    A norm on the attention output (Gemma 2 and 3) is taken in: each head's part of its
+    output is a sender (see the module docstring).
+
     Raises:
-        ModelCapabilityError: an encoder, a model with no language-model head, or a norm
-            on the attention output before the residual add (Gemma 2/3, OLMo 2), through
-            which the heads' outputs do not add.
+        ModelCapabilityError: an encoder; a model with no language-model head; queries and
+            keys normalized over every head together (OLMo 2), so one head's query input is
+            not its own; a block with no norm before its attention, whose receivers the
+            graph reads at that norm's input; a centring norm, or an output bias, on the
+            attention output, whose parts would not be the heads'.
     """
     model.require(causal=True, lm_head=True, what="circuit discovery")
-    if any(output_norm(model, layer) is not None for layer in range(model.info.n_layers)):
-        raise ModelCapabilityError(f"{model.info.name} normalizes the attention output before "
-                                   "the residual add, so its heads' outputs are not separate "
-                                   "senders; circuit discovery is not supported for it yet")
+    name = model.info.name
+    for layer in range(model.info.n_layers):
+        block = model.bridge.blocks[layer]
+        if getattr(block.attn, "_qk_norm_phase", None) == "pre_reshape":
+            raise ModelCapabilityError(f"{name} normalizes queries and keys over every head "
+                                       "together, so one head's query input is not its own "
+                                       "receiver; circuit discovery needs per-head queries")
+        if f"blocks.{layer}.ln1.hook_in" not in model.bridge.hook_dict:
+            raise ModelCapabilityError(f"{name} has no norm before its attention (layer "
+                                       f"{layer}); circuit discovery reads a head's input there")
+        norm = output_norm(model, layer)
+        if norm is None:
+            continue
+        bias = getattr(block.attn.o, "bias", None)
+        if norm.center or (bias is not None and bool(bias.detach().any())):
+            raise ModelCapabilityError(f"{name}'s attention output norm (layer {layer}) "
+                                       "centres its input or follows an output bias, so the "
+                                       "heads' parts of it are not theirs alone")
 
 
 def build_graph(model: Model) -> Graph:
