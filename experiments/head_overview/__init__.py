@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -36,8 +37,8 @@ import pandas as pd
 from experiments.head_overview.tables import TABLES
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
-from workbench.inputs.prompts import check_prompt_set, load_prompt_set
-from workbench.models.base import Model
+from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
+from workbench.models.base import Model, Tokenizing
 from workbench.scores import classes, metrics
 from workbench.scores.heads import score_and_classify
 from workbench.store.schema import with_layer_types
@@ -92,7 +93,13 @@ class Result:
                   for name in self.head_classes.head_class.unique())]
 
 
-@experiment("head-overview", config=Config, tables=TABLES)
+def inputs(cfg: Config, model: Tokenizing) -> Mapping[str, Sequence[Prompt]]:
+    """The prompts the run batches, for the check of a resample head mask before the
+    model loads (:attr:`workbench.harness.experiment.Experiment.inputs`)."""
+    return {f"prompt set {cfg.prompt_set}": load_prompt_set(cfg.prompt_set, model)}
+
+
+@experiment("head-overview", config=Config, tables=TABLES, inputs=inputs)
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Entropy, distance and self-attention of every head on a prompt set."""
     prompts = load_prompt_set(cfg.prompt_set, model)

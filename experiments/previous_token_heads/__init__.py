@@ -45,7 +45,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -56,7 +56,7 @@ from workbench.core.values import MAX_PROMPTS, MAX_SEQUENCE
 from workbench.harness.config import param, shared
 from workbench.harness.experiment import Context, experiment
 from workbench.inputs.prompts import Prompt, check_prompt_set, load_prompt_set
-from workbench.models.base import Model
+from workbench.models.base import Model, Tokenizing
 from workbench.recording.writer import record
 from workbench.scores import classes, metrics
 from workbench.scores.heads import score_and_classify, scores_by_prompt
@@ -95,11 +95,43 @@ def text_label(cfg: Config) -> str:
     return "natural text" if cfg.prompt_set == "corpus" else f"prompt set {cfg.prompt_set}"
 
 
-def natural_prompts(model: Model, cfg: Config) -> list[Prompt]:
+def natural_prompts(model: Tokenizing, cfg: Config) -> list[Prompt]:
     """The natural text: corpus windows, or the named prompt set."""
     if cfg.prompt_set == "corpus":
         return load_prompt_set("corpus", model, n_prompts=cfg.n_prompts, n_tokens=cfg.n_tokens)
     return load_prompt_set(cfg.prompt_set, model)
+
+
+def repeated_prompts(model: Tokenizing, cfg: Config) -> list[Prompt]:
+    """The repeated random sequences the duplicate-token scores are read on."""
+    return load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
+                           seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
+
+
+def inputs(cfg: Config, model: Tokenizing) -> Mapping[str, Sequence[Prompt]]:
+    """The prompt lists the run batches, each on its own, for the check of a resample head
+    mask before the model loads (:attr:`workbench.harness.experiment.Experiment.inputs`);
+    the example recording pairs its prompts from them (:func:`example_prompts`)."""
+    return {text_label(cfg): natural_prompts(model, cfg),
+            "the repeated random tokens": repeated_prompts(model, cfg)}
+
+
+def example_prompts(model: Model, natural: list[Prompt], repeated: list[Prompt]
+                    ) -> list[Prompt]:
+    """The prompts ``example/`` records: the first natural and the first repeated one, each
+    with a partner of its token length where a resample head mask is applied (the
+    recording's batches take a resampled head from another prompt of the same length)."""
+    if not model.paired_batches:
+        return [natural[0], repeated[0]]
+    return [*_with_partner(model, natural), *_with_partner(model, repeated)]
+
+
+def _with_partner(model: Model, prompts: list[Prompt]) -> list[Prompt]:
+    """``prompts[0]`` and the first other prompt of its token length (checked to exist
+    before the run: :func:`inputs`)."""
+    first = len(model.encode(prompts[0])[0])
+    partner = next((p for p in prompts[1:] if len(model.encode(p)[0]) == first), None)
+    return [prompts[0]] if partner is None else [prompts[0], partner]
 
 
 @dataclass
@@ -134,15 +166,14 @@ class Result:
 
 
 @experiment("previous-token-heads", config=Config, tables=TABLES,
-            demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500},
+            demo={"n_prompts": 16, "n_repeated": 16, "n_boot": 500}, inputs=inputs,
             bf16_safe=True)  # the bf16 table of docs/performance.md; tests/integration/test_bf16.py
 def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     """Score previous-token, next-token (encoders) and duplicate-token heads."""
     ctx = ctx or Context()
     natural = natural_prompts(model, cfg)
     positional = ("previous_token",) if model.info.causal else ("previous_token", "next_token")
-    repeated = load_prompt_set("repeated-random", model, n_prompts=cfg.n_repeated,
-                               seq_len=cfg.seq_len, repeats=2, seed=cfg.seed)
+    repeated = repeated_prompts(model, cfg)
     common = {"n_boot": cfg.n_boot, "seed": cfg.seed, "max_batch_tokens": cfg.max_batch_tokens,
               "testing": testing(cfg)}
     text = score_and_classify(model, natural, metrics.reductions(*positional),
@@ -151,7 +182,8 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                              inputs="repeated random tokens", repeats=(cfg.seq_len, 2),
                              **common)
     if ctx.workdir is not None:
-        record(model, [natural[0], repeated[0]], ctx.workdir / "example", include_resid=False)
+        record(model, example_prompts(model, natural, repeated), ctx.workdir / "example",
+               include_resid=False)
     return Result(with_layer_types(pd.concat([text.head_scores, dup.head_scores],
                                              ignore_index=True), model.info.layer_types),
                   model.info.causal,

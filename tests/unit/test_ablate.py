@@ -390,3 +390,80 @@ def test_record_pairs_prompts_of_one_length_over_the_batch_budget(capsys, runs_d
     assert status == 0, err
     assert _stored_mask(out).ablation == "resample"
     assert len(RunStore(runs_dir).runs()) == 1
+
+
+# ---- resample on prompts of varied lengths: refused before the model loads -------------
+
+@pytest.mark.parametrize("experiment", ["head-overview", "previous-token-heads"])
+def test_resample_on_natural_text_is_refused_before_the_model_loads(
+        capsys, runs_dir, llama_folder, no_load, experiment):
+    status, _, err = tiny.cli(capsys, "run", experiment, "--model", str(llama_folder),
+                              "--set", "prompt_set=natural", "--ablate", "L0H1",
+                              "--ablation", "resample")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "--ablation resample takes each prompt's ablated heads from another prompt of " \
+           "the same token length" in err
+    assert "alone at their length (" in err and "use --ablation zero or mean" in err
+    assert not runs_dir.exists() or RunStore(runs_dir).runs() == []
+
+
+def test_the_refusal_names_the_lengths_no_other_prompt_has(llama_folder):
+    from workbench.inputs.prompts import load_prompt_set
+    from workbench.models.load import load_tokenizing
+
+    model = load_tokenizing(str(llama_folder))
+    assert model is not None
+    lengths = [len(model.encode(p)[0]) for p in load_prompt_set("natural", model)]
+    alone = sorted(n for n in set(lengths) if lengths.count(n) == 1)
+    assert alone  # natural text: some prompt has no other of its length
+    with pytest.raises(WorkbenchError) as caught:
+        from workbench.interventions.masks import check_pairing
+
+        check_pairing(lengths, "prompt set natural")
+    said = str(caught.value)
+    assert f"prompt set natural has {len(alone)} of its {len(lengths)} prompts alone" in said
+    assert all(str(n) in said for n in alone[:8])
+
+
+def test_prompts_that_pair_pass_and_one_prompt_is_refused():
+    from workbench.interventions.masks import check_pairing
+
+    check_pairing([5, 7, 5, 7, 7], "these")  # a three where a count is odd
+    with pytest.raises(WorkbenchError, match="these holds 1 prompt: use --ablation zero"):
+        check_pairing([5], "these")
+    with pytest.raises(WorkbenchError, match=r"1 of its 3 prompts alone at their length \(9 "):
+        check_pairing([5, 9, 5], "these")
+
+
+def test_the_tokenizer_alone_encodes_as_the_loaded_model(llama_folder, bert_hf, bert_tokenizer,
+                                                         tmp_path):
+    from workbench.inputs.prompts import load_prompt_set
+    from workbench.models.load import load_model, load_tokenizing
+
+    bert_folder = tiny.save_folder(bert_hf, bert_tokenizer, tmp_path / "tiny-bert")
+    for folder in (llama_folder, bert_folder):
+        alone, loaded = load_tokenizing(str(folder)), load_model(str(folder))
+        assert alone is not None
+        assert (alone.info.causal, alone.info.bos_token_id, alone.info.n_ctx) == (
+            loaded.info.causal, loaded.info.bos_token_id, loaded.info.n_ctx)
+        for name in ("natural", "sentence-pairs"):
+            prompts = load_prompt_set(name, loaded)
+            assert [alone.encode(p) for p in prompts] == [loaded.encode(p) for p in prompts]
+
+
+def test_previous_token_heads_runs_resampled_on_windows_of_one_length(capsys, runs_dir,
+                                                                      llama_folder):
+    # corpus windows and repeated sequences each share a length: the run passes the check,
+    # and its example recording pairs each example prompt with another of its length
+    status, out, err = tiny.cli(capsys, "run", "previous-token-heads", "--model",
+                                str(llama_folder), "--set", "n_prompts=3", "--set",
+                                "n_tokens=12", "--set", "n_repeated=2", "--set", "seq_len=5",
+                                "--set", "n_boot=20", "--set", "n_null_draws=20",
+                                "--ablate", "L0H1", "--ablation", "resample")
+    assert status == 0, err
+    run = RunStore(runs_dir).get(out[-1])
+    assert _stored_mask(out).ablation == "resample"
+    from workbench.recording.reader import Recording
+
+    labels = [p.label for p in Recording.open(run.path / "example").prompts]
+    assert len(labels) == 4 and sum(x.startswith("repeated") for x in labels) == 2

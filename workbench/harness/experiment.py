@@ -20,7 +20,7 @@ import importlib
 import logging
 import os
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +40,11 @@ from workbench.harness.config import (
     check_declared,
     check_layers,
 )
-from workbench.interventions.masks import HeadMask, applied
+from workbench.inputs.prompts import Prompt
+from workbench.interventions.masks import HeadMask, applied, check_pairing
 from workbench.models import zoo
-from workbench.models.base import Capabilities, Model, require
-from workbench.models.load import load_model
+from workbench.models.base import Capabilities, Model, Tokenizing, require
+from workbench.models.load import load_model, load_tokenizing
 from workbench.scores import metrics
 from workbench.store.records import Interventions, marked_summary
 from workbench.store.runs import Run, RunStore
@@ -77,6 +78,10 @@ class Context:
     planned: Any = None
     """What the experiment's ``plan`` built before the run was created (``None``: it has
     no plan, or ``run`` was called directly and plans for itself)."""
+
+
+Inputs = Callable[[Any, Tokenizing[Any]], Mapping[str, Sequence[Prompt]]]
+"""An experiment's ``inputs(cfg, model)`` (:attr:`Experiment.inputs`)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,14 @@ class Experiment:
     weights nor a run (a tokenizer read alone, the stored runs a config names), raising
     ``WorkbenchError`` in one line; called before the model loads. ``model`` is the model
     argument (a name, or a model already loaded), ``runs_dir`` the run store."""
+    inputs: Inputs | None = None
+    """``inputs(cfg, model)``: ``{what: prompts}``, the prompt lists the run batches under
+    its head mask, each batched on its own (``what`` names it in a message: ``"prompt set
+    natural"``), built from a tokenizer alone (:class:`~workbench.models.base.Tokenizing`).
+    A ``resample`` head mask is checked against their token lengths before the model loads
+    (:func:`~workbench.interventions.masks.check_pairing`), so a prompt with no other of
+    its length is refused in one line and leaves no run. An experiment that takes
+    ``resample`` and batches prompts of varied lengths declares them here."""
 
     def defaults_for(self, model: str | None) -> dict[str, Any]:
         """The config overrides of ``model``'s own defaults (:attr:`model_defaults`; none
@@ -176,6 +189,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
                plan: Callable[[Any, Any], Any] | None = None, bf16_safe: bool = False,
                ablations: Iterable[Ablation] = get_args(Ablation),
                preflight: Callable[[Any, str | Model | None, Path], None] | None = None,
+               inputs: Inputs | None = None,
                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Register the decorated ``run`` function as experiment ``name``.
 
@@ -201,6 +215,8 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             (:attr:`Experiment.ablations`).
         preflight: ``preflight(cfg, model, runs_dir)``, the checks made before the model
             loads (:attr:`Experiment.preflight`).
+        inputs: ``inputs(cfg, model)``, the prompt lists a resample head mask is checked
+            against before the model loads (:attr:`Experiment.inputs`).
     """
 
     def wrap(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -226,6 +242,7 @@ def experiment(name: str, *, config: type, tables: Mapping[str, Table],
             bf16_safe=bf16_safe,
             ablations=tuple(ablations),
             preflight=preflight,
+            inputs=inputs,
         ))
         return fn
 
@@ -336,6 +353,7 @@ def run_experiment(name: str, model: str | Model | None,
     store = RunStore(root)
     if exp.preflight is not None:  # refusals that need no weights: before the load
         exp.preflight(cfg, model, root)
+    check_resample_inputs(exp, cfg, model, heads_mask)
     loaded = _fit_model(exp, model, cfg, heads_mask, device=device, runs_dir=runs_dir,
                         dtype=dtype or default_dtype(exp, device))
     info = loaded.info if loaded is not None else None
@@ -356,6 +374,26 @@ def run_experiment(name: str, model: str | Model | None,
             active.save_table(table_name, df)
         active.update(summary=marked_summary(result.summary(), interventions))
     return store.get(active.final)
+
+
+def check_resample_inputs(exp: Experiment, cfg: Any, model: str | Model | None,
+                          heads_mask: HeadMask | None) -> None:
+    """Refuse, before the model loads, a ``resample`` head mask on inputs in which some
+    prompt has no other of its token length (:attr:`Experiment.inputs`), read with the
+    model's tokenizer alone; a model whose tokenizer is not known before it loads is
+    checked at its first pass instead.
+
+    Raises:
+        WorkbenchError: one line naming the prompts and the lengths left alone.
+    """
+    if heads_mask is None or heads_mask.ablation != "resample" or exp.inputs is None \
+            or model is None:
+        return
+    tokenizing = load_tokenizing(model) if isinstance(model, str) else model
+    if tokenizing is None:
+        return
+    for what, prompts in exp.inputs(cfg, tokenizing).items():
+        check_pairing([len(tokenizing.encode(p)[0]) for p in prompts], what)
 
 
 def _check_attention(attention: str) -> None:

@@ -324,6 +324,42 @@ def check_donors(mask: HeadMask | None, model: Model, prompts: Sequence[Prompt],
         donors(batch.attention_mask.sum(1), mask.seed)
 
 
+def check_pairing(lengths: Sequence[int], what: str) -> None:
+    """Refuse prompts among which a resample ablation finds no donor for some prompt: a
+    prompt is resampled from another of its real length (:func:`donors`), and prompts of
+    one length are batched together (:meth:`Model.batches` under the mask), so each length
+    must be held by at least two prompts. Made on the lengths alone, before a model loads.
+
+    Args:
+        lengths: the real length of each prompt the run batches together.
+        what: the prompts, for the message (``"prompt set natural"``).
+
+    Raises:
+        WorkbenchError: one line naming the lengths no other prompt has, and what to do.
+    """
+    counts: dict[int, int] = {}
+    for n in lengths:
+        counts[int(n)] = counts.get(int(n), 0) + 1
+    lone = sorted(n for n, count in counts.items() if count == 1)
+    if len(lengths) >= 2 and not lone:
+        return
+    said = (f"holds {len(lengths)} prompt" if len(lengths) < 2 else
+            f"has {len(lone)} of its {len(lengths)} prompts alone at their length "
+            f"({_tokens(lone)} tokens)")
+    raise WorkbenchError(f"--ablation resample takes each prompt's ablated heads from another "
+                         f"prompt of the same token length; {what} {said}: use --ablation "
+                         "zero or mean, or a prompt set whose prompts share lengths (e.g. "
+                         "repeated-random, or corpus windows)")
+
+
+def _tokens(lengths: Sequence[int], shown_at_most: int = 8) -> str:
+    """``41, 42 and 57``, or ``41, 42, ... and 9 more`` past ``shown_at_most``."""
+    text = [str(n) for n in lengths[:shown_at_most]]
+    if len(lengths) > shown_at_most:
+        return f"{', '.join(text)} and {len(lengths) - shown_at_most} more"
+    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} and {text[-1]}"
+
+
 @dataclass
 class PassMask:
     """The attention mask of the forward pass in progress, as :func:`watched` sees it, and

@@ -18,7 +18,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from jaxtyping import Float, Int
@@ -27,7 +27,10 @@ from torch import Tensor
 from workbench.core.errors import ModelCapabilityError, WorkbenchError
 from workbench.inputs.batching import Batch, make_batches
 from workbench.inputs.prompts import Prompt, check_length
+from workbench.inputs.tokenizing import ModelFacts
 from workbench.store.records import ModelInfo
+
+FactsT = TypeVar("FactsT", bound=ModelFacts)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -72,27 +75,23 @@ def require(facts: Capabilities, *, causal: bool | None = None, lm_head: bool | 
         )
 
 
-class Model:
-    """A bridge, its tokenizer, and the facts about the model.
+class Tokenizing(Generic[FactsT]):
+    """A tokenizer and the facts that say how a model frames its inputs: what encodes
+    prompts and batches them, with or without the weights (:class:`Model` is one; a
+    tokenizer read alone, :func:`workbench.models.load.load_tokenizing`, is another, for
+    the checks made before a model loads).
 
     Attributes:
-        bridge: the ``TransformerBridge``; hook it with ``bridge.hooks(fwd_hooks=...)``.
         tokenizer: the Hugging Face tokenizer, used without automatic BOS insertion.
-        info: see :class:`ModelInfo`.
+        info: the model's facts (whether it is causal, its BOS, its context).
     """
 
-    def __init__(self, bridge: Any, tokenizer: Any, info: ModelInfo) -> None:
-        self.bridge = bridge
+    def __init__(self, tokenizer: Any, info: FactsT) -> None:
         self.tokenizer = tokenizer
         self.info = info
         self.paired_batches = False
         """:meth:`batches` keeps prompts of one length together in twos (set while a
         resample head mask is applied: :func:`workbench.interventions.masks.applied`)."""
-
-    def __repr__(self) -> str:
-        i = self.info
-        return (f"Model({i.name!r}, {i.architecture}, layers={i.n_layers}, "
-                f"heads={i.n_heads}/{i.n_kv_heads}, d_model={i.d_model})")
 
     def encode(self, prompt: Prompt) -> tuple[list[int], list[int] | None]:
         """Token ids (and segment ids for encoder sentence pairs) of one prompt.
@@ -162,6 +161,25 @@ class Model:
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         toks = self.tokenizer.convert_ids_to_tokens(ids)
         return [_readable(t) for t in toks]
+
+
+class Model(Tokenizing[ModelInfo]):
+    """A bridge, its tokenizer, and the facts about the model.
+
+    Attributes:
+        bridge: the ``TransformerBridge``; hook it with ``bridge.hooks(fwd_hooks=...)``.
+        tokenizer: the Hugging Face tokenizer, used without automatic BOS insertion.
+        info: see :class:`ModelInfo`.
+    """
+
+    def __init__(self, bridge: Any, tokenizer: Any, info: ModelInfo) -> None:
+        super().__init__(tokenizer, info)
+        self.bridge = bridge
+
+    def __repr__(self) -> str:
+        i = self.info
+        return (f"Model({i.name!r}, {i.architecture}, layers={i.n_layers}, "
+                f"heads={i.n_heads}/{i.n_kv_heads}, d_model={i.d_model})")
 
     def require(self, *, causal: bool | None = None, lm_head: bool | None = None,
                 what: str = "this") -> None:

@@ -364,7 +364,6 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
         )
     cfg = bridge.cfg
     causal = cfg.architecture not in MASKED_LM_ARCHITECTURES
-    bos = bos_token or tokenizer.bos_token or tokenizer.eos_token
     layer_types, sliding_window = layer_spans(hf_model.config, cfg.n_layers)
     info = ModelInfo(
         name=name, source=source, checksum=checksum, architecture=str(cfg.architecture),
@@ -373,12 +372,20 @@ def wrap_hf_model(hf_model: Any, tokenizer: Any, *, name: str, source: str = "in
         d_model=cfg.d_model, d_head=cfg.d_head, n_ctx=cfg.n_ctx, d_vocab=cfg.d_vocab,
         positions=_positions(str(cfg.architecture), cfg.positional_embedding_type),
         causal=causal, has_lm_head=has_lm_head,
-        bos_token_id=tokenizer.convert_tokens_to_ids(bos) if causal and bos else None,
+        bos_token_id=bos_id(tokenizer, causal, bos_token),
         dtype=dtype, layer_types=layer_types, sliding_window=sliding_window,
     )
     bridge.eval()
     quiet_norms.quiet(bridge)
     return Model(bridge, tokenizer, info)
+
+
+def bos_id(tokenizer: Any, causal: bool, bos_token: str | None = None) -> int | None:
+    """The id prepended to a causal model's prompts: ``bos_token`` (a bundled model's
+    own), else the tokenizer's BOS, else its EOS; ``None`` for an encoder, or a tokenizer
+    with neither."""
+    bos = bos_token or tokenizer.bos_token or tokenizer.eos_token
+    return tokenizer.convert_tokens_to_ids(bos) if causal and bos else None
 
 
 _LAYER_TYPES: dict[str, LayerType] = {"full_attention": "global",

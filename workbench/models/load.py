@@ -25,8 +25,8 @@ from typing import Any
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models import adapters, cache, checkpoints, reference, zoo
-from workbench.models.base import DTYPES, Model
-from workbench.models.hf import boot_folder, check_folder, config_facts, folder_checksum
+from workbench.models.base import DTYPES, Model, Tokenizing
+from workbench.models.hf import boot_folder, bos_id, check_folder, config_facts, folder_checksum
 from workbench.models.reference import Bundled, Checkpoint, CheckpointGlob, Folder, Gguf, Hub
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,42 @@ def load_tokenizer(name: str) -> Any | None:
     except (OSError, ValueError) as exc:
         said = " ".join(str(exc).split())[:300]
         raise WorkbenchError(f"the tokenizer of {name} could not be read: {said}") from None
+
+
+@dataclass(frozen=True)
+class FramingFacts:
+    """What encoding a prompt needs of a model, known before its weights load."""
+
+    name: str
+    causal: bool
+    bos_token_id: int | None
+    n_ctx: int
+
+
+def load_tokenizing(name: str) -> Tokenizing[FramingFacts] | None:
+    """A model's tokenizer with the facts that frame its prompts, read without its
+    weights: what encodes and batches prompts as the loaded model will
+    (:class:`~workbench.models.base.Tokenizing`), for the checks an experiment makes on
+    its inputs before the model loads (e.g. that a resample ablation finds every prompt a
+    partner of its length).
+
+    Read for a bundled model that is fetched (its entry says whether it is causal, its
+    BOS and its context); ``None`` for the rest, whose inputs are checked once the model
+    loads.
+
+    Raises:
+        UnknownNameError / WorkbenchError: a name that names no model, or a tokenizer that
+            does not load (one line).
+    """
+    if not isinstance(ref := reference.parse_model(name), Bundled):
+        return None
+    tokenizer = load_tokenizer(name)
+    if tokenizer is None:
+        return None
+    spec = zoo.MODELS.get(ref.name)
+    return Tokenizing(tokenizer, FramingFacts(name, spec.causal,
+                                              bos_id(tokenizer, spec.causal, spec.bos_token),
+                                              spec.n_ctx))
 
 
 @dataclass(frozen=True)
