@@ -210,6 +210,19 @@ def config_facts(src: str | Path, *, local_files_only: bool = True) -> tuple[str
             _whole(getattr(config, "num_hidden_layers", None)))
 
 
+def config_context(src: str | Path) -> int | None:
+    """The context a model's config gives (``max_position_embeddings`` or GPT-2's
+    ``n_positions``), without loading the weights; ``None`` where it gives neither.
+
+    Raises:
+        WorkbenchError: the config cannot be read as a model config.
+    """
+    config = _read_config(src, True)
+    text = getattr(config, "get_text_config", lambda: config)()
+    return _whole(getattr(text, "max_position_embeddings", None)
+                  or getattr(text, "n_positions", None))
+
+
 def config_heads(src: str | Path) -> tuple[int, int] | None:
     """The layers and query heads a model's config gives (``None`` where it does not say
     both), without loading the weights: a head mask is checked against them before the

@@ -26,7 +26,14 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.options import Dtype
 from workbench.models import adapters, cache, checkpoints, reference, zoo
 from workbench.models.base import DTYPES, Model, Tokenizing
-from workbench.models.hf import boot_folder, bos_id, check_folder, config_facts, folder_checksum
+from workbench.models.hf import (
+    boot_folder,
+    bos_id,
+    check_folder,
+    config_context,
+    config_facts,
+    folder_checksum,
+)
 from workbench.models.reference import Bundled, Checkpoint, CheckpointGlob, Folder, Gguf, Hub
 
 log = logging.getLogger(__name__)
@@ -129,22 +136,38 @@ def load_tokenizing(name: str) -> Tokenizing[FramingFacts] | None:
     partner of its length).
 
     Read for a bundled model that is fetched (its entry says whether it is causal, its
-    BOS and its context); ``None`` for the rest, whose inputs are checked once the model
-    loads.
+    BOS and its context), and for a local folder or a cached hub model of a family the
+    workbench knows (its config says the family, so whether it is causal, and the
+    context; the BOS is the tokenizer's, as the loaded model's is); ``None`` for the rest,
+    whose inputs are checked once the model loads.
 
     Raises:
-        UnknownNameError / WorkbenchError: a name that names no model, or a tokenizer that
-            does not load (one line).
+        UnknownNameError / WorkbenchError: a name that names no model, or a tokenizer or
+            config that does not load (one line).
     """
-    if not isinstance(ref := reference.parse_model(name), Bundled):
+    match reference.parse_model(name):
+        case Bundled(name=bundled):
+            spec = zoo.MODELS.get(bundled)
+            causal, bos_token, n_ctx = spec.causal, spec.bos_token, spec.n_ctx
+        case Folder(path=path):
+            (causal, n_ctx), bos_token = _config_framing(path), None
+        case Hub(id=hub_id, cached=True):
+            (causal, n_ctx), bos_token = _config_framing(hub_id), None
+        case _:
+            return None
+    tokenizer = load_tokenizer(name) if causal is not None and n_ctx is not None else None
+    if tokenizer is None or causal is None or n_ctx is None:
         return None
-    tokenizer = load_tokenizer(name)
-    if tokenizer is None:
-        return None
-    spec = zoo.MODELS.get(ref.name)
-    return Tokenizing(tokenizer, FramingFacts(name, spec.causal,
-                                              bos_id(tokenizer, spec.causal, spec.bos_token),
-                                              spec.n_ctx))
+    return Tokenizing(tokenizer, FramingFacts(name, causal, bos_id(tokenizer, causal,
+                                                                   bos_token), n_ctx))
+
+
+def _config_framing(src: str | Path) -> tuple[bool | None, int | None]:
+    """Whether a folder's or cached hub model's family is causal, and its context, from its
+    config (``None`` where unknown)."""
+    architecture, _ = config_facts(src)
+    adapter = adapters.FAMILIES_BY_ARCHITECTURE.get(architecture or "")
+    return (adapter.causal if adapter else None), config_context(src)
 
 
 @dataclass(frozen=True)
