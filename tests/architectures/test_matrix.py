@@ -9,6 +9,7 @@ permutation-equivariance condition must give (no verdict may be ``fail``).
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,6 +188,15 @@ def test_models_families_prints_the_matrix(capsys):
         if not c.works and not ADAPTERS.get(c.family, FAMILIES.get(c.family)).unsupported:
             assert f"* {c.family} / {c.experiment}: n/a: {c.reason}" in out
     assert "n/a" in rows["t5"] and "works" not in rows["t5"]
+
+
+def test_the_models_page_shows_the_matrix_the_command_prints(capsys):
+    """docs/models.md quotes ``workbench models --families``: the quote is what it prints."""
+    _, out, _ = tiny.cli(capsys, "models", "--families")
+    page = (Path(__file__).parents[2] / "docs" / "models.md").read_text()
+    start = page.index("```text\nOn tiny random weights (every family):") + len("```text\n")
+    quoted = page[start: page.index("```", start)]
+    assert quoted.splitlines() == out, "docs/models.md: paste `workbench models --families`"
 
 
 def test_falcon_variants_with_another_fused_layout_are_not_sliced():
