@@ -313,7 +313,7 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
                                    attention=cfg.attention)
     with torch.no_grad():
         per_chunk = [metric_values(model, task.corrupted[rows], task.metric, rows)
-                     for rows in task.chunks(cfg.max_batch_tokens)]
+                     for rows in task.chunks(cfg.max_batch_tokens, model.paired_batches)]
     corrupted = torch.cat(per_chunk).double().cpu().numpy()
     patched = dict(zip(top, (float(x) for x in exact), strict=True))
     at = curve.smallest(cfg.level)

@@ -467,3 +467,17 @@ def test_previous_token_heads_runs_resampled_on_windows_of_one_length(capsys, ru
 
     labels = [p.label for p in Recording.open(run.path / "example").prompts]
     assert len(labels) == 4 and sum(x.startswith("repeated") for x in labels) == 2
+
+
+def test_circuit_under_resample_pairs_every_pass(capsys, runs_dir, llama_folder):
+    # three prompts, a budget of two rows a pass: the third row alone would have no donor,
+    # so it joins the pass before it
+    status, out, err = tiny.cli(capsys, "run", "circuit", "--model", str(llama_folder),
+                                "--set", "task=induction", "--set", "n_prompts=3",
+                                "--set", "seq_len=4", "--set", "max_batch_tokens=18",
+                                "--set", "n_exact=2", "--set", "steps=2",
+                                "--set", "fractions=0.5,1.0", "--set", "n_boot=20",
+                                "--ablate", "L0H1", "--ablation", "resample")
+    assert status == 0, err
+    assert _stored_mask(out).ablation == "resample"
+    assert "L0H1 (ablated in this run)" in "\n".join(out)

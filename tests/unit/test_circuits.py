@@ -304,3 +304,15 @@ def test_scores_contracted_a_few_positions_at_a_time_are_the_same(llama, task, m
     sliced = edge_scores(llama, graph, task, method="eap-ig", steps=2)
     torch.testing.assert_close(sliced.values, whole.values, rtol=1e-5,
                                atol=1e-7 * float(whole.values.abs().max()))
+
+
+def test_paired_chunks_hold_two_rows_at_least():
+    ids = torch.zeros(5, 8, dtype=torch.long)
+    zero = torch.zeros(5, dtype=torch.long)
+    task = Task(ids, ids, LogitDifference(zero, zero, torch.full((5,), 7)))
+    assert task.chunks(16) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    # a resample mask pairs rows of one pass: the last row alone joins the slice before it
+    assert task.chunks(16, paired=True) == [slice(0, 2), slice(2, 5)]
+    assert task.chunks(8, paired=True) == [slice(0, 2), slice(2, 5)]  # over the budget
+    assert task.chunks(8) == [slice(i, i + 1) for i in range(5)]
+    assert task.chunks(24, paired=True) == [slice(0, 3), slice(3, 5)]

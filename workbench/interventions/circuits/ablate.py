@@ -45,7 +45,7 @@ def mean_outputs(model: Model, task: Task, max_batch_tokens: int = 512
                  ) -> Float[Tensor, "sender pos d_model"]:
     """Every sender's output averaged over the task's clean prompts, at each position."""
     total: Tensor | None = None
-    for rows in task.chunks(max_batch_tokens):
+    for rows in task.chunks(max_batch_tokens, model.paired_batches):
         part = flow.sender_outputs(model, task.clean[rows]).sum(1)
         total = part if total is None else total + part
     assert total is not None
@@ -81,7 +81,7 @@ def _circuit_metrics(model: Model, graph: Graph, task: Task, keeps: Sequence[Ten
     mean = mean_outputs(model, task, max_batch_tokens) if ablation == "mean" else None
     weights = flow.projections(model)
     out = np.full((task.n_prompts, len(keeps)), np.nan)
-    chunks = task.chunks(max_batch_tokens)
+    chunks = task.chunks(max_batch_tokens, model.paired_batches)
     for rows in progress.track(chunks, desc=desc):
         ids = task.clean[rows]
         if mean is None:

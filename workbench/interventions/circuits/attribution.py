@@ -102,7 +102,7 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
     check_steps(steps)
     m = 1 if method == "eap" else steps
     total = torch.zeros(graph.edges.shape, dtype=torch.float64)
-    chunks = task.chunks(max_batch_tokens)
+    chunks = task.chunks(max_batch_tokens, model.paired_batches)
     weights = flow.projections(model)
     with flow.attention_run(model, attention):
         for rows in progress.track(chunks, desc=f"{method} scores"):

@@ -156,11 +156,23 @@ class Task:
     def n_prompts(self) -> int:
         return int(self.clean.shape[0])
 
-    def chunks(self, max_tokens: int) -> list[slice]:
-        """Row slices of at most ``max_tokens`` tokens each (one row at least)."""
+    def chunks(self, max_tokens: int, paired: bool = False) -> list[slice]:
+        """Row slices of at most ``max_tokens`` tokens each (one row at least).
+
+        Args:
+            max_tokens: tokens per slice.
+            paired: two rows at least in each slice, over ``max_tokens`` where two exceed
+                it (a resample head mask takes each prompt's heads from another prompt of
+                its pass; the rows of a task are of one length, so any two pair):
+                :attr:`workbench.models.base.Model.paired_batches`.
+        """
         n, width = self.clean.shape
-        step = max(1, max_tokens // max(1, width))
-        return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+        step = max(2 if paired else 1, max_tokens // max(1, width))
+        starts = list(range(0, n, step))
+        if paired and len(starts) > 1 and n - starts[-1] < 2:
+            starts.pop()  # a last row alone joins the slice before it
+        return [slice(i, starts[k + 1] if k + 1 < len(starts) else n)
+                for k, i in enumerate(starts)]
 
 
 def check_fractions(fractions: Sequence[float]) -> None:
