@@ -26,6 +26,12 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   float32 tiles and against the bound ``w (e^eta - 1)`` of ``QKLayer.score_error``.
 - ``tiles``: on a qk recording of 8,192 tokens, the time to compute a 512 x 512 tile, a
   key's whole received-attention column and every row's statistics of one head.
+- ``qk32k``: the 32,768-token document of ``long32k`` recorded as qk on ``--model32k``:
+  bytes on disk and in the arrays against ``T x (heads + kv_heads) x d_head x layers x 4
+  B`` (target within 10%), time (target: no slower than ``long32k``'s topk), peak RSS;
+  then a 512 x 512 tile on a global and on a sliding-window layer (target under 0.5 s),
+  one query's row against every key, and a key's whole received-attention column on the
+  global layer (target under 5 s).
 - ``many100`` / ``many1000``: 100 and 1,000 prompts of 128 tokens (the corpus repeated
   when it runs out): peak RSS, which should be flat in the number of prompts.
 - ``view``: the long-context page of the dashboard on the 8,192-token recording, in
@@ -42,6 +48,7 @@ Usage:
     python benchmarks/long_context.py --parts long --keep /tmp/wb-8k   # keep the 8k recording
     python benchmarks/long_context.py --parts view --keep /tmp/wb-8k   # then view it again
     python benchmarks/long_context.py --parts long32k,scaling
+    python benchmarks/long_context.py --parts qk32k --model32k gemma3
 """
 
 from __future__ import annotations
@@ -55,6 +62,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.core.options import Dtype, PatternStorage
+    from workbench.recording.reader import Recording
 
 GiB, MB = 2**30, 10**6
 
@@ -76,8 +88,8 @@ def _prompts(model, n_prompts: int, n_tokens: int):
     return token_chunks(model, docs * repeats, n_chunks=n_prompts, n_tokens=n_tokens), repeats
 
 
-def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name: str,
-            qk_dtype: str | None = None) -> dict:
+def _record(out: Path, n_prompts: int, n_tokens: int, patterns: PatternStorage,
+            model_name: str, qk_dtype: Dtype | None = None) -> dict:
     from workbench.models.load import load_model
     from workbench.recording.writer import record
     from workbench.store.runs import RunStore
@@ -87,7 +99,7 @@ def _record(out: Path, n_prompts: int, n_tokens: int, patterns: str, model_name:
     store = RunStore(out)
     rss_before = peak_rss_mib()
     t0 = time.perf_counter()
-    with store.start("record", model.info.to_dict(), {"patterns": patterns}) as run:
+    with store.start("record", model.info, {"patterns": patterns}) as run:
         rec = record(model, prompts, run.dir / "recording", patterns=patterns,
                      max_batch_tokens=max(2048, n_tokens), qk_dtype=qk_dtype)
     seconds = time.perf_counter() - t0
@@ -209,13 +221,13 @@ def _child(part: str, args: argparse.Namespace, *, model: str, tokens: int) -> d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-RECORDINGS = {"dense2k": (1, 2048, "dense"), "topk2k": (1, 2048, "topk"),
-              "qk2k": (1, 2048, "qk"), "qk8k": (1, 8192, "qk"),
-              "many100": (100, 128, "auto"), "many1000": (1000, 128, "auto")}
+RECORDINGS: dict[str, tuple[int, int, PatternStorage]] = {
+    "dense2k": (1, 2048, "dense"), "topk2k": (1, 2048, "topk"), "qk2k": (1, 2048, "qk"),
+    "qk8k": (1, 8192, "qk"), "many100": (100, 128, "auto"), "many1000": (1000, 128, "auto")}
 """Recording parts: ``(prompts, tokens per prompt, pattern storage)``, each in a fresh store."""
-SMOKE_RECORDINGS = {"dense2k": (1, 64, "dense"), "topk2k": (1, 64, "topk"),
-                    "qk2k": (1, 64, "qk"), "qk8k": (1, 64, "qk"),
-                    "many100": (4, 16, "auto"), "many1000": (8, 16, "auto")}
+SMOKE_RECORDINGS: dict[str, tuple[int, int, PatternStorage]] = {
+    "dense2k": (1, 64, "dense"), "topk2k": (1, 64, "topk"), "qk2k": (1, 64, "qk"),
+    "qk8k": (1, 64, "qk"), "many100": (4, 16, "auto"), "many1000": (8, 16, "auto")}
 
 
 def part_recording(args: argparse.Namespace) -> dict:
@@ -233,10 +245,22 @@ def _median_s(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _tile_times(rec: Recording, layer: int, head: int = 0) -> dict:
+    """At one layer and head of a ``qk`` recording's first prompt: a 512 x 512 tile from
+    the middle of the prompt (queries from the middle on, the keys before them), the first
+    (which reads the layer's stored tensors) and the median of 5 after it."""
+    n = rec.length(0)
+    side, mid = min(512, n // 2), n // 2
+
+    def tile() -> None:
+        rec.tile(0, layer, head, queries=slice(mid, mid + side), keys=slice(mid - side, mid))
+    first = _median_s(tile, 1)  # reads the layer's queries, keys and lse first
+    return {"tile_side": side, "first_tile_s": first, "tile_s": _median_s(tile, 5)}
+
+
 def part_tiles(args: argparse.Namespace) -> dict:
     """A ``qk`` recording of one prompt (``--tokens``, default 8,192), then, at its middle
-    layer and head 0: a 512 x 512 tile from the middle of the prompt (the first, which reads
-    the layer's stored tensors, and the median of 5 after it), the whole received-attention
+    layer and head 0: a 512 x 512 tile (:func:`_tile_times`), the whole received-attention
     column, and every row's statistics."""
     from workbench.recording.reader import Recording
 
@@ -244,14 +268,66 @@ def part_tiles(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(dir=args.store) as tmp:
         made = _record(Path(tmp), 1, n, "qk", args.model)
         rec = Recording.open(Path(tmp) / made["run"])
-        layer, side, mid = rec.n_layers // 2, min(512, n // 2), n // 2
-
-        def tile() -> None:
-            rec.tile(0, layer, 0, queries=slice(mid, mid + side), keys=slice(mid - side, mid))
-        first = _median_s(tile, 1)  # reads the layer's queries, keys and lse first
-        return {**made, "tile_side": side, "first_tile_s": first, "tile_s": _median_s(tile, 5),
+        layer = rec.n_layers // 2
+        return {**made, **_tile_times(rec, layer),
                 "received_s": _median_s(lambda: rec.received(0, layer, 0), 1),
                 "row_stats_s": _median_s(lambda: rec.row_stats(0, layer, 0), 1)}
+
+
+def _qk_bytes(rec: Recording) -> dict:
+    """A ``qk`` recording's queries, keys and row log-sum-exps: the bytes on disk, the
+    arrays' own bytes, and the spec's size ``T x (heads + kv_heads) x d_head x layers x
+    element size`` (queries and keys only) for its longest prompt."""
+    import numpy as np
+
+    from workbench.recording.qk import STORED_AS
+
+    facts, t = rec.index.qk, (rec.index.longest or 0) * len(rec.prompts)
+    assert facts is not None, "not a qk recording"
+    size = np.dtype(STORED_AS[facts.dtype]).itemsize
+    formula = t * (rec.n_heads + facts.kv_heads) * facts.d_head * rec.n_layers * size
+    lse = t * rec.n_heads * rec.n_layers * 4
+    folder = rec.root / "recording.zarr"
+    disk = {kind: _bytes(folder / kind) for kind in ("q", "k", "lse")}
+    return {"qk_dtype": facts.dtype, "target_mb": formula / MB,
+            "arrays_mb": (formula + lse) / MB, "disk_mb": sum(disk.values()) / MB,
+            "q_disk_mb": disk["q"] / MB, "k_disk_mb": disk["k"] / MB,
+            "lse_disk_mb": disk["lse"] / MB,
+            "disk_to_target": sum(disk.values()) / formula,
+            "arrays_to_target": (formula + lse) / formula}
+
+
+def part_qk32k(args: argparse.Namespace) -> dict:
+    """Record the 32,768-token document on the 32k model (``--model32k``) as ``qk``: bytes
+    (against the spec's ``T x (heads + kv_heads) x d_head x layers x 4 B``), time, peak
+    RSS; then, at head 0: a 512 x 512 tile (:func:`_tile_times`) on the middle global
+    (full-attention) layer and on the middle sliding-window layer, the last query's row
+    against every key (a ``1 x T`` tile), and the whole received-attention column and
+    every row's statistics of the global layer."""
+    from workbench.recording.reader import Recording
+
+    n = args.tokens or 32768
+    model = args.model32k or long_model(Path(args.store) / "gemma3-32k", args.smoke)
+    with tempfile.TemporaryDirectory(dir=args.store) as tmp:
+        made = _record(Path(tmp), 1, n, "qk", model)
+        rec = Recording.open(Path(tmp) / made["run"])
+        assert rec.index.qk is not None  # recorded as qk just above
+        windows = rec.index.qk.window
+        full = [layer for layer, w in enumerate(windows) if w is None]
+        sliding = [layer for layer, w in enumerate(windows) if w is not None]
+        out: dict = {**made, **_qk_bytes(rec)}
+        for kind, layers in (("global", full), ("sliding", sliding)):
+            if layers:
+                layer = layers[len(layers) // 2]
+                out[f"{kind}_layer"] = layer
+                out.update({f"{kind}_{key}": value
+                            for key, value in _tile_times(rec, layer).items()})
+        layer = full[len(full) // 2]  # the global layer, read already
+        out["row_s"] = _median_s(lambda: rec.tile(0, layer, 0, queries=slice(n - 1, n)), 3)
+        out["received_s"] = _median_s(lambda: rec.received(0, layer, 0), 1)
+        out["row_stats_s"] = _median_s(lambda: rec.row_stats(0, layer, 0), 1)
+        out["peak_rss_after_reads_gib"] = peak_rss_mib() / 1024
+        return out
 
 
 QK_ERROR_ROWS = 256
@@ -362,10 +438,12 @@ def _wait_up(url: str) -> None:
 
 PARTS = {"long": part_long, "reduce8k": part_reduce8k, "long32k": part_long32k,
          "scaling": part_scaling, **dict.fromkeys(RECORDINGS, part_recording),
-         "qk_dtype": part_qk_dtype, "tiles": part_tiles, "view": part_view}
+         "qk_dtype": part_qk_dtype, "tiles": part_tiles, "qk32k": part_qk32k,
+         "view": part_view}
 CHILDREN = {"record_one": part_record_one, "score_one": part_score_one}
 """Parts that other parts run in their own processes."""
-SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256, "tiles": 64, "qk_dtype": 64}
+SMOKE_TOKENS = {"long": 64, "reduce8k": 64, "long32k": 256, "tiles": 64, "qk_dtype": 64,
+                "qk32k": 256}
 
 
 def _run(part: str, args: argparse.Namespace, store: str) -> dict:
@@ -383,7 +461,7 @@ def _run(part: str, args: argparse.Namespace, store: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--part", choices=[*PARTS, *CHILDREN], help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
