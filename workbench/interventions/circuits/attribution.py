@@ -44,7 +44,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from workbench.core import progress
+from workbench.core import heap, progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
@@ -128,6 +128,7 @@ def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: M
     # one let go as it is used
     diff = {name: clean.pop(name).sub_(corrupted.pop(name)).float() for name in names}
     del clean, corrupted
+    heap.release()  # the two passes' temporaries, freed among the differences kept
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for k in range(1, m + 1):
         embed = start + (k / m) * lines if method == "eap-ig" else None

@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from workbench.core import heap
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.interventions.circuits.graph import Graph, Receiver
@@ -197,6 +198,10 @@ def attention_run(model: Model, attention: AttentionPath) -> Iterator[str]:
         yield path
 
 
+def _released(grad: Tensor) -> None:
+    heap.release()
+
+
 @contextlib.contextmanager
 def recomputed_layers(model: Model) -> Iterator[None]:
     """Run every block of the bridge checkpointed (non-reentrant) for the block's passes:
@@ -208,11 +213,23 @@ def recomputed_layers(model: Model) -> Iterator[None]:
     over 30 layers, where its input is 576 floats. The hooks of a pass fire again when
     its blocks are recomputed, on tensors equal to the first pass's: a hook that keeps
     what it sees keeps the first.
+
+    The heap's free pages are given back (:func:`workbench.core.heap.release`) after each
+    block, forward and backward: what a pass keeps (each block's input, the gradients
+    gathered) is allocated among each layer's larger temporaries, and glibc kept the
+    holes they leave resident. On smollm2 at 2,048 tokens that was more than half the
+    peak (2.86 GiB above the model, 1.2 GiB of it allocated), and it grew faster than T.
     """
     from torch.utils.checkpoint import checkpoint
 
     def run(forward: Any, *args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        out = checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        heap.release()
+        first = out[0] if isinstance(out, tuple) else out
+        if isinstance(first, Tensor) and first.requires_grad:
+            # fires when the block above has run its backward, before this one's
+            first.register_hook(_released)
+        return out
 
     blocks = list(model.bridge.blocks)
     try:
