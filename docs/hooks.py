@@ -250,8 +250,11 @@ def _claim(c: Any) -> list[str]:
              f"- **source**: {_cell(c.source)}",
              f"- **published**: {_cell(c.published)}"]
     lines += [f'- **quote**: "{_cell(c.quote)}"'] if c.quote else []
+    inputs = "".join(f"; `{name}` takes the id of a run of `{source.experiment}` with the "
+                     f"config `{json.dumps(source.config)}`, run first on the same model"
+                     for name, source in c.run_inputs.items())
     lines += [f"- **measured by**: `{c.experiment}` with the config "
-              f"`{json.dumps(c.config)}`; check `{c.check.name}`"
+              f"`{json.dumps(c.config)}`{inputs}; check `{c.check.name}`"
               + (f" with `{params}`" if params else ""),
               f"- **applies to**: {applies}; **run on**: {', '.join(c.models) or 'its own models'}",
               ""]

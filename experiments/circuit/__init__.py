@@ -317,13 +317,13 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
     corrupted = torch.cat(per_chunk).double().cpu().numpy()
     patched = dict(zip(top, (float(x) for x in exact), strict=True))
     at = curve.smallest(cfg.level)
-    heads = circuit_heads(graph, scores, curve.sizes[at]) if at is not None else []
     digests = prompt_digests(task)
     tables = {"edges": edges_table(scores, patched), "nodes": nodes_table(model, scores),
               "faithfulness": faithfulness_table(curve),
               "scores": scores_table(curve, patched, scores, corrupted),
               "metric_by_prompt": metric_by_prompt_table(curve, corrupted, digests),
               "faithfulness_by_prompt": faithfulness_by_prompt_table(curve, digests)}
+    heads = circuit_heads(tables["edges"], curve.sizes[at]) if at is not None else []
     if runs is not None:
         tables["class_overlap"] = overlap_table(
             runs, [_pair(h) for h in heads], model.info.n_layers * model.info.n_heads)

@@ -15,7 +15,6 @@ from workbench.inputs.prompts import Prompt, random_token_ids, tokens_digest
 from workbench.inputs.retrieval import retrieval_prompts
 from workbench.interventions.circuits.attribution import EdgeScores
 from workbench.interventions.circuits.faithfulness import Curve
-from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import (
     LogitDifference,
     ProbabilityDifference,
@@ -25,6 +24,9 @@ from workbench.interventions.circuits.task import (
 )
 from workbench.models.base import Model
 from workbench.scores.stats import spearman
+
+_HEAD = r"L\d+H\d+"
+"""A head's node name (``L9H4``), as a sender."""
 
 
 def _padded(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
@@ -192,13 +194,10 @@ def scores_table(curve: Curve, exact: dict[int, float], scores: EdgeScores,
                                    float(curve.empty.mean()), float(corrupted.mean())]})
 
 
-def circuit_heads(graph: Graph, scores: EdgeScores, n_edges: int) -> list[str]:
-    """The heads with an edge (in or out) among the top ``n_edges``."""
-    s, r = graph.edge_index()
-    top = scores.ranking()[:n_edges]
-    heads = {graph.senders[int(s[k])].name for k in top if graph.senders[int(s[k])].kind == "head"}
-    for k in top:
-        receiver = graph.receivers[int(r[k])]
-        if receiver.kind == "q":
-            heads.add(receiver.name.split(".")[0])
+def circuit_heads(edges: pd.DataFrame, n_edges: int) -> list[str]:
+    """The heads with an edge (their output, or their q input) among the top ``n_edges`` of
+    an ``edges`` table by rank, in (layer, head) order: the circuit's heads at that size."""
+    top = edges[edges["rank"] <= n_edges]
+    heads = set(top.sender[top.sender.str.fullmatch(_HEAD)])
+    heads |= {r.split(".")[0] for r in top.receiver[top.receiver_input == "q"]}
     return sorted(heads, key=lambda h: tuple(int(x) for x in h[1:].split("H")))

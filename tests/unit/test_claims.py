@@ -63,6 +63,66 @@ def test_malformed_claim_files(tmp_path, entries, message):
         claims.load_claims(write(tmp_path, entries))
 
 
+IOI_INPUT = {"classes_from": {"experiment": "ioi", "config": "demo"}}
+
+
+@pytest.mark.parametrize("inputs, config, message", [
+    ({"classes_from": {"experiment": "no-such-experiment"}}, "demo",
+     "a.json: claim c1: unknown experiment 'no-such-experiment'.*known experiments: .*ioi"),
+    ({"classes_frm": {"experiment": "ioi"}}, "demo",
+     "a.json: claim c1: run_inputs: experiment 'circuit' has no config field 'classes_frm' "
+     r"\(did you mean 'classes_from'\?\)"),
+    ({"classes_from": {"experiment": "ioi", "config": {"base": "tiny"}}}, "demo",
+     "a.json: claim c1: experiment 'ioi' has no config 'tiny'"),
+    ({"classes_from": {"experiment": "ioi", "config": {"n_prompts": 0}}}, "demo",
+     "a.json: claim c1: .*n_prompts"),
+    (IOI_INPUT, {"base": "demo", "classes_from": "some-run"},
+     "'classes_from' is both pinned in the config and filled by run_inputs"),
+    ({"classes_from": {"experiment": "ioi", "confg": "demo"}}, "demo",
+     "unknown field '0.run_inputs.classes_from.confg'"),
+])
+def test_bad_run_inputs_are_refused_when_the_file_loads(tmp_path, inputs, config, message):
+    entry = claim(experiment="circuit", config=config, run_inputs=inputs,
+                  check={"name": "class_in_circuit", "head_class": "name mover"})
+    with pytest.raises(WorkbenchError, match=message) as err:
+        claims.load_claims(write(tmp_path, [entry]))
+    assert "\n" not in str(err.value)
+
+
+def test_run_inputs_run_first_on_the_same_model(tmp_path, llama_folder, monkeypatch):
+    """The ioi run is made (or reused) first, on the claim's model, with its named config,
+    and its id is the circuit run's classes_from."""
+    from workbench.harness import experiment as harness
+
+    entry = claim(experiment="circuit", config={"base": "demo", "n_prompts": 4},
+                  models=[str(llama_folder)], run_inputs=IOI_INPUT,
+                  check={"name": "class_in_circuit", "head_class": "name mover"})
+    loaded = claims.load_claims(write(tmp_path, [entry]))
+    calls = []
+
+    @dataclass
+    class Made:
+        id: str
+
+    def recorded(name, model, overrides, *, runs_dir, reuse):
+        calls.append((name, model.info.name, dict(overrides), reuse))
+        if name == "circuit":
+            raise WorkbenchError("stopped before the circuit runs")
+        return Made(f"{name}-run")
+
+    monkeypatch.setattr(harness, "run_experiment", recorded)
+    table = claims.reproduce(loaded, runs_dir=tmp_path / "runs")
+    ioi, circuit = harness.get("ioi"), harness.get("circuit")
+    assert calls == [
+        ("ioi", str(llama_folder), ioi.named_config("demo"), True),
+        ("circuit", str(llama_folder),
+         {**circuit.named_config("demo"), "n_prompts": 4, "classes_from": "ioi-run"}, True)]
+    assert table.verdict.tolist() == ["error"] and "stopped" in table.reason.iloc[0]
+    calls.clear()
+    claims.reproduce(loaded, runs_dir=tmp_path / "runs", fresh=True)
+    assert [reuse for *_, reuse in calls] == [False, False]
+
+
 def test_applies():
     c = claims.Claim.from_data(claim(applies_to="causal"), what="f")
     assert c.applies("x", causal=True) is None

@@ -55,8 +55,8 @@ def _last_verdicts(store: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return found
 
 
-_WIDE_FIELDS = ("source", "quote", "published", "applies_to", "experiment", "config", "check",
-                "file")
+_WIDE_FIELDS = ("source", "quote", "published", "applies_to", "experiment", "config",
+                "run_inputs", "check", "file")
 """What ``reproduce --list --wide`` adds under each claim."""
 
 
@@ -81,7 +81,9 @@ def _claim_list(selected: Sequence[Any], last: dict[tuple[str, str], dict[str, A
         for name in _WIDE_FIELDS:
             value = getattr(c, name)
             if value not in ("", None, (), {}):
-                text = ", ".join(value) if isinstance(value, tuple) else str(value)
+                text = (", ".join(value) if isinstance(value, tuple)
+                        else "; ".join(f"{k}: {v}" for k, v in value.items())
+                        if name == "run_inputs" else str(value))
                 _out(_fill(f"{name}: {text}", indent=indent, hanging=indent * 2))
         for row in rows:
             seen = last.get((c.id, row["model"]))

@@ -19,6 +19,18 @@ experiment's run into a verdict::
       "check": {"name": "max_score_at_least", "metric": "induction", "threshold": 0.4}
     }
 
+A config field that takes the id of another experiment's run (the circuit experiment's
+``classes_from``) is filled by ``run_inputs``, never pinned by hand::
+
+      "experiment": "circuit",
+      "config": "demo",
+      "run_inputs": {"classes_from": {"experiment": "ioi", "config": "demo"}}
+
+:func:`reproduce` runs (or reuses, matched on model and config as any run) that ``ioi``
+run first, on the same model, and runs the claim's experiment with its id in
+``classes_from``. A file naming an unknown experiment there, a field its experiment does
+not have, or a field its config pins too, is refused when it is loaded.
+
 A claim about models that its experiment trains itself (``induction-formation``) has
 ``"applies_to": "none"`` and ``"models": []``: :func:`reproduce` runs the experiment once
 with no model (and skips the claim when a ``--model`` is given).
@@ -44,6 +56,7 @@ check and returns the table that ``workbench reproduce`` prints and stores.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -51,7 +64,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 import pandas as pd
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
@@ -65,6 +78,9 @@ from workbench.harness.tables import read as read_table
 from workbench.scores import metrics
 from workbench.store.runs import Run, RunStore
 from workbench.store.schema import Table, columns, tables
+
+if TYPE_CHECKING:
+    from workbench.models.base import Model
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +193,21 @@ class CheckSpec(Record):
         return json.dumps(self.to_data(), sort_keys=True)
 
 
+ConfigSpec = Literal["default", "demo"] | dict[str, Json]
+"""A named config of an experiment, with pins (see ``Experiment.named_config``)."""
+
+
+class RunInput(Record):
+    """The run whose id a claim's config field takes: ``experiment`` run with ``config``
+    on the claim's model."""
+
+    experiment: Annotated[str, Field(min_length=1, max_length=100)]
+    config: ConfigSpec = "default"
+
+    def __str__(self) -> str:
+        return f"the id of a run of {self.experiment} with the config {json.dumps(self.config)}"
+
+
 class Claim(Record):
     """One entry of a ``data/claims/*.json`` file (see the module docstring)."""
 
@@ -195,8 +226,11 @@ class Claim(Record):
     where: str = ""
     quote: str = ""
     """The paper's words, exactly (empty when they could not be verified)."""
-    config: Literal["default", "demo"] | dict[str, Json] = "default"
+    config: ConfigSpec = "default"
     """A named config of the experiment, with pins (see ``Experiment.named_config``)."""
+    run_inputs: dict[str, RunInput] = Field(default_factory=dict)
+    """Config fields that take the id of another experiment's run, run (or reused) first
+    on the same model by :func:`reproduce`."""
     _file: str = PrivateAttr(default="")
 
     @property
@@ -215,6 +249,11 @@ class Claim(Record):
         if self.applies_to == "none" and self.models:
             raise ValueError('"applies_to": "none" (the experiment trains its own models) '
                              'goes with "models": []')
+        pinned = sorted(set(self.run_inputs) & set(self.config if isinstance(self.config, dict)
+                                                   else ()))
+        if pinned:
+            raise ValueError(f"'{pinned[0]}' is both pinned in the config and filled by "
+                             "run_inputs: give it one way")
         return self
 
     @property
@@ -261,6 +300,32 @@ def check_metric_names(claim: Claim) -> None:
             raise UnknownNameError(f"{claim.file}: claim {claim.id}: {exc}") from None
 
 
+def check_run_inputs(claim: Claim) -> None:
+    """Refuse a claim whose ``run_inputs`` name an unknown experiment or config, or a field
+    the claim's experiment does not have (experiments are discovered only for such a claim).
+
+    Raises:
+        WorkbenchError: one line naming the claim.
+    """
+    if not claim.run_inputs:
+        return
+    from workbench.harness.config import apply_overrides
+    from workbench.harness.experiment import discover
+    from workbench.harness.experiment import get as get_experiment
+
+    discover()
+    try:
+        fields = {f.name for f in dataclasses.fields(get_experiment(claim.experiment).config)}
+        for name, source in claim.run_inputs.items():
+            if name not in fields:
+                raise WorkbenchError(f"run_inputs: experiment '{claim.experiment}' has no "
+                                     f"config field '{name}'{did_you_mean(name, fields)}")
+            exp = get_experiment(source.experiment)
+            apply_overrides(exp.config, exp.named_config(source.config))
+    except WorkbenchError as exc:
+        raise type(exc)(f"{claim.file}: claim {claim.id}: {exc}") from None
+
+
 def read_claims_file(path: Path) -> tuple[Claim, ...]:
     """The claims of one file.
 
@@ -274,6 +339,7 @@ def read_claims_file(path: Path) -> tuple[Claim, ...]:
     for claim in claims:
         claim._file = path.name
         check_metric_names(claim)
+        check_run_inputs(claim)
     return claims
 
 
@@ -313,6 +379,23 @@ def claim_config(claim: Claim) -> dict[str, Any]:
     return get_experiment(claim.experiment).named_config(claim.config)
 
 
+def run_claim(claim: Claim, model: Model | None, *, runs_dir: str | Path | None,
+              fresh: bool) -> Run:
+    """The run a claim's check reads: its ``run_inputs`` run (or reused) first on the same
+    model, their ids in its config, then its own experiment run (or reused)."""
+    from workbench.harness.experiment import get as get_experiment
+    from workbench.harness.experiment import run_experiment
+
+    config = claim_config(claim)
+    for name, source in claim.run_inputs.items():
+        made = run_experiment(source.experiment, model,
+                              get_experiment(source.experiment).named_config(source.config),
+                              runs_dir=runs_dir, reuse=not fresh)
+        log.info("claim %s: %s = run %s", claim.id, name, made.id)
+        config[name] = made.id
+    return run_experiment(claim.experiment, model, config, runs_dir=runs_dir, reuse=not fresh)
+
+
 def evaluate(claim: Claim, run: Run) -> Measurement:
     """Apply the claim's check to a run of its experiment."""
     return CHECKS.get(claim.check.name)(run, **claim.check.params)
@@ -335,7 +418,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
         and source, what was measured (value, interval, threshold) and the verdict (pass /
         fail / undecided / skipped / error) with the reason and the run it read.
     """
-    from workbench.harness.experiment import discover, run_experiment
+    from workbench.harness.experiment import discover
     from workbench.harness.experiment import get as get_experiment
     from workbench.models.load import load_model
 
@@ -364,8 +447,7 @@ def reproduce(claims: Sequence[Claim], *, model: str | None = None,
                 row["reason"] = why
                 continue
             try:
-                run = run_experiment(claim.experiment, target, claim_config(claim),
-                                     runs_dir=runs_dir, reuse=not fresh)
+                run = run_claim(claim, target, runs_dir=runs_dir, fresh=fresh)
                 result = evaluate(claim, run)
             except WorkbenchError as exc:
                 row.update(verdict="error", reason=str(exc))
@@ -395,15 +477,12 @@ def _result(result: Measurement) -> dict[str, Any]:
 def _reproduce_model_free(claim: Claim, model: str | None, runs_dir: str | Path | None,
                           fresh: bool) -> dict[str, Any]:
     """Judge a claim whose experiment trains its own models: run it with no model."""
-    from workbench.harness.experiment import run_experiment
-
     row = _row(claim, "-")
     if model:
         row["reason"] = "the claim's experiment trains its own models"
         return row
     try:
-        run = run_experiment(claim.experiment, None, claim_config(claim), runs_dir=runs_dir,
-                             reuse=not fresh)
+        run = run_claim(claim, None, runs_dir=runs_dir, fresh=fresh)
         result = evaluate(claim, run)
     except WorkbenchError as exc:
         row.update(verdict="error", reason=str(exc))
