@@ -40,6 +40,7 @@ import torch
 
 from experiments.circuit.measure import induction_task, ioi_task, retrieval_task
 from workbench.core.options import AttentionPath
+from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.attribution import edge_scores
 from workbench.interventions.circuits.graph import build_graph
 from workbench.models.load import load_model
@@ -98,11 +99,12 @@ def retrieval_one(model_name: str, length: int, attention: AttentionPath,
     start = time.perf_counter()
     edge_scores(model, graph, task, method="eap", attention=attention, max_batch_tokens=length)
     seconds = time.perf_counter() - start
-    with torch.no_grad():
-        clean = float(task.metric(model.bridge(task.clean), slice(0, 1))[0])
+    peak = _rss_gib()  # the edge scores' own peak, before the clean read below
+    with torch.no_grad(), flow.attention_run(model, attention):
+        clean = float(flow.metric_values(model, task.clean, task.metric, slice(0, 1))[0])
     return {"part": "retrieval", "T": int(task.clean.shape[1]), "attention": attention,
-            "seconds": round(seconds, 1), "above_model_gib": round(_rss_gib() - loaded, 3),
-            "peak_gib": round(_rss_gib(), 2), "metric_clean": round(clean, 3),
+            "seconds": round(seconds, 1), "above_model_gib": round(peak - loaded, 3),
+            "peak_gib": round(peak, 2), "metric_clean": round(clean, 3),
             "load_1min": round(os.getloadavg()[0], 2)}
 
 
