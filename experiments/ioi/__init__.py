@@ -195,6 +195,12 @@ class Plan:
     prompts: list[IOIPrompt]
     patch_prompts: list[IOIPrompt]
 
+    def lengths(self) -> dict[str, list[int]]:
+        """The token lengths of the prompts batched together (a resample head mask pairs
+        prompts of one length: :func:`workbench.harness.experiment.check_planned_pairing`)."""
+        return {"ioi's prompts": [len(p.ids) for p in self.prompts],
+                "ioi's patching prompts": [len(p.ids) for p in self.patch_prompts]}
+
 
 def plan(model: Model, cfg: Config) -> Plan:
     """The prompts, drawn before a run exists: too few names, places or objects that are

@@ -481,3 +481,17 @@ def test_circuit_under_resample_pairs_every_pass(capsys, runs_dir, llama_folder)
     assert status == 0, err
     assert _stored_mask(out).ablation == "resample"
     assert "L0H1 (ablated in this run)" in "\n".join(out)
+
+
+def test_ioi_under_resample_refuses_a_prompt_alone_at_its_length_before_the_run(
+        capsys, runs_dir, llama_folder):
+    # IOI's prompts are drawn with the loaded model (its one-token names): three prompts
+    # over two templates leave one template's prompt alone at its length
+    status, _, err = tiny.cli(capsys, "run", "ioi", "--model", str(llama_folder),
+                              "--set", "names=and dog on sat the", "--set", "places=dog",
+                              "--set", "objects=sat", "--set", "n_prompts=3",
+                              "--set", "templates=2", "--set", "patch_prompts=2",
+                              "--ablate", "L0H1", "--ablation", "resample")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "ioi's prompts has 1 of its 3 prompts alone at their length" in err
+    assert not runs_dir.exists() or RunStore(runs_dir).runs() == []

@@ -363,6 +363,7 @@ def run_experiment(name: str, model: str | Model | None,
         log.info("reusing run %s", found.id)
         return found
     planned = exp.plan(loaded, cfg) if exp.plan is not None else None  # refusals: no run
+    check_planned_pairing(planned, heads_mask)
     with store.start(name, info, cfg, tables=exp.tables,
                      extra={"interventions": interventions}) as active:
         with applied(loaded, heads_mask) if loaded is not None else nullcontext(), \
@@ -394,6 +395,32 @@ def check_resample_inputs(exp: Experiment, cfg: Any, model: str | Model | None,
         return
     for what, prompts in exp.inputs(cfg, tokenizing).items():
         check_pairing([len(tokenizing.encode(p)[0]) for p in prompts], what)
+
+
+class PairedPlan(Protocol):
+    """A plan that says the token lengths of the prompts its run batches together."""
+
+    def lengths(self) -> dict[str, list[int]]:
+        """``{what: each prompt's token length}``, one entry per set of prompts batched
+        together (``what`` names them for a message)."""
+        ...
+
+
+def check_planned_pairing(planned: object, heads_mask: HeadMask | None) -> None:
+    """Refuse, before a run exists, a ``resample`` head mask on planned prompts in which
+    some prompt has no other of its token length, where the plan says their lengths
+    (:class:`PairedPlan`): for the experiments whose prompts are drawn with the loaded
+    model (IOI's names are the model's one-token words), after
+    :func:`check_resample_inputs` could not see them.
+
+    Raises:
+        WorkbenchError: one line naming the prompts and the lengths left alone.
+    """
+    lengths = getattr(planned, "lengths", None)
+    if heads_mask is None or heads_mask.ablation != "resample" or lengths is None:
+        return
+    for what, got in lengths().items():
+        check_pairing(got, what)
 
 
 def _check_attention(attention: str) -> None:
