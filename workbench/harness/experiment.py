@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import pandas as pd
 
@@ -397,6 +397,7 @@ def check_resample_inputs(exp: Experiment, cfg: Any, model: str | Model | None,
         check_pairing([len(tokenizing.encode(p)[0]) for p in prompts], what)
 
 
+@runtime_checkable
 class PairedPlan(Protocol):
     """A plan that says the token lengths of the prompts its run batches together."""
 
@@ -416,10 +417,10 @@ def check_planned_pairing(planned: object, heads_mask: HeadMask | None) -> None:
     Raises:
         WorkbenchError: one line naming the prompts and the lengths left alone.
     """
-    lengths = getattr(planned, "lengths", None)
-    if heads_mask is None or heads_mask.ablation != "resample" or lengths is None:
+    if heads_mask is None or heads_mask.ablation != "resample" \
+            or not isinstance(planned, PairedPlan):
         return
-    for what, got in lengths().items():
+    for what, got in planned.lengths().items():
         check_pairing(got, what)
 
 
