@@ -303,8 +303,11 @@ def _window(visible: Tensor | None, n_keys: int) -> tuple[int, int]:
 
 # ---- the loop over blocks ---------------------------------------------------------------
 
-BlockFn = Callable[[int, int, int, int, Tensor | None], tuple[Tensor, Tensor]]
-"""``(r0, r1, k0, k1, mask) -> (mixed values of rows r0..r1, their weights)``."""
+BlockFn = Callable[..., tuple[Tensor, Tensor]]
+"""``(r0, r1, k0, k1, mask, *tensors) -> (mixed values of rows r0..r1, their weights)``,
+with ``tensors`` the layer's queries, keys and values (what :meth:`_Layer.run` is given):
+passed, not closed over, so that a checkpoint keeps them as its inputs (see
+:meth:`_Layer._run_recomputed`)."""
 
 
 @dataclass
@@ -338,18 +341,20 @@ class _Layer:
         return self.fused(FusedInputs(inputs, v))
 
     def run(self, rows: _Rows, batch: int, heads: int, out_axis: int,
-            block_fn: BlockFn) -> Tensor:
-        """Every block of rows through ``block_fn``; the mixed values written along
-        ``out_axis`` (the query axis of the family's output)."""
+            block_fn: BlockFn, tensors: tuple[Tensor, ...]) -> Tensor:
+        """Every block of rows through ``block_fn`` (given ``tensors`` after its mask);
+        the mixed values written along ``out_axis`` (the query axis of the family's
+        output)."""
         step = self.block or rows_per_block(batch, heads, rows.n_keys, self.block_bytes)
         if torch.is_grad_enabled() and self.consume is None:
-            return self._run_recomputed(rows, step, out_axis, block_fn)
+            return self._run_recomputed(rows, step, out_axis, block_fn, tensors)
         out: Tensor | None = None
         for r0 in range(0, rows.n_queries, step):
             r1 = min(r0 + step, rows.n_queries)
             visible = rows.visible(r0, r1)
             k0, k1 = _window(visible, rows.n_keys)
-            mixed, weights = block_fn(r0, r1, k0, k1, rows.given(r0, r1, k0, k1, visible))
+            mixed, weights = block_fn(r0, r1, k0, k1, rows.given(r0, r1, k0, k1, visible),
+                                      *tensors)
             if self.consume is not None:
                 self.consume(PatternBlock(self.layer, rows.offset + r0, k0, weights,
                                           rows.n_keys))
@@ -365,7 +370,7 @@ class _Layer:
         return out
 
     def _run_recomputed(self, rows: _Rows, step: int, out_axis: int,
-                        block_fn: BlockFn) -> Tensor:
+                        block_fn: BlockFn, tensors: tuple[Tensor, ...]) -> Tensor:
         """:meth:`run` under autograd: each block's mixing is checkpointed, so the
         backward pass recomputes one block's weights at a time from the queries, keys and
         values it keeps, and no block of weights outlives its own forward or backward
@@ -374,17 +379,25 @@ class _Layer:
         A block's mask is made inside its checkpoint, so it is made again in the backward
         pass rather than kept: the masks of every block, kept, were a quarter of a
         ``[T, T]`` float32 matrix per layer (3.8 GiB on smollm2's 30 layers at 8,192
-        tokens), the one term of the backward's memory quadratic in T."""
+        tokens), the one term of the backward's memory quadratic in T.
+
+        The queries, keys and values are the checkpoints' inputs, not held by their
+        function: a checkpoint saves its inputs as autograd saves any tensor, so inside a
+        checkpointed block (:func:`workbench.interventions.circuits.flow.recomputed_layers`)
+        the block's own checkpoint lets them go until its backward pass recomputes them.
+        Closed over, they were kept for every layer from the forward pass on: 1,536 floats
+        per token and layer on gemma3, three times the block's input."""
         from torch.utils.checkpoint import checkpoint
 
-        def mixed(r0: int, r1: int, k0: int, k1: int) -> Tensor:
-            return block_fn(r0, r1, k0, k1, rows.given(r0, r1, k0, k1, rows.visible(r0, r1)))[0]
+        def mixed(r0: int, r1: int, k0: int, k1: int, *held: Tensor) -> Tensor:
+            given = rows.given(r0, r1, k0, k1, rows.visible(r0, r1))
+            return block_fn(r0, r1, k0, k1, given, *held)[0]
 
         parts = []
         for r0 in range(0, rows.n_queries, step):
             r1 = min(r0 + step, rows.n_queries)
             k0, k1 = _window(rows.visible(r0, r1), rows.n_keys)
-            parts.append(checkpoint(mixed, r0, r1, k0, k1, use_reentrant=False))
+            parts.append(checkpoint(mixed, r0, r1, k0, k1, *tensors, use_reentrant=False))
         return torch.cat(parts, out_axis)
 
 
@@ -512,7 +525,8 @@ def _rotary_forward(attn: Any, plan: _Layer, *args: Any, **kwargs: Any) -> tuple
     if groups > 1:
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
 
-    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
+    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None, q: Tensor,
+                 k: Tensor, v: Tensor):
         # the eager arithmetic, step for step, in place on the block's own scores
         scores = torch.matmul(q[:, :, r0:r1], k[:, :, k0:k1].transpose(-2, -1)).mul_(scaling)
         if softcap is not None and torch.is_grad_enabled():
@@ -524,7 +538,7 @@ def _rotary_forward(attn: Any, plan: _Layer, *args: Any, **kwargs: Any) -> tuple
         weights, pattern = _softmaxed(attn, scores, given, q.dtype)
         return torch.matmul(weights, v[:, :, k0:k1]), pattern
 
-    z = plan.run(rows, q.shape[0], q.shape[1], -2, block_fn)
+    z = plan.run(rows, q.shape[0], q.shape[1], -2, block_fn, (q, k, v))
     z = z.transpose(1, 2).contiguous().reshape(*input_shape, -1)
     return _rotary_output(attn, z, tuple(input_shape), hf.head_dim), None
 
@@ -559,7 +573,8 @@ def _joint_reconstruct(attn: Any, plan: _Layer, rotary: bool, q: Tensor, k: Tens
     upcast = not rotary and getattr(attn, "_reorder_and_upcast_attn", False)
     q_s, k_s = (q.float(), k.float()) if upcast else (q, k)
 
-    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
+    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None, q_s: Tensor,
+                 k_s: Tensor, v: Tensor):
         scores = torch.matmul(q_s[:, :, r0:r1], k_s[:, :, k0:k1].transpose(-2, -1)) * scale
         scores = attn._apply_reconstruct_attention_mask(
             attn_scores=scores, attention_mask=given, seq_len=k1 - k0, q_seq_len=r1 - r0)
@@ -569,7 +584,7 @@ def _joint_reconstruct(attn: Any, plan: _Layer, rotary: bool, q: Tensor, k: Tens
         weights = attn._apply_attn_dropout(attn._scrub_compatibility_pattern_nans(weights))
         return torch.matmul(weights, v[:, :, k0:k1]), weights
 
-    z = plan.run(rows, batch, n_heads, -2, block_fn)
+    z = plan.run(rows, batch, n_heads, -2, block_fn, (q_s, k_s, v))
     return _joint_output(attn, attn._reshape_attn_output(z, batch, n_q, n_heads, head_dim),
                          batch, n_q, n_heads, head_dim), None
 
@@ -602,7 +617,8 @@ def _bloom_reconstruct(attn: Any, plan: _Layer, q: Tensor, k: Tensor, v: Tensor,
         plan.hand_scores(rows, q, k, inv_norm, None,
                          None if alibi is None else _alibi_slopes(alibi, batch, n_heads))
 
-    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
+    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None, q_bh: Tensor,
+                 k_bh: Tensor, v_bh: Tensor):
         keys = k_bh[:, k0:k1].transpose(-1, -2)
         if alibi is not None:
             scores = alibi[..., k0:k1].baddbmm(batch1=q_bh[:, r0:r1], batch2=keys, beta=1.0,
@@ -618,7 +634,7 @@ def _bloom_reconstruct(attn: Any, plan: _Layer, q: Tensor, k: Tensor, v: Tensor,
         mixed = torch.bmm(weights.reshape(batch * n_heads, r1 - r0, -1), v_bh[:, k0:k1])
         return mixed.view(batch, n_heads, r1 - r0, head_dim), pattern
 
-    z = plan.run(rows, batch, n_heads, -2, block_fn)
+    z = plan.run(rows, batch, n_heads, -2, block_fn, (q_bh, k_bh, v_bh))
     return _joint_output(attn, attn._reshape_attn_output(z, batch, n_q, n_heads, head_dim),
                          batch, n_q, n_heads, head_dim), None
 
@@ -660,7 +676,8 @@ def _interface_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
         raise WorkbenchError(f"{IMPLEMENTATION} attention runs only inside models.blocked.blocked")
     eager = _family_eager(module)
 
-    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
+    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None, query: Tensor,
+                 key: Tensor, value: Tensor):
         return eager(module, query[:, :, r0:r1], key[:, :, k0:k1], value[:, :, k0:k1], given,
                      **kwargs)
 
@@ -668,7 +685,7 @@ def _interface_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
     scaling = kwargs.get("scaling")
     plan.hand_scores(rows, query, key, query.shape[-1] ** -0.5 if scaling is None else scaling,
                      kwargs.get("softcap"))
-    return plan.run(rows, query.shape[0], query.shape[1], 1, block_fn), None
+    return plan.run(rows, query.shape[0], query.shape[1], 1, block_fn, (query, key, value)), None
 
 
 def _gpt_neo_attn(module: Any, plan: _Layer, query: Tensor, key: Tensor, value: Tensor,
@@ -682,7 +699,8 @@ def _gpt_neo_attn(module: Any, plan: _Layer, query: Tensor, key: Tensor, value: 
     def bias(r0: int, r1: int) -> Tensor:
         return module.bias[:, :, first + r0: first + r1, :n_k]
 
-    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None):
+    def block_fn(r0: int, r1: int, k0: int, k1: int, given: Tensor | None, query: Tensor,
+                 key: Tensor, value: Tensor):
         weights = torch.matmul(query[:, :, r0:r1], key[:, :, k0:k1].transpose(-1, -2))
         floor = torch.tensor(torch.finfo(weights.dtype).min, dtype=weights.dtype,
                              device=weights.device)
@@ -694,7 +712,8 @@ def _gpt_neo_attn(module: Any, plan: _Layer, query: Tensor, key: Tensor, value: 
 
     rows = _Rows(attention_mask, n_q, n_k, causal=False, also=bias)
     plan.hand_scores(rows, query, key, 1.0, None)  # GPT-Neo does not scale its scores
-    return plan.run(rows, query.shape[0], query.shape[1], -2, block_fn), None
+    return plan.run(rows, query.shape[0], query.shape[1], -2, block_fn,
+                    (query, key, value)), None
 
 
 # ---- which path each layer takes --------------------------------------------------------
