@@ -17,7 +17,7 @@ import torch
 from tests.architectures.families import ENCODERS
 from tests.architectures.test_matrix import ADAPTERS, SUPPORTED
 from workbench.core.errors import ModelCapabilityError
-from workbench.interventions.circuits import flow
+from workbench.interventions.circuits import attribution, flow
 from workbench.interventions.circuits.ablate import circuit_metrics
 from workbench.interventions.circuits.attribution import edge_scores
 from workbench.interventions.circuits.graph import build_graph
@@ -66,6 +66,12 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
     ig = edge_scores(model, graph, task, method="eap-ig", steps=1)
     torch.testing.assert_close(ig.values, eap.values, rtol=1e-4,
                                atol=1e-5 * float(eap.values.abs().max()))
+    with monkeypatch.context() as patch:
+        # each layer's gradients contracted as the backward pass reaches it
+        patch.setattr(attribution, "GRADIENT_BYTES", 1)
+        layered = edge_scores(model, graph, task, method="eap")
+    torch.testing.assert_close(layered.values, eap.values, rtol=1e-5,
+                               atol=1e-6 * float(eap.values.abs().max()))
     with monkeypatch.context() as patch:
         _first_order(model, graph, task, eap.values, patch)
 

@@ -316,3 +316,38 @@ def test_paired_chunks_hold_two_rows_at_least():
     assert task.chunks(8, paired=True) == [slice(0, 2), slice(2, 5)]  # over the budget
     assert task.chunks(8) == [slice(i, i + 1) for i in range(5)]
     assert task.chunks(24, paired=True) == [slice(0, 3), slice(3, 5)]
+
+
+def test_a_checkpointed_blocked_pass_keeps_no_layer_queries_keys_or_values(llama):
+    """In the gradient pass, each block checkpointed (``recomputed_layers``) and its
+    attention a checkpoint per block of rows, the forward pass keeps each block's input
+    alone: the queries, keys and values are recomputed in the backward pass, not held for
+    every layer from the forward pass on."""
+    import gc
+
+    from workbench.interventions.circuits import flow
+    from workbench.recording import hooks
+
+    info = llama.info
+    width = 40
+    ids = torch.randint(6, 300, (1, width))
+    shapes = {(1, info.n_heads, width, info.d_head), (1, info.n_kv_heads, width, info.d_head)}
+
+    def start(x, hook):
+        return x.detach().requires_grad_(True)
+
+    def held() -> int:
+        gc.collect()
+        return sum(1 for t in gc.get_objects()
+                   if isinstance(t, torch.Tensor) and tuple(t.shape) in shapes)
+
+    before = held()
+    with flow.attention_run(llama, "blocked") as path, torch.enable_grad(), \
+            llama.bridge.hooks(fwd_hooks=[(hooks.resid(0, info.n_layers), start)]), \
+            flow.recomputed_layers(llama):
+        assert path == "blocked"
+        out = llama.bridge(ids, use_cache=False)
+        during = held()
+        out.sum().backward()
+    assert out.requires_grad
+    assert during == before

@@ -18,9 +18,13 @@ per point gives every receiver's gradient. The gradient is read at ``hook_q`` /
 and at the final norm's input; a q, k or v gradient is taken back through its projection
 and the live first norm, an MLP's through its norm (a vector-Jacobian product of the norm
 alone, per receiver). The senders' differences are kept as the hooks give them (a layer's
-heads as one ``z``), and scores are contracted a slice of positions at a time, so no
-``[sender or receiver, batch, pos, d_model]`` tensor of the whole model is held: what is
-kept grows as a few ``[layer, batch, pos, d_model]``. The gradient pass runs each block
+heads as one ``z``), made by subtracting the corrupted pass's outputs from the clean
+pass's in place as its hooks fire (:func:`sender_differences`). The receivers' gradients
+are contracted with them within the backward pass, a group of layers at a time as it
+reaches them (:func:`point_scores`; one layer at a time on a long input), and a slice of
+positions at a time, so no ``[sender or receiver, batch, pos, d_model]`` tensor of the
+whole model is held: what is kept is the differences, each block's input, and about one
+layer's gradients. The gradient pass runs each block
 of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
 input, and the backward pass runs one block again at a time; with blocked attention
 (``attention="auto"`` where the family has it) a block's attention is recomputed a block
@@ -114,81 +118,142 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
 
 def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: Method,
                   m: int, weights: dict[str, Tensor]) -> Tensor:
-    clean_ids, corrupted_ids = task.clean[rows], task.corrupted[rows]
-    names, captured = flow.sender_names(model), flow.capture_names(model)
-    with torch.no_grad():
-        clean = flow.divide_scales(model, hooks.capture(model, Batch.of(clean_ids), captured))
-        corrupted = flow.divide_scales(model, hooks.capture(model, Batch.of(corrupted_ids),
-                                                            captured))
-    start = corrupted[names[0]]
-    lines = clean[names[0]] - start
-    # the senders' differences as they are kept (a head's ``z``, over its output norm's
-    # scale where it has one, not ``z W_O``): a layer's heads take one [batch, pos,
-    # d_model] here, not one per head; made in place in the clean outputs, each corrupted
-    # one let go as it is used
-    diff = {name: clean.pop(name).sub_(corrupted.pop(name)).float() for name in names}
-    del clean, corrupted
+    clean_ids = task.clean[rows]
+    diff, start = sender_differences(model, clean_ids, task.corrupted[rows],
+                                     keep_start=method == "eap-ig")
     heap.release()  # the two passes' temporaries, freed among the differences kept
+    lines = diff[flow.sender_names(model)[0]]  # the embedding's: clean less corrupted
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for k in range(1, m + 1):
-        embed = start + (k / m) * lines if method == "eap-ig" else None
-        raw = receiver_gradients(model, clean_ids, embed, task, rows)
-        out += _contract(model, graph, raw, diff, weights)
+        embed = None if start is None else start + (k / m) * lines
+        out += point_scores(model, graph, clean_ids, embed, task, rows, diff, weights)
     return out
+
+
+def sender_differences(model: Model, clean_ids: Tensor, corrupted_ids: Tensor, *,
+                       keep_start: bool = False
+                       ) -> tuple[dict[str, Tensor], Tensor | None]:
+    """Each sender's output on ``clean_ids`` less its output on ``corrupted_ids``, as the
+    hooks give it: a layer's heads as one ``z`` (over its output norm's scale where it has
+    one, :func:`flow.divide_scales`), not one ``z_h W_O^h`` per head.
+
+    The clean pass's tensors are kept, and the corrupted pass's are subtracted from them in
+    place as its hooks fire, so the two passes' tensors are never held together: what is
+    held is one set of differences and one layer's ``z`` of the corrupted pass.
+
+    Args:
+        model: the model.
+        clean_ids: ``[batch, pos]`` token ids.
+        corrupted_ids: the corrupted ids, of the same shape.
+        keep_start: keep the corrupted embedding as well (EAP-IG's line starts there).
+
+    Returns:
+        ``({hook name at flow.sender_names: difference in float32}, the corrupted
+        embedding or None)``.
+    """
+    layer_of_scale = {name: layer for layer, name in flow.scale_names(model).items()}
+    scaled_z = {hooks.z(layer): layer for layer in layer_of_scale.values()}
+    embed = flow.sender_names(model)[0]
+    starts: list[Tensor] = []
+    pending: dict[int, Tensor] = {}  # a normed layer's corrupted z, until its scale fires
+
+    def subtract(name: str):
+        def hook(x: Tensor, hook: Any) -> None:
+            if name in done:  # it would be taken away twice
+                raise WorkbenchError(f"{model.info.name}: {name} fired twice in one pass")
+            if name == embed and keep_start:
+                starts.append(x.detach().clone())
+            if name in scaled_z:
+                pending[scaled_z[name]] = x.detach().clone()
+            elif name in layer_of_scale:
+                layer = layer_of_scale[name]
+                diff[hooks.z(layer)].sub_(pending.pop(layer).div_(x[..., None]))
+            else:
+                diff[name].sub_(x)
+            done.add(name)
+            if len(done) == len(names):  # the later blocks and the unembedding never run
+                hooks.stop_pass()
+        return hook
+
+    names = flow.capture_names(model)
+    done: set[str] = set()
+    with torch.no_grad():
+        diff = flow.divide_scales(model, hooks.capture(model, Batch.of(clean_ids), names))
+        hooks.run_hooked(model.bridge, Batch.of(corrupted_ids),
+                         [(name, subtract(name)) for name in names])
+    return {name: t.float() for name, t in diff.items()}, (starts[0] if starts else None)
 
 
 CONTRACT_BYTES = 1 << 26
 """The size of the senders' output differences formed at once, over a slice of positions."""
 
-
-def _contract(model: Model, graph: Graph, raw: dict[str, Tensor], diff: dict[str, Tensor],
-              weights: dict[str, Tensor]) -> Tensor:
-    """``sum over rows and positions of g_r . delta_s`` for every sender and receiver,
-    a slice of positions at a time (the norms act on each position alone, so a receiver's
-    gradient at a position needs only that position)."""
-    batch, width, d_model = diff[flow.sender_names(model)[0]].shape
-    n_senders = len(graph.senders)
-    step = max(1, CONTRACT_BYTES // (4 * n_senders * batch * d_model))
-    out = torch.zeros(graph.edges.shape, dtype=torch.float64)
-    for p0 in range(0, width, step):
-        at = slice(p0, min(p0 + step, width))
-        part = {name: t[:, at] for name, t in diff.items()}
-        delta = flow.stack_outputs(model, part, weights).float()  # [S, B, P, d]
-        sliced = {name: t[:, at] for name, t in raw.items()}
-        for layer in range(model.info.n_layers + 1):
-            first, receivers = flow.layer_receivers(graph, layer)
-            grads = _layer_gradients(model, layer, sliced, weights)  # [R_L, B, P, d]
-            block = torch.einsum("sbtd,rbtd->sr", delta, grads.float())
-            out[:, first: first + len(receivers)] += block.double()
-    return out
+GRADIENT_BYTES = 1 << 28
+"""The receivers' gradients (and their norms' inputs) a pass holds before it contracts
+them with the senders' differences and lets them go."""
 
 
-def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Task,
-                       rows: slice) -> dict[str, Tensor]:
-    """One forward and one backward pass: the gradient of the summed metric at each
-    layer's ``hook_q`` / ``hook_k`` / ``hook_v``, MLP input and the final norm's
-    input, and the inputs of the norms in front of them (for the vector-Jacobian
-    products).
+def point_scores(model: Model, graph: Graph, ids: Tensor, embed: Tensor | None, task: Task,
+                 rows: slice, diff: dict[str, Tensor], weights: dict[str, Tensor]
+                 ) -> Float[Tensor, "sender receiver"]:
+    """One forward and one backward pass: ``sum over rows and positions of g_r . delta_s``
+    for every sender and receiver, with ``g_r`` the gradient of the summed metric at the
+    receiver's input.
+
+    The gradient is read at each layer's ``hook_q`` / ``hook_k`` / ``hook_v``, its MLP's
+    input and the final norm's input, as the backward pass reaches them from the top layer
+    down; the inputs of the norms in front of them are kept as their block is recomputed
+    (:func:`flow.recomputed_layers`), not from the first pass. Once a group of layers'
+    gradients and norm inputs reach :data:`GRADIENT_BYTES` they are contracted with the
+    senders' differences and let go, within the backward pass, so that a long input holds
+    about one layer's of them at a time (all of them, contracted once, where they are
+    small).
 
     Args:
         model: the model.
+        graph: its graph.
         ids: ``[batch, pos]`` token ids.
         embed: the embedding to run from instead of ``ids``' own (``None``: their own).
         task: gives the metric.
         rows: the task rows ``ids`` are.
+        diff: :func:`sender_differences` of the rows.
+        weights: :func:`flow.projections`.
 
     Returns:
-        ``{hook name: gradient}`` and ``{ln1 input hook: input}`` together.
+        ``[sender, receiver]`` in float64.
     """
     n = model.info.n_layers
-    wanted = [name for layer in range(n) for name in
-              (hooks.qkv(layer, "q"), hooks.qkv(layer, "k"), hooks.qkv(layer, "v"),
-               flow.mlp_in(layer))] + [flow.FINAL_IN]
-    kept = sorted({name for layer in range(n)
-                   for name in (flow.ln_in(layer, "ln1"), flow.mlp_norm(model, layer)[0])})
-    grads: dict[str, Tensor] = {}
-    inputs: dict[str, Tensor] = {}
+    wanted = {layer: [hooks.qkv(layer, "q"), hooks.qkv(layer, "k"), hooks.qkv(layer, "v"),
+                      flow.mlp_in(layer)] for layer in range(n)} | {n: [flow.FINAL_IN]}
+    norms = {layer: sorted({flow.ln_in(layer, "ln1"), flow.mlp_norm(model, layer)[0]})
+             for layer in range(n)} | {n: []}
+    layer_of = {name: layer for layer, names in wanted.items() for name in names}
+    kept = {name for names in norms.values() for name in names}
+    raw: dict[str, Tensor] = {}
+    seen: dict[str, Tensor] = {}  # a zero of each hooked tensor's shape
+    ready: list[int] = []  # layers whose gradients are all in, not yet contracted
+    backward: list[bool] = []  # set once the first pass is over
     begun: list[Tensor] = []
+    out = torch.zeros(graph.edges.shape, dtype=torch.float64)
+
+    def held(layers: list[int]) -> int:
+        return sum(raw[name].numel() * raw[name].element_size()
+                   for layer in layers for name in wanted[layer] + norms[layer] if name in raw)
+
+    def flush(layers: list[int]) -> None:
+        if layers:
+            out.add_(_contract(model, graph, layers, raw, diff, weights))
+            for name in (name for layer in layers for name in wanted[layer] + norms[layer]):
+                raw.pop(name, None)
+            layers.clear()
+            heap.release()
+
+    def arrived(name: str, grad: Tensor) -> None:
+        raw[name] = grad.detach()
+        layer = layer_of[name]
+        if all(other in raw for other in wanted[layer]):
+            ready.append(layer)
+            if held(ready) >= GRADIENT_BYTES:
+                flush(ready)
 
     def start(x: Tensor, hook: Any) -> Tensor:
         x = (x if embed is None else embed.to(x.dtype)).detach().requires_grad_(True)
@@ -201,25 +266,56 @@ def receiver_gradients(model: Model, ids: Tensor, embed: Tensor | None, task: Ta
             x = x.clone()  # this tensor reaches only the hook's own consumer
             if name not in seen:  # not again when its block is recomputed
                 seen[name] = x.new_zeros(()).expand(x.shape)
-                # the gradient is kept as it passes, so the tensor itself is not
-                x.register_hook(partial(grads.__setitem__, name))
+                # the gradient is taken as it passes, so the tensor itself is not kept
+                x.register_hook(partial(arrived, name))
             return x
         return hook
 
     def keep(name: str):
         def hook(x: Tensor, hook: Any) -> None:
-            inputs.setdefault(name, x.detach())
+            if backward:  # the block recomputed for its backward pass
+                raw[name] = x.detach()
         return hook
 
-    seen: dict[str, Tensor] = {}  # a zero of each hooked tensor's shape
-    fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in wanted],
-           *[(name, keep(name)) for name in kept]]
+    fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in layer_of],
+           *[(name, keep(name)) for name in sorted(kept)]]
     with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
         total = flow.metric_values(model, ids, task.metric, rows).sum()
+        backward.append(True)
         torch.autograd.grad(total, begun[0])
-    out = {name: grads[name].detach() if name in grads else seen[name].clone()
-           for name in wanted}
-    return {**out, **inputs}
+    flush(ready)
+    # a layer some of whose tensors the metric does not reach: zero gradients for them
+    rest = [layer for layer in sorted(wanted, reverse=True)
+            if any(name in raw for name in wanted[layer])]
+    for layer in rest:
+        for name in wanted[layer]:
+            raw.setdefault(name, seen[name].clone())
+    flush(rest)
+    return out
+
+
+def _contract(model: Model, graph: Graph, layers: list[int], raw: dict[str, Tensor],
+              diff: dict[str, Tensor], weights: dict[str, Tensor]) -> Tensor:
+    """``sum over rows and positions of g_r . delta_s`` for the receivers of ``layers``
+    and every sender before them, a slice of positions at a time (the norms act on each
+    position alone, so a receiver's gradient at a position needs only that position)."""
+    batch, width, d_model = diff[flow.sender_names(model)[0]].shape
+    # the senders up to the highest of the layers' (a layer's heads feed its own MLP)
+    upto = max(layers) + 1
+    n_senders = sum(1 for sender in graph.senders if sender.layer < upto)
+    step = max(1, CONTRACT_BYTES // (4 * n_senders * batch * d_model))
+    out = torch.zeros(graph.edges.shape, dtype=torch.float64)
+    for p0 in range(0, width, step):
+        at = slice(p0, min(p0 + step, width))
+        part = {name: t[:, at] for name, t in diff.items()}
+        delta = flow.stack_outputs(model, part, weights, upto).float()  # [S, B, P, d]
+        sliced = {name: t[:, at] for name, t in raw.items()}
+        for layer in layers:
+            first, receivers = flow.layer_receivers(graph, layer)
+            grads = _layer_gradients(model, layer, sliced, weights)  # [R_L, B, P, d]
+            block = torch.einsum("sbtd,rbtd->sr", delta, grads.float())
+            out[: len(delta), first: first + len(receivers)] += block.double()
+    return out
 
 
 def _layer_gradients(model: Model, layer: int, raw: dict[str, Tensor],

@@ -156,13 +156,14 @@ def head_outputs(z: Float[Tensor, "batch pos head d_head"], weights: dict[str, T
     return out * weights["post"][layer] if "post" in weights else out
 
 
-def stack_outputs(model: Model, kept: dict[str, Tensor], weights: dict[str, Tensor]
-                  ) -> Float[Tensor, "sender batch pos d_model"]:
+def stack_outputs(model: Model, kept: dict[str, Tensor], weights: dict[str, Tensor],
+                  layers: int | None = None) -> Float[Tensor, "sender batch pos d_model"]:
     """Every sender's output, in the graph's order, from the tensors at
-    :func:`sender_names` (after :func:`divide_scales`; ``weights``: :func:`projections`)."""
+    :func:`sender_names` (after :func:`divide_scales`; ``weights``: :func:`projections`);
+    with ``layers``, the embedding's and those of the first ``layers`` layers only."""
     n = model.info.n_layers
     parts = [kept[hooks.resid(0, n)][None]]
-    for layer in range(n):
+    for layer in range(n if layers is None else min(layers, n)):
         parts.append(head_outputs(kept[hooks.z(layer)], weights, layer))
         parts.append(kept[hooks.mlp_out(layer)][None])
     return torch.cat(parts)
