@@ -67,8 +67,10 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
     torch.testing.assert_close(ig.values, eap.values, rtol=1e-4,
                                atol=1e-5 * float(eap.values.abs().max()))
     with monkeypatch.context() as patch:
-        # each layer's gradients contracted as the backward pass reaches it
+        # each layer's gradients contracted as the backward pass reaches it, each MLP
+        # recomputed three positions at a time
         patch.setattr(attribution, "GRADIENT_BYTES", 1)
+        patch.setattr(flow, "MLP_POSITIONS", 3)
         layered = edge_scores(model, graph, task, method="eap")
     torch.testing.assert_close(layered.values, eap.values, rtol=1e-5,
                                atol=1e-6 * float(eap.values.abs().max()))

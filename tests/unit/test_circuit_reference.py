@@ -21,7 +21,7 @@ import torch
 
 from tests import tiny
 from tests.architectures.families import gemma3_config, instantiate
-from workbench.interventions.circuits import attribution
+from workbench.interventions.circuits import attribution, flow
 from workbench.interventions.circuits.attribution import edge_scores
 from workbench.interventions.circuits.graph import build_graph
 from workbench.interventions.circuits.task import LogitDifference, Task
@@ -133,8 +133,10 @@ def gemma3_hf(tokenizer):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_eap_scores_equal_plain_huggingface_gradient_times_difference(family, held, request,
                                                                        tokenizer, monkeypatch):
-    if held == "one layer":  # each layer's gradients contracted as the backward reaches it
+    if held == "one layer":  # each layer's gradients contracted as the backward reaches it,
+        # each MLP recomputed five positions at a time
         monkeypatch.setattr(attribution, "GRADIENT_BYTES", 1)
+        monkeypatch.setattr(flow, "MLP_POSITIONS", 5)
     if family == "llama":
         hf, model, names = request.getfixturevalue("llama_hf"), request.getfixturevalue(
             "llama"), LLAMA
