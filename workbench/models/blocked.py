@@ -397,7 +397,7 @@ class _Layer:
         for r0 in range(0, rows.n_queries, step):
             r1 = min(r0 + step, rows.n_queries)
             k0, k1 = _window(rows.visible(r0, r1), rows.n_keys)
-            part = checkpoint(mixed, r0, r1, k0, k1, *tensors, use_reentrant=False)
+            part: Tensor = checkpoint(mixed, r0, r1, k0, k1, *tensors, use_reentrant=False)
             if out is None:
                 # allocated once, as :meth:`run`'s: blocks of rows kept until a final
                 # concatenation sat above each later, larger block's freed temporaries
