@@ -43,12 +43,9 @@ def test_typing_finds_an_older_run_and_opens_it(page, served):
     assert not options.filter(has_text=old[-4:]).count()  # not among the newest
     # 12 runs: the newest 10 offered, the older two (the recording and other-00) searched
     assert options.filter(has_text="type to search 2 older runs").count() == 1
-    # filled into the popover's own search box, as one input event: the keyboard's focus
-    # reaches the box only once the popover has finished opening, and each key typed apart
-    # sends its own search, whose options redraw the popover while the next key is typed
-    # (a loaded machine once lost the typing to that, and no option ever matched)
-    box = opened.locator("input[type=search]")
-    box.fill("tiny")
+    # filled into the popover's own search box as one input event: typed a key at a time
+    # (each key its own search), a loaded machine once left no option matching for 300 s
+    opened.locator("input[type=search]").fill("tiny")
     found = options.filter(has_text=old[-4:])
     found.first.wait_for()
     found.first.click()
