@@ -13,7 +13,8 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   start, asked for at its end: :mod:`workbench.inputs.retrieval`) of T tokens for each T of
   ``--retrieval-lengths``, with ``--retrieval-attention`` (default blocked), each in its own
   process: seconds, peak RSS above the loaded model and in all, the load average at the end,
-  and the exponent of the peak's growth against T (as ``memory``'s).
+  and the exponent of the peak's growth against T (as ``memory``'s); ``--low-memory``
+  (default auto) is the edge scores' ``low_memory``, and each row says whether it was on.
 
 "Above the loaded model" is the peak RSS of the edge scores less the RSS once the model
 and the task are made: on Linux the peak is reset there (``/proc/self/clear_refs``), so a
@@ -28,6 +29,7 @@ Usage:
     python benchmarks/circuit.py --model smollm2 --parts ioi,memory [--json]
     python benchmarks/circuit.py --model smollm2 --parts memory --lengths 512,1024,2048
     python benchmarks/circuit.py --model smollm2 --parts retrieval --retrieval-lengths 2048,4096
+    python benchmarks/circuit.py --model gemma3 --parts retrieval --retrieval-lengths 32768
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ import torch
 from experiments.circuit.measure import induction_task, ioi_task, retrieval_task
 from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
-from workbench.interventions.circuits.attribution import edge_scores
+from workbench.interventions.circuits.attribution import (
+    LOW_MEMORY_BYTES,
+    LowMemory,
+    difference_bytes,
+    edge_scores,
+)
 from workbench.interventions.circuits.graph import build_graph
 from workbench.models.load import load_model
 
@@ -125,21 +132,25 @@ def memory(model_name: str, lengths: list[int]) -> list[dict]:
 
 
 def retrieval_one(model_name: str, length: int, attention: AttentionPath,
-                  keys: list[str] | None = None, values: list[str] | None = None) -> dict:
+                  keys: list[str] | None = None, values: list[str] | None = None,
+                  low_memory: LowMemory = "auto") -> dict:
     model = load_model(model_name)
     graph = build_graph(model)
     task = retrieval_task(model, 1, length, 0, keys=keys, values=values)
     loaded = _loaded_gib()
     start = time.perf_counter()
-    edge_scores(model, graph, task, method="eap", attention=attention, max_batch_tokens=length)
+    edge_scores(model, graph, task, method="eap", attention=attention, max_batch_tokens=length,
+                low_memory=low_memory)
     seconds = time.perf_counter() - start
     peak = _rss_gib()  # the edge scores' own peak, before the clean read below
     with torch.no_grad(), flow.attention_run(model, attention):
         clean = float(flow.metric_values(model, task.clean, task.metric, slice(0, 1))[0])
+    low = low_memory == "on" or (low_memory == "auto" and difference_bytes(
+        model, task.clean.numel()) >= LOW_MEMORY_BYTES)
     return {"part": "retrieval", "T": int(task.clean.shape[1]), "attention": attention,
-            "seconds": round(seconds, 1), "above_model_gib": round(peak - loaded, 3),
-            "peak_gib": round(peak, 2), "metric_clean": round(clean, 3),
-            "load_1min": round(os.getloadavg()[0], 2)}
+            "low_memory": "on" if low else "off", "seconds": round(seconds, 1),
+            "above_model_gib": round(peak - loaded, 3), "peak_gib": round(peak, 2),
+            "metric_clean": round(clean, 3), "load_1min": round(os.getloadavg()[0], 2)}
 
 
 def retrieval(model_name: str, lengths: list[int], attention: str, words: list[str]
@@ -167,6 +178,10 @@ def _path(name: str) -> AttentionPath:
     return "blocked" if name == "blocked" else "dense"
 
 
+def _low(name: str) -> LowMemory:
+    return "on" if name == "on" else "off" if name == "off" else "auto"
+
+
 def _words(text: str | None) -> list[str] | None:
     return text.split(",") if text else None
 
@@ -186,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                         "library's)")
     parser.add_argument("--values", help="retrieval values, comma-separated (default: the "
                         "library's)")
+    parser.add_argument("--low-memory", choices=("auto", "on", "off"), default="auto",
+                        help="retrieval: edge_scores' low_memory")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--one-retrieval", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true")
@@ -197,12 +214,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.one_retrieval:
         print(json.dumps(retrieval_one(args.model, int(args.one_retrieval[0]),
-                                       _path(args.one_retrieval[1]), keys, values)))
+                                       _path(args.one_retrieval[1]), keys, values,
+                                       _low(args.low_memory))))
         return
     if args.smoke:
         rows = [_smoke_ioi(args.model), memory_one(args.model, 24, "dense"),
                 memory_one(args.model, 24, "blocked"),
-                retrieval_one(args.model, 48, "blocked", keys, values)]
+                retrieval_one(args.model, 48, "blocked", keys, values),
+                retrieval_one(args.model, 48, "blocked", keys, values, "on")]
     else:
         parts = args.parts.split(",")
         rows = [ioi(args.model, args.prompts, args.steps, args.threads)] if "ioi" in parts else []
@@ -211,8 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         if "retrieval" in parts:
             rows += retrieval(args.model, [int(x) for x in args.retrieval_lengths.split(",")],
                               args.retrieval_attention,
-                              [f"--{k}={v}" for k, v in (("keys", args.keys),
-                                                         ("values", args.values)) if v])
+                              [f"--low-memory={args.low_memory}"]
+                              + [f"--{k}={v}" for k, v in (("keys", args.keys),
+                                                           ("values", args.values)) if v])
     for row in rows:
         print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
 

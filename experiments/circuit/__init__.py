@@ -104,7 +104,7 @@ from workbench.inputs.greater_than import year_tokens
 from workbench.inputs.ioi import TEMPLATES
 from workbench.inputs.retrieval import check_doc_tokens
 from workbench.interventions.circuits.ablate import Ablation, edge_patching
-from workbench.interventions.circuits.attribution import Method, edge_scores
+from workbench.interventions.circuits.attribution import LowMemory, Method, edge_scores
 from workbench.interventions.circuits.faithfulness import (
     MIB_FRACTIONS,
     Curve,
@@ -164,6 +164,10 @@ class Config:
     attention: AttentionPath = param("auto", "attention path (blocked: no [head, T, T] "
                                      "tensor in the forward or the backward pass; auto: "
                                      "blocked where the family has it)")
+    low_memory: LowMemory = param("auto", "edge scores: on writes the senders' differences "
+                                  "to files in TMPDIR and maps large allocations alone, for "
+                                  "less memory and some more time; auto: on where a pass's "
+                                  "differences reach 1 GiB")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
@@ -300,7 +304,8 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         task = planned if isinstance(planned, Task) else make_task(model, cfg)
         stage("edge scores")
         scores = edge_scores(model, graph, task, method=cfg.method, steps=cfg.steps,
-                             max_batch_tokens=cfg.max_batch_tokens, attention=cfg.attention)
+                             max_batch_tokens=cfg.max_batch_tokens, attention=cfg.attention,
+                             low_memory=cfg.low_memory)
         stage("exact edge patching")
         top = scores.ranking()[: cfg.n_exact].tolist()
         exact = edge_patching(model, graph, task, top, ablation=cfg.ablation,

@@ -16,6 +16,7 @@ import torch
 
 from tests.architectures.families import ENCODERS
 from tests.architectures.test_matrix import ADAPTERS, SUPPORTED
+from workbench.core import heap
 from workbench.core.errors import ModelCapabilityError
 from workbench.interventions.circuits import attribution, flow
 from workbench.interventions.circuits.ablate import circuit_metrics
@@ -73,6 +74,16 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
         patch.setattr(flow, "MLP_POSITIONS", 3)
         layered = edge_scores(model, graph, task, method="eap")
     torch.testing.assert_close(layered.values, eap.values, rtol=1e-5,
+                               atol=1e-6 * float(eap.values.abs().max()))
+    with monkeypatch.context() as patch:
+        # the differences written to files and read back one position at a time: the
+        # same float32 numbers, summed in another order (the allocator is left as it is)
+        mapped: list[int] = []
+        patch.setattr(heap, "map_large", lambda nbytes=1 << 20: mapped.append(nbytes))
+        patch.setattr(attribution, "CONTRACT_BYTES", 1)  # one position at a time
+        spilled = edge_scores(model, graph, task, method="eap", low_memory="on")
+        assert mapped == [1 << 20]
+    torch.testing.assert_close(spilled.values, eap.values, rtol=1e-5,
                                atol=1e-6 * float(eap.values.abs().max()))
     with monkeypatch.context() as patch:
         _first_order(model, graph, task, eap.values, patch)

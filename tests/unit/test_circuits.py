@@ -351,3 +351,29 @@ def test_a_checkpointed_blocked_pass_keeps_no_layer_queries_keys_or_values(llama
         out.sum().backward()
     assert out.requires_grad
     assert during == before
+
+
+def test_low_memory_auto_writes_the_differences_to_files_from_their_size(llama, task,
+                                                                         monkeypatch):
+    from workbench.core import heap
+    from workbench.interventions.circuits import attribution
+
+    graph = build_graph(llama)
+    diff, _ = attribution.sender_differences(llama, task.clean, task.corrupted)
+    size = attribution.difference_bytes(llama, task.clean.numel())
+    assert diff.nbytes() == size  # one pass over the task: a single chunk
+    folders: list = []
+    real = attribution.Differences
+    monkeypatch.setattr(attribution, "Differences",
+                        lambda folder=None: folders.append(folder) or real(folder))
+    monkeypatch.setattr(heap, "map_large", lambda nbytes=1 << 20: True)
+    runs = {}
+    for limit in (size + 1, size):
+        monkeypatch.setattr(attribution, "LOW_MEMORY_BYTES", limit)
+        runs[limit] = edge_scores(llama, graph, task, method="eap")
+    assert folders[0] is None and folders[1] is not None
+    assert not folders[1].exists()  # the temporary folder is gone
+    torch.testing.assert_close(runs[size].values, runs[size + 1].values, rtol=1e-6,
+                               atol=1e-7 * float(runs[size + 1].values.abs().max()))
+    with pytest.raises(WorkbenchError, match="low_memory must be auto, on or off, got 'yes'"):
+        edge_scores(llama, graph, task, method="eap", low_memory="yes")  # type: ignore[arg-type]

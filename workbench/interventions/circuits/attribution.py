@@ -40,8 +40,12 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -53,12 +57,18 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.interventions.circuits import flow
+from workbench.interventions.circuits.differences import Differences
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task, check_steps
 from workbench.models.base import Model
 from workbench.recording import hooks
 
 Method = Literal["eap", "eap-ig"]
+LowMemory = Literal["auto", "on", "off"]
+
+LOW_MEMORY_BYTES = 1 << 30
+"""With ``low_memory="auto"``, the senders' differences of one pass from which they are
+written to files and large allocations mapped alone (:func:`edge_scores`)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,8 @@ class EdgeScores:
 
 def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap-ig",
                 steps: int = 5, max_batch_tokens: int = 512,
-                attention: AttentionPath = "auto") -> EdgeScores:
+                attention: AttentionPath = "auto", low_memory: LowMemory = "auto"
+                ) -> EdgeScores:
     """Score every edge of ``graph`` on ``task``.
 
     Args:
@@ -94,15 +105,23 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
         max_batch_tokens: tokens per pass.
         attention: ``blocked`` (no ``[head, T, T]`` tensor, forward or backward), ``dense``
             or ``auto`` (blocked where the family has it).
+        low_memory: ``on``: the senders' differences are written to files in the
+            temporary folder (``TMPDIR``) and read back a slice of positions at a time
+            (:class:`Differences`), and allocations of 1 MiB or more are mapped alone from
+            then on in this process (:func:`workbench.core.heap.map_large`), for less
+            memory and some more time; ``off``: neither; ``auto``: on for a pass whose
+            differences reach :data:`LOW_MEMORY_BYTES`.
 
     Returns:
         The scores, averaged over prompts.
 
     Raises:
-        WorkbenchError: an unknown method or ``steps < 1``.
+        WorkbenchError: an unknown method or low_memory, or ``steps < 1``.
     """
     if method not in ("eap", "eap-ig"):
         raise WorkbenchError(f"method must be eap or eap-ig, got {method!r}")
+    if low_memory not in ("auto", "on", "off"):
+        raise WorkbenchError(f"low_memory must be auto, on or off, got {low_memory!r}")
     check_steps(steps)
     m = 1 if method == "eap" else steps
     total = torch.zeros(graph.edges.shape, dtype=torch.float64)
@@ -110,19 +129,41 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
     weights = flow.projections(model)
     with flow.attention_run(model, attention):
         for rows in progress.track(chunks, desc=f"{method} scores"):
-            total += _chunk_scores(model, graph, task, rows, method, m, weights)
+            with _folder(model, task.clean[rows], low_memory) as folder:
+                total += _chunk_scores(model, graph, task, rows, method, m, weights, folder)
     total /= m * task.n_prompts
     total[~graph.edges] = 0
     return EdgeScores(graph, total, method, m)
 
 
+def difference_bytes(model: Model, tokens: int) -> int:
+    """The bytes of the senders' differences over ``tokens`` (float32): the embedding's and
+    each layer's MLP output, ``d_model`` each, and each layer's ``z``."""
+    info = model.info
+    per_token = info.d_model * (info.n_layers + 1) + info.n_layers * info.n_heads * info.d_head
+    return 4 * per_token * tokens
+
+
+@contextlib.contextmanager
+def _folder(model: Model, ids: Tensor, low_memory: LowMemory) -> Iterator[Path | None]:
+    """A temporary folder for a pass's differences where memory is to be kept low (and
+    large allocations mapped alone from then on), else ``None``."""
+    if low_memory == "off" or (low_memory == "auto"
+                               and difference_bytes(model, ids.numel()) < LOW_MEMORY_BYTES):
+        yield None
+        return
+    heap.map_large()
+    with tempfile.TemporaryDirectory(prefix="workbench-differences-") as name:
+        yield Path(name)
+
+
 def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: Method,
-                  m: int, weights: dict[str, Tensor]) -> Tensor:
+                  m: int, weights: dict[str, Tensor], folder: Path | None) -> Tensor:
     clean_ids = task.clean[rows]
     diff, start = sender_differences(model, clean_ids, task.corrupted[rows],
-                                     keep_start=method == "eap-ig")
+                                     keep_start=method == "eap-ig", folder=folder)
     heap.release()  # the two passes' temporaries, freed among the differences kept
-    lines = diff[flow.sender_names(model)[0]]  # the embedding's: clean less corrupted
+    lines = diff.whole(flow.sender_names(model)[0])  # the embedding's: clean less corrupted
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for k in range(1, m + 1):
         embed = None if start is None else start + (k / m) * lines
@@ -131,57 +172,70 @@ def _chunk_scores(model: Model, graph: Graph, task: Task, rows: slice, method: M
 
 
 def sender_differences(model: Model, clean_ids: Tensor, corrupted_ids: Tensor, *,
-                       keep_start: bool = False
-                       ) -> tuple[dict[str, Tensor], Tensor | None]:
+                       keep_start: bool = False, folder: Path | None = None
+                       ) -> tuple[Differences, Tensor | None]:
     """Each sender's output on ``clean_ids`` less its output on ``corrupted_ids``, as the
     hooks give it: a layer's heads as one ``z`` (over its output norm's scale where it has
     one, :func:`flow.divide_scales`), not one ``z_h W_O^h`` per head.
 
-    The clean pass's tensors are kept, and the corrupted pass's are subtracted from them in
-    place as its hooks fire, so the two passes' tensors are never held together: what is
-    held is one set of differences and one layer's ``z`` of the corrupted pass.
+    The clean pass's outputs are kept, in float32, and the corrupted pass's are subtracted
+    from them as its hooks fire, so the two passes' tensors are never held together: what
+    is held is one set of differences (none, with ``folder``: each sender's is written
+    there as it fires) and one layer's ``z`` of the pass.
 
     Args:
         model: the model.
         clean_ids: ``[batch, pos]`` token ids.
         corrupted_ids: the corrupted ids, of the same shape.
         keep_start: keep the corrupted embedding as well (EAP-IG's line starts there).
+        folder: write the differences to files there (:class:`Differences`).
 
     Returns:
-        ``({hook name at flow.sender_names: difference in float32}, the corrupted
-        embedding or None)``.
+        ``(the differences by hook name at flow.sender_names, the corrupted embedding or
+        None)``.
     """
+    diff = Differences(folder)
+    starts: list[Tensor] = []
+    _each_output(model, clean_ids, diff.put, None)
+    _each_output(model, corrupted_ids, diff.subtract, starts if keep_start else None)
+    return diff, (starts[0] if starts else None)
+
+
+def _each_output(model: Model, ids: Tensor, give: Callable[[str, Tensor], None],
+                 starts: list[Tensor] | None) -> None:
+    """Run ``ids`` and ``give`` each sender's output as its hook fires (a normed layer's
+    ``z`` once its scale has, divided by it), stopping once all have; the embedding is
+    also copied to ``starts``."""
     layer_of_scale = {name: layer for layer, name in flow.scale_names(model).items()}
     scaled_z = {hooks.z(layer): layer for layer in layer_of_scale.values()}
     embed = flow.sender_names(model)[0]
-    starts: list[Tensor] = []
-    pending: dict[int, Tensor] = {}  # a normed layer's corrupted z, until its scale fires
+    names = flow.capture_names(model)
+    pending: dict[int, Tensor] = {}  # a normed layer's z, until its scale fires
+    done: set[str] = set()
 
-    def subtract(name: str):
+    def handle(name: str):
         def hook(x: Tensor, hook: Any) -> None:
-            if name in done:  # it would be taken away twice
+            if name in done:  # it would be counted twice
                 raise WorkbenchError(f"{model.info.name}: {name} fired twice in one pass")
-            if name == embed and keep_start:
+            if name == embed and starts is not None:
                 starts.append(x.detach().clone())
             if name in scaled_z:
                 pending[scaled_z[name]] = x.detach().clone()
             elif name in layer_of_scale:
                 layer = layer_of_scale[name]
-                diff[hooks.z(layer)].sub_(pending.pop(layer).div_(x[..., None]))
+                give(hooks.z(layer), pending.pop(layer).div_(x[..., None]))
             else:
-                diff[name].sub_(x)
+                give(name, x.detach())
             done.add(name)
             if len(done) == len(names):  # the later blocks and the unembedding never run
                 hooks.stop_pass()
         return hook
 
-    names = flow.capture_names(model)
-    done: set[str] = set()
     with torch.no_grad():
-        diff = flow.divide_scales(model, hooks.capture(model, Batch.of(clean_ids), names))
-        hooks.run_hooked(model.bridge, Batch.of(corrupted_ids),
-                         [(name, subtract(name)) for name in names])
-    return {name: t.float() for name, t in diff.items()}, (starts[0] if starts else None)
+        hooks.run_hooked(model.bridge, Batch.of(ids), [(name, handle(name)) for name in names])
+    if len(done) != len(names):
+        missing = [name for name in names if name not in done]
+        raise WorkbenchError(f"{model.info.name}: {', '.join(missing)} never fired")
 
 
 CONTRACT_BYTES = 1 << 26
@@ -193,7 +247,7 @@ them with the senders' differences and lets them go."""
 
 
 def point_scores(model: Model, graph: Graph, ids: Tensor, embed: Tensor | None, task: Task,
-                 rows: slice, diff: dict[str, Tensor], weights: dict[str, Tensor]
+                 rows: slice, diff: Differences, weights: dict[str, Tensor]
                  ) -> Float[Tensor, "sender receiver"]:
     """One forward and one backward pass: ``sum over rows and positions of g_r . delta_s``
     for every sender and receiver, with ``g_r`` the gradient of the summed metric at the
@@ -295,19 +349,20 @@ def point_scores(model: Model, graph: Graph, ids: Tensor, embed: Tensor | None, 
 
 
 def _contract(model: Model, graph: Graph, layers: list[int], raw: dict[str, Tensor],
-              diff: dict[str, Tensor], weights: dict[str, Tensor]) -> Tensor:
+              diff: Differences, weights: dict[str, Tensor]) -> Tensor:
     """``sum over rows and positions of g_r . delta_s`` for the receivers of ``layers``
     and every sender before them, a slice of positions at a time (the norms act on each
     position alone, so a receiver's gradient at a position needs only that position)."""
-    batch, width, d_model = diff[flow.sender_names(model)[0]].shape
+    batch, width, d_model = diff.shape(flow.sender_names(model)[0])
     # the senders up to the highest of the layers' (a layer's heads feed its own MLP)
     upto = max(layers) + 1
+    names = flow.sender_names(model)[: 1 + 2 * min(upto, model.info.n_layers)]
     n_senders = sum(1 for sender in graph.senders if sender.layer < upto)
     step = max(1, CONTRACT_BYTES // (4 * n_senders * batch * d_model))
     out = torch.zeros(graph.edges.shape, dtype=torch.float64)
     for p0 in range(0, width, step):
         at = slice(p0, min(p0 + step, width))
-        part = {name: t[:, at] for name, t in diff.items()}
+        part = diff.positions(at, names)
         delta = flow.stack_outputs(model, part, weights, upto).float()  # [S, B, P, d]
         sliced = {name: t[:, at] for name, t in raw.items()}
         for layer in layers:

@@ -1,0 +1,64 @@
+"""The senders' differences kept in memory and in files: the same numbers either way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.core.errors import WorkbenchError
+from workbench.interventions.circuits.differences import Differences
+
+
+def _filled(folder) -> tuple[Differences, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    clean = {"embed": torch.randn(2, 7, 5), "z": torch.randn(2, 7, 3, 4)}
+    corrupted = {name: torch.randn_like(t) for name, t in clean.items()}
+    diff = Differences(folder)
+    for name, t in clean.items():
+        diff.put(name, t)
+    for name, t in corrupted.items():
+        diff.subtract(name, t)
+    return diff, {name: clean[name] - corrupted[name] for name in clean}
+
+
+@pytest.mark.parametrize("where", ["memory", "folder"])
+def test_differences_read_whole_and_by_positions(tmp_path, where):
+    diff, expected = _filled(tmp_path if where == "folder" else None)
+    assert diff.names == ["embed", "z"]
+    assert diff.shape("z") == (2, 7, 3, 4)
+    assert diff.nbytes() == 4 * (2 * 7 * 5 + 2 * 7 * 12)
+    for name, t in expected.items():
+        torch.testing.assert_close(diff.whole(name), t, rtol=0, atol=0)
+    for at in (slice(0, 3), slice(3, 7), slice(6, 7), slice(5, 5)):
+        got = diff.positions(at, ["z", "embed"])
+        assert list(got) == ["z", "embed"]
+        for name, t in got.items():
+            torch.testing.assert_close(t, expected[name][:, at], rtol=0, atol=0)
+    if where == "folder":
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0.f32", "1.f32"]
+
+
+def test_the_clean_tensor_is_copied_not_changed(tmp_path):
+    for folder in (None, tmp_path):
+        t = torch.ones(1, 2, 3)
+        diff = Differences(folder)
+        diff.put("a", t)
+        diff.subtract("a", torch.ones(1, 2, 3))
+        assert torch.equal(t, torch.ones(1, 2, 3))
+        assert torch.equal(diff.whole("a"), torch.zeros(1, 2, 3))
+
+
+def test_bad_uses_are_one_line_errors(tmp_path):
+    diff = Differences(tmp_path)
+    diff.put("a", torch.zeros(1, 4, 2))
+    with pytest.raises(WorkbenchError, match="already kept"):
+        diff.put("a", torch.zeros(1, 4, 2))
+    with pytest.raises(WorkbenchError, match=r"no difference is kept for b; kept: a"):
+        diff.whole("b")
+    with pytest.raises(WorkbenchError, match=r"shape \(1, 3, 2\) cannot be taken"):
+        diff.subtract("a", torch.zeros(1, 3, 2))
+    with pytest.raises(WorkbenchError, match="steps of 1"):
+        diff.positions(slice(0, 4, 2), ["a"])
+    (tmp_path / "0.f32").write_bytes(b"\0" * 12)  # cut short
+    with pytest.raises(WorkbenchError, match="shorter than a's difference"):
+        diff.positions(slice(0, 4), ["a"])

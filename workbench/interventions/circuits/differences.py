@@ -1,0 +1,120 @@
+"""The senders' clean-less-corrupted outputs of one batch, held in memory or in files.
+
+Edge attribution keeps every sender's difference from the two reference passes until the
+backward pass has contracted the last receiver's gradient with it: on gemma3 30,592 floats
+per token (a layer's ``z`` and its MLP's output over 18 layers, and the embedding's), 3.7
+GiB at 32,768 tokens, more than the rest of what the pass holds. In a folder
+(:class:`Differences` with ``folder``), each sender's tensor is one file of raw float32 in
+the order of its shape, written as its hook fires and read back a slice of positions at a
+time, so the process holds one sender's tensor while they are made and one slice of
+positions while they are read. The files sit in the operating system's page cache where
+memory allows, which the kernel can drop and read from disk again; a folder on a RAM disk
+(a ``tmpfs`` ``TMPDIR``) holds them in memory all the same.
+
+Examples:
+    >>> import torch
+    >>> d = Differences()
+    >>> d.put("a", torch.ones(1, 4, 2))
+    >>> d.subtract("a", torch.full((1, 4, 2), 0.25))
+    >>> d.positions(slice(1, 3), ["a"])["a"].shape
+    torch.Size([1, 2, 2])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from workbench.core.errors import WorkbenchError
+
+
+class Differences:
+    """Each sender's difference, ``[batch, pos, ...]`` in float32, by hook name.
+
+    Args:
+        folder: where each tensor is written as one file (``None``: kept in memory). The
+            folder is the caller's: it must exist, and it is left as it is.
+    """
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder
+        self._held: dict[str, Tensor] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._files: dict[str, Path] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The senders put so far, in the order they were put."""
+        return list(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """``name``'s shape."""
+        return self._shapes[self._known(name)]
+
+    def nbytes(self) -> int:
+        """The bytes of every tensor put."""
+        return sum(4 * math.prod(shape) for shape in self._shapes.values())
+
+    def put(self, name: str, tensor: Tensor) -> None:
+        """Keep ``tensor`` (copied, as float32) as ``name``'s difference so far."""
+        if name in self._shapes:
+            raise WorkbenchError(f"the difference of {name} is already kept")
+        kept = tensor.detach().to(torch.float32, copy=True).contiguous()
+        self._shapes[name] = tuple(kept.shape)
+        if self.folder is None:
+            self._held[name] = kept
+        else:
+            self._files[name] = self.folder / f"{len(self._files)}.f32"
+            kept.numpy().tofile(self._files[name])
+
+    def subtract(self, name: str, tensor: Tensor) -> None:
+        """Take ``tensor`` (of ``name``'s shape) away from ``name``'s difference."""
+        if tuple(tensor.shape) != self.shape(name):
+            raise WorkbenchError(f"{name}: a tensor of shape {tuple(tensor.shape)} cannot be "
+                                 f"taken from one of {self.shape(name)}")
+        if self.folder is None:
+            self._held[name].sub_(tensor.detach())
+            return
+        whole = self.whole(name)
+        whole.sub_(tensor.detach())
+        whole.numpy().tofile(self._files[name])
+
+    def whole(self, name: str) -> Tensor:
+        """``name``'s difference (in memory: the tensor kept itself; from a folder: read)."""
+        if self.folder is None:
+            return self._held[self._known(name)]
+        return torch.from_numpy(np.fromfile(self._files[self._known(name)], dtype=np.float32)
+                                ).reshape(self._shapes[name])
+
+    def positions(self, at: slice, names: Iterable[str]) -> dict[str, Tensor]:
+        """Each of ``names``' differences at the positions ``at`` (a step-1 slice)."""
+        return {name: self._positions(name, at) for name in names}
+
+    def _positions(self, name: str, at: slice) -> Tensor:
+        shape = self.shape(name)
+        if self.folder is None:
+            return self._held[name][:, at]
+        batch, width, rest = shape[0], shape[1], shape[2:]
+        p0, p1, step = at.indices(width)
+        if step != 1:
+            raise WorkbenchError(f"positions are read in steps of 1, not {step}")
+        row, count = math.prod(rest), max(0, p1 - p0)
+        out = np.empty((batch, count * row), dtype=np.float32)
+        with self._files[name].open("rb") as f:
+            for b in range(batch):
+                f.seek(4 * (b * width + p0) * row)
+                if f.readinto(memoryview(out[b]).cast("B")) != out[b].nbytes:
+                    raise WorkbenchError(f"{self._files[name]}: shorter than {name}'s "
+                                         f"difference of shape {shape}")
+        return torch.from_numpy(out).reshape(batch, count, *rest)
+
+    def _known(self, name: str) -> str:
+        if name not in self._shapes:
+            raise WorkbenchError(f"no difference is kept for {name}; kept: "
+                                 f"{', '.join(self._shapes) or 'none'}")
+        return name
