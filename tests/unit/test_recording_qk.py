@@ -17,6 +17,7 @@ from workbench.inputs.prompts import Prompt
 from workbench.models.base import DTYPES
 from workbench.models.fused import HALF_EPSILON
 from workbench.recording import zarr_store
+from workbench.recording.qk import Mask, QKLayer
 from workbench.recording.reader import Recording
 from workbench.recording.reductions import reduce_patterns
 from workbench.recording.writer import record
@@ -273,3 +274,35 @@ def test_float16_that_would_overflow_keeps_float32(llama_hf, tokenizer, tmp_path
     assert half.array("q/L001").dtype == np.float16
     np.testing.assert_array_equal(half.array("q/L000"), full.array("q/L000"))
     assert np.isfinite(half.tile(0, 0, 1)).all()
+
+
+@pytest.mark.parametrize("mask", [Mask(causal=True), Mask(causal=True, window=3),
+                                  Mask(causal=True, window=1), Mask(causal=False),
+                                  Mask(causal=False, window=4)],
+                         ids=["causal", "window-3", "window-1", "bidirectional",
+                              "bidirectional-window-4"])
+def test_received_and_row_stats_over_the_seen_keys_are_those_of_the_whole_tile(
+        mask, monkeypatch):
+    """Each block of rows is computed over the keys it can see (``Mask.key_span``) only:
+    the same column sums and row statistics as from the whole ``[T, T]`` tile, where
+    every block spans several rows and the window starts past key 0."""
+    from workbench.recording import qk
+
+    torch.manual_seed(0)
+    n = 13
+    layer = QKLayer.of(torch.randn(2, n, 4), torch.randn(1, n, 4), scale=0.5, softcap=None,
+                       mask=mask)
+    monkeypatch.setattr(qk, "BLOCK_ELEMENTS", 3 * n)  # blocks of 3 rows
+    for head in range(2):
+        whole = layer.tile(head)                                   # [query, key]
+        torch.testing.assert_close(layer.received(head), whole.sum(0), rtol=1e-6, atol=1e-7)
+        stats = layer.row_stats(head)
+        # (a narrower product may round its last bit apart from the whole tile's: a weight
+        # of 1 - 2^-24 has an entropy of 6e-8)
+        torch.testing.assert_close(stats["entropy"], torch.special.entr(whole).sum(-1),
+                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(stats["first_token"], whole[:, 0], rtol=1e-6, atol=1e-7)
+        previous = torch.cat([torch.zeros(1), whole[torch.arange(1, n), torch.arange(n - 1)]])
+        torch.testing.assert_close(stats["previous_token"], previous, rtol=1e-6, atol=1e-7)
+    assert mask.key_span(slice(6, 9), n) == slice(
+        0 if mask.window is None else max(0, 6 - mask.window + 1), 9 if mask.causal else n)

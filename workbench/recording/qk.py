@@ -68,16 +68,22 @@ class Mask:
 
     def visible(self, rows: slice, keys: slice, length: int) -> Bool[Tensor, "query key"] | None:
         """Which of ``keys`` rows ``rows`` see (``None``: all of them)."""
-        if not self.causal and self.window is None:
+        window = self.window
+        if not self.causal and window is None:
             return None
         i = torch.arange(length)[rows][:, None]
         j = torch.arange(length)[keys][None, :]
-        seen = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool)
-        if self.causal:
-            seen &= j <= i
-        if self.window is not None:
-            seen &= j > i - self.window
-        return seen
+        if window is None:
+            return j <= i
+        later = j > i - window
+        return later.logical_and_(j <= i) if self.causal else later
+
+    def key_span(self, rows: slice, length: int) -> slice:
+        """The keys that any of ``rows`` (a non-empty step-1 slice) can see: every key
+        outside it is hidden from all of them."""
+        r0, r1, _ = rows.indices(length)
+        k0 = 0 if self.window is None else max(0, r0 - self.window + 1)
+        return slice(k0, r1 if self.causal else length)
 
 
 @dataclass(frozen=True)
@@ -150,17 +156,21 @@ class QKLayer:
         """The masked float32 scores of ``head`` (an int, or a slice of heads) for ``rows``
         and ``keys`` (``-inf`` where a row does not see a key)."""
         groups = self.n_heads // self.keys.shape[0]
-        heads = torch.arange(self.n_heads)[head]
-        q = self.queries[heads, rows].float()
-        k = self.keys[torch.div(heads, groups, rounding_mode="floor"), keys].float()
-        s = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        if isinstance(head, int):  # views, not copies, of one head's rows and keys
+            heads: int | Tensor = head
+            q, k = self.queries[head, rows].float(), self.keys[head // groups, keys].float()
+        else:
+            heads = torch.arange(self.n_heads)[head]
+            q = self.queries[heads, rows].float()
+            k = self.keys[torch.div(heads, groups, rounding_mode="floor"), keys].float()
+        s = torch.matmul(q, k.transpose(-2, -1)).mul_(self.scale)  # in place from here on
         if self.slopes is not None:
             j = torch.arange(self.length, dtype=torch.float32)[keys]
-            s = s + self.slopes.float()[heads][..., None, None] * j
+            s.add_(self.slopes.float()[heads][..., None, None] * j)
         if self.softcap is not None:
-            s = torch.tanh(s / self.softcap) * self.softcap
+            s.div_(self.softcap).tanh_().mul_(self.softcap)
         seen = self.mask.visible(rows, keys, self.length)
-        return s if seen is None else s.masked_fill(~seen, float("-inf"))
+        return s if seen is None else s.masked_fill_(~seen, float("-inf"))
 
     def score_at(self, rows: Int[Tensor, " query"], keys: Int[Tensor, "head_index query"]
                  ) -> Float[Tensor, "head_index query"]:
@@ -215,25 +225,29 @@ class QKLayer:
         if not 0 <= head < self.n_heads:
             raise WorkbenchError(f"head {head} is not a head of the layer's {self.n_heads}")
         rows, cols = self._span(queries, "queries"), self._span(keys, "keys")
-        return torch.exp(self.scores(head, rows, cols) - self.lse[head, rows, None])
+        return self.scores(head, rows, cols).sub_(self.lse[head, rows, None]).exp_()
 
     def received(self, head: int) -> Float[Tensor, " key"]:
-        """The attention each key receives from every query (the pattern's column sums)."""
+        """The attention each key receives from every query (the pattern's column sums),
+        each block of rows over the keys it can see (:meth:`Mask.key_span`)."""
         out = torch.zeros(self.length, dtype=torch.float32)
         for r0, r1 in self.blocks():
-            out += self.tile(head, slice(r0, r1)).sum(0)
+            keys = self.mask.key_span(slice(r0, r1), self.length)
+            out[keys] += self.tile(head, slice(r0, r1), keys).sum(0)
         return out
 
     def row_stats(self, head: int) -> dict[str, Float[Tensor, " query"]]:
         """Each query row's entropy (nats), weight on the first key and on the previous key
-        (0 for the first query)."""
+        (0 for the first query, and where the row does not see it)."""
         entropy = torch.empty(self.length)
-        first = torch.empty(self.length)
+        first = torch.zeros(self.length)
         previous = torch.zeros(self.length)
         for r0, r1 in self.blocks():
-            w = self.tile(head, slice(r0, r1))
+            keys = self.mask.key_span(slice(r0, r1), self.length)
+            w = self.tile(head, slice(r0, r1), keys)         # [query, the keys it can see]
             entropy[r0:r1] = torch.special.entr(w).sum(-1)
-            first[r0:r1] = w[:, 0]
-            rows = torch.arange(max(r0, 1), r1)
-            previous[rows] = w[rows - r0, rows - 1]
+            if keys.start == 0:
+                first[r0:r1] = w[:, 0]
+            rows = torch.arange(max(r0, 1, keys.start + 1), r1)
+            previous[rows] = w[rows - r0, rows - 1 - keys.start]
         return {"entropy": entropy, "first_token": first, "previous_token": previous}
