@@ -407,6 +407,21 @@ def test_resample_on_natural_text_is_refused_before_the_model_loads(
     assert not runs_dir.exists() or RunStore(runs_dir).runs() == []
 
 
+def test_resample_is_refused_before_the_run_where_the_tokenizer_needs_the_weights(
+        capsys, runs_dir, llama_folder, monkeypatch):
+    """A model whose tokenizer cannot be read without its weights (a GGUF file, a hub name
+    not cached) is checked once it has loaded, before a run exists."""
+    from workbench.harness import experiment
+
+    monkeypatch.setattr(experiment, "load_tokenizing", lambda name: None)
+    status, _, err = tiny.cli(capsys, "run", "head-overview", "--model", str(llama_folder),
+                              "--set", "prompt_set=natural", "--ablate", "L0H1",
+                              "--ablation", "resample")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "alone at their length (" in err and "use --ablation zero or mean" in err
+    assert not runs_dir.exists() or RunStore(runs_dir).runs() == []
+
+
 def test_the_refusal_names_the_lengths_no_other_prompt_has(llama_folder):
     from workbench.inputs.prompts import load_prompt_set
     from workbench.models.load import load_tokenizing

@@ -353,9 +353,11 @@ def run_experiment(name: str, model: str | Model | None,
     store = RunStore(root)
     if exp.preflight is not None:  # refusals that need no weights: before the load
         exp.preflight(cfg, model, root)
-    check_resample_inputs(exp, cfg, model, heads_mask)
+    checked = check_resample_inputs(exp, cfg, model, heads_mask)
     loaded = _fit_model(exp, model, cfg, heads_mask, device=device, runs_dir=runs_dir,
                         dtype=dtype or default_dtype(exp, device))
+    if not checked:  # a tokenizer known only once its model loads (a GGUF file, a hub name)
+        check_resample_inputs(exp, cfg, loaded, heads_mask)
     info = loaded.info if loaded is not None else None
     interventions = Interventions(heads_mask=heads_mask.to_record()) if heads_mask else None
     if reuse and (found := store.find_matching(name, info, cfg, interventions,
@@ -378,23 +380,29 @@ def run_experiment(name: str, model: str | Model | None,
 
 
 def check_resample_inputs(exp: Experiment, cfg: Any, model: str | Model | None,
-                          heads_mask: HeadMask | None) -> None:
+                          heads_mask: HeadMask | None) -> bool:
     """Refuse, before the model loads, a ``resample`` head mask on inputs in which some
     prompt has no other of its token length (:attr:`Experiment.inputs`), read with the
     model's tokenizer alone; a model whose tokenizer is not known before it loads is
-    checked at its first pass instead.
+    checked once it has loaded, before a run exists (:func:`run_experiment` calls this
+    again with the loaded model).
+
+    Returns:
+        False where the tokenizer of a model named by ``model`` could not be read without
+        its weights, so nothing was checked; True otherwise.
 
     Raises:
         WorkbenchError: one line naming the prompts and the lengths left alone.
     """
     if heads_mask is None or heads_mask.ablation != "resample" or exp.inputs is None \
             or model is None:
-        return
+        return True
     tokenizing = load_tokenizing(model) if isinstance(model, str) else model
     if tokenizing is None:
-        return
+        return False
     for what, prompts in exp.inputs(cfg, tokenizing).items():
         check_pairing([len(tokenizing.encode(p)[0]) for p in prompts], what)
+    return True
 
 
 @runtime_checkable
