@@ -23,8 +23,9 @@ pass's in place as its hooks fire (:func:`sender_differences`). The receivers' g
 are contracted with them within the backward pass, a group of layers at a time as it
 reaches them (:func:`point_scores`; one layer at a time on a long input), and a slice of
 positions at a time, so no ``[sender or receiver, batch, pos, d_model]`` tensor of the
-whole model is held: what is kept is the differences, each block's input, and about one
-layer's gradients. The gradient pass runs each block
+whole model is held: what is kept is the differences (in memory, or with ``low_memory``
+in files read back a slice of positions at a time: :class:`Differences`), each block's
+input, and about one layer's gradients. The gradient pass runs each block
 of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
 input, and the backward pass runs one block again at a time; with blocked attention
 (``attention="auto"`` where the family has it) a block's attention is recomputed a block
