@@ -49,12 +49,7 @@ import torch
 from experiments.circuit.measure import induction_task, ioi_task, retrieval_task
 from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
-from workbench.interventions.circuits.attribution import (
-    LOW_MEMORY_BYTES,
-    LowMemory,
-    difference_bytes,
-    edge_scores,
-)
+from workbench.interventions.circuits.attribution import LowMemory, edge_scores, is_low_memory
 from workbench.interventions.circuits.graph import build_graph
 from workbench.models.load import load_model
 
@@ -145,8 +140,7 @@ def retrieval_one(model_name: str, length: int, attention: AttentionPath,
     peak = _rss_gib()  # the edge scores' own peak, before the clean read below
     with torch.no_grad(), flow.attention_run(model, attention):
         clean = float(flow.metric_values(model, task.clean, task.metric, slice(0, 1))[0])
-    low = low_memory == "on" or (low_memory == "auto" and difference_bytes(
-        model, task.clean.numel()) >= LOW_MEMORY_BYTES)
+    low = is_low_memory(model, task.clean.numel(), low_memory)
     return {"part": "retrieval", "T": int(task.clean.shape[1]), "attention": attention,
             "low_memory": "on" if low else "off", "seconds": round(seconds, 1),
             "above_model_gib": round(peak - loaded, 3), "peak_gib": round(peak, 2),

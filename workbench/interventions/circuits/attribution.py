@@ -145,12 +145,17 @@ def difference_bytes(model: Model, tokens: int) -> int:
     return 4 * per_token * tokens
 
 
+def is_low_memory(model: Model, tokens: int, low_memory: LowMemory) -> bool:
+    """Whether a pass over ``tokens`` keeps its memory low under ``low_memory``."""
+    return low_memory == "on" or (low_memory == "auto"
+                                  and difference_bytes(model, tokens) >= LOW_MEMORY_BYTES)
+
+
 @contextlib.contextmanager
 def _folder(model: Model, ids: Tensor, low_memory: LowMemory) -> Iterator[Path | None]:
     """A temporary folder for a pass's differences where memory is to be kept low (and
     large allocations mapped alone from then on), else ``None``."""
-    if low_memory == "off" or (low_memory == "auto"
-                               and difference_bytes(model, ids.numel()) < LOW_MEMORY_BYTES):
+    if not is_low_memory(model, ids.numel(), low_memory):
         yield None
         return
     heap.map_large()
