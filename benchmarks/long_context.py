@@ -34,10 +34,12 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   global layer (target under 5 s).
 - ``many100`` / ``many1000``: 100 and 1,000 prompts of 128 tokens (the corpus repeated
   when it runs out): peak RSS, which should be flat in the number of prompts.
-- ``view``: the long-context page of the dashboard on the 8,192-token recording, in
-  Chromium: time from the page request to the rendered overview (target under 2 s), from
-  a change of pooling on the open page to the redrawn overview, and from a box drawn on
-  the overview to the rendered 256-token window.
+- ``view``: the long-context page of the dashboard on the newest recording in the store
+  (the 8,192-token ``long``, or the 32,768-token ``qk32k``), in Chromium: time from the
+  page request to the rendered overview (target under 2 s for the 8k topk recording) and
+  received-attention strip, from a change of pooling on the open page to the redrawn
+  overview, and from a box drawn on the overview to the rendered window: 256 tokens a
+  side (token by token) and 4,096 (pooled).
 
 ``--smoke`` runs every part but ``view`` (which needs Chromium) at a tiny size on
 ``--model`` (a local folder), in one process, so that a benchmark that no longer runs fails
@@ -48,7 +50,8 @@ Usage:
     python benchmarks/long_context.py --parts long --keep /tmp/wb-8k   # keep the 8k recording
     python benchmarks/long_context.py --parts view --keep /tmp/wb-8k   # then view it again
     python benchmarks/long_context.py --parts long32k,scaling
-    python benchmarks/long_context.py --parts qk32k --model32k gemma3
+    python benchmarks/long_context.py --parts qk32k --model32k gemma3 --keep /tmp/wb-32k
+    python benchmarks/long_context.py --parts view --keep /tmp/wb-32k  # the page at 32k, qk
 """
 
 from __future__ import annotations
@@ -308,26 +311,25 @@ def part_qk32k(args: argparse.Namespace) -> dict:
 
     n = args.tokens or 32768
     model = args.model32k or long_model(Path(args.store) / "gemma3-32k", args.smoke)
-    with tempfile.TemporaryDirectory(dir=args.store) as tmp:
-        made = _record(Path(tmp), 1, n, "qk", model)
-        rec = Recording.open(Path(tmp) / made["run"])
-        assert rec.index.qk is not None  # recorded as qk just above
-        windows = rec.index.qk.window
-        full = [layer for layer, w in enumerate(windows) if w is None]
-        sliding = [layer for layer, w in enumerate(windows) if w is not None]
-        out: dict = {**made, **_qk_bytes(rec)}
-        for kind, layers in (("global", full), ("sliding", sliding)):
-            if layers:
-                layer = layers[len(layers) // 2]
-                out[f"{kind}_layer"] = layer
-                out.update({f"{kind}_{key}": value
-                            for key, value in _tile_times(rec, layer).items()})
-        layer = full[len(full) // 2]  # the global layer, read already
-        out["row_s"] = _median_s(lambda: rec.tile(0, layer, 0, queries=slice(n - 1, n)), 3)
-        out["received_s"] = _median_s(lambda: rec.received(0, layer, 0), 1)
-        out["row_stats_s"] = _median_s(lambda: rec.row_stats(0, layer, 0), 1)
-        out["peak_rss_after_reads_gib"] = peak_rss_mib() / 1024
-        return out
+    made = _record(Path(args.store), 1, n, "qk", model)
+    rec = Recording.open(Path(args.store) / made["run"])  # kept: `--parts view` reads it
+    assert rec.index.qk is not None  # recorded as qk just above
+    windows = rec.index.qk.window
+    full = [layer for layer, w in enumerate(windows) if w is None]
+    sliding = [layer for layer, w in enumerate(windows) if w is not None]
+    out: dict = {**made, **_qk_bytes(rec)}
+    for kind, layers in (("global", full), ("sliding", sliding)):
+        if layers:
+            layer = layers[len(layers) // 2]
+            out[f"{kind}_layer"] = layer
+            out.update({f"{kind}_{key}": value
+                        for key, value in _tile_times(rec, layer).items()})
+    layer = full[len(full) // 2]  # the global layer, read already
+    out["row_s"] = _median_s(lambda: rec.tile(0, layer, 0, queries=slice(n - 1, n)), 3)
+    out["received_s"] = _median_s(lambda: rec.received(0, layer, 0), 1)
+    out["row_stats_s"] = _median_s(lambda: rec.row_stats(0, layer, 0), 1)
+    out["peak_rss_after_reads_gib"] = peak_rss_mib() / 1024
+    return out
 
 
 QK_ERROR_ROWS = 256
@@ -377,10 +379,19 @@ def part_qk_dtype(args: argparse.Namespace) -> dict:
 
 
 def part_view(args: argparse.Namespace) -> dict:
-    """The long-context page in Chromium on the 8k recording ``long`` left in the store."""
+    """The long-context page in Chromium on the newest recording left in the store (the 8k
+    ``long``, or the 32k ``qk32k``), at its strongest sink as the page opens: the page
+    request to the rendered overview (and the received-attention strip under it), a
+    change of pooling, and two boxes drawn from the middle of the prompt: 256 tokens a
+    side (drawn token by token) and 4,096 (pooled to 256 cells a side)."""
     from playwright.sync_api import sync_playwright
 
-    runs = sorted(p.name for p in Path(args.store).iterdir() if (p / "run.json").is_file())
+    from workbench.recording.reader import Recording
+
+    runs = sorted(p for p in Path(args.store).iterdir() if (p / "run.json").is_file())
+    rec = Recording.open(runs[-1])
+    n, middle = rec.length(0), rec.length(0) // 2
+    out: dict = {"run": runs[-1].name, "patterns": rec.patterns, "tokens": n}
     port = "8093"
     server = subprocess.Popen(
         [sys.executable, "-m", "workbench", "--quiet", "dashboard", "--runs", args.store,
@@ -392,36 +403,43 @@ def part_view(args: argparse.Namespace) -> dict:
                                          args=["--no-sandbox", "--disable-gpu"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             t0 = time.perf_counter()
-            page.goto(f"http://127.0.0.1:{port}/long-context?run={runs[-1]}")
-            page.wait_for_function(OVERVIEW_DRAWN, timeout=60_000)
-            overview = time.perf_counter() - t0
+            page.goto(f"http://127.0.0.1:{port}/long-context?run={runs[-1].name}")
+            page.wait_for_function(_drawn("overview", "pooling"), timeout=300_000)
+            out["overview_s"] = time.perf_counter() - t0
+            page.wait_for_function(_drawn("received", "receives"), timeout=300_000)
+            out["overview_and_strip_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()  # the page open: another overview, sum-pooled
             page.get_by_label("sum").check()
-            page.wait_for_function(OVERVIEW_DRAWN.replace("'pooling'", "'sum pooling'"),
-                                   timeout=60_000)
-            redraw = time.perf_counter() - t0
-            t0 = time.perf_counter()  # a box drawn on the overview: keys 3840.., queries 4096..
-            page.evaluate(BRUSH)
-            page.wait_for_function(WINDOW_DRAWN, timeout=60_000)
-            zoom = time.perf_counter() - t0
+            page.wait_for_function(_drawn("overview", "sum pooling"), timeout=300_000)
+            out["overview_redraw_s"] = time.perf_counter() - t0
+            for span in (256, 4096):
+                span = min(span, middle)
+                t0 = time.perf_counter()  # a box drawn on the overview from the middle
+                page.evaluate(BRUSH % (middle - span, middle, middle + span, middle))
+                page.wait_for_function(_drawn("window", f"queries {middle}.."),
+                                       timeout=300_000)
+                out[f"zoom_{span}_s"] = time.perf_counter() - t0
+                out[f"zoom_{span}_title"] = page.evaluate(TITLE % "window").split("<br>")[0]
+                page.evaluate(BRUSH % (0, 1, 1, 0))  # another box, so the next one is new
+                page.wait_for_function(_drawn("window", "queries 0.."), timeout=300_000)
             browser.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
-    return {"overview_s": overview, "overview_redraw_s": redraw, "zoom_256_s": zoom}
+    return out
 
 
 BRUSH = """() => Plotly.relayout(document.querySelector('#long-context-overview .js-plotly-plot'),
-    {'xaxis.range[0]': 3840, 'xaxis.range[1]': 4096,
-     'yaxis.range[0]': 4352, 'yaxis.range[1]': 4096})"""
-OVERVIEW_DRAWN = """() => {
-    const el = document.querySelector('#long-context-overview .js-plotly-plot');
-    return el && el.layout && el.layout.title && el.layout.title.text.includes('pooling');
-}"""
-WINDOW_DRAWN = """() => {
-    const el = document.querySelector('#long-context-window .js-plotly-plot');
-    return el && el.layout && el.layout.title && el.layout.title.text.includes('queries 4096');
-}"""
+    {'xaxis.range[0]': %d, 'xaxis.range[1]': %d, 'yaxis.range[0]': %d, 'yaxis.range[1]': %d})"""
+TITLE = """() => document.querySelector('#long-context-%s .js-plotly-plot').layout.title.text"""
+
+
+def _drawn(graph: str, text: str) -> str:
+    """A script true once the page's ``graph`` is drawn with ``text`` in its title."""
+    return f"""() => {{
+        const el = document.querySelector('#long-context-{graph} .js-plotly-plot');
+        return el && el.layout && el.layout.title && el.layout.title.text.includes('{text}');
+    }}"""
 
 
 def _wait_up(url: str) -> None:
@@ -471,7 +489,7 @@ def main() -> None:
     parser.add_argument("--model32k", help="the model with a 32,768-token context (default a "
                                            "tiny random Gemma 3)")
     parser.add_argument("--keep", metavar="DIR", help="run in this store and keep it (so "
-                        "`--parts view --keep DIR` views the 8k recording `long` left there)")
+                        "`--parts view --keep DIR` views the newest recording left there)")
     parser.add_argument("--smoke", action="store_true",
                         help="every part but view at a tiny size on --model (a local folder)")
     parser.add_argument("--json", action="store_true", help="print JSON only")

@@ -306,3 +306,61 @@ def test_received_and_row_stats_over_the_seen_keys_are_those_of_the_whole_tile(
         torch.testing.assert_close(stats["previous_token"], previous, rtol=1e-6, atol=1e-7)
     assert mask.key_span(slice(6, 9), n) == slice(
         0 if mask.window is None else max(0, 6 - mask.window + 1), 9 if mask.causal else n)
+
+
+MASKS = [Mask(causal=True), Mask(causal=True, window=3), Mask(causal=True, window=1),
+         Mask(causal=False), Mask(causal=False, window=4)]
+
+
+@pytest.mark.parametrize("how", ["max", "sum"])
+@pytest.mark.parametrize("mask", MASKS, ids=["causal", "window-3", "window-1",
+                                             "bidirectional", "bidirectional-window-4"])
+def test_pooled_cells_are_those_of_the_whole_tile(mask, how, monkeypatch):
+    """Pooling computes only the keys each block of rows can see, widened to whole cells:
+    every cell equals the max or sum of the same cell of the whole ``[T, T]`` tile, for
+    windows whose corners fall inside cells and blocks, and ragged last cells."""
+    from workbench.recording import qk
+
+    torch.manual_seed(1)
+    n = 29
+    layer = QKLayer.of(torch.randn(2, n, 4), torch.randn(1, n, 4), scale=0.5, softcap=None,
+                       mask=mask)
+    monkeypatch.setattr(qk, "BLOCK_ELEMENTS", 40)  # a block of one or a few cells of rows
+    for (q0, q1, k0, k1), factor in [((0, n, 0, n), 1), ((0, n, 0, n), 4), ((3, 26, 5, 28), 3),
+                                     ((11, 29, 0, 9), 2), ((0, 7, 20, 29), 5)]:
+        whole = layer.tile(1)[q0:q1, k0:k1]
+        rows, cols = -(-(q1 - q0) // factor), -(-(k1 - k0) // factor)
+        want = torch.zeros(rows, cols)
+        for a in range(rows):
+            for b in range(cols):
+                cell = whole[a * factor:(a + 1) * factor, b * factor:(b + 1) * factor]
+                want[a, b] = cell.max() if how == "max" else cell.sum()
+        got = layer.pooled(1, slice(q0, q1), slice(k0, k1), factor, how)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_first_key_mass_and_the_pooled_view_equal_the_dense_recording(both):
+    _, dense, qk = both
+    for prompt in range(len(TEXTS)):
+        for layer in range(qk.n_layers):
+            np.testing.assert_allclose(qk.first_key_mass(prompt, layer),
+                                       dense.first_key_mass(prompt, layer), atol=1e-6)
+    n = qk.length(0)
+    for how in ("max", "sum"):
+        for window in (None, (1, n - 1, 2, n)):
+            np.testing.assert_allclose(
+                qk.pooled(0, 1, 1, window=window, max_cells=4, how=how).grid,
+                dense.pooled(0, 1, 1, window=window, max_cells=4, how=how).grid, atol=1e-6)
+
+
+def test_a_dense_view_past_its_budget_is_one_line(both, monkeypatch):
+    from workbench.recording import reader
+
+    _, dense, qk = both
+    n = qk.length(0)
+    monkeypatch.setattr(reader, "DENSE_VIEW_BYTES", qk.n_heads * n * n * 4 - 1)
+    for rec in (dense, qk):
+        rec.pattern(0, 1, 0)                       # one head fits
+        with pytest.raises(WorkbenchError, match=r"^a dense view of \d+ x \d+ x \d+ weights "
+                                                 r"is .* GiB, over 0 GiB: read one head"):
+            rec.pattern(0, 1)

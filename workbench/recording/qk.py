@@ -227,6 +227,41 @@ class QKLayer:
         rows, cols = self._span(queries, "queries"), self._span(keys, "keys")
         return self.scores(head, rows, cols).sub_(self.lse[head, rows, None]).exp_()
 
+    def pooled(self, head: int, queries: slice, keys: slice, factor: int, how: str
+               ) -> Float[Tensor, "qcell kcell"]:
+        """Head ``head``'s weights over ``queries`` x ``keys`` pooled ``factor`` x
+        ``factor`` positions a cell (``max`` or ``sum``; a ragged last cell pools what it
+        has), one block of rows at a time over the keys those rows can see
+        (:meth:`Mask.key_span`, widened to whole cells): the cells of keys no row of a
+        block sees are 0, as every hidden weight is, and are never computed. So a
+        causal pattern costs half its rectangle, and a sliding-window layer's the band.
+
+        Raises:
+            WorkbenchError: a head, or a range of queries or keys, outside the prompt.
+        """
+        if not 0 <= head < self.n_heads:
+            raise WorkbenchError(f"head {head} is not a head of the layer's {self.n_heads}")
+        rows, cols = self._span(queries, "queries"), self._span(keys, "keys")
+        k0, k1 = cols.start, cols.stop
+        grid = torch.zeros(-(-(rows.stop - rows.start) // factor), -(-(k1 - k0) // factor))
+        step = factor * max(1, BLOCK_ELEMENTS // max(1, (k1 - k0) * factor))
+        for r0 in range(rows.start, rows.stop, step):
+            r1 = min(r0 + step, rows.stop)
+            seen = self.mask.key_span(slice(r0, r1), self.length)
+            c0 = max(0, seen.start - k0) // factor              # the first and last cells
+            c1 = -(-(min(k1, seen.stop) - k0) // factor)        # of keys the rows see
+            if c1 <= c0:
+                continue
+            w = self.tile(head, slice(r0, r1), slice(k0 + c0 * factor,
+                                                     min(k1, k0 + c1 * factor)))
+            w = torch.nn.functional.pad(w, (0, (c1 - c0) * factor - w.shape[1],
+                                            0, -(-w.shape[0] // factor) * factor - w.shape[0]))
+            cells = w.view(w.shape[0] // factor, factor, c1 - c0, factor)
+            at = (r0 - rows.start) // factor
+            grid[at:at + cells.shape[0], c0:c1] = (cells.amax((1, 3)) if how == "max"
+                                                  else cells.sum((1, 3)))
+        return grid
+
     def received(self, head: int) -> Float[Tensor, " key"]:
         """The attention each key receives from every query (the pattern's column sums),
         each block of rows over the keys it can see (:meth:`Mask.key_span`)."""

@@ -104,12 +104,16 @@ Queries = tuple[int, int] | None
 QK_LAYERS_KEPT = 4
 """The stored queries and keys of this many (prompt, layer) pairs a ``qk`` recording keeps
 read (a page drawing tiles of one head reads its layer once)."""
+DENSE_VIEW_BYTES = 2 << 30
+"""The largest dense view :meth:`Recording.pattern` builds (float32 weights): 9 heads of an
+8,192-token prompt are 2.4 GB; past it the pattern is read a head, a block of rows, pooled
+or (``qk``) a tile at a time."""
 
 
 class Recording:
     """Lazy, read-only access to a recording: each call reads only the chunks it needs.
 
-    ``patterns`` says how patterns were stored (``dense``, ``topk`` or ``none``);
+    ``patterns`` says how patterns were stored (``dense``, ``topk``, ``qk`` or ``none``);
     ``format_version`` is 2 (Zarr) or 1 (the old block files, read-only).
     """
 
@@ -124,6 +128,8 @@ class Recording:
         legacy_format = self.format_version == LEGACY_FORMAT
         self._group = None if legacy_format else zarr_store.open_group(root, index.files)
         self._qk_layers: dict[tuple[int, int], QKLayer] = {}
+        self._first_mass: dict[tuple[int, int], np.ndarray] = {}  # qk: computed, not read
+        self._received: dict[tuple[int, int, int], np.ndarray] = {}  # qk: the last few
 
     @classmethod
     def open(cls, path: str | Path) -> Recording:
@@ -265,6 +271,13 @@ class Recording:
         """
         n = self.length(prompt)
         q0, q1 = self._query_range(prompt, layer, head, queries)
+        size = (self.n_heads if head is None else 1) * (q1 - q0) * n * 4
+        if size > DENSE_VIEW_BYTES:
+            raise WorkbenchError(
+                f"a dense view of {size // ((q1 - q0) * n * 4)} x {q1 - q0} x {n} weights is "
+                f"{size / 2**30:.1f} GiB, over "
+                f"{DENSE_VIEW_BYTES / 2**30:.0f} GiB: read one head, fewer query rows "
+                "(queries=(start, stop)), or pooled(); of a qk recording, tile()")
         if self.patterns == "topk":
             return self.pattern_sparse(prompt, layer, head, queries=queries).dense(n)
         if self.patterns == "qk":
@@ -361,8 +374,13 @@ class Recording:
         recording; from a ``topk`` one, the kept weights and exact channels only (a lower
         bound: the left-out mass is at no key)."""
         self._query_range(prompt, layer, head, None)
-        if self.patterns == "qk":
-            return self.qk_layer(prompt, layer).received(head).numpy()
+        if self.patterns == "qk":  # a page redraws it with every change of pooling
+            if (prompt, layer, head) not in self._received:
+                if len(self._received) >= QK_LAYERS_KEPT * self.n_heads:  # the oldest goes
+                    self._received.pop(next(iter(self._received)))
+                self._received[(prompt, layer, head)] = \
+                    self.qk_layer(prompt, layer).received(head).numpy()
+            return self._received[(prompt, layer, head)].copy()
         n, out = self.length(prompt), np.zeros(self.length(prompt), dtype=np.float64)
         for r0 in range(0, n, zarr_store.QUERY_BLOCK):
             out += self.pattern(prompt, layer, head,
@@ -377,7 +395,7 @@ class Recording:
 
     def first_key_mass(self, prompt: int, layer: int) -> Float[np.ndarray, " head_index"]:
         """Each head's mean weight on the first key, over every query but the first (which
-        can only attend there): the sink score of one prompt, exact for both storages.
+        can only attend there): the sink score of one prompt, exact for every storage.
 
         Args:
             prompt: the prompt.
@@ -392,6 +410,13 @@ class Recording:
             return np.zeros(self.n_heads, dtype=np.float32)
         if self.patterns == "topk":  # the exact channel holds the first key's weight
             first = self.pattern_sparse(prompt, layer, queries=(1, n)).first
+        elif self.patterns == "qk":  # one column a head, not the [head, T, T] pattern
+            if (prompt, layer) not in self._first_mass:
+                qk = self.qk_layer(prompt, layer)
+                self._first_mass[(prompt, layer)] = np.array([
+                    qk.tile(h, slice(1, n), slice(0, 1))[:, 0].numpy().mean()
+                    for h in range(self.n_heads)])
+            return self._first_mass[(prompt, layer)].copy()
         else:
             first = self.pattern(prompt, layer, queries=(1, n))[..., 0]
         return first.mean(axis=-1)
@@ -404,7 +429,8 @@ class Recording:
         Only the chunks of the window's query rows are read, one query block at a time, so
         an 8,192-token overview never holds the dense ``[T, T]`` pattern. Of a ``topk``
         recording the kept weights and exact channels are pooled (the left-out mass is in
-        no cell).
+        no cell); of a ``qk`` one, every weight, computed only where a block of rows sees
+        keys (:meth:`QKLayer.pooled`).
 
         Args:
             prompt: the prompt.
@@ -428,17 +454,16 @@ class Recording:
         if self.patterns == "topk":
             rows = self.pattern_sparse(prompt, layer, head, queries=(q0, q1))
             grid = _pool_sparse(rows, (q0, k0), shape, factor, how)
+        elif self.patterns == "qk":
+            self._check(head, self.n_heads, "head")
+            grid = self.qk_layer(prompt, layer).pooled(
+                head, slice(q0, q1), slice(k0, k1), factor, how).numpy()
         else:
             # row blocks that are whole multiples of the cell size, about one chunk each
             step = factor * max(1, zarr_store.QUERY_BLOCK // factor)
-            parts = []
-            for r0 in range(q0, q1, step):
-                r1 = min(r0 + step, q1)
-                block = self.tile(prompt, layer, head, queries=slice(r0, r1),
-                                  keys=slice(k0, k1)) if self.patterns == "qk" else \
-                    self.pattern(prompt, layer, head, queries=(r0, r1))[:, k0:k1]
-                parts.append(sparse.pool_dense(block, factor, how))
-            grid = np.concatenate(parts)
+            grid = np.concatenate([sparse.pool_dense(
+                self.pattern(prompt, layer, head, queries=(r0, min(r0 + step, q1)))[:, k0:k1],
+                factor, how) for r0 in range(q0, q1, step)])
         return Pooled(grid=grid, factor=factor, how=how, window=(q0, q1, k0, k1))
 
     def check_head(self, prompt: int, layer: int, head: int) -> None:
