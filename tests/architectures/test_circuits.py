@@ -18,7 +18,7 @@ from tests.architectures.families import ENCODERS
 from tests.architectures.test_matrix import ADAPTERS, SUPPORTED
 from workbench.core import heap
 from workbench.core.errors import ModelCapabilityError
-from workbench.interventions.circuits import attribution, flow
+from workbench.interventions.circuits import attribution, differences, flow
 from workbench.interventions.circuits.ablate import circuit_metrics
 from workbench.interventions.circuits.attribution import edge_scores
 from workbench.interventions.circuits.graph import build_graph
@@ -81,8 +81,15 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
         mapped: list[int] = []
         patch.setattr(heap, "map_large", lambda nbytes=1 << 20: mapped.append(nbytes))
         patch.setattr(attribution, "CONTRACT_BYTES", 1)  # one position at a time
+        # and every tensor saved outside a checkpointed block (the blocks' inputs) too
+        written: list[int] = []
+        real = differences._Saved.__init__
+        patch.setattr(differences._Saved, "__init__",
+                      lambda self, path, t: written.append(t.numel()) or real(self, path, t))
+        patch.setattr(differences, "SPILL_BYTES", 1)
         spilled = edge_scores(model, graph, task, method="eap", low_memory="on")
         assert mapped == [1 << 20]
+        assert len(written) >= model.info.n_layers
     torch.testing.assert_close(spilled.values, eap.values, rtol=1e-5,
                                atol=1e-6 * float(eap.values.abs().max()))
     with monkeypatch.context() as patch:

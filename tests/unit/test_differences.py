@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from workbench.core.errors import WorkbenchError
-from workbench.interventions.circuits.differences import Differences
+from workbench.interventions.circuits import differences
+from workbench.interventions.circuits.differences import Differences, spilled
 
 
 def _filled(folder) -> tuple[Differences, dict[str, torch.Tensor]]:
@@ -62,3 +63,41 @@ def test_bad_uses_are_one_line_errors(tmp_path):
     (tmp_path / "0.f32").write_bytes(b"\0" * 12)  # cut short
     with pytest.raises(WorkbenchError, match="shorter than a's difference"):
         diff.positions(slice(0, 4), ["a"])
+
+
+def test_spilled_tensors_go_through_files_and_give_the_same_gradient(tmp_path, monkeypatch):
+    """What autograd saves outside a checkpoint is written to the folder while the graph
+    holds it and read back for the backward pass: the same gradient as in memory, every
+    file gone once the graph is; a parameter is never written, nor anything without a
+    folder."""
+    from torch.utils.checkpoint import checkpoint
+
+    monkeypatch.setattr(differences, "SPILL_BYTES", 1)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 5)
+
+    def loss(x):
+        y = checkpoint(lambda h: net(h).tanh(), x.sin(), use_reentrant=False)
+        return (y * x).pow(2).sum()
+
+    x = torch.randn(3, 5, requires_grad=True)
+    want = torch.autograd.grad(loss(x), x)[0]
+    written: list = []
+    real = differences._Saved.__init__
+    monkeypatch.setattr(differences._Saved, "__init__",
+                        lambda self, path, tensor: written.append(tensor) or real(self, path,
+                                                                                 tensor))
+    with spilled(tmp_path, net):
+        total = loss(x)
+    assert written and {p.name for p in tmp_path.iterdir()} == {
+        f"saved-{i}.pt" for i in range(len(written))}
+    assert not any(t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+                   for t in written for p in net.parameters())
+    got = torch.autograd.grad(total, x)[0]
+    del total
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert list(tmp_path.iterdir()) == []
+    written.clear()
+    with spilled(None, net):
+        torch.autograd.grad(loss(x), x)
+    assert written == []

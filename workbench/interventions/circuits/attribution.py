@@ -25,14 +25,14 @@ reaches them (:func:`point_scores`; one layer at a time on a long input), and a 
 positions at a time, so no ``[sender or receiver, batch, pos, d_model]`` tensor of the
 whole model is held: what is kept is the differences (in memory, or with ``low_memory``
 in files read back a slice of positions at a time: :class:`Differences`), each block's
-input, and about one layer's gradients. The gradient pass runs each block
-of the bridge checkpointed (:func:`flow.recomputed_layers`): its graph keeps each block's
-input, and the backward pass runs one block again at a time; with blocked attention
-(``attention="auto"`` where the family has it) a block's attention is recomputed a block
-of query rows at a time within it, so no ``[head, T, T]`` tensor exists in either pass;
-the pass stops at the final norm and only the positions the metric reads are unembedded
-(:func:`flow.metric_values`), so no ``[batch, T, d_vocab]`` logits exist either, and what
-is held is linear in T.
+input (with ``low_memory`` in files too), and about one layer's gradients. The gradient
+pass runs each block of the bridge checkpointed (:func:`flow.recomputed_layers`): its
+graph keeps each block's input, and the backward pass runs one block again at a time;
+with blocked attention (``attention="auto"`` where the family has it) a block's attention
+is recomputed a block of query rows at a time within it, so no ``[head, T, T]`` tensor
+exists in either pass; the pass stops at the final norm and only the positions the metric
+reads are unembedded (:func:`flow.metric_values`), so no ``[batch, T, d_vocab]`` logits
+exist either, and what is held is linear in T.
 
 Examples:
     >>> scores = edge_scores(model, graph, task, method="eap-ig", steps=5)  # doctest: +SKIP
@@ -58,7 +58,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.interventions.circuits import flow
-from workbench.interventions.circuits.differences import Differences
+from workbench.interventions.circuits.differences import Differences, spilled
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task, check_steps
 from workbench.models.base import Model
@@ -108,10 +108,13 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
             or ``auto`` (blocked where the family has it).
         low_memory: ``on``: the senders' differences are written to files in the
             temporary folder (``TMPDIR``) and read back a slice of positions at a time
-            (:class:`Differences`), and allocations of 1 MiB or more are mapped alone from
-            then on in this process (:func:`workbench.core.heap.map_large`), for less
-            memory and some more time; ``off``: neither; ``auto``: on for a pass whose
-            differences reach :data:`LOW_MEMORY_BYTES`.
+            (:class:`Differences`), so is what the gradient pass's autograd graph keeps
+            outside its checkpointed blocks, each block's input
+            (:func:`~workbench.interventions.circuits.differences.spilled`), and
+            allocations of 1 MiB or more are mapped alone from then on in this process
+            (:func:`workbench.core.heap.map_large`), for less memory and some more time;
+            ``off``: none of these; ``auto``: on for a pass whose differences reach
+            :data:`LOW_MEMORY_BYTES`.
 
     Returns:
         The scores, averaged over prompts.
@@ -339,7 +342,8 @@ def point_scores(model: Model, graph: Graph, ids: Tensor, embed: Tensor | None, 
 
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in layer_of],
            *[(name, keep(name)) for name in sorted(kept)]]
-    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
+    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model), \
+            spilled(diff.folder, model.bridge):
         total = flow.metric_values(model, ids, task.metric, rows).sum()
         backward.append(True)
         torch.autograd.grad(total, begun[0])

@@ -22,8 +22,10 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +120,57 @@ class Differences:
             raise WorkbenchError(f"no difference is kept for {name}; kept: "
                                  f"{', '.join(self._shapes) or 'none'}")
         return name
+
+
+SPILL_BYTES = 1 << 24
+"""The smallest tensor :func:`spilled` writes to its folder (16 MiB)."""
+
+
+@contextlib.contextmanager
+def spilled(folder: Path | None, model: torch.nn.Module) -> Iterator[None]:
+    """Within it, what autograd saves for the backward pass from outside a checkpointed
+    block (each block's input, which the block's backward recomputes it from: on gemma3
+    at 32,768 tokens 18 x 84 MB) is written to ``folder`` and read back when the backward
+    pass needs it, where it is a tensor of :data:`SPILL_BYTES` or more that is not the
+    storage of one of ``model``'s parameters or buffers (a weight is in memory already).
+    ``None``: nothing is written. The pattern of PyTorch's "saving tensors to disk"
+    (``torch.autograd.graph.saved_tensors_hooks``); a tensor saved inside a checkpointed
+    block is the checkpoint's own and is not written."""
+    if folder is None:
+        yield
+        return
+    weights = {t.untyped_storage().data_ptr()
+               for t in itertools.chain(model.parameters(), model.buffers())}
+    count = itertools.count()
+
+    def pack(tensor: Tensor) -> Tensor | _Saved:
+        if (tensor.numel() * tensor.element_size() < SPILL_BYTES or tensor.device.type != "cpu"
+                or tensor.untyped_storage().data_ptr() in weights):
+            return tensor
+        return _Saved(folder / f"saved-{next(count)}.pt", tensor)
+
+    def unpack(packed: Tensor | _Saved) -> Tensor:
+        return packed if isinstance(packed, Tensor) else packed.load()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+class _Saved:
+    """A tensor autograd saved, written to ``path``; the file goes with this object (when
+    the backward pass has used it, or the graph is let go)."""
+
+    def __init__(self, path: Path, tensor: Tensor) -> None:
+        self.path, self.shape, self.dtype = path, tensor.shape, tensor.dtype
+        torch.save(tensor.detach().contiguous(), path)
+
+    def load(self) -> Tensor:
+        tensor = torch.load(self.path, weights_only=True)
+        if tensor.shape != self.shape or tensor.dtype != self.dtype:
+            raise WorkbenchError(f"{self.path}: a saved tensor of {tuple(self.shape)} "
+                                 f"{self.dtype} read back as {tuple(tensor.shape)} "
+                                 f"{tensor.dtype}")
+        return tensor
+
+    def __del__(self) -> None:
+        self.path.unlink(missing_ok=True)
