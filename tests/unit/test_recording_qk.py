@@ -364,3 +364,18 @@ def test_a_dense_view_past_its_budget_is_one_line(both, monkeypatch):
         with pytest.raises(WorkbenchError, match=r"^a dense view of \d+ x \d+ x \d+ weights "
                                                  r"is .* GiB, over 0 GiB: read one head"):
             rec.pattern(0, 1)
+
+
+def test_a_dense_view_of_some_keys_is_those_columns(both):
+    _, dense, qk = both
+    n = qk.length(0)
+    for rec in (dense, qk):
+        whole = rec.pattern(0, 1)
+        # (a qk tile over fewer keys is a narrower product, which may round its last bit
+        # apart from the whole row's)
+        np.testing.assert_allclose(rec.pattern(0, 1, keys=(2, n - 1)), whole[..., 2:n - 1],
+                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(rec.pattern(0, 1, 3, queries=(1, 4), keys=(0, 5)),
+                                   whole[3, 1:4, :5], rtol=1e-6, atol=1e-7)
+        with pytest.raises(WorkbenchError, match=rf"^keys 0\.\.{n + 1} are not inside 0\.\.{n}$"):
+            rec.pattern(0, 1, keys=(0, n + 1))

@@ -156,3 +156,11 @@ def test_first_key_mass_is_the_mean_first_column_in_both_storages(pair):
             want = full[:, 1:, 0].mean(axis=1) if n > 1 else np.zeros(dense.n_heads)
             np.testing.assert_allclose(dense.first_key_mass(i, layer), want, atol=1e-6)
             np.testing.assert_allclose(topk.first_key_mass(i, layer), want, atol=1e-3)
+
+
+def test_a_dense_view_of_some_keys_is_those_columns_of_the_sparse_form(pair):
+    _, _, topk = pair
+    whole = topk.pattern(0, 1)
+    np.testing.assert_array_equal(topk.pattern(0, 1, keys=(2, 9)), whole[..., 2:9])
+    np.testing.assert_array_equal(topk.pattern(0, 1, 2, queries=(3, 7), keys=(0, 4)),
+                                  whole[2, 3:7, :4])

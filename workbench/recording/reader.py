@@ -253,7 +253,8 @@ class Recording:
         return self.index.has_resid
 
     def pattern(self, prompt: int, layer: int, head: int | None = None, *,
-                queries: Queries = None) -> Float[np.ndarray, "*head query key"]:
+                queries: Queries = None, keys: Queries = None
+                ) -> Float[np.ndarray, "*head query key"]:
         """Attention weights ``[query, key]`` of one head, or ``[head, query, key]`` of all.
 
         Of a ``topk`` recording this is a dense view of the sparse form: the kept weights
@@ -265,33 +266,44 @@ class Recording:
             layer: the layer.
             head: one head, or all.
             queries: only query rows ``(start, stop)`` (only their chunks are read).
+            keys: only keys ``(start, stop)`` (of a ``qk`` recording only they are
+                computed).
 
         Returns:
-            float32 weights over every key of the prompt.
+            float32 weights over every key of the prompt, or over ``keys``.
+
+        Raises:
+            WorkbenchError: a range outside the prompt, or a view over
+                :data:`DENSE_VIEW_BYTES` (one line).
         """
         n = self.length(prompt)
         q0, q1 = self._query_range(prompt, layer, head, queries)
-        size = (self.n_heads if head is None else 1) * (q1 - q0) * n * 4
+        k0, k1 = (0, n) if keys is None else keys
+        if not 0 <= k0 < k1 <= n:
+            raise WorkbenchError(f"keys {k0}..{k1} are not inside 0..{n}")
+        width = n if self.patterns == "topk" else k1 - k0  # topk: made over every key
+        size = (self.n_heads if head is None else 1) * (q1 - q0) * width * 4
         if size > DENSE_VIEW_BYTES:
             raise WorkbenchError(
-                f"a dense view of {size // ((q1 - q0) * n * 4)} x {q1 - q0} x {n} weights is "
-                f"{size / 2**30:.1f} GiB, over "
+                f"a dense view of {size // ((q1 - q0) * width * 4)} x {q1 - q0} x "
+                f"{width} weights is {size / 2**30:.1f} GiB, over "
                 f"{DENSE_VIEW_BYTES / 2**30:.0f} GiB: read one head, fewer query rows "
                 "(queries=(start, stop)), or pooled(); of a qk recording, tile()")
         if self.patterns == "topk":
-            return self.pattern_sparse(prompt, layer, head, queries=queries).dense(n)
+            rows = self.pattern_sparse(prompt, layer, head, queries=queries).dense(n)
+            return rows[..., k0:k1]
         if self.patterns == "qk":
             qk = self.qk_layer(prompt, layer)
             heads = range(self.n_heads) if head is None else [head]
-            tiles = np.stack([qk.tile(h, slice(q0, q1)).numpy() for h in heads])
+            tiles = np.stack([qk.tile(h, slice(q0, q1), slice(k0, k1)).numpy() for h in heads])
             return tiles if head is None else tiles[0]
         heads = slice(None) if head is None else head
         if self._group is None:
             block = legacy.block(self.root, self.index, "attn", layer, prompt,
                                  (self.n_heads, n, n))
-            return np.array(block[heads, q0:q1], dtype=np.float32)
+            return np.array(block[heads, q0:q1, k0:k1], dtype=np.float32)
         block = self._read(zarr_store.array_name("attn", layer),
-                           (prompt, heads, slice(q0, q1), slice(0, n)))
+                           (prompt, heads, slice(q0, q1), slice(k0, k1)))
         return block.astype(np.float32, copy=False)
 
     def pattern_sparse(self, prompt: int, layer: int, head: int | None = None, *,

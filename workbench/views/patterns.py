@@ -56,7 +56,7 @@ def recording_pattern(rec: Recording, prompt: int, layer: int, head: int,
     title = f"layer {layer}, head {head} (L{layer}H{head})"
     if n < length:
         title += f": first {n} of {length} tokens (Long context shows them all)"
-    pattern = rec.pattern(prompt, layer, head, queries=(0, n))[:, :n]
+    pattern = rec.pattern(prompt, layer, head, queries=(0, n), keys=(0, n))
     return pattern_heatmap(pattern, rec.tokens(prompt)[:n], title, scale or "linear")
 
 
@@ -238,7 +238,7 @@ def pattern_grid(rec: Recording, prompt: int, max_tokens: int = 24,
     cell = n + gap
     grid = np.full((rec.n_layers * cell, rec.n_heads * cell), np.nan)
     for layer in range(rec.n_layers):
-        block = rec.pattern(prompt, layer, queries=(0, n))[:, :, :n]  # reads n rows only
+        block = rec.pattern(prompt, layer, queries=(0, n), keys=(0, n))  # reads n rows
         for head in range(rec.n_heads):
             grid[layer * cell: layer * cell + n, head * cell: head * cell + n] = block[head]
     # Coordinates in units of heads/layers; customdata carries the exact (layer, head).
