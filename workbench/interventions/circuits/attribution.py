@@ -342,9 +342,9 @@ def point_scores(model: Model, graph: Graph, ids: Tensor, embed: Tensor | None, 
 
     fwd = [(hooks.resid(0, n), start), *[(name, read(name)) for name in layer_of],
            *[(name, keep(name)) for name in sorted(kept)]]
-    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model), \
-            spilled(diff.folder, model.bridge):
-        total = flow.metric_values(model, ids, task.metric, rows).sum()
+    with torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd), flow.recomputed_layers(model):
+        with spilled(diff.folder, model.bridge):  # the forward's saved tensors, not the
+            total = flow.metric_values(model, ids, task.metric, rows).sum()  # backward's
         backward.append(True)
         torch.autograd.grad(total, begun[0])
     flush(ready)
