@@ -474,8 +474,8 @@ class Recording:
             # row blocks that are whole multiples of the cell size, about one chunk each
             step = factor * max(1, zarr_store.QUERY_BLOCK // factor)
             grid = np.concatenate([sparse.pool_dense(
-                self.pattern(prompt, layer, head, queries=(r0, min(r0 + step, q1)))[:, k0:k1],
-                factor, how) for r0 in range(q0, q1, step)])
+                self.pattern(prompt, layer, head, queries=(r0, min(r0 + step, q1)),
+                             keys=(k0, k1)), factor, how) for r0 in range(q0, q1, step)])
         return Pooled(grid=grid, factor=factor, how=how, window=(q0, q1, k0, k1))
 
     def check_head(self, prompt: int, layer: int, head: int) -> None:
