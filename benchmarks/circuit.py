@@ -14,7 +14,12 @@ Each measurement runs in its own subprocess, so that its peak RSS is its own:
   ``--retrieval-lengths``, with ``--retrieval-attention`` (default blocked), each in its own
   process: seconds, peak RSS above the loaded model and in all, the load average at the end,
   and the exponent of the peak's growth against T (as ``memory``'s); ``--low-memory``
-  (default auto) is the edge scores' ``low_memory``, and each row says whether it was on.
+  (default auto) is the edge scores' ``low_memory``, and each row says whether it was on;
+- ``ablation``: one ablated pass on the same retrieval documents, each in its own process:
+  the corrupted references, then the document with every edge outside a fixed circuit (a
+  seeded half of the edges) ablated to them, as each point of the faithfulness curve and
+  each exact edge patch runs; seconds, peak RSS above the loaded model and in all, with
+  ``--low-memory`` as the passes' ``low_memory``.
 
 "Above the loaded model" is the peak RSS of the edge scores less the RSS once the model
 and the task are made: on Linux the peak is reset there (``/proc/self/clear_refs``), so a
@@ -30,6 +35,7 @@ Usage:
     python benchmarks/circuit.py --model smollm2 --parts memory --lengths 512,1024,2048
     python benchmarks/circuit.py --model smollm2 --parts retrieval --retrieval-lengths 2048,4096
     python benchmarks/circuit.py --model gemma3 --parts retrieval --retrieval-lengths 32768
+    python benchmarks/circuit.py --model gemma3 --parts ablation --retrieval-lengths 32768
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import torch
 from experiments.circuit.measure import induction_task, ioi_task, retrieval_task
 from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
+from workbench.interventions.circuits.ablate import circuit_metrics
 from workbench.interventions.circuits.attribution import LowMemory, edge_scores, is_low_memory
 from workbench.interventions.circuits.graph import build_graph
 from workbench.models.load import load_model
@@ -147,16 +154,39 @@ def retrieval_one(model_name: str, length: int, attention: AttentionPath,
             "metric_clean": round(clean, 3), "load_1min": round(os.getloadavg()[0], 2)}
 
 
-def retrieval(model_name: str, lengths: list[int], attention: str, words: list[str]
-              ) -> list[dict]:
+def ablation_one(model_name: str, length: int, attention: AttentionPath,
+                 keys: list[str] | None = None, values: list[str] | None = None,
+                 low_memory: LowMemory = "auto") -> dict:
+    model = load_model(model_name)
+    graph = build_graph(model)
+    task = retrieval_task(model, 1, length, 0, keys=keys, values=values)
+    half = graph.edges & (torch.rand(graph.edges.shape,
+                                     generator=torch.Generator().manual_seed(0)) < 0.5)
+    loaded = _loaded_gib()
+    start = time.perf_counter()
+    got = circuit_metrics(model, graph, task, [half], max_batch_tokens=length,
+                          attention=attention, low_memory=low_memory)
+    seconds = time.perf_counter() - start
+    peak = _rss_gib()
+    low = is_low_memory(model, task.clean.numel(), low_memory)
+    return {"part": "ablation", "T": int(task.clean.shape[1]), "attention": attention,
+            "low_memory": "on" if low else "off", "kept_edges": int(half.sum()),
+            "edges": graph.n_edges, "seconds": round(seconds, 1),
+            "above_model_gib": round(peak - loaded, 3), "peak_gib": round(peak, 2),
+            "metric": round(float(got[0, 0]), 3), "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def retrieval(model_name: str, lengths: list[int], attention: str, words: list[str],
+              part: str = "retrieval") -> list[dict]:
+    """``part`` (``retrieval`` or ``ablation``) at each length, each in its own process."""
     rows = []
     for length in lengths:
-        out = subprocess.run([sys.executable, __file__, "--one-retrieval", str(length),
+        out = subprocess.run([sys.executable, __file__, f"--one-{part}", str(length),
                               attention, "--model", model_name, *words], capture_output=True,
                              text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     if len(rows) > 1:
-        rows.append({"part": "retrieval_exponent", "attention": attention,
+        rows.append({"part": f"{part}_exponent", "attention": attention,
                      "exponent": _exponent(rows)})
     return rows
 
@@ -196,9 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--values", help="retrieval values, comma-separated (default: the "
                         "library's)")
     parser.add_argument("--low-memory", choices=("auto", "on", "off"), default="auto",
-                        help="retrieval: edge_scores' low_memory")
+                        help="retrieval and ablation: the passes' low_memory")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--one-retrieval", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--one-ablation", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -211,22 +242,30 @@ def main(argv: list[str] | None = None) -> None:
                                        _path(args.one_retrieval[1]), keys, values,
                                        _low(args.low_memory))))
         return
+    if args.one_ablation:
+        print(json.dumps(ablation_one(args.model, int(args.one_ablation[0]),
+                                      _path(args.one_ablation[1]), keys, values,
+                                      _low(args.low_memory))))
+        return
     if args.smoke:
         rows = [_smoke_ioi(args.model), memory_one(args.model, 24, "dense"),
                 memory_one(args.model, 24, "blocked"),
                 retrieval_one(args.model, 48, "blocked", keys, values),
-                retrieval_one(args.model, 48, "blocked", keys, values, "on")]
+                retrieval_one(args.model, 48, "blocked", keys, values, "on"),
+                ablation_one(args.model, 48, "blocked", keys, values, "off"),
+                ablation_one(args.model, 48, "blocked", keys, values, "on")]
     else:
         parts = args.parts.split(",")
         rows = [ioi(args.model, args.prompts, args.steps, args.threads)] if "ioi" in parts else []
         if "memory" in parts:
             rows += memory(args.model, [int(x) for x in args.lengths.split(",")])
-        if "retrieval" in parts:
-            rows += retrieval(args.model, [int(x) for x in args.retrieval_lengths.split(",")],
-                              args.retrieval_attention,
-                              [f"--low-memory={args.low_memory}"]
-                              + [f"--{k}={v}" for k, v in (("keys", args.keys),
-                                                           ("values", args.values)) if v])
+        words = [f"--low-memory={args.low_memory}"] + [
+            f"--{k}={v}" for k, v in (("keys", args.keys), ("values", args.values)) if v]
+        for part in ("retrieval", "ablation"):
+            if part in parts:
+                rows += retrieval(args.model,
+                                  [int(x) for x in args.retrieval_lengths.split(",")],
+                                  args.retrieval_attention, words, part)
     for row in rows:
         print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
 

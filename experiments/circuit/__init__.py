@@ -164,10 +164,11 @@ class Config:
     attention: AttentionPath = param("auto", "attention path (blocked: no [head, T, T] "
                                      "tensor in the forward or the backward pass; auto: "
                                      "blocked where the family has it)")
-    low_memory: LowMemory = param("auto", "edge scores: on writes the senders' differences "
-                                  "to files in TMPDIR and maps large allocations alone, for "
-                                  "less memory and some more time; auto: on where a pass's "
-                                  "differences reach 1 GiB")
+    low_memory: LowMemory = param("auto", "on writes the senders' differences (edge scores) "
+                                  "and their references (ablated passes) to files in TMPDIR "
+                                  "and maps large allocations alone, for less memory and "
+                                  "some more time; auto: on where a pass's differences "
+                                  "reach 1 GiB")
     n_boot: int = shared("n_boot")
     seed: int = shared("seed")
     max_batch_tokens: int = shared("max_batch_tokens")
@@ -310,12 +311,13 @@ def run(model: Model, cfg: Config, ctx: Context | None = None) -> Result:
         top = scores.ranking()[: cfg.n_exact].tolist()
         exact = edge_patching(model, graph, task, top, ablation=cfg.ablation,
                               max_batch_tokens=cfg.max_batch_tokens,
-                              attention=cfg.attention) if top else []
+                              attention=cfg.attention, low_memory=cfg.low_memory
+                              ) if top else []
         stage("faithfulness")
         curve = faithfulness_curve(model, graph, task, scores, fractions=cfg.grid(),
                                    ablation=cfg.ablation, n_boot=cfg.n_boot, seed=cfg.seed,
                                    max_batch_tokens=cfg.max_batch_tokens,
-                                   attention=cfg.attention)
+                                   attention=cfg.attention, low_memory=cfg.low_memory)
     with torch.no_grad():
         per_chunk = [metric_values(model, task.corrupted[rows], task.metric, rows)
                      for rows in task.chunks(cfg.max_batch_tokens, model.paired_batches)]

@@ -93,6 +93,20 @@ def test_circuit_machinery_on_every_causal_family(families, family, monkeypatch)
     torch.testing.assert_close(spilled.values, eap.values, rtol=1e-5,
                                atol=1e-6 * float(eap.values.abs().max()))
     with monkeypatch.context() as patch:
+        # the ablated passes' references and differences in files, one a sender (each
+        # head's normed output its own where the family norms the attention output): the
+        # metrics of the stacked tensors in memory, summed in another order
+        patch.setattr(heap, "map_large", lambda nbytes=1 << 20: True)
+        half = graph.edges & (torch.rand(graph.edges.shape,
+                                         generator=torch.Generator().manual_seed(1)) < 0.5)
+        for ablation in ("corrupted", "mean"):
+            keeps = [torch.zeros_like(graph.edges), half]
+            memory = circuit_metrics(model, graph, task, keeps, ablation=ablation)
+            files = circuit_metrics(model, graph, task, keeps, ablation=ablation,
+                                    low_memory="on")
+            np.testing.assert_allclose(files, memory, rtol=1e-5,
+                                       atol=1e-5 * max(float(np.abs(memory).max()), 1.0))
+    with monkeypatch.context() as patch:
         _first_order(model, graph, task, eap.values, patch)
 
 

@@ -377,3 +377,40 @@ def test_low_memory_auto_writes_the_differences_to_files_from_their_size(llama, 
                                atol=1e-7 * float(runs[size + 1].values.abs().max()))
     with pytest.raises(WorkbenchError, match="low_memory must be auto, on or off, got 'yes'"):
         edge_scores(llama, graph, task, method="eap", low_memory="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ablation", ["corrupted", "mean"])
+def test_ablated_passes_with_references_in_files_give_the_same_metrics(llama, task, ablation,
+                                                                       monkeypatch):
+    """With ``low_memory`` the references and the differences are files, one a sender,
+    and a receiver's change is summed one sender at a time: the same metrics as the
+    stacked tensors in memory, up to the order of the sum (and the mean's division)."""
+    from workbench.core import heap
+    from workbench.interventions.circuits import ablate
+
+    graph = build_graph(llama)
+    torch.manual_seed(1)
+    half = graph.edges & (torch.rand(graph.edges.shape) < 0.5)
+    keeps = [graph.edges.clone(), torch.zeros_like(graph.edges), half]
+    memory = circuit_metrics(llama, graph, task, keeps, ablation=ablation, max_batch_tokens=16,
+                             low_memory="off")
+    written: list[tuple[str, int]] = []
+    real = ablate.Outputs.write
+    monkeypatch.setattr(ablate.Outputs, "write", lambda self, i, t: written.append(
+        (self.prefix, i)) or real(self, i, t))
+    monkeypatch.setattr(heap, "map_large", lambda nbytes=1 << 20: True)
+    files = circuit_metrics(llama, graph, task, keeps, ablation=ablation, max_batch_tokens=16,
+                            low_memory="on")
+    senders = len(graph.senders)
+    chunks = len(task.chunks(16, llama.paired_batches))
+    assert chunks > 1
+    prefixes = {prefix for prefix, _ in written}
+    assert prefixes == {"difference", "mean" if ablation == "mean" else "reference"}
+    # every sender's difference in every pass (three circuits a chunk)
+    assert sum(p == "difference" for p, _ in written) == 3 * chunks * senders
+    assert {i for _, i in written} == set(range(senders))
+    np.testing.assert_array_equal(files[:, 0], memory[:, 0])  # every edge kept: untouched
+    np.testing.assert_allclose(files, memory, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(memory[:, 2], memory[:, 0])  # the half circuit changes the metric
+    with pytest.raises(WorkbenchError, match="low_memory must be auto, on or off, got 'yes'"):
+        circuit_metrics(llama, graph, task, keeps, low_memory="yes")  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import torch
 
 from workbench.core.errors import WorkbenchError
 from workbench.interventions.circuits import differences
-from workbench.interventions.circuits.differences import Differences, spilled
+from workbench.interventions.circuits.differences import Differences, Outputs, spilled
 
 
 def _filled(folder) -> tuple[Differences, dict[str, torch.Tensor]]:
@@ -63,6 +63,33 @@ def test_bad_uses_are_one_line_errors(tmp_path):
     (tmp_path / "0.f32").write_bytes(b"\0" * 12)  # cut short
     with pytest.raises(WorkbenchError, match="shorter than a's difference"):
         diff.positions(slice(0, 4), ["a"])
+
+
+def test_outputs_in_files_read_back_what_was_written_and_added(tmp_path):
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
+    out = Outputs(tmp_path, "ref", (2, 5, 3))
+    assert torch.equal(out.read(4), torch.zeros(2, 5, 3))  # never written: zeros
+    out.write(0, a)
+    out.add(1, a)
+    out.add(1, b)
+    kept = out.read(0).clone()
+    assert torch.equal(kept, a)
+    assert torch.equal(out.read(1), a + b)
+    assert out.read(0) is out.read(1)  # one buffer, overwritten by the next read
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref-0.f32", "ref-1.f32"]
+    assert out.path(1).stat().st_size == 4 * a.numel()
+
+
+def test_outputs_refuse_a_wrong_shape_and_a_file_of_another_size(tmp_path):
+    out = Outputs(tmp_path, "ref", (1, 4, 2))
+    with pytest.raises(WorkbenchError, match=r"sender 3: a tensor of shape \(1, 3, 2\) in a "
+                                             r"store of \(1, 4, 2\)"):
+        out.write(3, torch.zeros(1, 3, 2))
+    for size in (12, 36):  # cut short, and too long
+        out.path(0).write_bytes(b"\0" * size)
+        with pytest.raises(WorkbenchError, match=r"ref-0.f32: not one tensor of shape"):
+            out.read(0)
 
 
 def test_spilled_tensors_go_through_files_and_give_the_same_gradient(tmp_path, monkeypatch):

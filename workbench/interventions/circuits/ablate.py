@@ -11,11 +11,21 @@ its projection and the live first norm, an MLP through its live norm
 With every edge kept the pass is the clean run, untouched; with every edge ablated to the
 corrupted outputs each receiver reads its corrupted input, so the pass is the corrupted run
 (up to float round-off).
+
+A pass holds every sender's reference and its difference from it, ``[sender, batch, pos,
+d_model]`` each: on gemma3 91 senders of 640, 7.6 GB each at 32,768 tokens. With
+``low_memory`` on (:func:`workbench.interventions.circuits.attribution.is_low_memory`) both
+are files in a temporary folder, one per sender (:class:`Outputs`), written as each
+sender's hook fires and read back one sender at a time, so the process holds one
+sender's tensor and one receiver group's change to its input, and the files sit in the
+operating system's page cache where memory allows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +37,8 @@ from workbench.core import progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
+from workbench.interventions.circuits.attribution import LowMemory, check_low_memory, scratch_folder
+from workbench.interventions.circuits.differences import Outputs
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task
 from workbench.models.base import Model
@@ -55,8 +67,8 @@ def mean_outputs(model: Model, task: Task, max_batch_tokens: int = 512
 def circuit_metrics(model: Model, graph: Graph, task: Task,
                     keeps: Sequence[Bool[Tensor, "sender receiver"]], *,
                     ablation: Ablation = "corrupted", max_batch_tokens: int = 512,
-                    attention: AttentionPath = "auto", desc: str = "circuits"
-                    ) -> Float[np.ndarray, "prompt circuit"]:
+                    attention: AttentionPath = "auto", low_memory: LowMemory = "auto",
+                    desc: str = "circuits") -> Float[np.ndarray, "prompt circuit"]:
     """The metric of each prompt with every edge outside each circuit ablated.
 
     Args:
@@ -66,45 +78,118 @@ def circuit_metrics(model: Model, graph: Graph, task: Task,
         max_batch_tokens: tokens per pass.
         attention: ``blocked``, ``dense`` or ``auto`` (see
             :func:`workbench.interventions.circuits.flow.attention_run`).
+        low_memory: ``on``: the senders' references and differences are files (see the
+            module docstring); ``off``: in memory; ``auto``: files where a pass's
+            senders' differences reach
+            :data:`~workbench.interventions.circuits.attribution.LOW_MEMORY_BYTES`.
         desc: a progress label.
 
     Returns:
         ``[prompt, circuit]`` metrics (float64).
     """
     check_ablation(ablation)
-    with flow.attention_run(model, attention):
-        return _circuit_metrics(model, graph, task, keeps, ablation, max_batch_tokens, desc)
+    check_low_memory(low_memory)
+    with flow.attention_run(model, attention), _scratch(model, task, max_batch_tokens,
+                                                        low_memory) as folder:
+        return _circuit_metrics(model, graph, task, keeps, ablation, max_batch_tokens, desc,
+                                folder)
+
+
+@contextlib.contextmanager
+def _scratch(model: Model, task: Task, max_batch_tokens: int, low_memory: LowMemory
+             ) -> Iterator[Path | None]:
+    """One folder for every pass of a call where its largest pass keeps memory low."""
+    largest = max(task.chunks(max_batch_tokens, model.paired_batches),
+                  key=lambda rows: task.clean[rows].numel())
+    with scratch_folder(model, task.clean[largest], low_memory) as folder:
+        yield folder
 
 
 def _circuit_metrics(model: Model, graph: Graph, task: Task, keeps: Sequence[Tensor],
-                     ablation: Ablation, max_batch_tokens: int, desc: str) -> np.ndarray:
-    mean = mean_outputs(model, task, max_batch_tokens) if ablation == "mean" else None
+                     ablation: Ablation, max_batch_tokens: int, desc: str,
+                     folder: Path | None) -> np.ndarray:
     weights = flow.projections(model)
+    mean: Tensor | Outputs | None = None
+    if ablation == "mean":
+        mean = (mean_outputs(model, task, max_batch_tokens) if folder is None
+                else _mean_files(model, task, max_batch_tokens, weights, folder))
     out = np.full((task.n_prompts, len(keeps)), np.nan)
     chunks = task.chunks(max_batch_tokens, model.paired_batches)
     for rows in progress.track(chunks, desc=desc):
         ids = task.clean[rows]
-        if mean is None:
+        ref: Tensor | Outputs
+        if isinstance(mean, Tensor):
+            ref = mean[:, None].expand(-1, ids.shape[0], -1, -1)
+        elif mean is not None:
+            ref = mean
+        elif folder is None:
             ref = flow.sender_outputs(model, task.corrupted[rows], weights)
         else:
-            ref = mean[:, None].expand(-1, ids.shape[0], -1, -1)
+            ref = _output_files(model, task.corrupted[rows], weights, folder)
         for c, keep in enumerate(keeps):
             ablated = graph.edges & ~keep
-            with torch.no_grad(), model.bridge.hooks(
-                    fwd_hooks=_EdgeAblation(model, graph, ref, ablated, weights).fwd_hooks()):
+            with torch.no_grad(), model.bridge.hooks(fwd_hooks=_EdgeAblation(
+                    model, graph, ref, ablated, weights, folder).fwd_hooks()):
                 got = flow.metric_values(model, ids, task.metric, rows)
             out[rows, c] = got.double().numpy()
     return out
 
 
+def _by_sender(model: Model, weights: dict[str, Tensor], name: str, x: Tensor
+               ) -> Iterator[tuple[int, Tensor]]:
+    """The senders' indices and ``[batch, pos, d_model]`` outputs in a tensor that
+    :func:`flow.each_output` gives as ``name``: the embedding, a layer's ``z`` (its heads),
+    or its MLP's output."""
+    n, heads = model.info.n_layers, model.info.n_heads
+    if name == hooks.resid(0, n):
+        yield 0, x
+        return
+    for layer in range(n):
+        first = 1 + layer * (heads + 1)
+        if name == hooks.z(layer):
+            yield from enumerate(flow.head_outputs(x, weights, layer), start=first)
+            return
+        if name == hooks.mlp_out(layer):
+            yield first + heads, x
+            return
+    raise WorkbenchError(f"{name} is not a sender's hook")
+
+
+def _output_files(model: Model, ids: Tensor, weights: dict[str, Tensor], folder: Path
+                  ) -> Outputs:
+    """Every sender's output on ``ids``, written to ``folder`` as its hook fires."""
+    outputs = Outputs(folder, "reference", (*ids.shape, model.info.d_model))
+
+    def give(name: str, x: Tensor) -> None:
+        for index, tensor in _by_sender(model, weights, name, x):
+            outputs.write(index, tensor)
+    flow.each_output(model, ids, give)
+    return outputs
+
+
+def _mean_files(model: Model, task: Task, max_batch_tokens: int,
+                weights: dict[str, Tensor], folder: Path) -> Outputs:
+    """:func:`mean_outputs` written to ``folder``, ``[1, pos, d_model]`` a sender."""
+    mean = Outputs(folder, "mean", (1, task.clean.shape[1], model.info.d_model))
+
+    def give(name: str, x: Tensor) -> None:
+        for index, tensor in _by_sender(model, weights, name, x):
+            mean.add(index, tensor.sum(0, keepdim=True, dtype=torch.float32) / task.n_prompts)
+    for rows in task.chunks(max_batch_tokens, model.paired_batches):
+        flow.each_output(model, task.clean[rows], give)
+    return mean
+
+
 def edge_patching(model: Model, graph: Graph, task: Task, edges: Sequence[int], *,
                   ablation: Ablation = "corrupted", max_batch_tokens: int = 512,
-                  attention: AttentionPath = "auto") -> Float[np.ndarray, " edge"]:
+                  attention: AttentionPath = "auto", low_memory: LowMemory = "auto"
+                  ) -> Float[np.ndarray, " edge"]:
     """Exact edge patching, one run per edge: the clean metric minus the metric with that
     edge alone ablated, averaged over prompts (the quantity EAP approximates).
 
     Args:
         edges: indices into :meth:`Graph.edge_index`.
+        ablation, max_batch_tokens, attention, low_memory: as for :func:`circuit_metrics`.
     """
     s, r = graph.edge_index()
     keeps = [graph.edges.clone()]
@@ -114,20 +199,29 @@ def edge_patching(model: Model, graph: Graph, task: Task, edges: Sequence[int], 
         keeps.append(keep)
     got = circuit_metrics(model, graph, task, keeps, ablation=ablation,
                           max_batch_tokens=max_batch_tokens, attention=attention,
-                          desc="edge patching")
+                          low_memory=low_memory, desc="edge patching")
     return (got[:, :1] - got[:, 1:]).mean(0)
 
 
 class _EdgeAblation:
     """The hooks of one pass with ``ablated`` edges: they read each sender's output as the
     pass computes it and add ``sum (ref - out)`` over a receiver's ablated senders to the
-    receiver's input."""
+    receiver's input. ``ref`` is ``[sender, batch, pos, d_model]`` in memory, or files
+    (with ``folder``, where the differences are written too)."""
 
-    def __init__(self, model: Model, graph: Graph, ref: Tensor, ablated: Tensor,
-                 weights: dict[str, Tensor]) -> None:
+    def __init__(self, model: Model, graph: Graph, ref: Tensor | Outputs, ablated: Tensor,
+                 weights: dict[str, Tensor], folder: Path | None = None) -> None:
         self.model, self.graph, self.ref = model, graph, ref
-        self.ablated = ablated.to(ref.dtype)
-        self.diff = torch.empty_like(ref)  # ref - out of each sender run so far
+        self.diff: Tensor | Outputs  # ref - out of each sender run so far
+        if isinstance(ref, Tensor):
+            self.ablated = ablated.to(ref.dtype)
+            self.diff = torch.empty_like(ref)
+        else:
+            if folder is None:
+                raise WorkbenchError("references in files need a folder for the differences")
+            self.ablated = ablated.to(torch.float32)
+            self.diff = Outputs(folder, "difference", (0,))  # shaped by the embedding
+        self.dtype: torch.dtype | None = None  # the pass's, from the embedding
         self.seen = 0
         self.inputs: dict[str, Tensor] = {}
         self.weights = weights
@@ -152,12 +246,19 @@ class _EdgeAblation:
     def record(self, outs: Tensor) -> None:
         """``[sender, batch, pos, d_model]`` outputs of the next senders, in order."""
         n = outs.shape[0]
-        torch.sub(self.ref[self.seen: self.seen + n], outs,
-                  out=self.diff[self.seen: self.seen + n])
+        if isinstance(self.diff, Tensor):
+            torch.sub(self.ref[self.seen: self.seen + n], outs,
+                      out=self.diff[self.seen: self.seen + n])
+        else:
+            assert isinstance(self.ref, Outputs)
+            for k in range(n):
+                self.diff.write(self.seen + k, self.ref.read(self.seen + k) - outs[k])
         self.seen += n
 
     def embed(self, x: Tensor, hook: Any) -> None:
-        self.seen = 0  # a new pass
+        self.seen, self.dtype = 0, x.dtype  # a new pass
+        if isinstance(self.diff, Outputs):
+            self.diff = Outputs(self.diff.folder, self.diff.prefix, tuple(x.shape))
         self.record(x[None])
 
     def keep(self, name: str):
@@ -192,7 +293,14 @@ class _EdgeAblation:
         seen = self.seen
         if bool(cols[seen:].any()):
             raise WorkbenchError("an ablated edge's sender had not run before its receiver")
-        return torch.einsum("sr,sbtd->rbtd", cols[:seen], self.diff[:seen])
+        if isinstance(self.diff, Tensor):
+            return torch.einsum("sr,sbtd->rbtd", cols[:seen], self.diff[:seen])
+        out = torch.zeros(len(receivers), *self.diff.shape)
+        for s in cols[:seen].any(1).nonzero().flatten().tolist():
+            diff = self.diff.read(s)  # one sender's at a time, into each receiver it feeds
+            for r in cols[s].nonzero().flatten().tolist():
+                out[r].add_(diff, alpha=float(cols[s, r]))
+        return out.to(self.dtype)
 
     def project(self, layer: int, which: str):
         first, receivers = flow.layer_receivers(self.graph, layer)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -56,7 +56,6 @@ from torch import Tensor
 from workbench.core import heap, progress
 from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
-from workbench.inputs.batching import Batch
 from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.differences import Differences, spilled
 from workbench.interventions.circuits.graph import Graph
@@ -124,8 +123,7 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
     """
     if method not in ("eap", "eap-ig"):
         raise WorkbenchError(f"method must be eap or eap-ig, got {method!r}")
-    if low_memory not in ("auto", "on", "off"):
-        raise WorkbenchError(f"low_memory must be auto, on or off, got {low_memory!r}")
+    check_low_memory(low_memory)
     check_steps(steps)
     m = 1 if method == "eap" else steps
     total = torch.zeros(graph.edges.shape, dtype=torch.float64)
@@ -133,7 +131,7 @@ def edge_scores(model: Model, graph: Graph, task: Task, *, method: Method = "eap
     weights = flow.projections(model)
     with flow.attention_run(model, attention):
         for rows in progress.track(chunks, desc=f"{method} scores"):
-            with _folder(model, task.clean[rows], low_memory) as folder:
+            with scratch_folder(model, task.clean[rows], low_memory) as folder:
                 total += _chunk_scores(model, graph, task, rows, method, m, weights, folder)
     total /= m * task.n_prompts
     total[~graph.edges] = 0
@@ -148,6 +146,12 @@ def difference_bytes(model: Model, tokens: int) -> int:
     return 4 * per_token * tokens
 
 
+def check_low_memory(low_memory: str) -> None:
+    """Raises WorkbenchError: a ``low_memory`` other than ``auto``, ``on`` or ``off``."""
+    if low_memory not in ("auto", "on", "off"):
+        raise WorkbenchError(f"low_memory must be auto, on or off, got {low_memory!r}")
+
+
 def is_low_memory(model: Model, tokens: int, low_memory: LowMemory) -> bool:
     """Whether a pass over ``tokens`` keeps its memory low under ``low_memory``."""
     return low_memory == "on" or (low_memory == "auto"
@@ -155,7 +159,7 @@ def is_low_memory(model: Model, tokens: int, low_memory: LowMemory) -> bool:
 
 
 @contextlib.contextmanager
-def _folder(model: Model, ids: Tensor, low_memory: LowMemory) -> Iterator[Path | None]:
+def scratch_folder(model: Model, ids: Tensor, low_memory: LowMemory) -> Iterator[Path | None]:
     """A temporary folder for a pass's differences where memory is to be kept low (and
     large allocations mapped alone from then on), else ``None``."""
     if not is_low_memory(model, ids.numel(), low_memory):
@@ -205,46 +209,9 @@ def sender_differences(model: Model, clean_ids: Tensor, corrupted_ids: Tensor, *
     """
     diff = Differences(folder)
     starts: list[Tensor] = []
-    _each_output(model, clean_ids, diff.put, None)
-    _each_output(model, corrupted_ids, diff.subtract, starts if keep_start else None)
+    flow.each_output(model, clean_ids, diff.put)
+    flow.each_output(model, corrupted_ids, diff.subtract, starts if keep_start else None)
     return diff, (starts[0] if starts else None)
-
-
-def _each_output(model: Model, ids: Tensor, give: Callable[[str, Tensor], None],
-                 starts: list[Tensor] | None) -> None:
-    """Run ``ids`` and ``give`` each sender's output as its hook fires (a normed layer's
-    ``z`` once its scale has, divided by it), stopping once all have; the embedding is
-    also copied to ``starts``."""
-    layer_of_scale = {name: layer for layer, name in flow.scale_names(model).items()}
-    scaled_z = {hooks.z(layer): layer for layer in layer_of_scale.values()}
-    embed = flow.sender_names(model)[0]
-    names = flow.capture_names(model)
-    pending: dict[int, Tensor] = {}  # a normed layer's z, until its scale fires
-    done: set[str] = set()
-
-    def handle(name: str):
-        def hook(x: Tensor, hook: Any) -> None:
-            if name in done:  # it would be counted twice
-                raise WorkbenchError(f"{model.info.name}: {name} fired twice in one pass")
-            if name == embed and starts is not None:
-                starts.append(x.detach().clone())
-            if name in scaled_z:
-                pending[scaled_z[name]] = x.detach().clone()
-            elif name in layer_of_scale:
-                layer = layer_of_scale[name]
-                give(hooks.z(layer), pending.pop(layer).div_(x[..., None]))
-            else:
-                give(name, x.detach())
-            done.add(name)
-            if len(done) == len(names):  # the later blocks and the unembedding never run
-                hooks.stop_pass()
-        return hook
-
-    with torch.no_grad():
-        hooks.run_hooked(model.bridge, Batch.of(ids), [(name, handle(name)) for name in names])
-    if len(done) != len(names):
-        missing = [name for name in names if name not in done]
-        raise WorkbenchError(f"{model.info.name}: {', '.join(missing)} never fired")
 
 
 CONTRACT_BYTES = 1 << 26

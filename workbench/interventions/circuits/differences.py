@@ -122,6 +122,53 @@ class Differences:
         return name
 
 
+class Outputs:
+    """One float32 tensor of ``shape`` per sender, by its index in the graph's order, each
+    one file of raw float32 in ``folder`` (an edge-ablation pass's references and its
+    differences from them at long context, :mod:`workbench.interventions.circuits.ablate`).
+    A tensor not yet written reads as zeros.
+
+    Args:
+        folder: the caller's folder, which must exist.
+        prefix: the files' names begin with it (two stores can share a folder).
+        shape: every tensor's shape.
+    """
+
+    def __init__(self, folder: Path, prefix: str, shape: tuple[int, ...]) -> None:
+        self.folder, self.prefix, self.shape = folder, prefix, tuple(shape)
+        self._buffer: Tensor | None = None
+
+    def path(self, index: int) -> Path:
+        """Where sender ``index``'s tensor is written."""
+        return self.folder / f"{self.prefix}-{index}.f32"
+
+    def write(self, index: int, tensor: Tensor) -> None:
+        """Sender ``index``'s tensor is ``tensor`` (of :attr:`shape`, as float32)."""
+        if tuple(tensor.shape) != self.shape:
+            raise WorkbenchError(f"sender {index}: a tensor of shape {tuple(tensor.shape)} "
+                                 f"in a store of {self.shape}")
+        tensor.detach().to(torch.float32).contiguous().numpy().tofile(self.path(index))
+
+    def add(self, index: int, tensor: Tensor) -> None:
+        """Add ``tensor`` to sender ``index``'s (zeros where none is written yet)."""
+        self.write(index, self.read(index).clone().add_(tensor))
+
+    def read(self, index: int) -> Tensor:
+        """Sender ``index``'s tensor, read into one buffer that the next read overwrites
+        (copy it to keep it)."""
+        if self._buffer is None:
+            self._buffer = torch.empty(self.shape, dtype=torch.float32)
+        path = self.path(index)
+        if not path.exists():
+            return self._buffer.zero_()
+        view = memoryview(self._buffer.numpy()).cast("B")
+        with path.open("rb") as f:
+            if f.readinto(view) != view.nbytes or f.read(1):
+                raise WorkbenchError(f"{path}: not one tensor of shape {self.shape} in "
+                                     f"float32")
+        return self._buffer
+
+
 SPILL_BYTES = 1 << 24
 """The smallest tensor :func:`spilled` writes to its folder (16 MiB)."""
 

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from workbench.core.options import AttentionPath
 from workbench.interventions.circuits.ablate import Ablation, check_ablation, circuit_metrics
-from workbench.interventions.circuits.attribution import EdgeScores
+from workbench.interventions.circuits.attribution import EdgeScores, LowMemory
 from workbench.interventions.circuits.graph import Graph
 from workbench.interventions.circuits.task import Task, check_fractions
 from workbench.models.base import Model
@@ -99,7 +99,8 @@ def faithfulness(values: Float[np.ndarray, "prompt size"], full: Float[np.ndarra
 def faithfulness_curve(model: Model, graph: Graph, task: Task, scores: EdgeScores, *,
                        fractions: Sequence[float] = MIB_FRACTIONS,
                        ablation: Ablation = "corrupted", n_boot: int = 1000, seed: int = 0,
-                       max_batch_tokens: int = 512, attention: AttentionPath = "auto") -> Curve:
+                       max_batch_tokens: int = 512, attention: AttentionPath = "auto",
+                       low_memory: LowMemory = "auto") -> Curve:
     """Evaluate the top-``|score|`` circuit at each size.
 
     Args:
@@ -110,6 +111,7 @@ def faithfulness_curve(model: Model, graph: Graph, task: Task, scores: EdgeScore
         n_boot, seed: the bootstrap over prompts.
         max_batch_tokens: tokens per pass.
         attention: ``blocked``, ``dense`` or ``auto``.
+        low_memory: as for :func:`~workbench.interventions.circuits.ablate.circuit_metrics`.
 
     Raises:
         WorkbenchError: a size outside ``(0, 1]`` or an unknown ablation.
@@ -122,7 +124,7 @@ def faithfulness_curve(model: Model, graph: Graph, task: Task, scores: EdgeScore
     keeps += [top_edges(scores, n) for n in sizes]
     got = circuit_metrics(model, graph, task, keeps, ablation=ablation,
                           max_batch_tokens=max_batch_tokens, attention=attention,
-                          desc="faithfulness")
+                          low_memory=low_memory, desc="faithfulness")
     full, empty, values = got[:, 0], got[:, 1], got[:, 2:]
     low, high = bootstrap_ratio_ci(values - empty[:, None], full - empty, n_boot=n_boot,
                                    seed=seed)

@@ -23,7 +23,7 @@ see the true norm.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from workbench.core import heap
+from workbench.core.errors import WorkbenchError
 from workbench.core.options import AttentionPath
 from workbench.inputs.batching import Batch
 from workbench.interventions.circuits.graph import Graph, Receiver
@@ -176,6 +177,43 @@ def sender_outputs(model: Model, ids: Tensor, weights: dict[str, Tensor] | None 
     with torch.no_grad():
         kept = divide_scales(model, hooks.capture(model, Batch.of(ids), capture_names(model)))
     return stack_outputs(model, kept, projections(model) if weights is None else weights)
+
+
+def each_output(model: Model, ids: Tensor, give: Callable[[str, Tensor], None],
+                 starts: list[Tensor] | None = None) -> None:
+    """Run ``ids`` and ``give`` each sender's output as its hook fires (a normed layer's
+    ``z`` once its scale has, divided by it), stopping once all have; the embedding is
+    also copied to ``starts``."""
+    layer_of_scale = {name: layer for layer, name in scale_names(model).items()}
+    scaled_z = {hooks.z(layer): layer for layer in layer_of_scale.values()}
+    embed = sender_names(model)[0]
+    names = capture_names(model)
+    pending: dict[int, Tensor] = {}  # a normed layer's z, until its scale fires
+    done: set[str] = set()
+
+    def handle(name: str):
+        def hook(x: Tensor, hook: Any) -> None:
+            if name in done:  # it would be counted twice
+                raise WorkbenchError(f"{model.info.name}: {name} fired twice in one pass")
+            if name == embed and starts is not None:
+                starts.append(x.detach().clone())
+            if name in scaled_z:
+                pending[scaled_z[name]] = x.detach().clone()
+            elif name in layer_of_scale:
+                layer = layer_of_scale[name]
+                give(hooks.z(layer), pending.pop(layer).div_(x[..., None]))
+            else:
+                give(name, x.detach())
+            done.add(name)
+            if len(done) == len(names):  # the later blocks and the unembedding never run
+                hooks.stop_pass()
+        return hook
+
+    with torch.no_grad():
+        hooks.run_hooked(model.bridge, Batch.of(ids), [(name, handle(name)) for name in names])
+    if len(done) != len(names):
+        missing = [name for name in names if name not in done]
+        raise WorkbenchError(f"{model.info.name}: {', '.join(missing)} never fired")
 
 
 def layer_receivers(graph: Graph, layer: int) -> tuple[int, list[Receiver]]:
