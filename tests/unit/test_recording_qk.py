@@ -353,6 +353,40 @@ def test_first_key_mass_and_the_pooled_view_equal_the_dense_recording(both):
                 dense.pooled(0, 1, 1, window=window, max_cells=4, how=how).grid, atol=1e-6)
 
 
+def test_the_first_key_column_is_stored_and_old_recordings_compute_it(both, tmp_path):
+    """Each row's weight on the first key is stored beside the log-sum-exps (the sink
+    scores without reading the queries): the tiles' first column. A recording made before
+    it was stored has none and computes the same sink scores from its queries."""
+    import shutil
+
+    _, dense, qk = both
+    assert qk.index.qk.first
+    for prompt in range(len(TEXTS)):
+        n = qk.length(prompt)
+        for layer in range(qk.n_layers):
+            stored = qk.array(zarr_store.array_name("first", layer))[prompt, :, :n]
+            np.testing.assert_allclose(stored, dense.pattern(prompt, layer)[..., 0], atol=1e-6)
+            np.testing.assert_allclose(stored, np.stack([qk.tile(prompt, layer, h)[:, 0]
+                                                         for h in range(qk.n_heads)]),
+                                       atol=1e-6)
+    folder = tmp_path / "old"
+    shutil.copytree(qk.root, folder)
+    index = json.loads((folder / "index.json").read_text())
+    index["qk"].pop("first")
+    group = folder / zarr_store.GROUP
+    shutil.rmtree(group / "first")
+    index["files"] = {name: entry for name, entry in index["files"].items()
+                      if not name.startswith(f"{zarr_store.GROUP}/first/")}
+    (folder / "index.json").write_text(json.dumps(index))
+    old = Recording.open(folder)
+    assert not old.index.qk.first and "first/L000" not in old.array_names()
+    old.verify()  # every listed chunk there and whole
+    for prompt in range(len(TEXTS)):
+        for layer in range(qk.n_layers):
+            np.testing.assert_allclose(old.first_key_mass(prompt, layer),
+                                       qk.first_key_mass(prompt, layer), atol=1e-6)
+
+
 def test_a_dense_view_past_its_budget_is_one_line(both, monkeypatch):
     from workbench.recording import reader
 

@@ -77,6 +77,10 @@ class QKFacts(Record):
     """The dtype the queries and keys are stored in (the model's compute dtype unless a
     lower one was asked for; recordings made before it was stored hold float32); the row
     log-sum-exps are always float32."""
+    first: bool = False
+    """Whether each row's weight on the first key is stored too (``first``, float32, from
+    the pass's own queries and keys): a prompt's sink scores read without its queries.
+    Recordings made before it was stored have none, and compute it from the queries."""
 
 
 class RecordingIndex(Record):

@@ -192,7 +192,8 @@ class Recording:
             stored += ("float32",)  # widened if it would overflow
         return [("q", (p, h, t, facts.d_head), stored),
                 ("k", (p, facts.kv_heads, t, facts.d_head), stored),
-                ("lse", (p, h, t), ("float32",))]
+                ("lse", (p, h, t), ("float32",)),
+                *([("first", (p, h, t), ("float32",))] if facts.first else [])]
 
     def array_names(self) -> list[str]:
         """The arrays of the recording's Zarr group, as its index implies them
@@ -422,6 +423,10 @@ class Recording:
             return np.zeros(self.n_heads, dtype=np.float32)
         if self.patterns == "topk":  # the exact channel holds the first key's weight
             first = self.pattern_sparse(prompt, layer, queries=(1, n)).first
+        elif self.patterns == "qk" and self.index.qk is not None and self.index.qk.first:
+            self._query_range(prompt, layer, None, None)  # the stored column, not the queries
+            first = self._read(zarr_store.array_name("first", layer),
+                               (prompt, slice(None), slice(1, n)))
         elif self.patterns == "qk":  # one column a head, not the [head, T, T] pattern
             if (prompt, layer) not in self._first_mass:
                 qk = self.qk_layer(prompt, layer)

@@ -127,6 +127,7 @@ class _Writer:
                 self._add("k", layer, (p, shape["kv_heads"], t, shape["d_head"]),
                           STORED_AS[qk_dtype])
                 self._add("lse", layer, (p, h, t), "float32")
+                self._add("first", layer, (p, h, t), "float32")
         if include_resid:
             for b in range(shape["layers"] + 1):
                 self._add("resid", b, (p, t, d), store_dtype)
@@ -250,6 +251,9 @@ class _Writer:
                 layer.lse[:, block.q0:stop] = layer.score_at(rows, at + block.k0) - best.log()
             if stop == n:
                 self._write_tokens("lse", block.layer, index, layer.lse.numpy())
+                first = layer.scores(slice(None), slice(0, n), slice(0, 1))[..., 0]
+                self._write_tokens("first", block.layer, index,
+                                   first.sub_(layer.lse).exp_().numpy())
 
     def _write_tokens(self, kind: str, layer: int, index: int, values: np.ndarray) -> None:
         """Write one prompt's ``[head, pos, ...]`` values, padded to the longest prompt."""
@@ -399,7 +403,7 @@ def _qk_facts(model: Model, writer: _Writer) -> dict[str, Any]:
     return QKFacts.from_data({
         "kv_heads": info.n_kv_heads, "d_head": info.d_head, "causal": bool(info.causal),
         "scale": writer.facts["scale"], "softcap": writer.facts["softcap"],
-        "window": [m.window for m in writer.masks], "dtype": writer.qk_dtype,
+        "window": [m.window for m in writer.masks], "dtype": writer.qk_dtype, "first": True,
         "alibi": writer.facts["alibi"] if any(writer.facts["alibi"]) else None},
         what="the qk facts").to_data()
 

@@ -60,6 +60,7 @@ DIMS = {
     "q": ("prompt", "head_index", "query_pos", "d_head"),
     "k": ("prompt", "kv_head", "key_pos", "d_head"),
     "lse": ("prompt", "head_index", "query_pos"),
+    "first": ("prompt", "head_index", "query_pos"),
 }
 
 
@@ -85,7 +86,7 @@ def create(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...],
     """
     if kind == "resid":
         chunks = (1, min(shape[1], RESID_BLOCK), shape[2])
-    elif kind == "lse":
+    elif kind in ("lse", "first"):
         chunks = (1, shape[1], min(shape[2], QUERY_BLOCK))
     else:
         chunks = (1, shape[1], min(shape[2], QUERY_BLOCK), shape[3])
