@@ -227,6 +227,7 @@ class _EdgeAblation:
         self.weights = weights
         self.scales = flow.scale_names(model)
         self.z: Tensor | None = None  # a normed layer's z, until its norm's scale is seen
+        self._shared: tuple[int, Tensor | None] | None = None  # see shared()
 
     def fwd_hooks(self) -> list[tuple[str, Any]]:
         n = self.model.info.n_layers
@@ -256,7 +257,7 @@ class _EdgeAblation:
         self.seen += n
 
     def embed(self, x: Tensor, hook: Any) -> None:
-        self.seen, self.dtype = 0, x.dtype  # a new pass
+        self.seen, self.dtype, self._shared = 0, x.dtype, None  # a new pass
         if isinstance(self.diff, Outputs):
             self.diff = Outputs(self.diff.folder, self.diff.prefix, tuple(x.shape))
         self.record(x[None])
@@ -302,14 +303,29 @@ class _EdgeAblation:
                 out[r].add_(diff, alpha=float(cols[s, r]))
         return out.to(self.dtype)
 
+    def shared(self, group: list[int], index: list[int]) -> Tensor | None:
+        """:meth:`change` of ``index`` from one reading of the senders' files for every
+        receiver of ``group`` (a layer's queries, keys and values: the same senders feed
+        them), kept for the group's other hooks in this pass."""
+        if not bool(self.ablated[:, index].any()):
+            return None
+        if self._shared is None or self._shared[0] != group[0]:
+            self._shared = None  # the last group's, let go before this one is made
+            self._shared = (group[0], self.change(group))
+        whole = self._shared[1]
+        assert whole is not None
+        return whole[[group.index(i) for i in index]]
+
     def project(self, layer: int, which: str):
         first, receivers = flow.layer_receivers(self.graph, layer)
         index = [first + i for i, r in enumerate(receivers) if r.kind == which]
+        heads = [first + i for i, r in enumerate(receivers) if r.kind in ("q", "k", "v")]
         weights = self.weights[which][layer]
         norm, name = flow.norm_module(self.model, layer), flow.ln_in(layer, "ln1")
 
         def hook(x: Tensor, hook: Any) -> Tensor:
-            added = self.change(index)
+            added = (self.change(index) if isinstance(self.diff, Tensor)
+                     else self.shared(heads, index))
             if added is None:
                 return x
             inp = self.inputs[name]
@@ -323,6 +339,7 @@ class _EdgeAblation:
         name, norm = flow.mlp_norm(self.model, layer)
 
         def hook(x: Tensor, hook: Any) -> Tensor:
+            self._shared = None  # the layer's queries, keys and values have had theirs
             added = self.change(index)
             if added is None:
                 return x
