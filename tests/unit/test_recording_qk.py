@@ -222,6 +222,8 @@ def test_a_bfloat16_model_stores_its_own_values_by_default(llama_hf, tokenizer, 
     own = record(model, prompts, tmp_path / "own", patterns="qk", include_resid=False)
     wide = record(model, prompts, tmp_path / "wide", patterns="qk", include_resid=False,
                   qk_dtype="float32")
+    dense = record(model, prompts, tmp_path / "dense", patterns="dense",
+                   store_dtype="float32", include_resid=False)
     assert (own.index.qk.dtype, wide.index.qk.dtype) == ("bfloat16", "float32")
     for name in own.array_names():
         if name.startswith(("q/", "k/")):
@@ -232,6 +234,12 @@ def test_a_bfloat16_model_stores_its_own_values_by_default(llama_hf, tokenizer, 
             assert torch.equal(mine.queries, theirs.queries)
             assert torch.equal(mine.keys, theirs.keys)
             assert torch.equal(mine.lse, theirs.lse)
+            # the stored column sums are the pass's own weights' (float32 from a softmax
+            # over bfloat16 scores): the dense recording's, not a float32 recomputation's
+            want = dense.pattern(prompt, layer).sum(1)
+            np.testing.assert_allclose(np.stack([own.received(prompt, layer, head) for head
+                                                 in range(own.n_heads)]), want, rtol=1e-5,
+                                       atol=1e-6)
 
 
 def _edited(rec: Recording, folder, edit) -> Recording:
@@ -353,38 +361,53 @@ def test_first_key_mass_and_the_pooled_view_equal_the_dense_recording(both):
                 dense.pooled(0, 1, 1, window=window, max_cells=4, how=how).grid, atol=1e-6)
 
 
-def test_the_first_key_column_is_stored_and_old_recordings_compute_it(both, tmp_path):
-    """Each row's weight on the first key is stored beside the log-sum-exps (the sink
-    scores without reading the queries): the tiles' first column. A recording made before
-    it was stored has none and computes the same sink scores from its queries."""
+def test_first_key_and_received_columns_are_stored_and_old_recordings_compute_them(
+        both, tmp_path):
+    """Each row's weight on the first key and each key's received attention are stored
+    beside the log-sum-exps (a page's sink scores and strip without reading the queries
+    and keys): the tiles' first column and column sums, and the dense pattern's. A
+    recording made before they were stored has neither and computes the same from its
+    queries and keys."""
     import shutil
 
     _, dense, qk = both
-    assert qk.index.qk.first
+    assert qk.index.qk.first and qk.index.qk.received
     for prompt in range(len(TEXTS)):
         n = qk.length(prompt)
         for layer in range(qk.n_layers):
-            stored = qk.array(zarr_store.array_name("first", layer))[prompt, :, :n]
-            np.testing.assert_allclose(stored, dense.pattern(prompt, layer)[..., 0], atol=1e-6)
-            np.testing.assert_allclose(stored, np.stack([qk.tile(prompt, layer, h)[:, 0]
-                                                         for h in range(qk.n_heads)]),
-                                       atol=1e-6)
+            want = dense.pattern(prompt, layer)
+            tiles = np.stack([qk.tile(prompt, layer, h) for h in range(qk.n_heads)])
+            first = qk.array(zarr_store.array_name("first", layer))[prompt, :, :n]
+            np.testing.assert_allclose(first, want[..., 0], atol=1e-6)
+            np.testing.assert_allclose(first, tiles[..., 0], atol=1e-6)
+            received = qk.array(zarr_store.array_name("received", layer))[prompt, :, :n]
+            np.testing.assert_allclose(received, want.sum(1), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(received, tiles.sum(1), rtol=1e-5, atol=1e-6)
+            for head in range(qk.n_heads):
+                np.testing.assert_array_equal(qk.received(prompt, layer, head),
+                                              received[head])
     folder = tmp_path / "old"
     shutil.copytree(qk.root, folder)
     index = json.loads((folder / "index.json").read_text())
-    index["qk"].pop("first")
     group = folder / zarr_store.GROUP
-    shutil.rmtree(group / "first")
-    index["files"] = {name: entry for name, entry in index["files"].items()
-                      if not name.startswith(f"{zarr_store.GROUP}/first/")}
+    for kind in ("first", "received"):
+        index["qk"].pop(kind)
+        shutil.rmtree(group / kind)
+        index["files"] = {name: entry for name, entry in index["files"].items()
+                          if not name.startswith(f"{zarr_store.GROUP}/{kind}/")}
     (folder / "index.json").write_text(json.dumps(index))
     old = Recording.open(folder)
-    assert not old.index.qk.first and "first/L000" not in old.array_names()
+    assert not old.index.qk.first and not old.index.qk.received
+    assert not {"first/L000", "received/L000"} & set(old.array_names())
     old.verify()  # every listed chunk there and whole
     for prompt in range(len(TEXTS)):
         for layer in range(qk.n_layers):
             np.testing.assert_allclose(old.first_key_mass(prompt, layer),
                                        qk.first_key_mass(prompt, layer), atol=1e-6)
+            for head in range(qk.n_heads):
+                np.testing.assert_allclose(old.received(prompt, layer, head),
+                                           qk.received(prompt, layer, head),
+                                           rtol=1e-5, atol=1e-6)
 
 
 def test_a_dense_view_past_its_budget_is_one_line(both, monkeypatch):

@@ -81,6 +81,10 @@ class QKFacts(Record):
     """Whether each row's weight on the first key is stored too (``first``, float32, from
     the pass's own queries and keys): a prompt's sink scores read without its queries.
     Recordings made before it was stored have none, and compute it from the queries."""
+    received: bool = False
+    """Whether the attention each key receives is stored too (``received``, float32: the
+    column sums of the pass's own weights): a page's received-attention strip read without
+    the queries and keys. Recordings made before it was stored compute it from them."""
 
 
 class RecordingIndex(Record):

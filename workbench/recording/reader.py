@@ -193,7 +193,8 @@ class Recording:
         return [("q", (p, h, t, facts.d_head), stored),
                 ("k", (p, facts.kv_heads, t, facts.d_head), stored),
                 ("lse", (p, h, t), ("float32",)),
-                *([("first", (p, h, t), ("float32",))] if facts.first else [])]
+                *([("first", (p, h, t), ("float32",))] if facts.first else []),
+                *([("received", (p, h, t), ("float32",))] if facts.received else [])]
 
     def array_names(self) -> list[str]:
         """The arrays of the recording's Zarr group, as its index implies them
@@ -384,9 +385,13 @@ class Recording:
     def received(self, prompt: int, layer: int, head: int) -> Float[np.ndarray, " key"]:
         """The attention each key of the prompt receives from every query (the pattern's
         column sums), one block of rows at a time: exact from a ``qk`` or a dense
-        recording; from a ``topk`` one, the kept weights and exact channels only (a lower
-        bound: the left-out mass is at no key)."""
+        recording (a ``qk`` one stores it, from the pass's own weights; one made before it
+        was stored computes it from its queries and keys); from a ``topk`` one, the kept
+        weights and exact channels only (a lower bound: the left-out mass is at no key)."""
         self._query_range(prompt, layer, head, None)
+        if self.patterns == "qk" and self.index.qk is not None and self.index.qk.received:
+            return self._read(zarr_store.array_name("received", layer),
+                              (prompt, head, slice(0, self.length(prompt))))
         if self.patterns == "qk":  # a page redraws it with every change of pooling
             if (prompt, layer, head) not in self._received:
                 if len(self._received) >= QK_LAYERS_KEPT * self.n_heads:  # the oldest goes

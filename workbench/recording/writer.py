@@ -128,6 +128,7 @@ class _Writer:
                           STORED_AS[qk_dtype])
                 self._add("lse", layer, (p, h, t), "float32")
                 self._add("first", layer, (p, h, t), "float32")
+                self._add("received", layer, (p, h, t), "float32")
         if include_resid:
             for b in range(shape["layers"] + 1):
                 self._add("resid", b, (p, t, d), store_dtype)
@@ -135,6 +136,7 @@ class _Writer:
         self._pending: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
         self.masks: list[Mask] = []
         self._layer_qk: dict[int, QKLayer] = {}
+        self._received: dict[int, torch.Tensor] = {}  # each key's received attention, summed
         self.facts: dict[str, list[Any]] = {"scale": [None] * shape["layers"],
                                             "softcap": [None] * shape["layers"],
                                             "alibi": [None] * shape["layers"]}
@@ -221,12 +223,13 @@ class _Writer:
         for key, value in zip(("scale", "softcap", "alibi"), layer_facts, strict=True):
             self.facts[key][inputs.layer] = value
         mask = self.masks[inputs.layer]
-        self._layer_qk = {}
+        self._layer_qk, self._received = {}, {}
         for row, (index, n) in self._rows():
             _check_mask(inputs, mask, row, n)
             q, k = inputs.queries[row, :, :n], inputs.keys[row, :, :n]
             self._layer_qk[row] = QKLayer(q.float(), k.float(), torch.empty(q.shape[:2]),
                                           inputs.scale, inputs.softcap, mask, inputs.slopes)
+            self._received[row] = torch.zeros(q.shape[:2], dtype=torch.float64)
             self._write_tokens("q", inputs.layer, index, _storable(q, self.qk_dtype))
             self._write_tokens("k", inputs.layer, index, _storable(k, self.qk_dtype))
 
@@ -234,23 +237,32 @@ class _Writer:
         """Each real row's log-sum-exp from the pass's own weights: at the row's largest
         weight ``w`` on key ``j``, ``lse = s_ij - log w`` with ``s_ij`` the score of the
         stored query and key (one dot product a row, where computing the sum anew would
-        take the pass's whole ``T x T`` work again); a prompt's row is written when its
-        last block is in."""
+        take the pass's whole ``T x T`` work again), and the attention each key receives,
+        the column sums of the same weights (where they are not float32, of ``exp(s -
+        lse)`` over the scores computed for the log-sum-exp); a prompt's rows and columns
+        are written when its last block is in."""
         for row, (index, n) in self._rows():
             stop = min(block.q1, n)
             if block.q0 >= stop:
                 continue
             layer = self._layer_qk[row]
             weights = block.weights[row, :, : stop - block.q0, : min(block.k1, n) - block.k0]
+            received = self._received[row]
             if weights.dtype != torch.float32:  # a weight's log would be as coarse as it
-                layer.lse[:, block.q0:stop] = torch.logsumexp(
-                    layer.scores(slice(None), slice(block.q0, stop)), -1)
+                scores = layer.scores(slice(None), slice(block.q0, stop))
+                lse = torch.logsumexp(scores, -1)
+                layer.lse[:, block.q0:stop] = lse
+                received += scores.sub_(lse[..., None]).exp_().sum(1, dtype=torch.float64)
             else:
                 best, at = weights.max(-1)  # [head, rows]
                 rows = torch.arange(block.q0, stop)
                 layer.lse[:, block.q0:stop] = layer.score_at(rows, at + block.k0) - best.log()
+                received[:, block.k0: block.k0 + weights.shape[-1]] += weights.sum(
+                    1, dtype=torch.float64)
             if stop == n:
                 self._write_tokens("lse", block.layer, index, layer.lse.numpy())
+                self._write_tokens("received", block.layer, index,
+                                   received.to(torch.float32).numpy())
                 first = layer.scores(slice(None), slice(0, n), slice(0, 1))[..., 0]
                 self._write_tokens("first", block.layer, index,
                                    first.sub_(layer.lse).exp_().numpy())
@@ -404,6 +416,7 @@ def _qk_facts(model: Model, writer: _Writer) -> dict[str, Any]:
         "kv_heads": info.n_kv_heads, "d_head": info.d_head, "causal": bool(info.causal),
         "scale": writer.facts["scale"], "softcap": writer.facts["softcap"],
         "window": [m.window for m in writer.masks], "dtype": writer.qk_dtype, "first": True,
+        "received": True,
         "alibi": writer.facts["alibi"] if any(writer.facts["alibi"]) else None},
         what="the qk facts").to_data()
 

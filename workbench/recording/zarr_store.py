@@ -61,6 +61,7 @@ DIMS = {
     "k": ("prompt", "kv_head", "key_pos", "d_head"),
     "lse": ("prompt", "head_index", "query_pos"),
     "first": ("prompt", "head_index", "query_pos"),
+    "received": ("prompt", "head_index", "key_pos"),
 }
 
 
@@ -86,7 +87,7 @@ def create(group: zarr.Group, kind: str, layer: int, shape: tuple[int, ...],
     """
     if kind == "resid":
         chunks = (1, min(shape[1], RESID_BLOCK), shape[2])
-    elif kind in ("lse", "first"):
+    elif kind in ("lse", "first", "received"):
         chunks = (1, shape[1], min(shape[2], QUERY_BLOCK))
     else:
         chunks = (1, shape[1], min(shape[2], QUERY_BLOCK), shape[3])
