@@ -274,13 +274,16 @@ def part_tiles(args: argparse.Namespace) -> dict:
         layer = rec.n_layers // 2
         return {**made, **_tile_times(rec, layer),
                 "received_s": _median_s(lambda: rec.received(0, layer, 0), 1),
+                "received_computed_s": _median_s(
+                    lambda: rec.qk_layer(0, layer).received(0), 1),
                 "row_stats_s": _median_s(lambda: rec.row_stats(0, layer, 0), 1)}
 
 
 def _qk_bytes(rec: Recording) -> dict:
-    """A ``qk`` recording's queries, keys and row log-sum-exps: the bytes on disk, the
-    arrays' own bytes, and the spec's size ``T x (heads + kv_heads) x d_head x layers x
-    element size`` (queries and keys only) for its longest prompt."""
+    """A ``qk`` recording's queries, keys, row log-sum-exps and the first-key and received
+    columns where it has them: the bytes on disk, the arrays' own bytes, and the spec's size
+    ``T x (heads + kv_heads) x d_head x layers x element size`` (queries and keys only) for
+    its longest prompt."""
     import numpy as np
 
     from workbench.recording.qk import STORED_AS
@@ -289,15 +292,15 @@ def _qk_bytes(rec: Recording) -> dict:
     assert facts is not None, "not a qk recording"
     size = np.dtype(STORED_AS[facts.dtype]).itemsize
     formula = t * (rec.n_heads + facts.kv_heads) * facts.d_head * rec.n_layers * size
-    lse = t * rec.n_heads * rec.n_layers * 4
+    kinds = ["lse"] + [kind for kind in ("first", "received") if getattr(facts, kind)]
+    rows = len(kinds) * t * rec.n_heads * rec.n_layers * 4  # one float32 a head and token
     folder = rec.root / "recording.zarr"
-    disk = {kind: _bytes(folder / kind) for kind in ("q", "k", "lse")}
+    disk = {kind: _bytes(folder / kind) for kind in ("q", "k", *kinds)}
     return {"qk_dtype": facts.dtype, "target_mb": formula / MB,
-            "arrays_mb": (formula + lse) / MB, "disk_mb": sum(disk.values()) / MB,
-            "q_disk_mb": disk["q"] / MB, "k_disk_mb": disk["k"] / MB,
-            "lse_disk_mb": disk["lse"] / MB,
+            "arrays_mb": (formula + rows) / MB, "disk_mb": sum(disk.values()) / MB,
+            **{f"{kind}_disk_mb": disk[kind] / MB for kind in disk},
             "disk_to_target": sum(disk.values()) / formula,
-            "arrays_to_target": (formula + lse) / formula}
+            "arrays_to_target": (formula + rows) / formula}
 
 
 def part_qk32k(args: argparse.Namespace) -> dict:
@@ -306,7 +309,8 @@ def part_qk32k(args: argparse.Namespace) -> dict:
     RSS; then, at head 0: a 512 x 512 tile (:func:`_tile_times`) on the middle global
     (full-attention) layer and on the middle sliding-window layer, the last query's row
     against every key (a ``1 x T`` tile), and the whole received-attention column and
-    every row's statistics of the global layer."""
+    every row's statistics of the global layer (the received column read as stored, and
+    computed from the queries and keys as a recording made before it was stored does)."""
     from workbench.recording.reader import Recording
 
     n = args.tokens or 32768
@@ -326,7 +330,8 @@ def part_qk32k(args: argparse.Namespace) -> dict:
                         for key, value in _tile_times(rec, layer).items()})
     layer = full[len(full) // 2]  # the global layer, read already
     out["row_s"] = _median_s(lambda: rec.tile(0, layer, 0, queries=slice(n - 1, n)), 3)
-    out["received_s"] = _median_s(lambda: rec.received(0, layer, 0), 1)
+    out["received_s"] = _median_s(lambda: rec.received(0, layer, 0), 1)  # stored, read
+    out["received_computed_s"] = _median_s(lambda: rec.qk_layer(0, layer).received(0), 1)
     out["row_stats_s"] = _median_s(lambda: rec.row_stats(0, layer, 0), 1)
     out["peak_rss_after_reads_gib"] = peak_rss_mib() / 1024
     return out
