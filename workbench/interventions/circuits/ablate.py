@@ -223,7 +223,8 @@ class _EdgeAblation:
             self.diff = Outputs(folder, "difference", (0,))  # shaped by the embedding
         self.dtype: torch.dtype | None = None  # the pass's, from the embedding
         self.seen = 0
-        self.inputs: dict[str, Tensor] = {}
+        self.inputs: dict[str, Tensor] = {}  # the norms' inputs of one layer
+        self.layer = -1  # theirs
         self.weights = weights
         self.scales = flow.scale_names(model)
         self.z: Tensor | None = None  # a normed layer's z, until its norm's scale is seen
@@ -234,7 +235,7 @@ class _EdgeAblation:
         fwd: list[tuple[str, Any]] = [(hooks.resid(0, n), self.embed)]
         for layer in range(n):
             norm_in = flow.mlp_norm(self.model, layer)[0]
-            fwd += [*[(name, self.keep(name)) for name in
+            fwd += [*[(name, self.keep(layer, name)) for name in
                       dict.fromkeys([flow.ln_in(layer, "ln1"), norm_in])],
                     *[(hooks.qkv(layer, w), self.project(layer, w)) for w in ("q", "k", "v")],
                     (hooks.z(layer), self.heads(layer)),
@@ -258,12 +259,19 @@ class _EdgeAblation:
 
     def embed(self, x: Tensor, hook: Any) -> None:
         self.seen, self.dtype, self._shared = 0, x.dtype, None  # a new pass
+        self.inputs.clear()
+        self.layer = -1
         if isinstance(self.diff, Outputs):
             self.diff = Outputs(self.diff.folder, self.diff.prefix, tuple(x.shape))
         self.record(x[None])
 
-    def keep(self, name: str):
+    def keep(self, layer: int, name: str):
+        """Keep a norm's input for this layer's receivers; an earlier layer's are let go
+        (each a ``[batch, pos, d_model]`` residual stream, two a layer)."""
         def hook(x: Tensor, hook: Any) -> None:
+            if self.layer != layer:
+                self.inputs.clear()
+                self.layer = layer
             self.inputs[name] = x
         return hook
 
@@ -314,7 +322,9 @@ class _EdgeAblation:
             self._shared = (group[0], self.change(group))
         whole = self._shared[1]
         assert whole is not None
-        return whole[[group.index(i) for i in index]]
+        at = [group.index(i) for i in index]
+        contiguous = at == list(range(at[0], at[0] + len(at)))
+        return whole[at[0]: at[0] + len(at)] if contiguous else whole[at]
 
     def project(self, layer: int, which: str):
         first, receivers = flow.layer_receivers(self.graph, layer)
@@ -329,8 +339,11 @@ class _EdgeAblation:
             if added is None:
                 return x
             inp = self.inputs[name]
-            moved = norm(inp[None] + added) - norm(inp)[None]  # [index, B, T, d]
-            return x + torch.einsum("ibtd,ide->btie", moved, weights).to(x.dtype)
+            base, out = norm(inp), x.clone()
+            for i in range(len(index)):  # one [B, T, d_model] at a time, not [index, ...]
+                moved = norm(inp + added[i]).sub_(base)
+                out[:, :, i] += torch.matmul(moved, weights[i]).to(x.dtype)
+            return out
         return hook
 
     def into_mlp(self, layer: int):
