@@ -249,6 +249,7 @@ class _EdgeAblation:
         """``[sender, batch, pos, d_model]`` outputs of the next senders, in order."""
         n = outs.shape[0]
         if isinstance(self.diff, Tensor):
+            assert isinstance(self.ref, Tensor)
             torch.sub(self.ref[self.seen: self.seen + n], outs,
                       out=self.diff[self.seen: self.seen + n])
         else:

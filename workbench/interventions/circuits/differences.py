@@ -161,7 +161,7 @@ class Outputs:
         path = self.path(index)
         if not path.exists():
             return self._buffer.zero_()
-        view = memoryview(self._buffer.numpy()).cast("B")
+        view = self._buffer.numpy().data.cast("B")
         with path.open("rb") as f:
             if f.readinto(view) != view.nbytes or f.read(1):
                 raise WorkbenchError(f"{path}: not one tensor of shape {self.shape} in "
