@@ -57,7 +57,9 @@ from workbench.core.options import AttentionPath
 from workbench.interventions.circuits import flow
 from workbench.interventions.circuits.ablate import circuit_metrics
 from workbench.interventions.circuits.attribution import LowMemory, edge_scores, is_low_memory
-from workbench.interventions.circuits.graph import build_graph
+from workbench.interventions.circuits.graph import Graph, build_graph
+from workbench.interventions.circuits.task import Task
+from workbench.models.base import Model
 from workbench.models.load import load_model
 
 
@@ -133,13 +135,30 @@ def memory(model_name: str, lengths: list[int]) -> list[dict]:
     return rows
 
 
-def retrieval_one(model_name: str, length: int, attention: AttentionPath,
-                  keys: list[str] | None = None, values: list[str] | None = None,
-                  low_memory: LowMemory = "auto") -> dict:
+def _document(model_name: str, length: int, keys: list[str] | None,
+              values: list[str] | None) -> tuple[Model, Graph, Task, float]:
+    """The model, its graph, one retrieval document of ``length`` tokens, and the RSS once
+    they are made (:func:`_loaded_gib`)."""
     model = load_model(model_name)
     graph = build_graph(model)
     task = retrieval_task(model, 1, length, 0, keys=keys, values=values)
-    loaded = _loaded_gib()
+    return model, graph, task, _loaded_gib()
+
+
+def _document_row(part: str, model: Model, task: Task, attention: AttentionPath,
+                  low_memory: LowMemory, seconds: float, peak: float, loaded: float) -> dict:
+    """What the ``retrieval`` and ``ablation`` rows both say."""
+    low = is_low_memory(model, task.clean.numel(), low_memory)
+    return {"part": part, "T": int(task.clean.shape[1]), "attention": attention,
+            "low_memory": "on" if low else "off", "seconds": round(seconds, 1),
+            "above_model_gib": round(peak - loaded, 3), "peak_gib": round(peak, 2),
+            "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def retrieval_one(model_name: str, length: int, attention: AttentionPath,
+                  keys: list[str] | None = None, values: list[str] | None = None,
+                  low_memory: LowMemory = "auto") -> dict:
+    model, graph, task, loaded = _document(model_name, length, keys, values)
     start = time.perf_counter()
     edge_scores(model, graph, task, method="eap", attention=attention, max_batch_tokens=length,
                 low_memory=low_memory)
@@ -147,33 +166,24 @@ def retrieval_one(model_name: str, length: int, attention: AttentionPath,
     peak = _rss_gib()  # the edge scores' own peak, before the clean read below
     with torch.no_grad(), flow.attention_run(model, attention):
         clean = float(flow.metric_values(model, task.clean, task.metric, slice(0, 1))[0])
-    low = is_low_memory(model, task.clean.numel(), low_memory)
-    return {"part": "retrieval", "T": int(task.clean.shape[1]), "attention": attention,
-            "low_memory": "on" if low else "off", "seconds": round(seconds, 1),
-            "above_model_gib": round(peak - loaded, 3), "peak_gib": round(peak, 2),
-            "metric_clean": round(clean, 3), "load_1min": round(os.getloadavg()[0], 2)}
+    return {**_document_row("retrieval", model, task, attention, low_memory, seconds, peak,
+                            loaded), "metric_clean": round(clean, 3)}
 
 
 def ablation_one(model_name: str, length: int, attention: AttentionPath,
                  keys: list[str] | None = None, values: list[str] | None = None,
                  low_memory: LowMemory = "auto") -> dict:
-    model = load_model(model_name)
-    graph = build_graph(model)
-    task = retrieval_task(model, 1, length, 0, keys=keys, values=values)
+    model, graph, task, loaded = _document(model_name, length, keys, values)
     half = graph.edges & (torch.rand(graph.edges.shape,
                                      generator=torch.Generator().manual_seed(0)) < 0.5)
-    loaded = _loaded_gib()
     start = time.perf_counter()
     got = circuit_metrics(model, graph, task, [half], max_batch_tokens=length,
                           attention=attention, low_memory=low_memory)
     seconds = time.perf_counter() - start
     peak = _rss_gib()
-    low = is_low_memory(model, task.clean.numel(), low_memory)
-    return {"part": "ablation", "T": int(task.clean.shape[1]), "attention": attention,
-            "low_memory": "on" if low else "off", "kept_edges": int(half.sum()),
-            "edges": graph.n_edges, "seconds": round(seconds, 1),
-            "above_model_gib": round(peak - loaded, 3), "peak_gib": round(peak, 2),
-            "metric": round(float(got[0, 0]), 3), "load_1min": round(os.getloadavg()[0], 2)}
+    return {**_document_row("ablation", model, task, attention, low_memory, seconds, peak,
+                            loaded), "kept_edges": int(half.sum()), "edges": graph.n_edges,
+            "metric": round(float(got[0, 0]), 3)}
 
 
 def retrieval(model_name: str, lengths: list[int], attention: str, words: list[str],

@@ -151,7 +151,7 @@ class Outputs:
 
     def add(self, index: int, tensor: Tensor) -> None:
         """Add ``tensor`` to sender ``index``'s (zeros where none is written yet)."""
-        self.write(index, self.read(index).clone().add_(tensor))
+        self.write(index, self.read(index).add_(tensor))  # the read's buffer, written
 
     def read(self, index: int) -> Tensor:
         """Sender ``index``'s tensor, read into one buffer that the next read overwrites
